@@ -1,0 +1,2 @@
+//! Sans-IO Roughtime (in progress).
+#![forbid(unsafe_code)]

@@ -1,0 +1,497 @@
+//! The data plane's worker threads: N threads, each owning one `SO_REUSEPORT` socket, each
+//! looping receive batch → handler → send batch.
+//!
+//! Binding ([`BoundWorkers::bind`]) and starting ([`BoundWorkers::spawn`]) are separate steps so
+//! the daemon can bind privileged ports, drop privileges, and only then start threads that touch
+//! client data. The protocol logic lives behind [`BatchHandler`]; this module only moves batches,
+//! pins threads, and deals with socket errors without letting them flood the log or spin a CPU.
+
+use std::{
+    io,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    Capabilities, RxBatch, SendOutcome, SocketConfig, TxBatch, UdpSocket, affinity,
+    error::ConfigError,
+};
+
+/// The protocol side of a worker: turns each received batch into replies.
+///
+/// One handler value is made per worker thread and lives on it, so per-client state (rate limits,
+/// counters) needs no locks: the kernel sends a given client to the same socket every time.
+pub trait BatchHandler: Send + 'static {
+    /// Handles one received batch, queueing replies in `tx` (which is empty on entry).
+    fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch);
+
+    /// Called immediately before the queued replies are sent, when `tx` is not empty: the place
+    /// to stamp transmit times (NTP's T3), as late as possible.
+    fn before_send(&mut self, _tx: &mut TxBatch) {}
+
+    /// Called after the queued replies were sent, with what became of them. Send errors are
+    /// reported only here: counting and logging them (at most once per interval) is the
+    /// handler's job, since it knows the protocol and keeps the counters.
+    fn after_send(&mut self, _outcome: &SendOutcome) {}
+
+    /// Called after a receive that timed out, and so at least every read timeout while idle.
+    fn idle(&mut self) {}
+
+    /// Called after a receive that failed with anything other than a timeout. The worker has
+    /// already logged it (at most once per interval) and will back off briefly.
+    fn recv_error(&mut self, _error: &io::Error) {}
+
+    /// Called once when the worker stops, after its last batch.
+    fn finish(&mut self) {}
+}
+
+/// How to bind and run one group of workers: one protocol on one address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// The thread name prefix: threads are named `"{name}-{i}"`. Linux keeps the first 15 bytes
+    /// of a thread name, so a short prefix keeps the numbers visible in `top -H`.
+    pub name: String,
+    /// How to bind each thread's socket; all share its address.
+    pub socket: SocketConfig,
+    /// The number of threads (and sockets).
+    pub threads: usize,
+    /// The most datagrams per receive and per send. Default 64.
+    pub batch_size: usize,
+    /// The receive and send buffer size per datagram; longer datagrams arrive truncated. Default
+    /// 2048.
+    pub max_datagram: usize,
+    /// CPUs to pin the threads to: thread `i` runs on `cpus[i % cpus.len()]`. Empty (the
+    /// default) leaves scheduling to the kernel. See [`crate::allowed_cpus`].
+    pub cpus: Vec<usize>,
+}
+
+impl WorkerConfig {
+    /// The defaults for `threads` workers named `name` on `addr`.
+    pub fn new(name: impl Into<String>, addr: SocketAddr, threads: usize) -> Self {
+        Self {
+            name: name.into(),
+            socket: SocketConfig::new(addr),
+            threads,
+            batch_size: 64,
+            max_datagram: 2048,
+            cpus: Vec::new(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.threads == 0 {
+            return Err(ConfigError::NoThreads);
+        }
+        if self.batch_size == 0 {
+            return Err(ConfigError::ZeroBatchSize);
+        }
+        if self.max_datagram == 0 {
+            return Err(ConfigError::ZeroMaxDatagram);
+        }
+        if self.threads > 1 && !self.socket.reuse_port {
+            return Err(ConfigError::ReusePortOff {
+                threads: self.threads,
+                addr: self.socket.addr,
+            });
+        }
+        if let Some(&cpu) = self.cpus.iter().find(|&&cpu| cpu >= affinity::MAX_CPUS) {
+            return Err(ConfigError::CpuOutOfRange {
+                cpu,
+                max: affinity::MAX_CPUS - 1,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A group of workers with every socket bound and no thread started yet.
+#[derive(Debug)]
+pub struct BoundWorkers {
+    cfg: WorkerConfig,
+    sockets: Vec<UdpSocket>,
+    local_addr: SocketAddr,
+    caps: Capabilities,
+}
+
+impl BoundWorkers {
+    /// Binds `cfg.threads` sockets to `cfg.socket.addr`, sharing it with `SO_REUSEPORT`.
+    ///
+    /// With port 0 the first socket gets a port from the kernel and the others bind to that same
+    /// port, so the group serves one address however many threads it has.
+    pub fn bind(cfg: WorkerConfig) -> io::Result<Self> {
+        cfg.validate()?;
+        let first = UdpSocket::bind(&cfg.socket)?;
+        let local_addr = first.local_addr()?;
+        let mut rest_cfg = cfg.socket.clone();
+        // Only the port: the configured address keeps its wildcard, scope and flow info.
+        rest_cfg.addr.set_port(local_addr.port());
+
+        let mut caps = first.capabilities();
+        let mut sockets = Vec::with_capacity(cfg.threads);
+        sockets.push(first);
+        for _ in 1..cfg.threads {
+            let sock = UdpSocket::bind(&rest_cfg)?;
+            // The sockets are set up alike, so this only differs if the kernel changed its mind;
+            // report what every socket has.
+            let c = sock.capabilities();
+            caps.rx_timestamps &= c.rx_timestamps;
+            caps.pktinfo &= c.pktinfo;
+            caps.recv_buffer = caps.recv_buffer.min(c.recv_buffer);
+            sockets.push(sock);
+        }
+        // Debug, not info: the daemon reports what it listens on in its own words.
+        tracing::debug!(
+            name = %cfg.name,
+            addr = %local_addr,
+            threads = cfg.threads,
+            rx_timestamps = caps.rx_timestamps,
+            pktinfo = caps.pktinfo,
+            recv_buffer = caps.recv_buffer,
+            "sockets bound"
+        );
+        Ok(Self {
+            cfg,
+            sockets,
+            local_addr,
+            caps,
+        })
+    }
+
+    /// The address the workers serve, with the real port if port 0 was asked for.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// What the kernel granted every socket.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// Starts one thread per socket, each running a handler made by `make(i)`, until `stop` is
+    /// set.
+    ///
+    /// Returns once every thread has started (and pinned itself, if asked). If one cannot start,
+    /// this sets `stop`, waits for the threads already started to finish, and returns the error.
+    pub fn spawn<H: BatchHandler, F: FnMut(usize) -> H>(
+        self,
+        stop: Arc<AtomicBool>,
+        mut make: F,
+    ) -> io::Result<Workers> {
+        let Self {
+            cfg,
+            sockets,
+            local_addr,
+            caps,
+        } = self;
+        let (started_tx, started_rx) = mpsc::channel();
+        let mut threads = Vec::with_capacity(sockets.len());
+        let mut failure = None;
+        for (i, socket) in sockets.into_iter().enumerate() {
+            let name = format!("{}-{i}", cfg.name);
+            let worker = Worker {
+                span: tracing::info_span!("worker", thread = %name),
+                name: name.clone(),
+                socket,
+                stop: Arc::clone(&stop),
+                cpu: (!cfg.cpus.is_empty()).then(|| cfg.cpus[i % cfg.cpus.len()]),
+                batch_size: cfg.batch_size,
+                max_datagram: cfg.max_datagram,
+            };
+            let handler = make(i);
+            let started = started_tx.clone();
+            match thread::Builder::new()
+                .name(name)
+                .spawn(move || worker.run(handler, started))
+            {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(started_tx);
+
+        // Every started thread reports once; a thread that dies first drops its sender, so this
+        // ends rather than waits forever.
+        for _ in 0..threads.len() {
+            match started_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Err(mpsc::RecvError) => {
+                    failure.get_or_insert_with(|| {
+                        io::Error::other("a worker thread exited while starting")
+                    });
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            stop.store(true, Ordering::Release);
+            for t in threads {
+                // A panic here is secondary to the error being returned.
+                let _ = t.join();
+            }
+            return Err(e);
+        }
+        Ok(Workers {
+            threads,
+            local_addr,
+            caps,
+        })
+    }
+}
+
+/// Running workers.
+///
+/// Dropping this detaches the threads; they still stop when the stop flag is set.
+#[derive(Debug)]
+pub struct Workers {
+    threads: Vec<thread::JoinHandle<()>>,
+    local_addr: SocketAddr,
+    caps: Capabilities,
+}
+
+impl Workers {
+    /// The address the workers serve.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// What the kernel granted every socket.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// Whether any worker has stopped: after the stop flag was set, or because its handler
+    /// panicked. Lets a supervisor notice a dead worker without joining.
+    pub fn any_finished(&self) -> bool {
+        self.threads.iter().any(thread::JoinHandle::is_finished)
+    }
+
+    /// Waits for every thread to stop (set the stop flag first), after the first panic too.
+    /// Returns the first panic's payload if a handler panicked.
+    pub fn join(self) -> thread::Result<()> {
+        let mut result = Ok(());
+        for t in self.threads {
+            if let Err(panic) = t.join() {
+                if result.is_ok() {
+                    result = Err(panic);
+                }
+            }
+        }
+        result
+    }
+}
+
+/// How often a worker logs a persistent receive error; occurrences in between are counted and
+/// reported with the next log line.
+const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The first and the longest pause after a failed receive. Short enough that a transient error
+/// (ENOMEM, ENOBUFS) costs little, capped well below the usual read timeout so a stop request is
+/// still noticed promptly.
+const MIN_BACKOFF: Duration = Duration::from_millis(1);
+const MAX_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Everything one worker thread owns, moved into it at spawn.
+struct Worker {
+    name: String,
+    span: tracing::Span,
+    socket: UdpSocket,
+    stop: Arc<AtomicBool>,
+    cpu: Option<usize>,
+    batch_size: usize,
+    max_datagram: usize,
+}
+
+impl Worker {
+    fn run<H: BatchHandler>(self, mut handler: H, started: mpsc::Sender<io::Result<()>>) {
+        let _span = self.span.enter();
+        if let Some(cpu) = self.cpu {
+            if let Err(source) = affinity::pin_current_thread(cpu) {
+                let e = ConfigError::Pin {
+                    thread: self.name,
+                    cpu,
+                    source,
+                };
+                // The receiver only goes away if `spawn` itself is gone; nothing left to tell.
+                let _ = started.send(Err(e.into()));
+                return;
+            }
+        }
+        // Allocated here, once, so that the loop below never allocates.
+        let mut rx = RxBatch::new(self.batch_size, self.max_datagram);
+        let mut tx = TxBatch::new(self.batch_size, self.max_datagram);
+        let _ = started.send(Ok(()));
+        drop(started);
+        tracing::debug!(cpu = ?self.cpu, "worker started");
+
+        let mut recv_errors = ErrorLog::new("receive");
+        let mut backoff = MIN_BACKOFF;
+        // Relaxed would do for the flag alone; Acquire pairs with the Release in `spawn` and costs
+        // nothing on x86.
+        while !self.stop.load(Ordering::Acquire) {
+            match self.socket.recv_batch(&mut rx) {
+                Ok(0) => {
+                    handler.idle();
+                    continue;
+                }
+                Ok(_) => backoff = MIN_BACKOFF,
+                Err(e) => {
+                    recv_errors.record(1, &e);
+                    handler.recv_error(&e);
+                    // Without a pause a persistent error would spin this CPU at 100%.
+                    thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            }
+            handler.handle(&rx, &mut tx);
+            if !tx.is_empty() {
+                handler.before_send(&mut tx);
+                let outcome = self.socket.send_batch(&mut tx);
+                handler.after_send(&outcome);
+            }
+        }
+        handler.finish();
+        recv_errors.flush();
+        tracing::debug!("worker stopped");
+    }
+}
+
+/// Rate-limited logging of one kind of socket error: the first occurrence is logged at once, then
+/// at most one line per [`ERROR_LOG_INTERVAL`] with the count of those not logged.
+struct ErrorLog {
+    what: &'static str,
+    total: u64,
+    unlogged: u64,
+    last_logged: Option<Instant>,
+}
+
+impl ErrorLog {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            total: 0,
+            unlogged: 0,
+            last_logged: None,
+        }
+    }
+
+    fn record(&mut self, count: usize, error: &io::Error) {
+        let count = count as u64;
+        self.total += count;
+        let now = Instant::now();
+        if self
+            .last_logged
+            .is_some_and(|t| now.duration_since(t) < ERROR_LOG_INTERVAL)
+        {
+            self.unlogged += count;
+            return;
+        }
+        tracing::warn!(
+            %error,
+            count = count + self.unlogged,
+            total = self.total,
+            "{} errors",
+            self.what
+        );
+        self.unlogged = 0;
+        self.last_logged = Some(now);
+    }
+
+    /// Logs the errors not yet logged, when the worker stops.
+    fn flush(&mut self) {
+        if self.unlogged > 0 {
+            tracing::warn!(
+                count = self.unlogged,
+                total = self.total,
+                "{} errors",
+                self.what
+            );
+            self.unlogged = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    fn cfg(threads: usize) -> WorkerConfig {
+        WorkerConfig::new("t", (Ipv4Addr::LOCALHOST, 0).into(), threads)
+    }
+
+    fn config_error(cfg: WorkerConfig) -> ConfigError {
+        let err = BoundWorkers::bind(cfg).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        *err.into_inner().unwrap().downcast::<ConfigError>().unwrap()
+    }
+
+    #[test]
+    fn invalid_configs_are_refused_before_binding() {
+        assert!(matches!(config_error(cfg(0)), ConfigError::NoThreads));
+        let mut c = cfg(1);
+        c.batch_size = 0;
+        assert!(matches!(config_error(c), ConfigError::ZeroBatchSize));
+        let mut c = cfg(1);
+        c.max_datagram = 0;
+        assert!(matches!(config_error(c), ConfigError::ZeroMaxDatagram));
+        let mut c = cfg(2);
+        c.socket.reuse_port = false;
+        assert!(matches!(
+            config_error(c),
+            ConfigError::ReusePortOff { threads: 2, .. }
+        ));
+        let mut c = cfg(1);
+        c.cpus = vec![0, affinity::MAX_CPUS];
+        assert!(matches!(config_error(c), ConfigError::CpuOutOfRange { .. }));
+    }
+
+    struct Nothing;
+    impl BatchHandler for Nothing {
+        fn handle(&mut self, _: &RxBatch, _: &mut TxBatch) {}
+    }
+
+    #[test]
+    fn pinning_failure_fails_spawn_and_stops_the_rest() {
+        let allowed = affinity::allowed_cpus().unwrap();
+        let Some(outside) = (0..affinity::MAX_CPUS).find(|c| !allowed.contains(c)) else {
+            return; // Every CPU is allowed: nothing to fail with.
+        };
+        let mut c = cfg(2);
+        c.cpus = vec![allowed[0], outside];
+        let stop = Arc::new(AtomicBool::new(false));
+        let err = BoundWorkers::bind(c)
+            .unwrap()
+            .spawn(Arc::clone(&stop), |_| Nothing)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("to CPU {outside}")),
+            "{err}"
+        );
+        assert!(stop.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn error_log_counts_suppressed_errors() {
+        let mut log = ErrorLog::new("test");
+        let e = io::Error::from(io::ErrorKind::Other);
+        log.record(1, &e);
+        log.record(3, &e);
+        assert_eq!((log.total, log.unlogged), (4, 3));
+        log.flush();
+        assert_eq!(log.unlogged, 0);
+    }
+}

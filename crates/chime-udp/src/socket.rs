@@ -1,0 +1,457 @@
+//! The UDP socket: binding with probe-and-degrade options, and batched receive and send.
+//!
+//! [`UdpSocket::bind`] turns on everything a time server wants from the kernel and records what
+//! this kernel actually granted in [`Capabilities`]: receive timestamps (so T2 is when the
+//! datagram arrived, not when a busy worker got round to it), packet info (so a reply leaves from
+//! the address the request was sent to), a large receive buffer. A missing feature degrades the
+//! service, it does not stop it.
+//!
+//! [`UdpSocket::recv_batch`] and [`UdpSocket::send_batch`] are one `recvmmsg` and (normally) one
+//! `sendmmsg` over the preallocated batches of [`crate::batch`].
+
+use std::{
+    fmt, io,
+    net::SocketAddr,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
+    ptr,
+    time::Duration,
+};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::{
+    RxBatch, TxBatch,
+    error::ConfigError,
+    sys::{getsockopt_int, retry_eintr, setsockopt_int},
+};
+
+/// How to bind one [`UdpSocket`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketConfig {
+    /// The local address and port; port 0 lets the kernel choose.
+    pub addr: SocketAddr,
+    /// Set `SO_REUSEPORT`, so that several sockets (one per worker thread) can bind the same
+    /// address and the kernel spreads clients over them. Default `true`.
+    pub reuse_port: bool,
+    /// The receive buffer to ask for, in bytes: `SO_RCVBUFFORCE` (which needs `CAP_NET_ADMIN`)
+    /// falling back to `SO_RCVBUF` (capped by `net.core.rmem_max`). `None` keeps the system
+    /// default. See [`Capabilities::recv_buffer`] for what was granted.
+    pub recv_buffer: Option<usize>,
+    /// How long [`UdpSocket::recv_batch`] waits before returning `Ok(0)`, so that a worker notices
+    /// a stop request while no traffic arrives. Default 100 ms; must not be zero.
+    pub read_timeout: Duration,
+}
+
+impl SocketConfig {
+    /// The defaults for `addr`: `SO_REUSEPORT`, the system's receive buffer, a 100 ms timeout.
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            reuse_port: true,
+            recv_buffer: None,
+            read_timeout: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What the kernel granted when a socket was bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Kernel receive timestamps are on: [`crate::RecvMeta::timestamp`] is filled in.
+    pub rx_timestamps: bool,
+    /// Packet info is on: [`crate::RecvMeta::dst_ip`] and `ifindex` are filled in and replies
+    /// leave from the address the request was sent to.
+    pub pktinfo: bool,
+    /// The effective receive buffer in bytes, as the kernel reports it (`SO_RCVBUF`, which counts
+    /// the kernel's bookkeeping overhead too: twice what was set).
+    pub recv_buffer: usize,
+}
+
+/// The outcome of one [`UdpSocket::send_batch`].
+#[derive(Debug, Default)]
+pub struct SendOutcome {
+    /// Datagrams the kernel accepted.
+    pub sent: usize,
+    /// Datagrams that failed and were dropped.
+    pub errors: usize,
+    /// The error of the last datagram that failed.
+    pub last_error: Option<io::Error>,
+}
+
+/// A UDP socket that receives and sends in batches.
+pub struct UdpSocket {
+    socket: Socket,
+    caps: Capabilities,
+    timestamping: TimestampMode,
+}
+
+impl UdpSocket {
+    /// Creates a UDP socket, sets it up as `cfg` says, and binds it.
+    ///
+    /// Always: close-on-exec, and `IPV6_V6ONLY` for IPv6 addresses (so an IPv4 and an IPv6 socket
+    /// can share a port, and addresses are never IPv4-mapped). As configured: `SO_REUSEPORT`, the
+    /// receive buffer, the read timeout. Probed, falling back without error: receive timestamps
+    /// (`SO_TIMESTAMPING` software timestamps, else `SO_TIMESTAMPNS`, else none) and packet info
+    /// (`IP_PKTINFO` / `IPV6_RECVPKTINFO`); see [`UdpSocket::capabilities`].
+    ///
+    /// Errors: the bind itself, an option that was asked for and failed, or an invalid
+    /// configuration (a zero read timeout), as [`io::ErrorKind::InvalidInput`] wrapping a
+    /// [`ConfigError`].
+    pub fn bind(cfg: &SocketConfig) -> io::Result<Self> {
+        if cfg.read_timeout.is_zero() {
+            // SO_RCVTIMEO of zero means "block forever": the worker would never see a stop.
+            return Err(ConfigError::ZeroReadTimeout.into());
+        }
+        let socket = Socket::new(
+            Domain::for_address(cfg.addr),
+            Type::DGRAM,
+            Some(Protocol::UDP),
+        )?;
+        let fd = socket.as_raw_fd();
+        if cfg.addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        if cfg.reuse_port {
+            socket.set_reuse_port(true)?;
+        }
+        if let Some(bytes) = cfg.recv_buffer {
+            set_recv_buffer(&socket, bytes)?;
+        }
+        socket.set_read_timeout(Some(cfg.read_timeout))?;
+        let timestamping = TimestampMode::enable(fd);
+        let pktinfo = enable_pktinfo(fd, cfg.addr);
+        socket.bind(&cfg.addr.into())?;
+
+        let caps = Capabilities {
+            rx_timestamps: timestamping != TimestampMode::None,
+            pktinfo,
+            recv_buffer: effective_recv_buffer(fd)?,
+        };
+        if let Some(asked) = cfg.recv_buffer {
+            // The kernel doubles the value it was given, so half is what the cap allowed.
+            if caps.recv_buffer / 2 < asked {
+                tracing::warn!(
+                    asked,
+                    granted = caps.recv_buffer / 2,
+                    "receive buffer capped: run with CAP_NET_ADMIN or raise net.core.rmem_max"
+                );
+            }
+        }
+        let sock = Self {
+            socket,
+            caps,
+            timestamping,
+        };
+        tracing::debug!(?sock, "bound");
+        Ok(sock)
+    }
+
+    /// The address the socket is bound to, with the real port if it was bound to port 0.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()?.as_socket().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "socket has a non-IP local address",
+            )
+        })
+    }
+
+    /// What the kernel granted when the socket was bound.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// Receives up to `rx.capacity()` datagrams with one `recvmmsg`, filling `rx`.
+    ///
+    /// Waits up to the read timeout for the first datagram, then takes whatever else is already
+    /// queued without waiting (`MSG_WAITFORONE`), so a lone datagram is returned at once, never
+    /// held back to fill a batch. Returns the number of datagrams received, `Ok(0)` if the
+    /// timeout passed with none. A signal interrupting the wait does not end it early.
+    pub fn recv_batch(&self, rx: &mut RxBatch) -> io::Result<usize> {
+        let fd = self.socket.as_raw_fd();
+        let hdrs = rx.prepare_recv();
+        let vlen = vlen(hdrs.len());
+        let msgvec = hdrs.as_mut_ptr();
+        let result = retry_eintr(|| {
+            // SAFETY: `msgvec` points to `vlen` initialised mmsghdrs, exclusively borrowed from
+            // `rx` for this call. `prepare_recv` pointed each one at storage owned by `rx` (a
+            // sockaddr_storage with msg_namelen its size, one iovec over a `max_datagram` buffer,
+            // a control buffer with msg_controllen its size), so the kernel writes only within
+            // those. A null timeout is allowed and means "use the socket's SO_RCVTIMEO".
+            unsafe { libc::recvmmsg(fd, msgvec, vlen, libc::MSG_WAITFORONE, ptr::null_mut()) }
+        });
+        match result {
+            Ok(n) => {
+                rx.complete_recv(n);
+                Ok(n)
+            }
+            // SO_RCVTIMEO expired with nothing received.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends every datagram queued in `tx`, each to its own destination and from its own source
+    /// address if it has one, then clears `tx`.
+    ///
+    /// Usually one `sendmmsg`; if the kernel takes only part of the batch, the rest is sent with
+    /// further calls. A datagram the kernel refuses is counted in [`SendOutcome::errors`] and
+    /// skipped, and the ones after it are still sent.
+    ///
+    /// The socket blocks if its send buffer is full rather than dropping replies: the buffer
+    /// drains at link speed, and a worker that waits here stops taking new requests off its
+    /// receive queue, which is where excess load should be shed.
+    pub fn send_batch(&self, tx: &mut TxBatch) -> SendOutcome {
+        let mut outcome = SendOutcome::default();
+        let fd = self.socket.as_raw_fd();
+        let hdrs = tx.prepare_send();
+        let mut next = 0;
+        while next < hdrs.len() {
+            let rest = &mut hdrs[next..];
+            let vlen = vlen(rest.len());
+            let msgvec = rest.as_mut_ptr();
+            let result = retry_eintr(|| {
+                // SAFETY: `msgvec` points to `vlen` initialised mmsghdrs, exclusively borrowed
+                // from `tx` for this call. `prepare_send` pointed each one at storage owned by `tx`
+                // (an encoded destination with its length, one iovec over the payload's queued
+                // bytes, a control buffer with msg_controllen the bytes encoded or null and 0), so
+                // the kernel reads only within those, and writes only each msg_len.
+                unsafe { libc::sendmmsg(fd, msgvec, vlen, 0) }
+            });
+            match result {
+                Ok(n) if n > 0 => {
+                    outcome.sent += n;
+                    next += n;
+                }
+                // Zero accepted of a non-empty batch does not happen, but skipping one datagram
+                // keeps the loop finite whatever the kernel does.
+                Ok(_) => {
+                    outcome.errors += 1;
+                    outcome.last_error = Some(io::ErrorKind::WriteZero.into());
+                    next += 1;
+                }
+                // sendmmsg reports an error only when it sent nothing, so the error is the first
+                // remaining datagram's: drop it and go on with the rest.
+                Err(e) => {
+                    outcome.errors += 1;
+                    outcome.last_error = Some(e);
+                    next += 1;
+                }
+            }
+        }
+        tx.clear();
+        outcome
+    }
+}
+
+impl fmt::Debug for UdpSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdpSocket")
+            .field("fd", &self.socket.as_raw_fd())
+            .field("local_addr", &self.local_addr().ok())
+            .field("timestamping", &self.timestamping)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+impl AsFd for UdpSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+impl AsRawFd for UdpSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
+/// Which kind of kernel receive timestamp a socket gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TimestampMode {
+    /// `SO_TIMESTAMPING` with software receive timestamps: the kernel's newer interface, the one
+    /// that later grows hardware and transmit timestamps.
+    Timestamping,
+    /// `SO_TIMESTAMPNS`: nanosecond software receive timestamps on older kernels.
+    TimestampNs,
+    /// Neither: handlers fall back to reading the clock themselves.
+    None,
+}
+
+impl TimestampMode {
+    /// Turns on the best receive timestamps the kernel offers.
+    fn enable(fd: RawFd) -> Self {
+        let flags = libc::SOF_TIMESTAMPING_RX_SOFTWARE | libc::SOF_TIMESTAMPING_SOFTWARE;
+        // The flags are small bit values, so the cast to the option's int type is lossless.
+        let timestamping = setsockopt_int(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPING,
+            flags as libc::c_int,
+        );
+        match timestamping {
+            Ok(()) => return Self::Timestamping,
+            Err(e) => tracing::debug!(error = %e, "SO_TIMESTAMPING unavailable"),
+        }
+        match setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1) {
+            Ok(()) => Self::TimestampNs,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "no kernel receive timestamps: receive times will be read after the fact"
+                );
+                Self::None
+            }
+        }
+    }
+}
+
+/// Asks for packet info on every received datagram; `false` if the kernel refused.
+fn enable_pktinfo(fd: RawFd, addr: SocketAddr) -> bool {
+    let (level, name) = match addr {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    };
+    match setsockopt_int(fd, level, name, 1) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "no packet info: replies leave from the address routing picks"
+            );
+            false
+        }
+    }
+}
+
+/// Sets the receive buffer, forcing past `net.core.rmem_max` when the process may.
+fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
+    let fd = socket.as_raw_fd();
+    // The kernel takes an int and doubles it; larger requests saturate rather than wrap.
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    match setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, value) {
+        Ok(()) => Ok(()),
+        // EPERM without CAP_NET_ADMIN: the unprivileged option still gets up to rmem_max.
+        Err(e) => {
+            tracing::debug!(error = %e, "SO_RCVBUFFORCE refused, using SO_RCVBUF");
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, value)
+        }
+    }
+}
+
+/// The receive buffer the kernel reports (`SO_RCVBUF`).
+fn effective_recv_buffer(fd: RawFd) -> io::Result<usize> {
+    let value = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
+    // Never negative; a kernel that said otherwise would be reporting no buffer.
+    Ok(usize::try_from(value).unwrap_or(0))
+}
+
+/// A batch length as the `unsigned int` the mmsg calls take; the kernel caps it at `UIO_MAXIOV`
+/// anyway, and the send loop goes on with whatever a call did not take.
+fn vlen(len: usize) -> libc::c_uint {
+    libc::c_uint::try_from(len).unwrap_or(libc::c_uint::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket as StdSocket};
+
+    use super::*;
+
+    fn loopback_v4() -> SocketConfig {
+        SocketConfig::new((Ipv4Addr::LOCALHOST, 0).into())
+    }
+
+    #[test]
+    fn binds_port_zero_and_reports_real_port() {
+        let sock = UdpSocket::bind(&loopback_v4()).unwrap();
+        let addr = sock.local_addr().unwrap();
+        assert_eq!(addr.ip(), Ipv4Addr::LOCALHOST);
+        assert_ne!(addr.port(), 0);
+    }
+
+    #[test]
+    fn ipv6_sockets_are_v6_only() {
+        let sock = UdpSocket::bind(&SocketConfig::new((Ipv6Addr::UNSPECIFIED, 0).into())).unwrap();
+        let v6only = getsockopt_int(sock.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY);
+        assert_eq!(v6only.unwrap(), 1);
+    }
+
+    #[test]
+    fn reuse_port_lets_two_sockets_share_a_port() {
+        let first = UdpSocket::bind(&loopback_v4()).unwrap();
+        let second = UdpSocket::bind(&SocketConfig::new(first.local_addr().unwrap())).unwrap();
+        assert_eq!(first.local_addr().unwrap(), second.local_addr().unwrap());
+
+        let mut cfg = SocketConfig::new(first.local_addr().unwrap());
+        cfg.reuse_port = false;
+        assert_eq!(
+            UdpSocket::bind(&cfg).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
+        );
+    }
+
+    #[test]
+    fn recv_buffer_request_takes_effect() {
+        let mut cfg = loopback_v4();
+        cfg.recv_buffer = Some(64 * 1024);
+        let sock = UdpSocket::bind(&cfg).unwrap();
+        // The kernel doubles the value it was given.
+        assert_eq!(sock.capabilities().recv_buffer, 128 * 1024);
+    }
+
+    #[test]
+    fn zero_read_timeout_is_refused() {
+        let mut cfg = loopback_v4();
+        cfg.read_timeout = Duration::ZERO;
+        let err = UdpSocket::bind(&cfg).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let inner = err.get_ref().and_then(|e| e.downcast_ref::<ConfigError>());
+        assert!(matches!(inner, Some(ConfigError::ZeroReadTimeout)), "{err}");
+    }
+
+    #[test]
+    fn recv_times_out_with_zero() {
+        let mut cfg = loopback_v4();
+        cfg.read_timeout = Duration::from_millis(20);
+        let sock = UdpSocket::bind(&cfg).unwrap();
+        let mut rx = RxBatch::new(4, 64);
+        assert_eq!(sock.recv_batch(&mut rx).unwrap(), 0);
+        assert!(rx.is_empty());
+    }
+
+    #[test]
+    fn send_error_is_counted_and_the_rest_still_go() {
+        let sock = UdpSocket::bind(&loopback_v4()).unwrap();
+        let peer = StdSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut tx = TxBatch::new(4, 16);
+        let ok = peer.local_addr().unwrap();
+        // An IPv6 destination on an IPv4 socket is refused by the kernel.
+        let bad: SocketAddr = (Ipv6Addr::LOCALHOST, 9).into();
+        for (dst, byte) in [(ok, 1u8), (bad, 2), (ok, 3)] {
+            assert!(tx.push_with(dst, None, |b| {
+                b[0] = byte;
+                Some(1)
+            }));
+        }
+        let outcome = sock.send_batch(&mut tx);
+        assert_eq!((outcome.sent, outcome.errors), (2, 1), "{outcome:?}");
+        assert!(outcome.last_error.is_some());
+        assert!(tx.is_empty());
+        let mut buf = [0u8; 4];
+        assert_eq!(peer.recv(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], 1);
+        assert_eq!(peer.recv(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], 3);
+    }
+
+    #[test]
+    fn empty_send_is_a_no_op() {
+        let sock = UdpSocket::bind(&loopback_v4()).unwrap();
+        let outcome = sock.send_batch(&mut TxBatch::new(1, 1));
+        assert_eq!((outcome.sent, outcome.errors), (0, 0));
+    }
+}
