@@ -1,0 +1,31 @@
+//! Sans-IO NTP for chime: the packet codec, the server's responder, and the logic that mirrors the
+//! upstream chronyd's state.
+//!
+//! Nothing here opens a socket, reads a clock or spawns a thread; times come in as arguments and
+//! replies are written into buffers the caller owns. The pipeline, driven by `chimed`:
+//!
+//! 1. The control plane polls chronyd with a [`Mirror`]: [`Mirror::request`] makes the bytes to
+//!    send, [`Mirror::on_reply`] checks the answer and updates the [`ServerState`].
+//! 2. Once per batch a worker turns the latest state into a [`ServedHeader`] with
+//!    [`ServerState::served_at`], which ages it (dispersion growth, then "unsynchronised" after the
+//!    [`StalePolicy`]'s stale time).
+//! 3. For each datagram the worker calls [`respond`] with the kernel's receive timestamp; a
+//!    [`Drop`] says why a datagram gets no reply, with a dense [`Drop::index`] for counters. Just
+//!    before sending, [`stamp_transmit`] writes the transmit timestamp.
+//!
+//! The `chime ntp` client uses the same [`Header`] codec and [`NtpTimestamp`] conversions.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod mirror;
+pub mod packet;
+pub mod responder;
+pub mod state;
+pub mod time;
+
+pub use mirror::{Mirror, MirrorError};
+pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
+pub use responder::{Drop, respond, stamp_transmit};
+pub use state::{ServedHeader, ServerState, StalePolicy};
+pub use time::{NtpShort, NtpTimestamp};

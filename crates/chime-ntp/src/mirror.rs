@@ -1,0 +1,571 @@
+//! Mirroring the upstream chronyd: the client side of the poll that fills [`ServerState`].
+//!
+//! The control plane owns a [`Mirror`] and a socket connected to the upstream (127.0.0.1:11123 by
+//! default). About once a second it sends [`Mirror::request`]'s bytes, feeds whatever comes back to
+//! [`Mirror::on_reply`], and publishes [`Mirror::state`] to the workers. The mirror does the
+//! checking, the way rsntp and chrony's own client do: the reply must come from the upstream, be a
+//! server reply, and echo the random transmit timestamp of the request outstanding, once.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::packet::{Header, Leap, Mode};
+use crate::state::{ServerState, UNSYNCHRONISED_ROOT};
+use crate::time::NtpTimestamp;
+
+/// RFC 5905's MAXDISP: an upstream whose root distance is this large or larger is unsynchronised
+/// whatever its leap indicator says.
+const MAX_ROOT_DISTANCE_SECONDS: f64 = 16.0;
+
+/// The upstream poll's client state: the request outstanding and the state mirrored so far.
+#[derive(Clone, Debug)]
+pub struct Mirror {
+    upstream: SocketAddr,
+    reply_timeout: Duration,
+    pending: Option<Pending>,
+    state: ServerState,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    nonce: NtpTimestamp,
+    sent: NtpTimestamp,
+}
+
+impl Mirror {
+    /// How long after its request a reply is still accepted, by default: 1 s, rsntp's receive
+    /// timeout. A reply that took longer on loopback describes a state older than it claims.
+    pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// A mirror of the chronyd at `upstream`, unsynchronised until its first good reply.
+    pub fn new(upstream: SocketAddr) -> Self {
+        Self {
+            upstream,
+            reply_timeout: Self::DEFAULT_REPLY_TIMEOUT,
+            pending: None,
+            state: ServerState::unsynchronised(),
+        }
+    }
+
+    /// Sets how long after [`Self::request`] a reply is accepted (for poll intervals other than
+    /// about a second).
+    pub fn set_reply_timeout(&mut self, timeout: Duration) {
+        self.reply_timeout = timeout;
+    }
+
+    /// The upstream's address.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// Makes the next poll's request, sent at local time `now`: NTPv4, mode 3, poll 0 (about 1 s),
+    /// every field zero except the transmit timestamp, which is `nonce`.
+    ///
+    /// A random transmit timestamp, as rsntp and chrony's client send, tells nothing about our
+    /// clock and makes a spoofed reply a 64-bit guess; the reply must echo it as its origin.
+    /// `nonce` should come from a CSPRNG. A new request replaces any outstanding one, whose reply
+    /// will then be rejected.
+    pub fn request(&mut self, now: NtpTimestamp, nonce: u64) -> [u8; 48] {
+        let nonce = NtpTimestamp(nonce);
+        self.pending = Some(Pending { nonce, sent: now });
+        let header = Header {
+            leap: Leap::NoWarning,
+            version: 4,
+            mode: Mode::Client,
+            stratum: 0,
+            poll: 0,
+            precision: 0,
+            root_delay: Default::default(),
+            root_dispersion: Default::default(),
+            reference_id: [0; 4],
+            reference_ts: NtpTimestamp::ZERO,
+            origin_ts: NtpTimestamp::ZERO,
+            receive_ts: NtpTimestamp::ZERO,
+            transmit_ts: nonce,
+        };
+        let mut out = [0; 48];
+        header.encode(&mut out);
+        out
+    }
+
+    /// Takes a datagram that arrived from `from` at local time `now`.
+    ///
+    /// Checked in this order: the source is the upstream; the datagram holds a header; a request is
+    /// outstanding; its origin timestamp is our nonce (a mismatch leaves the request outstanding,
+    /// so that a stray or forged datagram cannot cancel the real reply). Then the request is
+    /// answered, and any copy of the reply is rejected as a replay. Then: mode 4, version 4, and
+    /// arrival within the reply timeout.
+    ///
+    /// On success the state becomes the reply's leap indicator, stratum (copied, not incremented,
+    /// like rsntp), precision, reference ID and timestamp, root delay and dispersion, updated at
+    /// `now`. An upstream that says it is unsynchronised (leap 3, stratum 0 or 16 and above, or a
+    /// root distance of 16 s or more) is recorded as unsynchronised, with chronyd's values for
+    /// that, and its precision: that is a success too, since it is the upstream's answer.
+    ///
+    /// A kiss-o'-death (stratum 0 with a leap indicator other than 3) is also recorded as
+    /// unsynchronised, since the upstream refuses to give us time, and is returned as
+    /// [`MirrorError::KissOfDeath`] so that the caller can log its code. On every other error the
+    /// state is unchanged.
+    pub fn on_reply(
+        &mut self,
+        from: SocketAddr,
+        bytes: &[u8],
+        now: NtpTimestamp,
+    ) -> Result<(), MirrorError> {
+        if from != self.upstream {
+            return Err(MirrorError::WrongSource {
+                from,
+                expected: self.upstream,
+            });
+        }
+        let reply = Header::parse(bytes).map_err(|_| MirrorError::TooShort { len: bytes.len() })?;
+        let Some(pending) = self.pending else {
+            return Err(MirrorError::NotPending {
+                origin: reply.origin_ts,
+            });
+        };
+        if reply.origin_ts != pending.nonce {
+            return Err(MirrorError::WrongOrigin {
+                expected: pending.nonce,
+                got: reply.origin_ts,
+            });
+        }
+        self.pending = None;
+        if reply.mode != Mode::Server {
+            return Err(MirrorError::WrongMode(reply.mode));
+        }
+        if reply.version != 4 {
+            return Err(MirrorError::WrongVersion(reply.version));
+        }
+        let delay = now.wrapping_diff_seconds(pending.sent).abs();
+        if delay > self.reply_timeout.as_secs_f64() {
+            return Err(MirrorError::Late {
+                delay: Duration::try_from_secs_f64(delay).unwrap_or(Duration::MAX),
+                timeout: self.reply_timeout,
+            });
+        }
+
+        if reply.stratum == 0 && reply.leap != Leap::Unsynchronised {
+            self.state = unsynchronised(reply.precision, now);
+            return Err(MirrorError::KissOfDeath {
+                code: reply.reference_id,
+            });
+        }
+        let root_distance = reply.root_delay.seconds() / 2.0 + reply.root_dispersion.seconds();
+        let synchronised = reply.leap != Leap::Unsynchronised
+            && matches!(reply.stratum, 1..=15)
+            && root_distance < MAX_ROOT_DISTANCE_SECONDS;
+        self.state = if synchronised {
+            ServerState {
+                leap: reply.leap,
+                stratum: reply.stratum,
+                precision: reply.precision,
+                reference_id: reply.reference_id,
+                reference_ts: reply.reference_ts,
+                root_delay: reply.root_delay,
+                root_dispersion: reply.root_dispersion,
+                updated: Some(now),
+            }
+        } else {
+            unsynchronised(reply.precision, now)
+        };
+        Ok(())
+    }
+
+    /// The state mirrored so far, for the workers ([`ServerState::served_at`] ages it).
+    pub fn state(&self) -> ServerState {
+        self.state
+    }
+}
+
+/// The state recorded for an upstream that says it is unsynchronised: known (updated at `now`),
+/// with chronyd's unsynchronised values.
+fn unsynchronised(precision: i8, now: NtpTimestamp) -> ServerState {
+    ServerState {
+        leap: Leap::Unsynchronised,
+        stratum: 0,
+        precision,
+        reference_id: [0; 4],
+        reference_ts: NtpTimestamp::ZERO,
+        root_delay: UNSYNCHRONISED_ROOT,
+        root_dispersion: UNSYNCHRONISED_ROOT,
+        updated: Some(now),
+    }
+}
+
+/// Why an upstream datagram was not taken as the reply to our poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MirrorError {
+    /// The datagram came from somewhere other than the upstream.
+    #[error("NTP reply from {from}, but the upstream is {expected}")]
+    WrongSource {
+        /// Where it came from.
+        from: SocketAddr,
+        /// The upstream's address.
+        expected: SocketAddr,
+    },
+    /// Shorter than an NTP header.
+    #[error("NTP reply of {len} bytes is shorter than the 48-byte header")]
+    TooShort {
+        /// Its length.
+        len: usize,
+    },
+    /// No request is outstanding: the reply is unsolicited, late after a new request, or a copy of
+    /// one already taken.
+    #[error("unexpected NTP reply (origin {origin:#018x}): no request outstanding, or a replay")]
+    NotPending {
+        /// The reply's origin timestamp.
+        origin: NtpTimestamp,
+    },
+    /// The reply's origin timestamp is not our request's transmit timestamp.
+    #[error("NTP reply origin {got:#018x} does not match our request's transmit {expected:#018x}")]
+    WrongOrigin {
+        /// Our request's transmit timestamp.
+        expected: NtpTimestamp,
+        /// The reply's origin timestamp.
+        got: NtpTimestamp,
+    },
+    /// Not a server-mode (4) reply.
+    #[error("NTP reply has mode {0:?}, expected Server (4)")]
+    WrongMode(Mode),
+    /// Not NTPv4, the version we asked in.
+    #[error("NTP reply has version {0}, expected 4")]
+    WrongVersion(u8),
+    /// The reply came later than the reply timeout after the request.
+    #[error("NTP reply arrived {delay:?} after the request, past the {timeout:?} timeout")]
+    Late {
+        /// How long after the request it came.
+        delay: Duration,
+        /// The timeout in force.
+        timeout: Duration,
+    },
+    /// The upstream sent a kiss-o'-death; the state is now unsynchronised.
+    #[error("upstream sent kiss-o'-death {}", .code.escape_ascii())]
+    KissOfDeath {
+        /// The kiss code (the reference ID), e.g. `RATE` or `DENY`.
+        code: [u8; 4],
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::NtpShort;
+
+    const NONCE: u64 = 0x0123_4567_89AB_CDEF;
+    const SENT: NtpTimestamp = NtpTimestamp::from_parts(0xEEAC_6C51, 0);
+
+    fn upstream() -> SocketAddr {
+        "127.0.0.1:11123".parse().unwrap()
+    }
+
+    fn at(millis: u64) -> NtpTimestamp {
+        SENT.add_duration(Duration::from_millis(millis))
+    }
+
+    fn good_reply() -> Header {
+        Header {
+            leap: Leap::NoWarning,
+            version: 4,
+            mode: Mode::Server,
+            stratum: 2,
+            poll: 0,
+            precision: -25,
+            root_delay: NtpShort(0x0000_0800),
+            root_dispersion: NtpShort(0x0000_0400),
+            reference_id: [192, 0, 2, 1],
+            reference_ts: NtpTimestamp::from_parts(0xEEAC_6C00, 0x1234_5678),
+            origin_ts: NtpTimestamp(NONCE),
+            receive_ts: at(1),
+            transmit_ts: at(1),
+        }
+    }
+
+    fn bytes(h: &Header) -> [u8; 48] {
+        let mut out = [0; 48];
+        h.encode(&mut out);
+        out
+    }
+
+    fn polled() -> Mirror {
+        let mut mirror = Mirror::new(upstream());
+        mirror.request(SENT, NONCE);
+        mirror
+    }
+
+    #[test]
+    fn request_is_v4_client_with_the_nonce_as_transmit() {
+        let mut mirror = Mirror::new(upstream());
+        let request = mirror.request(SENT, NONCE);
+        let mut expected = [0; 48];
+        expected[0] = 0x23;
+        expected[40..].copy_from_slice(&NONCE.to_be_bytes());
+        assert_eq!(request, expected);
+        assert_eq!(mirror.upstream(), upstream());
+    }
+
+    #[test]
+    fn starts_unsynchronised() {
+        assert_eq!(
+            Mirror::new(upstream()).state(),
+            ServerState::unsynchronised()
+        );
+    }
+
+    #[test]
+    fn good_reply_updates_the_state() {
+        let mut mirror = polled();
+        assert_eq!(
+            mirror.on_reply(upstream(), &bytes(&good_reply()), at(2)),
+            Ok(())
+        );
+        assert_eq!(
+            mirror.state(),
+            ServerState {
+                leap: Leap::NoWarning,
+                stratum: 2,
+                precision: -25,
+                reference_id: [192, 0, 2, 1],
+                reference_ts: NtpTimestamp::from_parts(0xEEAC_6C00, 0x1234_5678),
+                root_delay: NtpShort(0x0000_0800),
+                root_dispersion: NtpShort(0x0000_0400),
+                updated: Some(at(2)),
+            }
+        );
+    }
+
+    #[test]
+    fn leap_warning_and_longer_replies_are_taken() {
+        let mut mirror = polled();
+        let reply = Header {
+            leap: Leap::DelSecond,
+            ..good_reply()
+        };
+        let long = [&bytes(&reply)[..], &[0; 20]].concat();
+        assert_eq!(mirror.on_reply(upstream(), &long, at(2)), Ok(()));
+        assert_eq!(mirror.state().leap, Leap::DelSecond);
+    }
+
+    #[test]
+    fn wrong_source_is_rejected_and_the_request_stays_outstanding() {
+        let mut mirror = polled();
+        let other: SocketAddr = "127.0.0.1:11124".parse().unwrap();
+        assert_eq!(
+            mirror.on_reply(other, &bytes(&good_reply()), at(2)),
+            Err(MirrorError::WrongSource {
+                from: other,
+                expected: upstream()
+            })
+        );
+        let v6: SocketAddr = "[::1]:11123".parse().unwrap();
+        assert!(matches!(
+            mirror.on_reply(v6, &bytes(&good_reply()), at(2)),
+            Err(MirrorError::WrongSource { .. })
+        ));
+        assert_eq!(mirror.state(), ServerState::unsynchronised());
+        assert_eq!(
+            mirror.on_reply(upstream(), &bytes(&good_reply()), at(3)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn wrong_origin_is_rejected_and_the_request_stays_outstanding() {
+        let mut mirror = polled();
+        let forged = Header {
+            origin_ts: NtpTimestamp(NONCE ^ 1),
+            ..good_reply()
+        };
+        assert_eq!(
+            mirror.on_reply(upstream(), &bytes(&forged), at(2)),
+            Err(MirrorError::WrongOrigin {
+                expected: NtpTimestamp(NONCE),
+                got: NtpTimestamp(NONCE ^ 1)
+            })
+        );
+        assert_eq!(mirror.state(), ServerState::unsynchronised());
+        assert_eq!(
+            mirror.on_reply(upstream(), &bytes(&good_reply()), at(3)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn replayed_reply_is_rejected() {
+        let mut mirror = polled();
+        let reply = bytes(&good_reply());
+        assert_eq!(mirror.on_reply(upstream(), &reply, at(2)), Ok(()));
+        let taken = mirror.state();
+        assert_eq!(
+            mirror.on_reply(upstream(), &reply, at(500)),
+            Err(MirrorError::NotPending {
+                origin: NtpTimestamp(NONCE)
+            })
+        );
+        // After the next request, the old reply's origin no longer matches.
+        mirror.request(at(1000), NONCE + 1);
+        assert!(matches!(
+            mirror.on_reply(upstream(), &reply, at(1001)),
+            Err(MirrorError::WrongOrigin { .. })
+        ));
+        assert_eq!(mirror.state(), taken);
+    }
+
+    #[test]
+    fn unsolicited_reply_is_rejected() {
+        let mut mirror = Mirror::new(upstream());
+        assert!(matches!(
+            mirror.on_reply(upstream(), &bytes(&good_reply()), at(2)),
+            Err(MirrorError::NotPending { .. })
+        ));
+    }
+
+    #[test]
+    fn short_reply_is_rejected() {
+        let mut mirror = polled();
+        let reply = bytes(&good_reply());
+        assert_eq!(
+            mirror.on_reply(upstream(), &reply[..47], at(2)),
+            Err(MirrorError::TooShort { len: 47 })
+        );
+        assert_eq!(mirror.on_reply(upstream(), &reply, at(3)), Ok(()));
+    }
+
+    #[test]
+    fn wrong_mode_or_version_is_rejected_and_uses_up_the_request() {
+        for (reply, error) in [
+            (
+                Header {
+                    mode: Mode::Client,
+                    ..good_reply()
+                },
+                MirrorError::WrongMode(Mode::Client),
+            ),
+            (
+                Header {
+                    mode: Mode::SymmetricPassive,
+                    ..good_reply()
+                },
+                MirrorError::WrongMode(Mode::SymmetricPassive),
+            ),
+            (
+                Header {
+                    version: 3,
+                    ..good_reply()
+                },
+                MirrorError::WrongVersion(3),
+            ),
+        ] {
+            let mut mirror = polled();
+            assert_eq!(
+                mirror.on_reply(upstream(), &bytes(&reply), at(2)),
+                Err(error)
+            );
+            assert_eq!(mirror.state(), ServerState::unsynchronised());
+            assert!(matches!(
+                mirror.on_reply(upstream(), &bytes(&good_reply()), at(3)),
+                Err(MirrorError::NotPending { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn late_reply_is_rejected() {
+        let mut mirror = polled();
+        assert_eq!(
+            mirror.on_reply(upstream(), &bytes(&good_reply()), at(1500)),
+            Err(MirrorError::Late {
+                delay: Duration::from_millis(1500),
+                timeout: Duration::from_secs(1)
+            })
+        );
+        let mut patient = Mirror::new(upstream());
+        patient.set_reply_timeout(Duration::from_secs(2));
+        patient.request(SENT, NONCE);
+        assert_eq!(
+            patient.on_reply(upstream(), &bytes(&good_reply()), at(1500)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn unsynchronised_upstream_is_recorded_as_such() {
+        let expected = ServerState {
+            leap: Leap::Unsynchronised,
+            stratum: 0,
+            precision: -25,
+            reference_id: [0; 4],
+            reference_ts: NtpTimestamp::ZERO,
+            root_delay: NtpShort(0x0001_0000),
+            root_dispersion: NtpShort(0x0001_0000),
+            updated: Some(at(2)),
+        };
+        for reply in [
+            // chronyd's unsynchronised reply.
+            Header {
+                leap: Leap::Unsynchronised,
+                stratum: 0,
+                reference_id: [0; 4],
+                reference_ts: NtpTimestamp::ZERO,
+                root_delay: NtpShort(0x0001_0000),
+                root_dispersion: NtpShort(0x0001_0000),
+                ..good_reply()
+            },
+            Header {
+                leap: Leap::Unsynchronised,
+                ..good_reply()
+            },
+            Header {
+                stratum: 16,
+                ..good_reply()
+            },
+            Header {
+                root_dispersion: NtpShort(16 << 16),
+                ..good_reply()
+            },
+        ] {
+            let mut mirror = polled();
+            // Synchronised first, so that the change is visible.
+            mirror
+                .on_reply(upstream(), &bytes(&good_reply()), at(1))
+                .unwrap();
+            mirror.request(SENT, NONCE);
+            assert_eq!(mirror.on_reply(upstream(), &bytes(&reply), at(2)), Ok(()));
+            assert_eq!(mirror.state(), expected);
+        }
+    }
+
+    #[test]
+    fn kiss_of_death_is_reported_and_recorded_unsynchronised() {
+        let mut mirror = polled();
+        mirror
+            .on_reply(upstream(), &bytes(&good_reply()), at(1))
+            .unwrap();
+        mirror.request(SENT, NONCE);
+        let kiss = Header {
+            stratum: 0,
+            reference_id: *b"RATE",
+            ..good_reply()
+        };
+        let error = mirror
+            .on_reply(upstream(), &bytes(&kiss), at(2))
+            .unwrap_err();
+        assert_eq!(error, MirrorError::KissOfDeath { code: *b"RATE" });
+        assert_eq!(error.to_string(), "upstream sent kiss-o'-death RATE");
+        assert!(!mirror.state().is_synchronised());
+        assert_eq!(mirror.state().updated, Some(at(2)));
+    }
+
+    #[test]
+    fn errors_name_the_offending_values() {
+        let error = MirrorError::WrongOrigin {
+            expected: NtpTimestamp(NONCE),
+            got: NtpTimestamp(7),
+        };
+        assert_eq!(
+            error.to_string(),
+            "NTP reply origin 0x0000000000000007 does not match our request's transmit \
+             0x0123456789abcdef"
+        );
+    }
+}
