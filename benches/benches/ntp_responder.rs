@@ -1,0 +1,97 @@
+//! The NTP responder's per-packet cost: one request, and a batch of 64 as a worker sees it (one
+//! served-header computation per batch, then 64 responses and 64 transmit stamps).
+
+use std::hint::black_box;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use chime_ntp::{
+    Header, Leap, Mirror, Mode, NtpShort, NtpTimestamp, ServerState, StalePolicy, respond,
+    stamp_transmit,
+};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+fn request() -> [u8; 48] {
+    let h = Header {
+        leap: Leap::NoWarning,
+        version: 4,
+        mode: Mode::Client,
+        stratum: 0,
+        poll: 6,
+        precision: -20,
+        root_delay: NtpShort(0),
+        root_dispersion: NtpShort(0),
+        reference_id: [0; 4],
+        reference_ts: NtpTimestamp::ZERO,
+        origin_ts: NtpTimestamp::ZERO,
+        receive_ts: NtpTimestamp::ZERO,
+        transmit_ts: NtpTimestamp(0x1234_5678_9abc_def0),
+    };
+    let mut out = [0u8; 48];
+    h.encode(&mut out);
+    out
+}
+
+/// A synchronised state, produced the way the daemon produces it: a mirror fed a chronyd reply.
+fn state(now: NtpTimestamp) -> ServerState {
+    let upstream: SocketAddr = (Ipv4Addr::LOCALHOST, 11123).into();
+    let mut mirror = Mirror::new(upstream);
+    let poll = mirror.request(now, 42);
+    let mut reply = Header::parse(&poll).unwrap();
+    reply.mode = Mode::Server;
+    reply.stratum = 2;
+    reply.reference_id = [192, 0, 2, 1];
+    reply.reference_ts = now;
+    reply.origin_ts = reply.transmit_ts;
+    reply.receive_ts = now;
+    reply.transmit_ts = now;
+    reply.root_delay = NtpShort::from_seconds(0.01);
+    reply.root_dispersion = NtpShort::from_seconds(0.001);
+    let mut bytes = [0u8; 48];
+    reply.encode(&mut bytes);
+    mirror.on_reply(upstream, &bytes, now).unwrap();
+    mirror.state()
+}
+
+fn bench(c: &mut Criterion) {
+    let now = NtpTimestamp::from_unix(1_790_000_000, 0);
+    let state = state(now);
+    let policy = StalePolicy {
+        stale_after: Duration::from_secs(8),
+        ..StalePolicy::default()
+    };
+    let req = request();
+
+    let mut g = c.benchmark_group("ntp_responder");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("one_packet", |b| {
+        let mut reply = [0u8; 48];
+        b.iter(|| {
+            let served = state.served_at(black_box(now), &policy);
+            let n = respond(black_box(&req), 40000, now, &served, &mut reply).unwrap();
+            stamp_transmit(&mut reply[..n], now);
+            black_box(&reply);
+        })
+    });
+
+    const BATCH: usize = 64;
+    let requests = [req; BATCH];
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("batch_64", |b| {
+        let mut replies = [[0u8; 48]; BATCH];
+        b.iter(|| {
+            let served = state.served_at(black_box(now), &policy);
+            for (req, reply) in requests.iter().zip(replies.iter_mut()) {
+                respond(black_box(req), 40000, now, &served, reply).unwrap();
+            }
+            for reply in replies.iter_mut() {
+                stamp_transmit(reply, now);
+            }
+            black_box(&replies);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

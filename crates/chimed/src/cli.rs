@@ -1,0 +1,137 @@
+//! Command-line flags. Names and meanings follow rsntp (`-4`, `-6`, `-a`, `-b`, `-s`, `-u`, `-r`) so
+//! that an operator can swap one daemon for the other; every flag may also be set in the config file
+//! (same name, without the dashes), and a flag given on the command line wins.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// chimed: serves NTP from every core beside a local chronyd.
+#[derive(Debug, Parser)]
+#[command(name = "chimed", version, about, long_about = None)]
+pub(crate) struct Args {
+    /// Number of NTP worker threads (one socket each) on the IPv4 address; 0 disables IPv4
+    /// [default: 1]
+    #[arg(short = '4', long, value_name = "N", value_parser = parse_threads)]
+    pub(crate) ipv4_threads: Option<usize>,
+
+    /// Number of NTP worker threads (one socket each) on the IPv6 address; 0 disables IPv6
+    /// [default: 1]
+    #[arg(short = '6', long, value_name = "N", value_parser = parse_threads)]
+    pub(crate) ipv6_threads: Option<usize>,
+
+    /// IPv4 address and port to serve NTP on [default: 0.0.0.0:123]
+    #[arg(short = 'a', long, value_name = "ADDR:PORT")]
+    pub(crate) ipv4_address: Option<SocketAddr>,
+
+    /// IPv6 address and port to serve NTP on [default: [::]:123]
+    #[arg(short = 'b', long, value_name = "ADDR:PORT")]
+    pub(crate) ipv6_address: Option<SocketAddr>,
+
+    /// The local chronyd (or other NTP server) whose state is mirrored [default: 127.0.0.1:11123]
+    #[arg(short = 's', long, value_name = "ADDR:PORT")]
+    pub(crate) server_address: Option<SocketAddr>,
+
+    /// Run as this user after the sockets are bound
+    #[arg(short = 'u', long, value_name = "USER")]
+    pub(crate) user: Option<String>,
+
+    /// Change root to this directory after the sockets are bound
+    #[arg(short = 'r', long, value_name = "DIR")]
+    pub(crate) root: Option<PathBuf>,
+
+    /// Read settings from this TOML file (flags given here override it)
+    #[arg(short = 'c', long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+
+    /// Validate the flags and the config file, print the resolved settings and exit
+    #[arg(long)]
+    pub(crate) check_config: bool,
+
+    /// Seconds between polls of the upstream server [default: 1]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) poll_interval: Option<f64>,
+
+    /// Seconds without a good upstream reply after which clients are told the server is
+    /// unsynchronised (leap 3, stratum 0) [default: 8]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) stale_after: Option<f64>,
+
+    /// Socket receive buffer size in bytes (SO_RCVBUFFORCE, else SO_RCVBUF) [default: the kernel's]
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) recv_buffer: Option<usize>,
+
+    /// Datagrams received and answered per system call [default: 64]
+    #[arg(long, value_name = "N", value_parser = parse_batch)]
+    pub(crate) batch_size: Option<usize>,
+
+    /// Pin worker threads to these CPUs, round robin (e.g. 0,1) [default: no pinning]
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub(crate) cpus: Option<Vec<usize>>,
+
+    /// Seconds between per-thread statistics log lines; 0 logs them only at exit [default: 60]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
+    pub(crate) stats_interval: Option<f64>,
+
+    /// Log level or tracing filter (error, warn, info, debug, trace) [default: info]
+    #[arg(long, value_name = "LEVEL")]
+    pub(crate) log_level: Option<String>,
+}
+
+pub(crate) const MAX_THREADS: usize = 1024;
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a thread count"))?;
+    check_threads(n)?;
+    Ok(n)
+}
+
+pub(crate) fn check_threads(n: usize) -> Result<(), String> {
+    if n > MAX_THREADS {
+        return Err(format!(
+            "{n} threads is more than the limit of {MAX_THREADS}"
+        ));
+    }
+    Ok(())
+}
+
+fn parse_batch(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a batch size"))?;
+    check_batch(n)?;
+    Ok(n)
+}
+
+pub(crate) fn check_batch(n: usize) -> Result<(), String> {
+    if !(1..=1024).contains(&n) {
+        return Err(format!("batch size {n} is outside 1..=1024"));
+    }
+    Ok(())
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v = parse_seconds_or_zero(s)?;
+    if v == 0.0 {
+        return Err("must be more than 0 seconds".into());
+    }
+    Ok(v)
+}
+
+fn parse_seconds_or_zero(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    check_seconds(v)?;
+    Ok(v)
+}
+
+pub(crate) fn check_seconds(v: f64) -> Result<(), String> {
+    if !v.is_finite() || !(0.0..=86_400.0).contains(&v) {
+        return Err(format!("{v} seconds is outside 0..=86400"));
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! The daemon's one window on the system clock. The protocol crates never read a clock; the
+//! daemon reads CLOCK_REALTIME (through `SystemTime`, a vDSO call) and hands the time in.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use chime_ntp::NtpTimestamp;
+
+/// The system clock now, as an NTP timestamp.
+pub(crate) fn now() -> NtpTimestamp {
+    // A clock before 1970 would be a broken host; serve the epoch rather than panic.
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    NtpTimestamp::from_unix(d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// A kernel receive timestamp (CLOCK_REALTIME) as an NTP timestamp.
+pub(crate) fn from_kernel(ts: chime_udp::Timestamp) -> NtpTimestamp {
+    NtpTimestamp::from_unix(ts.secs, ts.nanos)
+}

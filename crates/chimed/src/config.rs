@@ -1,0 +1,304 @@
+//! The config file and the resolved settings.
+//!
+//! Settings come from three places, in order of precedence: a command-line flag, the TOML config
+//! file (`--config`), the built-in default. The file uses the flags' long names as keys and rejects
+//! any key it does not know, so a typo is an error rather than a silently ignored line.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cli::{self, Args};
+
+/// The config file, as written. Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct File {
+    ipv4_threads: Option<usize>,
+    ipv6_threads: Option<usize>,
+    ipv4_address: Option<SocketAddr>,
+    ipv6_address: Option<SocketAddr>,
+    server_address: Option<SocketAddr>,
+    user: Option<String>,
+    root: Option<PathBuf>,
+    poll_interval: Option<f64>,
+    stale_after: Option<f64>,
+    recv_buffer: Option<usize>,
+    batch_size: Option<usize>,
+    cpus: Option<Vec<usize>>,
+    stats_interval: Option<f64>,
+    log_level: Option<String>,
+}
+
+/// Everything the daemon needs to start, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) ipv4_threads: usize,
+    pub(crate) ipv6_threads: usize,
+    pub(crate) ipv4_address: SocketAddr,
+    pub(crate) ipv6_address: SocketAddr,
+    pub(crate) server_address: SocketAddr,
+    pub(crate) user: Option<String>,
+    pub(crate) root: Option<PathBuf>,
+    pub(crate) poll_interval: Duration,
+    pub(crate) stale_after: Duration,
+    pub(crate) recv_buffer: Option<usize>,
+    pub(crate) batch_size: usize,
+    pub(crate) cpus: Vec<usize>,
+    pub(crate) stats_interval: Option<Duration>,
+    pub(crate) log_level: String,
+}
+
+/// Why the settings could not be resolved: always names the input at fault.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigError {
+    #[error("config file {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("config file {path}, line {line}: {reason}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("{input}: {reason}")]
+    Invalid { input: Input, reason: String },
+}
+
+/// Where a bad value came from, so the message can point at it.
+#[derive(Debug, Clone)]
+pub(crate) struct Input {
+    key: &'static str,
+    file: Option<PathBuf>,
+}
+
+impl fmt::Display for Input {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(path) => write!(f, "config file {}: {}", path.display(), self.key),
+            None => write!(f, "--{}", self.key),
+        }
+    }
+}
+
+pub(crate) const DEFAULT_POLL_INTERVAL: f64 = 1.0;
+pub(crate) const DEFAULT_STALE_AFTER: f64 = 8.0;
+const DEFAULT_BATCH: usize = 64;
+const DEFAULT_STATS_INTERVAL: f64 = 60.0;
+
+impl Settings {
+    pub(crate) fn resolve(args: &Args) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load(path)?,
+            None => File::default(),
+        };
+        let path = args.config.as_deref();
+        // Picks the flag if given, else the file's value, remembering which one it was so that a
+        // later check can name the right input.
+        macro_rules! pick {
+            ($field:ident, $key:literal) => {
+                match (&args.$field, &file.$field) {
+                    (Some(v), _) => (Some(v.clone()), input($key, None)),
+                    (None, Some(v)) => (Some(v.clone()), input($key, path)),
+                    (None, None) => (None, input($key, None)),
+                }
+            };
+        }
+
+        let (v4_threads, v4_threads_in) = pick!(ipv4_threads, "ipv4-threads");
+        let (v6_threads, v6_threads_in) = pick!(ipv6_threads, "ipv6-threads");
+        let (v4_addr, v4_addr_in) = pick!(ipv4_address, "ipv4-address");
+        let (v6_addr, v6_addr_in) = pick!(ipv6_address, "ipv6-address");
+        let (upstream, _) = pick!(server_address, "server-address");
+        let (user, user_in) = pick!(user, "user");
+        let (root, root_in) = pick!(root, "root");
+        let (poll, poll_in) = pick!(poll_interval, "poll-interval");
+        let (stale, stale_in) = pick!(stale_after, "stale-after");
+        let (recv_buffer, _) = pick!(recv_buffer, "recv-buffer");
+        let (batch, batch_in) = pick!(batch_size, "batch-size");
+        let (cpus, _) = pick!(cpus, "cpus");
+        let (stats, stats_in) = pick!(stats_interval, "stats-interval");
+        let (log_level, log_in) = pick!(log_level, "log-level");
+
+        let ipv4_threads = v4_threads.unwrap_or(1);
+        cli::check_threads(ipv4_threads).map_err(|r| invalid(&v4_threads_in, r))?;
+        let ipv6_threads = v6_threads.unwrap_or(1);
+        cli::check_threads(ipv6_threads).map_err(|r| invalid(&v6_threads_in, r))?;
+        if ipv4_threads + ipv6_threads == 0 {
+            return Err(invalid(
+                &v4_threads_in,
+                "no NTP threads: set ipv4-threads or ipv6-threads",
+            ));
+        }
+
+        let ipv4_address = v4_addr.unwrap_or((Ipv4Addr::UNSPECIFIED, 123).into());
+        if !ipv4_address.is_ipv4() {
+            return Err(invalid(
+                &v4_addr_in,
+                format!("{ipv4_address} is not an IPv4 address"),
+            ));
+        }
+        let ipv6_address = v6_addr.unwrap_or((Ipv6Addr::UNSPECIFIED, 123).into());
+        if !ipv6_address.is_ipv6() {
+            return Err(invalid(
+                &v6_addr_in,
+                format!("{ipv6_address} is not an IPv6 address"),
+            ));
+        }
+        let server_address = upstream.unwrap_or((Ipv4Addr::LOCALHOST, 11123).into());
+
+        if let Some(u) = &user {
+            if u.is_empty() {
+                return Err(invalid(&user_in, "empty user name"));
+            }
+        }
+        if let Some(r) = &root {
+            if !r.is_absolute() {
+                return Err(invalid(
+                    &root_in,
+                    format!("{} is not an absolute path", r.display()),
+                ));
+            }
+        }
+
+        let poll = poll.unwrap_or(DEFAULT_POLL_INTERVAL);
+        check_positive(poll).map_err(|r| invalid(&poll_in, r))?;
+        let stale = stale.unwrap_or(DEFAULT_STALE_AFTER);
+        check_positive(stale).map_err(|r| invalid(&stale_in, r))?;
+        if stale <= poll {
+            return Err(invalid(
+                &stale_in,
+                format!("{stale} s must be longer than the poll interval ({poll} s)"),
+            ));
+        }
+        let batch_size = batch.unwrap_or(DEFAULT_BATCH);
+        cli::check_batch(batch_size).map_err(|r| invalid(&batch_in, r))?;
+        let stats = stats.unwrap_or(DEFAULT_STATS_INTERVAL);
+        cli::check_seconds(stats).map_err(|r| invalid(&stats_in, r))?;
+        let log_level = log_level.unwrap_or_else(|| "info".into());
+        if log_level.parse::<tracing_subscriber::EnvFilter>().is_err() {
+            return Err(invalid(
+                &log_in,
+                format!("'{log_level}' is not a log level or filter"),
+            ));
+        }
+
+        Ok(Self {
+            ipv4_threads,
+            ipv6_threads,
+            ipv4_address,
+            ipv6_address,
+            server_address,
+            user,
+            root,
+            poll_interval: Duration::from_secs_f64(poll),
+            stale_after: Duration::from_secs_f64(stale),
+            recv_buffer,
+            batch_size,
+            cpus: cpus.unwrap_or_default(),
+            stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
+            log_level,
+        })
+    }
+}
+
+fn load(path: &Path) -> Result<File, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        // toml's own Display spans several lines with a snippet; the operator gets one line.
+        let line = e
+            .span()
+            .map_or(1, |s| text[..s.start].matches('\n').count() + 1);
+        ConfigError::Parse {
+            path: path.to_owned(),
+            line,
+            reason: e.message().trim().to_owned(),
+        }
+    })
+}
+
+fn input(key: &'static str, file: Option<&Path>) -> Input {
+    Input {
+        key,
+        file: file.map(Path::to_owned),
+    }
+}
+
+fn invalid(input: &Input, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        input: input.clone(),
+        reason: reason.into(),
+    }
+}
+
+fn check_positive(v: f64) -> Result<(), String> {
+    cli::check_seconds(v)?;
+    if v == 0.0 {
+        return Err("must be more than 0 seconds".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn resolve_with(file: &str, flags: &[&str]) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chimed.toml");
+        std::fs::write(&path, file).unwrap();
+        let mut argv = vec!["chimed", "--config", path.to_str().unwrap()];
+        argv.extend_from_slice(flags);
+        Settings::resolve(&Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn defaults_match_rsntp() {
+        let s = Settings::resolve(&Args::try_parse_from(["chimed"]).unwrap()).unwrap();
+        assert_eq!((s.ipv4_threads, s.ipv6_threads), (1, 1));
+        assert_eq!(s.ipv4_address, "0.0.0.0:123".parse().unwrap());
+        assert_eq!(s.ipv6_address, "[::]:123".parse().unwrap());
+        assert_eq!(s.server_address, "127.0.0.1:11123".parse().unwrap());
+        assert_eq!(s.stale_after, Duration::from_secs(8));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let s = resolve_with("ipv4-threads = 3\nipv6-threads = 2\n", &["-4", "5"]).unwrap();
+        assert_eq!((s.ipv4_threads, s.ipv6_threads), (5, 2));
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_line() {
+        let e = resolve_with("ipv4-threads = 1\nipv4-thread = 2\n", &[]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("line 2") && msg.contains("ipv4-thread"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "one line: {msg}");
+    }
+
+    #[test]
+    fn bad_value_names_the_key_in_the_file() {
+        let e = resolve_with("ipv4-address = \"[::1]:123\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("ipv4-address") && e.to_string().contains("chimed.toml"));
+        let e = resolve_with("stale-after = 0.5\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("stale-after"), "{e}");
+        let e = resolve_with("ipv4-threads = 0\nipv6-threads = 0\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("no NTP threads"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_a_parse_error() {
+        let e = resolve_with("ipv4-threads = \"two\"\n", &[]).unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { line: 1, .. }), "{e}");
+    }
+}

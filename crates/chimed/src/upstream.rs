@@ -1,0 +1,152 @@
+//! The upstream poller, on the control plane: asks the local chronyd for its state about once per
+//! poll interval, feeds the replies to the sans-IO [`Mirror`], and publishes the resulting
+//! [`ServerState`] for the workers to read once per batch.
+//!
+//! The poller never decides what clients are told when chronyd goes quiet: it only stops
+//! refreshing `updated`, and the workers' [`ServerState::served_at`] turns the state unsynchronised
+//! once it is older than the stale time. So a wedged control plane cannot leave the workers
+//! serving a confident old state either.
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chime_ntp::{Leap, Mirror, ServerState};
+use tokio::net::UdpSocket;
+use tokio::time::{self, Instant, MissedTickBehavior};
+use tracing::{debug, info, warn};
+
+use crate::clock;
+use crate::ntp_worker::Shared;
+
+/// How the upstream looked at the last poll, to log changes once rather than every poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    Unknown,
+    Synchronised,
+    Unsynchronised,
+    Unreachable,
+}
+
+pub(crate) async fn run(upstream: SocketAddr, interval: Duration, shared: Arc<Shared>) {
+    let mut mirror = Mirror::new(upstream);
+    let mut socket: Option<UdpSocket> = None;
+    let mut health = Health::Unknown;
+    let mut ticks = time::interval(interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        // A poll waits at most one interval (and never more than a second, like rsntp) so that a
+        // slow upstream cannot stretch the schedule.
+        let deadline = Instant::now() + interval.min(Duration::from_secs(1));
+        let result = poll_once(&mut mirror, &mut socket, upstream, deadline).await;
+        let state = mirror.state();
+        let now_health = match &result {
+            Ok(()) if is_synchronised(&state) => Health::Synchronised,
+            Ok(()) => Health::Unsynchronised,
+            Err(_) => Health::Unreachable,
+        };
+        if let Ok(()) = result {
+            shared.state.store(Arc::new(state));
+        }
+        if now_health != health {
+            report(upstream, now_health, &state, result.as_ref().err(), &shared);
+            health = now_health;
+        }
+    }
+}
+
+async fn poll_once(
+    mirror: &mut Mirror,
+    socket: &mut Option<UdpSocket>,
+    upstream: SocketAddr,
+    deadline: Instant,
+) -> Result<(), String> {
+    if socket.is_none() {
+        let local: SocketAddr = match upstream {
+            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let s = UdpSocket::bind(local)
+            .await
+            .map_err(|e| format!("cannot open socket: {e}"))?;
+        *socket = Some(s);
+    }
+    let Some(sock) = socket.as_ref() else {
+        unreachable!("opened above")
+    };
+    let request = mirror.request(clock::now(), rand::random());
+    if let Err(e) = sock.send_to(&request, upstream).await {
+        // Start afresh next time: the socket may be what is broken.
+        *socket = None;
+        return Err(format!("send failed: {e}"));
+    }
+    let mut buf = [0u8; 1024];
+    loop {
+        let received = time::timeout_at(deadline, sock.recv_from(&mut buf)).await;
+        let (len, from) = match received {
+            Err(_) => return Err("no reply".into()),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err("connection refused".into());
+            }
+            Ok(Err(e)) => {
+                *socket = None;
+                return Err(format!("receive failed: {e}"));
+            }
+            Ok(Ok(got)) => got,
+        };
+        // Anything that is not the answer to this poll (a stray or late datagram) is skipped and
+        // the wait goes on until the deadline.
+        match mirror.on_reply(from, &buf[..len], clock::now()) {
+            Ok(()) => return Ok(()),
+            Err(e) => debug!("ignored upstream datagram from {from}: {e}"),
+        }
+    }
+}
+
+fn is_synchronised(state: &ServerState) -> bool {
+    state.leap != Leap::Unsynchronised && state.stratum != 0
+}
+
+fn report(
+    upstream: SocketAddr,
+    health: Health,
+    state: &ServerState,
+    error: Option<&String>,
+    shared: &Shared,
+) {
+    let stale = shared.policy.stale_after.as_secs_f64();
+    match health {
+        Health::Synchronised => info!(
+            "upstream {upstream} synchronised: stratum {} refid {} root delay {:.6} s root dispersion {:.6} s",
+            state.stratum,
+            refid(state),
+            state.root_delay.seconds(),
+            state.root_dispersion.seconds()
+        ),
+        Health::Unsynchronised => {
+            warn!("upstream {upstream} reports itself unsynchronised; clients are told so")
+        }
+        Health::Unreachable => warn!(
+            "upstream {upstream} not answering ({}); clients are told the server is unsynchronised \
+             if it stays so for {stale} s",
+            error.map_or("?", String::as_str)
+        ),
+        Health::Unknown => {}
+    }
+}
+
+/// A reference ID as chrony prints it: text for stratum 1 (a reference clock's name), else the
+/// IPv4 address (or IPv6 hash) of the upstream's own source.
+pub(crate) fn refid(state: &ServerState) -> String {
+    let id = state.reference_id;
+    if state.stratum <= 1 {
+        id.iter()
+            .take_while(|b| **b != 0)
+            .map(|b| char::from(*b))
+            .collect()
+    } else {
+        format!("{}.{}.{}.{}", id[0], id[1], id[2], id[3])
+    }
+}

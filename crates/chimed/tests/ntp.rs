@@ -1,0 +1,141 @@
+//! chimed against real processes: a real chronyd to mirror, chronyd and `chime ntp` as clients.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Chimed, Chronyd, chime_ntp, chronyd_client_offset, exchange};
+
+fn chimed_v4(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
+    let upstream = chronyd.addr().to_string();
+    let mut args = vec!["-4", "2", "-6", "0", "-a", "127.0.0.1:0", "-s", &upstream];
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::start(&args);
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    chimed
+}
+
+#[test]
+fn clients_accept_mirrored_replies() {
+    let chronyd = Chronyd::start();
+    let chimed = chimed_v4(&chronyd, &[]);
+
+    let r = chime_ntp(chimed.addr).unwrap();
+    assert_eq!(r["synchronised"], true, "{r}");
+    assert_eq!(r["leap"], 0);
+    // Mirrored as chronyd states it: a local stratum 3 reference ("LOCL"), not incremented.
+    assert_eq!(r["stratum"], 3);
+    assert_eq!(r["reference_id_hex"], "7F7F0101", "{r}");
+    assert_eq!(r["version"], 4);
+    let offset = r["offset"].as_f64().unwrap();
+    assert!(offset.abs() < 1e-3, "offset {offset}");
+
+    let offset = chronyd_client_offset(chimed.addr).unwrap();
+    assert!(offset.abs() < 1e-3, "chronyd -Q offset {offset}");
+}
+
+#[test]
+fn ipv6_loopback() {
+    let chronyd = Chronyd::start();
+    let upstream = chronyd.addr().to_string();
+    let mut chimed = Chimed::start(&["-4", "0", "-6", "2", "-b", "[::1]:0", "-s", &upstream]);
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    assert!(chimed.addr.is_ipv6());
+
+    let r = chime_ntp(chimed.addr).unwrap();
+    assert_eq!(
+        (r["stratum"].as_u64(), r["leap"].as_u64()),
+        (Some(3), Some(0)),
+        "{r}"
+    );
+    assert!(r["offset"].as_f64().unwrap().abs() < 1e-3, "{r}");
+    let offset = chronyd_client_offset(chimed.addr).unwrap();
+    assert!(offset.abs() < 1e-3, "chronyd -Q offset {offset}");
+}
+
+#[test]
+fn unsynchronised_within_stale_time_after_chronyd_stops() {
+    let mut chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(&chronyd, &["--stale-after", "2", "--poll-interval", "0.5"]);
+    assert_eq!(chime_ntp(chimed.addr).unwrap()["synchronised"], true);
+
+    chronyd.stop();
+    let stopped = Instant::now();
+    chimed.wait_for("not answering", Duration::from_secs(5));
+    let mut seen_synchronised_late = false;
+    let turned = loop {
+        let r = chime_ntp(chimed.addr).unwrap();
+        if r["leap"] == 3 && r["stratum"] == 0 {
+            assert_eq!(r["synchronised"], false);
+            break stopped.elapsed();
+        }
+        // Until the stale time runs out the last state is served, with growing dispersion.
+        seen_synchronised_late |= stopped.elapsed() > Duration::from_millis(2600);
+        assert!(
+            stopped.elapsed() < Duration::from_secs(6),
+            "still synchronised: {r}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!seen_synchronised_late, "synchronised past the stale time");
+    // The stale time (2 s) is counted from the last good poll, at most one interval (0.5 s)
+    // before the stop.
+    assert!(
+        turned >= Duration::from_millis(1400),
+        "unsynchronised too soon: {turned:?}"
+    );
+}
+
+#[test]
+fn bad_packets_get_no_reply_and_are_counted_and_sigterm_exits_0() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(&chronyd, &[]);
+    let wait = Duration::from_millis(300);
+
+    let mut control = [0u8; 48];
+    control[0] = 0x26; // v4 mode 6 (control)
+    let mut private = [0u8; 48];
+    private[0] = 0x27; // v4 mode 7 (private)
+    let short = [0x23u8; 20]; // v4 client, but 20 bytes
+    let mut version0 = [0u8; 48];
+    version0[0] = 0x03; // v0 client
+    for bad in [&control[..], &private[..], &short[..], &version0[..]] {
+        assert_eq!(
+            exchange(chimed.addr, bad, wait),
+            None,
+            "answered {:02x?}",
+            &bad[..4]
+        );
+    }
+
+    let mut good = [0u8; 48];
+    good[0] = 0x23;
+    good[40..].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+    let reply = exchange(chimed.addr, &good, Duration::from_secs(2)).expect("no reply");
+    assert_eq!(reply.len(), 48);
+    assert_eq!(reply[0] & 0x07, 4, "mode 4");
+    assert_eq!(&reply[24..32], &good[40..48], "origin = request's transmit");
+
+    let status = chimed.terminate();
+    assert!(
+        status.success(),
+        "exit status {status}; log:\n{}",
+        chimed.log()
+    );
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    for field in ["received=5", "answered=1", "dropped=4"] {
+        assert!(totals.contains(field), "{field} missing: {totals}");
+    }
+}
+
+#[test]
+fn symmetric_active_gets_passive() {
+    let chronyd = Chronyd::start();
+    let chimed = chimed_v4(&chronyd, &[]);
+    let mut req = [0u8; 48];
+    req[0] = 0x19; // v3, mode 1
+    req[40..].copy_from_slice(&[9; 8]);
+    let reply = exchange(chimed.addr, &req, Duration::from_secs(2)).expect("no reply");
+    assert_eq!(reply[0] & 0x3f, 0x1a, "v3 mode 2");
+    assert_eq!(reply[1], 3, "stratum");
+}
