@@ -23,9 +23,11 @@ pub mod packet;
 pub mod responder;
 pub mod state;
 pub mod time;
+pub mod timescale;
 
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
 pub use responder::{Drop, respond, stamp_transmit};
 pub use state::{ServedHeader, ServerState, StalePolicy};
 pub use time::{NtpShort, NtpTimestamp};
+pub use timescale::ZoneShift;

@@ -74,6 +74,15 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) stats_interval: Option<f64>,
 
+    /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
+    /// timezone. A bad idea for any other client; never applied to Roughtime
+    #[arg(long)]
+    pub(crate) tz_offset: bool,
+
+    /// The IANA timezone for --tz-offset [default: TZ, else /etc/localtime]
+    #[arg(long, value_name = "NAME")]
+    pub(crate) timezone: Option<String>,
+
     /// Log level or tracing filter (error, warn, info, debug, trace) [default: info]
     #[arg(long, value_name = "LEVEL")]
     pub(crate) log_level: Option<String>,

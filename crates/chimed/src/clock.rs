@@ -14,6 +14,16 @@ pub(crate) fn now() -> NtpTimestamp {
     NtpTimestamp::from_unix(d.as_secs() as i64, d.subsec_nanos())
 }
 
+/// The system clock now, as an NTP timestamp and as Unix seconds from the same reading (the Unix
+/// seconds resolve NTP eras, e.g. for the timezone-offset mode).
+pub(crate) fn now_with_unix() -> (NtpTimestamp, i64) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    (NtpTimestamp::from_unix(secs, d.subsec_nanos()), secs)
+}
+
 /// A kernel receive timestamp (CLOCK_REALTIME) as an NTP timestamp.
 pub(crate) fn from_kernel(ts: chime_udp::Timestamp) -> NtpTimestamp {
     NtpTimestamp::from_unix(ts.secs, ts.nanos)

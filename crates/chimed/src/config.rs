@@ -31,6 +31,8 @@ struct File {
     cpus: Option<Vec<usize>>,
     stats_interval: Option<f64>,
     log_level: Option<String>,
+    tz_offset: Option<bool>,
+    timezone: Option<String>,
 }
 
 /// Everything the daemon needs to start, validated.
@@ -50,6 +52,8 @@ pub(crate) struct Settings {
     pub(crate) cpus: Vec<usize>,
     pub(crate) stats_interval: Option<Duration>,
     pub(crate) log_level: String,
+    /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
+    pub(crate) tz_offset: Option<Option<String>>,
 }
 
 /// Why the settings could not be resolved: always names the input at fault.
@@ -121,6 +125,22 @@ impl Settings {
         let (cpus, _) = pick!(cpus, "cpus");
         let (stats, stats_in) = pick!(stats_interval, "stats-interval");
         let (log_level, log_in) = pick!(log_level, "log-level");
+
+        let tz_offset = args.tz_offset || file.tz_offset.unwrap_or(false);
+        let (timezone, timezone_in) = pick!(timezone, "timezone");
+        let tz_offset = match (tz_offset, timezone) {
+            (false, Some(_)) => {
+                return Err(invalid(
+                    &timezone_in,
+                    "only takes effect with tz-offset; set both",
+                ));
+            }
+            (false, None) => None,
+            (true, zone) => {
+                crate::tz::load(zone.as_deref()).map_err(|r| invalid(&timezone_in, r))?;
+                Some(zone)
+            }
+        };
 
         let ipv4_threads = v4_threads.unwrap_or(1);
         cli::check_threads(ipv4_threads).map_err(|r| invalid(&v4_threads_in, r))?;
@@ -200,6 +220,7 @@ impl Settings {
             cpus: cpus.unwrap_or_default(),
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
             log_level,
+            tz_offset,
         })
     }
 }
@@ -294,6 +315,16 @@ mod tests {
         assert!(e.to_string().contains("stale-after"), "{e}");
         let e = resolve_with("ipv4-threads = 0\nipv6-threads = 0\n", &[]).unwrap_err();
         assert!(e.to_string().contains("no NTP threads"), "{e}");
+    }
+
+    #[test]
+    fn timezone_needs_tz_offset_and_a_real_zone() {
+        let e = resolve_with("timezone = \"Asia/Kolkata\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("tz-offset"), "{e}");
+        let s = resolve_with("tz-offset = true\ntimezone = \"Asia/Kolkata\"\n", &[]).unwrap();
+        assert_eq!(s.tz_offset, Some(Some("Asia/Kolkata".into())));
+        let e = resolve_with("", &["--tz-offset", "--timezone", "Nowhere/Atlantis"]).unwrap_err();
+        assert!(e.to_string().contains("Nowhere/Atlantis"), "{e}");
     }
 
     #[test]

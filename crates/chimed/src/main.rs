@@ -10,6 +10,7 @@ mod config;
 mod ntp_worker;
 mod privileges;
 mod stats;
+mod tz;
 mod upstream;
 
 use std::io::IsTerminal;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::{ServerState, StalePolicy};
 use chime_udp::{BoundWorkers, WorkerConfig, Workers};
 use clap::Parser;
@@ -74,7 +75,11 @@ fn run(settings: Settings) -> Result<()> {
         },
         totals: Totals::default(),
         stats_interval: settings.stats_interval,
+        zone: ArcSwapOption::empty(),
     });
+    if let Some(name) = &settings.tz_offset {
+        load_zone(name.as_deref(), &shared).map_err(anyhow::Error::msg)?;
+    }
 
     // Bind everything while still privileged, then drop privileges, then start the threads.
     let mut bound = Vec::new();
@@ -146,16 +151,36 @@ async fn control_plane(settings: &Settings, shared: Arc<Shared>) -> Result<()> {
     let poller = tokio::spawn(upstream::run(
         settings.server_address,
         settings.poll_interval,
-        shared,
+        shared.clone(),
     ));
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sighup.recv() => info!("SIGHUP: nothing to reload yet"),
+            _ = sighup.recv() => match &settings.tz_offset {
+                Some(name) => {
+                    info!("SIGHUP: re-reading the timezone");
+                    if let Err(e) = load_zone(name.as_deref(), &shared) {
+                        warn!("{e}; keeping the zone loaded before");
+                    }
+                }
+                None => info!("SIGHUP: nothing to reload"),
+            },
         }
     }
     poller.abort();
+    Ok(())
+}
+
+/// Loads the timezone-offset mode's zone and publishes it to the workers, with the warning every
+/// start (and reload) owes the operator.
+fn load_zone(name: Option<&str>, shared: &Shared) -> Result<(), String> {
+    let (zone, description) = tz::load(name)?;
+    shared.zone.store(Some(zone));
+    warn!(
+        "timezone-offset mode: NTP replies carry the local time of {description} as if it \
+         were UTC; clients that expect UTC will be wrong by that offset (Roughtime is never shifted)"
+    );
     Ok(())
 }
 

@@ -5,13 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::{Drop, NtpTimestamp, ServerState, StalePolicy};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 use tracing::{info, warn};
 
 use crate::clock;
 use crate::stats::{Counters, Totals};
+use crate::tz::Zone;
 
 /// State every worker of the service shares: the published upstream snapshot and the totals.
 #[derive(Debug)]
@@ -20,6 +21,8 @@ pub(crate) struct Shared {
     pub(crate) policy: StalePolicy,
     pub(crate) totals: Totals,
     pub(crate) stats_interval: Option<Duration>,
+    /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
+    pub(crate) zone: ArcSwapOption<Zone>,
 }
 
 pub(crate) struct NtpWorker {
@@ -32,6 +35,10 @@ pub(crate) struct NtpWorker {
     last_flush: NtpTimestamp,
     /// Send errors are logged at most once per stats interval, never per packet.
     send_error_logged: bool,
+    /// The zone for the batch in hand (loaded once per batch) and the Unix time that resolves
+    /// NTP eras for it.
+    zone: Option<Arc<Zone>>,
+    pivot_unix: i64,
 }
 
 impl NtpWorker {
@@ -43,6 +50,8 @@ impl NtpWorker {
             lifetime: Counters::default(),
             last_flush: clock::now(),
             send_error_logged: false,
+            zone: None,
+            pivot_unix: 0,
         }
     }
 
@@ -69,15 +78,23 @@ impl BatchHandler for NtpWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
         // One clock read and one snapshot load per batch: the fallback receive time for a
         // datagram without a kernel timestamp, and the header every reply in the batch carries.
-        let now = clock::now();
-        let served = self.shared.state.load().served_at(now, &self.shared.policy);
+        let (now, now_unix) = clock::now_with_unix();
+        let mut served = self.shared.state.load().served_at(now, &self.shared.policy);
+        self.zone = self.shared.zone.load_full();
+        self.pivot_unix = now_unix;
+        if let Some(zone) = &self.zone {
+            served.reference_ts = zone.apply(served.reference_ts, now_unix);
+        }
         for (meta, request) in rx.iter() {
             self.pending.received += 1;
             if meta.truncated {
                 self.pending.drop(Drop::Truncated);
                 continue;
             }
-            let t2 = meta.timestamp.map_or(now, clock::from_kernel);
+            let mut t2 = meta.timestamp.map_or(now, clock::from_kernel);
+            if let Some(zone) = &self.zone {
+                t2 = zone.apply(t2, now_unix);
+            }
             let mut dropped = None;
             tx.reply_to(meta, |buf| {
                 // The reply buffer is cut to the request's length: no reply can be longer than
@@ -99,7 +116,10 @@ impl BatchHandler for NtpWorker {
     }
 
     fn before_send(&mut self, tx: &mut TxBatch) {
-        let t3 = clock::now();
+        let mut t3 = clock::now();
+        if let Some(zone) = &self.zone {
+            t3 = zone.apply(t3, self.pivot_unix);
+        }
         for reply in tx.payloads_mut() {
             chime_ntp::stamp_transmit(reply, t3);
         }
