@@ -1,2 +1,64 @@
-//! Sans-IO Roughtime (in progress).
+//! Sans-IO Roughtime: the wire format, every deployed protocol version, batch signing over a
+//! Merkle tree, online-key delegation, and client-side verification and chaining.
+//!
+//! Nothing here opens a socket, spawns a thread, reads a clock or a random source, or touches the
+//! filesystem: time, randomness (nonces, `rand` blinds, key seeds) and keys come in as arguments,
+//! and outputs are values or bytes written into buffers the caller owns.
+//!
+//! # Versions
+//!
+//! RFC 10049 (version 1), 0x8000000c (drafts 12–19), drafts 08–11 and Google's original, chosen
+//! per request as the best the client offers and the server has enabled; see [`version`] for
+//! what differs between them.
+//!
+//! # Server
+//!
+//! A worker thread owns a [`Responder`]. Per received batch it builds [`BatchParams`] from its
+//! snapshot of the control plane (time in Unix microseconds, error bound, the current
+//! [`Delegation`]), then [`Responder::begin`] → [`Batch::add`] each datagram → [`Batch::sign`] →
+//! [`SignedBatch::write_reply`] per accepted request. A drop is a [`DropReason`] with a dense
+//! index for counters. No allocation happens after [`Responder::new`], and no reply is longer
+//! than its request.
+//!
+//! The control plane holds the [`LongTermKey`] and rotates online keys by calling
+//! [`LongTermKey::delegate`] with a fresh [`OnlineKey`] seed; the resulting [`Delegation`]
+//! carries every certificate pre-encoded and is what workers sign with. When the upstream clock
+//! is unsynchronised, the daemon simply does not call the responder.
+//!
+//! # Client
+//!
+//! [`build_request`] writes a request for any versions; [`verify_reply`] checks a reply fully;
+//! [`next_nonce`] chains requests and [`verify_chain`] checks a chain and reports servers that
+//! contradict each other.
+
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod chain;
+pub mod client;
+pub mod codec;
+pub mod error;
+pub mod keys;
+pub mod merkle;
+pub mod message;
+pub mod packet;
+pub mod request;
+pub mod response;
+pub mod server;
+pub mod tag;
+pub mod version;
+
+pub use chain::{
+    ChainError, ChainReport, Contradiction, Link, contradictions, next_nonce, verify_chain,
+};
+pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
+pub use error::{DecodeError, EncodeError};
+pub use keys::{Certificate, Delegation, DelegationError, LongTermKey, OnlineKey, srv_value};
+pub use request::{BuildError, REQUEST_LEN, Request, build_request};
+pub use response::Reply;
+pub use server::{
+    Batch, BatchParams, DropReason, Exchange, MAX_BATCH_SIZE, MIN_REQUEST_LEN, Responder,
+    ResponderConfig, SignedBatch, Ticket,
+};
+pub use tag::Tag;
+pub use version::{ContextSpelling, Family, Version, VersionSet};

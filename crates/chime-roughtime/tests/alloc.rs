@@ -1,0 +1,117 @@
+//! The server's batch path allocates nothing once the responder exists (STYLE.md §5), shown with
+//! a counting global allocator in the manner of roughenough's `alloc_tests.rs`.
+//!
+//! This binary holds a single test so that no other test allocates while it counts.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use chime_roughtime::{
+    BatchParams, DropReason, LongTermKey, OnlineKey, REQUEST_LEN, Responder, ResponderConfig,
+    Ticket, Version, VersionSet, build_request,
+};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// guarantees hold; the only addition is an atomic counter, which cannot allocate or unwind.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc`/`realloc` above, i.e. from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc_zeroed`'s contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds `realloc`'s contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn round_trip(x: u8) -> u8 {
+    std::hint::black_box(x)
+}
+
+#[test]
+fn batch_path_does_not_allocate() {
+    const NOW_S: u64 = 1_800_000_000;
+    let long = LongTermKey::from_seed(&[5; 32]);
+    let delegation = long
+        .delegate(OnlineKey::from_seed(&[6; 32]), NOW_S - 60, NOW_S + 60)
+        .unwrap();
+    let offers: [&[Version]; 5] = [
+        &[Version::Rfc10049],
+        &[Version::Draft12],
+        &[Version::Draft11, Version::Draft08],
+        &[Version::Google],
+        &[Version::Rfc10049, Version::Draft12],
+    ];
+    let requests: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            let versions = offers[i % offers.len()];
+            let nonce = vec![i as u8; versions[0].family().nonce_len()];
+            let mut out = vec![0u8; REQUEST_LEN];
+            build_request(&mut out, versions, &nonce, Some(&long.srv())).unwrap();
+            out
+        })
+        .collect();
+    let garbage = vec![0xa5u8; 1200];
+    let mut replies = vec![[0u8; 1500]; requests.len()];
+    let mut tickets: Vec<Result<Ticket, DropReason>> = vec![Err(DropReason::TooShort); 65];
+    let mut lengths = vec![0usize; 64];
+    let mut counters = [0u64; DropReason::COUNT];
+    let mut responder = Responder::new(ResponderConfig {
+        versions: VersionSet::ALL,
+        capacity: 64,
+    });
+
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for round in 0..3u64 {
+        let mut batch = responder.begin(BatchParams {
+            now_unix_us: NOW_S * 1_000_000 + round,
+            radius_us: 1_000_000,
+            delegation: &delegation,
+        });
+        for (slot, request) in tickets.iter_mut().zip(&requests) {
+            *slot = batch.add(request);
+        }
+        tickets[64] = batch.add(&garbage);
+        let signed = batch.sign();
+        for ((ticket, reply), len) in tickets.iter().zip(replies.iter_mut()).zip(&mut lengths) {
+            match ticket.and_then(|t| signed.write_reply(t, reply)) {
+                Ok(n) => *len = n,
+                Err(reason) => counters[reason.index()] += 1,
+            }
+        }
+        if let Err(reason) = tickets[64] {
+            counters[reason.index()] += 1;
+        }
+    }
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+
+    assert_eq!(allocations, 0, "the batch path allocated");
+    // And the counter does count.
+    let boxed = std::hint::black_box(Box::new(round_trip(7)));
+    assert!(ALLOCATIONS.load(Ordering::Relaxed) > before);
+    assert_eq!(*boxed, 7);
+    assert!(lengths.iter().all(|&n| n > 0 && n <= REQUEST_LEN));
+    assert_eq!(counters[DropReason::Malformed.index()], 3);
+    assert_eq!(counters.iter().sum::<u64>(), 3);
+}
