@@ -38,6 +38,7 @@ pub mod chain;
 pub mod client;
 pub mod codec;
 pub mod error;
+pub mod keyfile;
 pub mod keys;
 pub mod merkle;
 pub mod message;
@@ -53,6 +54,7 @@ pub use chain::{
 };
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
 pub use error::{DecodeError, EncodeError};
+pub use keyfile::{KeyFileError, encode_key_file, parse_key_file};
 pub use keys::{Certificate, Delegation, DelegationError, LongTermKey, OnlineKey, srv_value};
 pub use request::{BuildError, REQUEST_LEN, Request, build_request};
 pub use response::Reply;

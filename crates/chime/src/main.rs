@@ -1,15 +1,18 @@
-//! chime: the operator's tool. Queries NTP servers and prints what they said.
+//! chime: the operator's tool. Queries NTP and Roughtime servers (verifying every Roughtime
+//! signature), makes Roughtime keys, and load-tests servers.
 
 #![forbid(unsafe_code)]
 
+mod keygen;
 mod ntp;
+mod roughtime;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "chime", version, about = "Query and measure NTP time servers")]
+#[command(name = "chime", version, about = "Query, verify and load-test NTP and Roughtime servers")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,12 +22,18 @@ struct Cli {
 enum Command {
     /// Send one NTP request to a server and print its answer
     Ntp(ntp::Args),
+    /// Query Roughtime servers, verify their replies, and chain several into a report
+    Roughtime(roughtime::Args),
+    /// Make a Roughtime long-term key file (mode 0600, never overwritten)
+    Keygen(keygen::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Ntp(args) => ntp::run(&args),
+        Command::Roughtime(args) => roughtime::run(&args),
+        Command::Keygen(args) => keygen::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

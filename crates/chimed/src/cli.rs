@@ -74,6 +74,32 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) stats_interval: Option<f64>,
 
+    /// Serve Roughtime, signing with the long-term key in this file (made by `chime keygen`;
+    /// must not be readable by group or others). Roughtime is off without it
+    #[arg(long, value_name = "FILE")]
+    pub(crate) roughtime_key: Option<PathBuf>,
+
+    /// Number of Roughtime worker threads on the IPv4 address; 0 disables it [default: 1]
+    #[arg(long, value_name = "N", value_parser = parse_threads)]
+    pub(crate) roughtime_ipv4_threads: Option<usize>,
+
+    /// Number of Roughtime worker threads on the IPv6 address; 0 disables it [default: 1]
+    #[arg(long, value_name = "N", value_parser = parse_threads)]
+    pub(crate) roughtime_ipv6_threads: Option<usize>,
+
+    /// IPv4 address and port to serve Roughtime on [default: 0.0.0.0:5319]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) roughtime_ipv4_address: Option<SocketAddr>,
+
+    /// IPv6 address and port to serve Roughtime on [default: [::]:5319]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) roughtime_ipv6_address: Option<SocketAddr>,
+
+    /// Seconds between online-key rotations; each online key is valid for twice this, so the
+    /// one in use always has at least this long to run [default: 86400]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) roughtime_rotation: Option<f64>,
+
     /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
     /// timezone. A bad idea for any other client; never applied to Roughtime
     #[arg(long)]

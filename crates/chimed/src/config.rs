@@ -33,6 +33,12 @@ struct File {
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
+    roughtime_key: Option<PathBuf>,
+    roughtime_ipv4_threads: Option<usize>,
+    roughtime_ipv6_threads: Option<usize>,
+    roughtime_ipv4_address: Option<SocketAddr>,
+    roughtime_ipv6_address: Option<SocketAddr>,
+    roughtime_rotation: Option<f64>,
 }
 
 /// Everything the daemon needs to start, validated.
@@ -54,6 +60,34 @@ pub(crate) struct Settings {
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
+    /// Roughtime, if a key was given.
+    pub(crate) roughtime: Option<Roughtime>,
+}
+
+/// The Roughtime service's settings, with the long-term key already loaded and checked.
+#[derive(Clone)]
+pub(crate) struct Roughtime {
+    pub(crate) key_file: PathBuf,
+    pub(crate) seed: [u8; 32],
+    pub(crate) ipv4_threads: usize,
+    pub(crate) ipv6_threads: usize,
+    pub(crate) ipv4_address: SocketAddr,
+    pub(crate) ipv6_address: SocketAddr,
+    pub(crate) rotation: Duration,
+}
+
+impl fmt::Debug for Roughtime {
+    // The seed is a secret: --check-config prints the settings, never the key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Roughtime")
+            .field("key_file", &self.key_file)
+            .field("ipv4_threads", &self.ipv4_threads)
+            .field("ipv6_threads", &self.ipv6_threads)
+            .field("ipv4_address", &self.ipv4_address)
+            .field("ipv6_address", &self.ipv6_address)
+            .field("rotation", &self.rotation)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why the settings could not be resolved: always names the input at fault.
@@ -142,6 +176,49 @@ impl Settings {
             }
         };
 
+        let (rt_key, rt_key_in) = pick!(roughtime_key, "roughtime-key");
+        let (rt_v4_threads, rt_v4_threads_in) =
+            pick!(roughtime_ipv4_threads, "roughtime-ipv4-threads");
+        let (rt_v6_threads, rt_v6_threads_in) =
+            pick!(roughtime_ipv6_threads, "roughtime-ipv6-threads");
+        let (rt_v4_addr, rt_v4_addr_in) = pick!(roughtime_ipv4_address, "roughtime-ipv4-address");
+        let (rt_v6_addr, rt_v6_addr_in) = pick!(roughtime_ipv6_address, "roughtime-ipv6-address");
+        let (rt_rotation, rt_rotation_in) = pick!(roughtime_rotation, "roughtime-rotation");
+        let roughtime = match rt_key {
+            None => None,
+            Some(key_file) => {
+                let seed = load_key(&key_file).map_err(|r| invalid(&rt_key_in, r))?;
+                let ipv4_threads = rt_v4_threads.unwrap_or(1);
+                cli::check_threads(ipv4_threads).map_err(|r| invalid(&rt_v4_threads_in, r))?;
+                let ipv6_threads = rt_v6_threads.unwrap_or(1);
+                cli::check_threads(ipv6_threads).map_err(|r| invalid(&rt_v6_threads_in, r))?;
+                if ipv4_threads + ipv6_threads == 0 {
+                    return Err(invalid(&rt_v4_threads_in, "no Roughtime threads"));
+                }
+                let ipv4_address = rt_v4_addr.unwrap_or((Ipv4Addr::UNSPECIFIED, 5319).into());
+                if !ipv4_address.is_ipv4() {
+                    let r = format!("{ipv4_address} is not an IPv4 address");
+                    return Err(invalid(&rt_v4_addr_in, r));
+                }
+                let ipv6_address = rt_v6_addr.unwrap_or((Ipv6Addr::UNSPECIFIED, 5319).into());
+                if !ipv6_address.is_ipv6() {
+                    let r = format!("{ipv6_address} is not an IPv6 address");
+                    return Err(invalid(&rt_v6_addr_in, r));
+                }
+                let rotation = rt_rotation.unwrap_or(86_400.0);
+                check_positive(rotation).map_err(|r| invalid(&rt_rotation_in, r))?;
+                Some(Roughtime {
+                    key_file,
+                    seed,
+                    ipv4_threads,
+                    ipv6_threads,
+                    ipv4_address,
+                    ipv6_address,
+                    rotation: Duration::from_secs_f64(rotation),
+                })
+            }
+        };
+
         let ipv4_threads = v4_threads.unwrap_or(1);
         cli::check_threads(ipv4_threads).map_err(|r| invalid(&v4_threads_in, r))?;
         let ipv6_threads = v6_threads.unwrap_or(1);
@@ -221,6 +298,7 @@ impl Settings {
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
             log_level,
             tz_offset,
+            roughtime,
         })
     }
 }
@@ -241,6 +319,25 @@ fn load(path: &Path) -> Result<File, ConfigError> {
             reason: e.message().trim().to_owned(),
         }
     })
+}
+
+/// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
+/// anyone sign times in this server's name.
+fn load_key(path: &Path) -> Result<[u8; 32], String> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("{shown}: not a regular file"));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{shown}: readable by group or others (mode {mode:04o}); run chmod 600 on it"
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    chime_roughtime::parse_key_file(&text).map_err(|e| format!("{shown}: not a key file: {e}"))
 }
 
 fn input(key: &'static str, file: Option<&Path>) -> Input {
@@ -325,6 +422,34 @@ mod tests {
         assert_eq!(s.tz_offset, Some(Some("Asia/Kolkata".into())));
         let e = resolve_with("", &["--tz-offset", "--timezone", "Nowhere/Atlantis"]).unwrap_err();
         assert!(e.to_string().contains("Nowhere/Atlantis"), "{e}");
+    }
+
+    #[test]
+    fn roughtime_key_file_is_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key");
+        std::fs::write(&key, chime_roughtime::encode_key_file(&[7; 32])).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let flag = ["--roughtime-key", key.to_str().unwrap()];
+        let e = resolve_with("", &flag).unwrap_err().to_string();
+        assert!(e.contains("--roughtime-key") && e.contains("0644"), "{e}");
+
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let s = resolve_with("", &flag).unwrap();
+        let rt = s.roughtime.unwrap();
+        assert_eq!(rt.seed, [7; 32]);
+        assert_eq!(rt.ipv4_address, "0.0.0.0:5319".parse().unwrap());
+        assert!(
+            !format!("{rt:?}").contains("07, 07"),
+            "the seed must not be printed"
+        );
+
+        std::fs::write(&key, "not a key\n").unwrap();
+        let e = resolve_with("", &flag).unwrap_err().to_string();
+        assert!(e.contains("not a key file") && e.contains("line 1"), "{e}");
+        let e = resolve_with("roughtime-key = \"/nonexistent/key\"\n", &[]).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/key"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! chimed: the chime daemon. It serves NTP from N worker threads per address family, each with its
-//! own `SO_REUSEPORT` socket (the data plane), while a small tokio runtime on the main thread
-//! polls the local chronyd and handles signals (the control plane).
+//! chimed: the chime daemon. It serves NTP (and Roughtime, given a key) from N worker threads per
+//! address family, each with its own `SO_REUSEPORT` socket (the data plane), while a small tokio
+//! runtime on the main thread polls the local chronyd, rotates Roughtime online keys and handles
+//! signals (the control plane).
 
 #![forbid(unsafe_code)]
 
@@ -8,30 +9,36 @@ mod cli;
 mod clock;
 mod config;
 mod ntp_worker;
+mod online_keys;
 mod privileges;
+mod roughtime_worker;
 mod stats;
 mod tz;
 mod upstream;
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use arc_swap::{ArcSwap, ArcSwapOption};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_ntp::{ServerState, StalePolicy};
-use chime_udp::{BoundWorkers, WorkerConfig, Workers};
+use chime_roughtime::LongTermKey;
+use chime_udp::{BatchHandler, BoundWorkers, WorkerConfig, Workers};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
 use crate::cli::Args;
 use crate::config::Settings;
-use crate::ntp_worker::{NtpWorker, Shared};
-use crate::stats::Totals;
+use crate::ntp_worker::NtpWorker;
+use crate::roughtime_worker::RoughtimeWorker;
 
-/// Exit status for bad input (a flag, the config file), as clap uses for bad flags.
+/// Exit status for bad input (a flag, the config file, the key file), as clap uses for bad flags.
 const EXIT_BAD_INPUT: u8 = 2;
 
 fn main() -> ExitCode {
@@ -66,93 +73,187 @@ fn init_logging(filter: &str) {
         .init();
 }
 
+/// One service's sockets on one address family, bound and waiting for its threads.
+struct Bound {
+    name: String,
+    threads: usize,
+    workers: BoundWorkers,
+}
+
 fn run(settings: Settings) -> Result<()> {
-    let shared = Arc::new(Shared {
+    let ntp = Arc::new(ntp_worker::Shared {
         state: ArcSwap::from_pointee(ServerState::unsynchronised()),
         policy: StalePolicy {
             stale_after: settings.stale_after,
             ..StalePolicy::default()
         },
-        totals: Totals::default(),
+        totals: Default::default(),
         stats_interval: settings.stats_interval,
         zone: ArcSwapOption::empty(),
     });
     if let Some(name) = &settings.tz_offset {
-        load_zone(name.as_deref(), &shared).map_err(anyhow::Error::msg)?;
+        load_zone(name.as_deref(), &ntp).map_err(anyhow::Error::msg)?;
     }
+    let roughtime = match &settings.roughtime {
+        Some(rt) => {
+            let key = Arc::new(LongTermKey::from_seed(&rt.seed));
+            let delegation = online_keys::delegate(&key, rt.rotation)?;
+            info!(
+                "roughtime public key (base64): {} (hex {}), from {}",
+                BASE64.encode(key.public_key()),
+                hex(&key.public_key()),
+                rt.key_file.display()
+            );
+            info!("roughtime: {}", online_keys::describe(&delegation));
+            let shared = Arc::new(roughtime_worker::Shared {
+                ntp: ntp.clone(),
+                delegation: ArcSwap::from_pointee(delegation),
+                totals: Default::default(),
+            });
+            Some((key, rt.rotation, shared))
+        }
+        None => None,
+    };
 
     // Bind everything while still privileged, then drop privileges, then start the threads.
-    let mut bound = Vec::new();
+    let mut ntp_bound = Vec::new();
     for (family, threads, addr) in [
         ("ipv4", settings.ipv4_threads, settings.ipv4_address),
         ("ipv6", settings.ipv6_threads, settings.ipv6_address),
     ] {
-        if threads == 0 {
-            continue;
+        ntp_bound.extend(bind(&settings, "ntp", family, threads, addr)?);
+    }
+    let mut rt_bound = Vec::new();
+    if let Some(rt) = &settings.roughtime {
+        for (family, threads, addr) in [
+            ("ipv4", rt.ipv4_threads, rt.ipv4_address),
+            ("ipv6", rt.ipv6_threads, rt.ipv6_address),
+        ] {
+            rt_bound.extend(bind(&settings, "roughtime", family, threads, addr)?);
         }
-        let mut cfg = WorkerConfig::new(format!("ntp-{family}"), addr, threads);
-        cfg.socket.recv_buffer = settings.recv_buffer;
-        cfg.batch_size = settings.batch_size;
-        cfg.cpus = settings.cpus.clone();
-        let workers = BoundWorkers::bind(cfg)
-            .with_context(|| format!("--{family}-address {addr}: cannot bind"))?;
-        bound.push((family, threads, workers));
     }
     privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut running: Vec<Workers> = Vec::new();
-    for (family, threads, workers) in bound {
-        let addr = workers.local_addr();
-        let caps = workers.capabilities();
-        let name = format!("ntp-{family}");
-        let s = shared.clone();
-        let started = workers.spawn(stop.clone(), |i| {
-            NtpWorker::new(s.clone(), format!("{name}-{i}"))
-        });
-        let started = match started {
-            Ok(w) => w,
-            Err(e) => {
-                stop.store(true, Ordering::Relaxed);
-                join_all(running);
-                return Err(e).context(format!("cannot start the {name} threads"));
-            }
-        };
-        info!(
-            "ntp listening on {addr} ({threads} threads, kernel receive timestamps: {}, \
-             pktinfo: {}, receive buffer {} bytes)",
-            yes_no(caps.rx_timestamps),
-            yes_no(caps.pktinfo),
-            caps.recv_buffer
-        );
-        if !caps.rx_timestamps {
-            warn!("{name}: no kernel receive timestamps; T2 is read after the packet queued");
+    let started = (|| -> Result<()> {
+        for b in ntp_bound {
+            let shared = ntp.clone();
+            running.push(start(b, &stop, || NtpWorker::new(shared.clone()))?);
         }
-        running.push(started);
+        if let Some((_, _, shared)) = &roughtime {
+            for b in rt_bound {
+                let batch = settings.batch_size;
+                running.push(start(b, &stop, || {
+                    RoughtimeWorker::new(shared.clone(), batch)
+                })?);
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = started {
+        stop.store(true, Ordering::Relaxed);
+        join_all(running);
+        return Err(e);
     }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the control-plane runtime")?;
-    let result = runtime.block_on(control_plane(&settings, shared.clone()));
+    let result = runtime.block_on(control_plane(&settings, ntp.clone(), roughtime.clone()));
 
     // Stop receiving; each worker finishes the batch in hand, flushes its counters and exits.
     stop.store(true, Ordering::Relaxed);
     join_all(running);
-    info!("ntp totals at exit: {}", shared.totals.snapshot());
+    info!(
+        "ntp totals at exit: {}",
+        ntp.totals.snapshot().display(&chime_ntp::Drop::ALL_REASONS)
+    );
+    if let Some((_, _, shared)) = &roughtime {
+        let totals = shared.totals.snapshot();
+        info!(
+            "roughtime totals at exit: {}",
+            totals.display(&roughtime_worker::LABELS)
+        );
+    }
     result
 }
 
-async fn control_plane(settings: &Settings, shared: Arc<Shared>) -> Result<()> {
+fn bind(
+    settings: &Settings,
+    service: &str,
+    family: &str,
+    threads: usize,
+    addr: SocketAddr,
+) -> Result<Option<Bound>> {
+    if threads == 0 {
+        return Ok(None);
+    }
+    let name = format!("{service}-{family}");
+    let mut cfg = WorkerConfig::new(name.clone(), addr, threads);
+    cfg.socket.recv_buffer = settings.recv_buffer;
+    cfg.batch_size = settings.batch_size;
+    cfg.cpus = settings.cpus.clone();
+    let flag = if service == "ntp" { "" } else { "roughtime-" };
+    let workers = BoundWorkers::bind(cfg)
+        .with_context(|| format!("--{flag}{family}-address {addr}: cannot bind"))?;
+    Ok(Some(Bound {
+        name,
+        threads,
+        workers,
+    }))
+}
+
+fn start<H: BatchHandler>(
+    b: Bound,
+    stop: &Arc<AtomicBool>,
+    mut make: impl FnMut() -> H,
+) -> Result<Workers> {
+    let addr = b.workers.local_addr();
+    let caps = b.workers.capabilities();
+    let name = b.name;
+    let workers = b
+        .workers
+        .spawn(stop.clone(), |_| make())
+        .with_context(|| format!("cannot start the {name} threads"))?;
+    let service = name.split('-').next().unwrap_or(&name);
+    info!(
+        "{service} listening on {addr} ({} threads, kernel receive timestamps: {}, pktinfo: {}, \
+         receive buffer {} bytes)",
+        b.threads,
+        yes_no(caps.rx_timestamps),
+        yes_no(caps.pktinfo),
+        caps.recv_buffer
+    );
+    if !caps.rx_timestamps && service == "ntp" {
+        warn!("{name}: no kernel receive timestamps; T2 is read after the packet queued");
+    }
+    Ok(workers)
+}
+
+type RoughtimeControl = (
+    Arc<LongTermKey>,
+    std::time::Duration,
+    Arc<roughtime_worker::Shared>,
+);
+
+async fn control_plane(
+    settings: &Settings,
+    ntp: Arc<ntp_worker::Shared>,
+    roughtime: Option<RoughtimeControl>,
+) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("cannot install SIGHUP handler")?;
-    let poller = tokio::spawn(upstream::run(
+    let mut tasks = vec![tokio::spawn(upstream::run(
         settings.server_address,
         settings.poll_interval,
-        shared.clone(),
-    ));
+        ntp.clone(),
+    ))];
+    if let Some((key, rotation, shared)) = roughtime {
+        tasks.push(tokio::spawn(online_keys::rotate(key, rotation, shared)));
+    }
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
@@ -160,7 +261,7 @@ async fn control_plane(settings: &Settings, shared: Arc<Shared>) -> Result<()> {
             _ = sighup.recv() => match &settings.tz_offset {
                 Some(name) => {
                     info!("SIGHUP: re-reading the timezone");
-                    if let Err(e) = load_zone(name.as_deref(), &shared) {
+                    if let Err(e) = load_zone(name.as_deref(), &ntp) {
                         warn!("{e}; keeping the zone loaded before");
                     }
                 }
@@ -168,13 +269,15 @@ async fn control_plane(settings: &Settings, shared: Arc<Shared>) -> Result<()> {
             },
         }
     }
-    poller.abort();
+    for t in tasks {
+        t.abort();
+    }
     Ok(())
 }
 
 /// Loads the timezone-offset mode's zone and publishes it to the workers, with the warning every
 /// start (and reload) owes the operator.
-fn load_zone(name: Option<&str>, shared: &Shared) -> Result<(), String> {
+fn load_zone(name: Option<&str>, shared: &ntp_worker::Shared) -> Result<(), String> {
     let (zone, description) = tz::load(name)?;
     shared.zone.store(Some(zone));
     warn!(
@@ -194,4 +297,8 @@ fn join_all(workers: Vec<Workers>) {
 
 fn yes_no(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

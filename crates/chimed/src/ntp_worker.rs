@@ -6,20 +6,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use chime_ntp::{Drop, NtpTimestamp, ServerState, StalePolicy};
+use chime_ntp::{Drop, ServerState, StalePolicy};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 use tracing::{info, warn};
 
 use crate::clock;
-use crate::stats::{Counters, Totals};
+use crate::stats::{Totals, WorkerStats};
 use crate::tz::Zone;
+
+/// Number of NTP drop reasons, the size of the counter arrays.
+pub(crate) const REASONS: usize = Drop::COUNT;
 
 /// State every worker of the service shares: the published upstream snapshot and the totals.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: ArcSwap<ServerState>,
     pub(crate) policy: StalePolicy,
-    pub(crate) totals: Totals,
+    pub(crate) totals: Totals<REASONS>,
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
@@ -27,14 +30,7 @@ pub(crate) struct Shared {
 
 pub(crate) struct NtpWorker {
     shared: Arc<Shared>,
-    name: String,
-    /// Counted since the last flush into `shared.totals`.
-    pending: Counters,
-    /// Counted since start, for this thread's own log lines.
-    lifetime: Counters,
-    last_flush: NtpTimestamp,
-    /// Send errors are logged at most once per stats interval, never per packet.
-    send_error_logged: bool,
+    stats: WorkerStats<REASONS>,
     /// The zone for the batch in hand (loaded once per batch) and the Unix time that resolves
     /// NTP eras for it.
     zone: Option<Arc<Zone>>,
@@ -42,35 +38,24 @@ pub(crate) struct NtpWorker {
 }
 
 impl NtpWorker {
-    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let (_, now_unix) = clock::now_with_unix();
         Self {
             shared,
-            name,
-            pending: Counters::default(),
-            lifetime: Counters::default(),
-            last_flush: clock::now(),
-            send_error_logged: false,
+            stats: WorkerStats::new(now_unix),
             zone: None,
-            pivot_unix: 0,
+            pivot_unix: now_unix,
         }
     }
 
-    fn maybe_flush(&mut self, now: NtpTimestamp) {
-        let Some(interval) = self.shared.stats_interval else {
-            return;
-        };
-        if now.wrapping_diff_seconds(self.last_flush) >= interval.as_secs_f64() {
-            self.flush(now);
-            info!(thread = %self.name, "ntp stats: {}", self.lifetime);
-            self.send_error_logged = false;
+    fn maybe_log(&mut self, now_unix: i64) {
+        let s = &self.shared;
+        if let Some(c) = self
+            .stats
+            .maybe_flush(now_unix, s.stats_interval, &s.totals)
+        {
+            info!("ntp stats: {}", c.display(&Drop::ALL_REASONS));
         }
-    }
-
-    fn flush(&mut self, now: NtpTimestamp) {
-        self.shared.totals.add(&self.pending);
-        self.lifetime.add(&self.pending);
-        self.pending = Counters::default();
-        self.last_flush = now;
     }
 }
 
@@ -86,9 +71,9 @@ impl BatchHandler for NtpWorker {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
         for (meta, request) in rx.iter() {
-            self.pending.received += 1;
+            self.stats.pending.received += 1;
             if meta.truncated {
-                self.pending.drop(Drop::Truncated);
+                self.stats.pending.drop_at(Drop::Truncated.index());
                 continue;
             }
             let mut t2 = meta.timestamp.map_or(now, clock::from_kernel);
@@ -109,10 +94,10 @@ impl BatchHandler for NtpWorker {
                 }
             });
             if let Some(why) = dropped {
-                self.pending.drop(why);
+                self.stats.pending.drop_at(why.index());
             }
         }
-        self.maybe_flush(now);
+        self.maybe_log(now_unix);
     }
 
     fn before_send(&mut self, tx: &mut TxBatch) {
@@ -126,22 +111,21 @@ impl BatchHandler for NtpWorker {
     }
 
     fn after_send(&mut self, outcome: &SendOutcome) {
-        self.pending.answered += outcome.sent as u64;
-        self.pending.send_errors += outcome.errors as u64;
-        if let Some(e) = &outcome.last_error {
-            if !self.send_error_logged {
-                self.send_error_logged = true;
-                warn!(thread = %self.name, "ntp send failed: {e} (further errors this interval are only counted)");
+        if self.stats.sent(outcome) {
+            if let Some(e) = &outcome.last_error {
+                warn!("ntp send failed: {e} (more this interval are only counted)");
             }
         }
     }
 
     fn idle(&mut self) {
-        self.maybe_flush(clock::now());
+        self.maybe_log(clock::now_with_unix().1);
     }
 
     fn finish(&mut self) {
-        self.flush(clock::now());
-        info!(thread = %self.name, "ntp stats at exit: {}", self.lifetime);
+        let c = self
+            .stats
+            .flush(clock::now_with_unix().1, &self.shared.totals);
+        info!("ntp stats at exit: {}", c.display(&Drop::ALL_REASONS));
     }
 }

@@ -1,31 +1,41 @@
-//! Per-thread NTP counters. A worker counts in plain integers it owns (no atomics on the hot path)
-//! and adds them into the shared totals at the stats interval and when it stops; the totals are
-//! what the daemon logs at exit.
+//! Per-thread counters, for both services. A worker counts in plain integers it owns (no atomics
+//! on the hot path) and adds them into the shared totals at the stats interval and when it stops;
+//! the totals are what the daemon logs at exit. `N` is the number of drop reasons of the service,
+//! and a label per reason names it in the logs.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use chime_ntp::Drop;
-
 /// What one worker has seen since it last flushed.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Counters {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counters<const N: usize> {
     pub(crate) received: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
-    pub(crate) dropped: [u64; Drop::COUNT],
+    pub(crate) dropped: [u64; N],
 }
 
-impl Counters {
-    pub(crate) fn drop(&mut self, why: Drop) {
-        self.dropped[why.index()] += 1;
+impl<const N: usize> Default for Counters<N> {
+    fn default() -> Self {
+        Self {
+            received: 0,
+            answered: 0,
+            send_errors: 0,
+            dropped: [0; N],
+        }
+    }
+}
+
+impl<const N: usize> Counters<N> {
+    pub(crate) fn drop_at(&mut self, reason: usize) {
+        self.dropped[reason] += 1;
     }
 
     pub(crate) fn dropped_total(&self) -> u64 {
         self.dropped.iter().sum()
     }
 
-    pub(crate) fn add(&mut self, other: &Counters) {
+    pub(crate) fn add(&mut self, other: &Self) {
         self.received += other.received;
         self.answered += other.answered;
         self.send_errors += other.send_errors;
@@ -33,21 +43,35 @@ impl Counters {
             *a += b;
         }
     }
+
+    /// The counters as one log line, with a `dropped.<label>=n` for each non-zero reason.
+    pub(crate) fn display<'a>(&'a self, labels: &'a [&'static str; N]) -> impl fmt::Display + 'a {
+        Line {
+            counters: self,
+            labels,
+        }
+    }
 }
 
-impl fmt::Display for Counters {
+struct Line<'a, const N: usize> {
+    counters: &'a Counters<N>,
+    labels: &'a [&'static str; N],
+}
+
+impl<const N: usize> fmt::Display for Line<'_, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.counters;
         write!(
             f,
             "received={} answered={} dropped={} send_errors={}",
-            self.received,
-            self.answered,
-            self.dropped_total(),
-            self.send_errors
+            c.received,
+            c.answered,
+            c.dropped_total(),
+            c.send_errors
         )?;
-        for (n, reason) in self.dropped.iter().zip(Drop::ALL_REASONS) {
+        for (n, label) in c.dropped.iter().zip(self.labels) {
             if *n > 0 {
-                write!(f, " dropped.{reason}={n}")?;
+                write!(f, " dropped.{label}={n}")?;
             }
         }
         Ok(())
@@ -55,16 +79,27 @@ impl fmt::Display for Counters {
 }
 
 /// Totals over every worker of one service, for the exit log (and later a metrics endpoint).
-#[derive(Debug, Default)]
-pub(crate) struct Totals {
+#[derive(Debug)]
+pub(crate) struct Totals<const N: usize> {
     received: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
-    dropped: [AtomicU64; Drop::COUNT],
+    dropped: [AtomicU64; N],
 }
 
-impl Totals {
-    pub(crate) fn add(&self, c: &Counters) {
+impl<const N: usize> Default for Totals<N> {
+    fn default() -> Self {
+        Self {
+            received: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            send_errors: AtomicU64::new(0),
+            dropped: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl<const N: usize> Totals<N> {
+    pub(crate) fn add(&self, c: &Counters<N>) {
         self.received.fetch_add(c.received, Relaxed);
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
@@ -73,12 +108,67 @@ impl Totals {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> Counters {
+    pub(crate) fn snapshot(&self) -> Counters<N> {
         Counters {
             received: self.received.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
+    }
+}
+
+/// The bookkeeping every worker does around its batches: count, flush at the stats interval,
+/// log send errors at most once per interval.
+#[derive(Debug)]
+pub(crate) struct WorkerStats<const N: usize> {
+    pub(crate) pending: Counters<N>,
+    lifetime: Counters<N>,
+    last_flush_unix: i64,
+    send_error_logged: bool,
+}
+
+impl<const N: usize> WorkerStats<N> {
+    pub(crate) fn new(now_unix: i64) -> Self {
+        Self {
+            pending: Counters::default(),
+            lifetime: Counters::default(),
+            last_flush_unix: now_unix,
+            send_error_logged: false,
+        }
+    }
+
+    /// Flushes into `totals` if `interval` has passed; returns the lifetime counters to log then.
+    pub(crate) fn maybe_flush(
+        &mut self,
+        now_unix: i64,
+        interval: Option<std::time::Duration>,
+        totals: &Totals<N>,
+    ) -> Option<&Counters<N>> {
+        let interval = interval?;
+        if now_unix.saturating_sub(self.last_flush_unix) < interval.as_secs() as i64 {
+            return None;
+        }
+        self.send_error_logged = false;
+        Some(self.flush(now_unix, totals))
+    }
+
+    pub(crate) fn flush(&mut self, now_unix: i64, totals: &Totals<N>) -> &Counters<N> {
+        totals.add(&self.pending);
+        self.lifetime.add(&self.pending);
+        self.pending = Counters::default();
+        self.last_flush_unix = now_unix;
+        &self.lifetime
+    }
+
+    /// Counts a send outcome; true when its error should be logged (the first this interval).
+    pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) -> bool {
+        self.pending.answered += outcome.sent as u64;
+        self.pending.send_errors += outcome.errors as u64;
+        if outcome.last_error.is_some() && !self.send_error_logged {
+            self.send_error_logged = true;
+            return true;
+        }
+        false
     }
 }

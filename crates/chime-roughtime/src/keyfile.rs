@@ -1,0 +1,114 @@
+//! The long-term key file's text format, shared by `chime keygen` (which writes it) and chimed
+//! (which reads it). Pure string work: opening, permissions and never overwriting are the
+//! callers' business.
+//!
+//! The format: `#` comment lines (keygen writes the public key there, so an operator can read it
+//! from the file without tools), blank lines, and exactly one line holding the 32-byte Ed25519
+//! seed as 64 hexadecimal digits.
+
+use std::fmt::Write as _;
+
+use crate::keys::{KEY_LEN, LongTermKey};
+
+/// Why a key file's text is not a key. Never carries the secret itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyFileError {
+    /// No seed line at all.
+    #[error("no key line (expected 64 hex digits)")]
+    Missing,
+    /// More than one non-comment line.
+    #[error("more than one key line (line {line})")]
+    Extra {
+        /// The 1-based line number of the second key line.
+        line: usize,
+    },
+    /// The seed line is not 64 hex digits.
+    #[error("line {line} is not 64 hex digits")]
+    NotHex {
+        /// The 1-based line number.
+        line: usize,
+    },
+}
+
+/// The file's text for `seed`, with the public key in comments.
+pub fn encode_key_file(seed: &[u8; KEY_LEN]) -> String {
+    let public = LongTermKey::from_seed(seed).public_key();
+    let mut out = String::new();
+    out.push_str(
+        "# chime Roughtime long-term key: an Ed25519 seed. Keep this file secret (mode 0600).\n",
+    );
+    let _ = writeln!(out, "# public key (hex): {}", hex(&public));
+    for b in seed {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push('\n');
+    out
+}
+
+/// The seed in a key file's text.
+pub fn parse_key_file(text: &str) -> Result<[u8; KEY_LEN], KeyFileError> {
+    let mut seed = None;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if seed.is_some() {
+            return Err(KeyFileError::Extra { line: i + 1 });
+        }
+        seed = Some(decode_hex(line).ok_or(KeyFileError::NotHex { line: i + 1 })?);
+    }
+    seed.ok_or(KeyFileError::Missing)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_hex(s: &str) -> Option<[u8; KEY_LEN]> {
+    let bytes = s.as_bytes();
+    if bytes.len() != 2 * KEY_LEN {
+        return None;
+    }
+    let mut out = [0u8; KEY_LEN];
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let hi = char::from(pair[0]).to_digit(16)?;
+        let lo = char::from(pair[1]).to_digit(16)?;
+        *o = (hi * 16 + lo) as u8;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_comments() {
+        let seed = [0x5a; KEY_LEN];
+        let text = encode_key_file(&seed);
+        assert!(text.contains("# public key (hex): "));
+        assert_eq!(parse_key_file(&text), Ok(seed));
+        let upper = format!("\n# note\n  {}  \n", "AB".repeat(32));
+        assert_eq!(parse_key_file(&upper), Ok([0xab; KEY_LEN]));
+    }
+
+    #[test]
+    fn malformed_files_say_where() {
+        assert_eq!(
+            parse_key_file("# only a comment\n"),
+            Err(KeyFileError::Missing)
+        );
+        assert_eq!(
+            parse_key_file("abc\n"),
+            Err(KeyFileError::NotHex { line: 1 })
+        );
+        let two = format!("{0}\n{0}\n", "00".repeat(32));
+        assert_eq!(parse_key_file(&two), Err(KeyFileError::Extra { line: 2 }));
+        let bad = format!("#\n{}zz\n", "00".repeat(31));
+        assert_eq!(parse_key_file(&bad), Err(KeyFileError::NotHex { line: 2 }));
+        // Multi-byte characters of the right byte length are not hex and must not panic.
+        let odd = format!("{}é", "0".repeat(62));
+        assert_eq!(parse_key_file(&odd), Err(KeyFileError::NotHex { line: 1 }));
+    }
+}

@@ -1,0 +1,176 @@
+//! The Roughtime worker: the data plane's handler for one socket. Every batch it receives becomes
+//! one Merkle tree and one signature per version family (chime-roughtime's `Responder`), signed
+//! with the online key the control plane published, at the time read right after the batch
+//! arrived. A lone request is a batch of one and is answered at once.
+//!
+//! While the mirrored upstream is unsynchronised (or stale), the worker signs nothing: it would
+//! rather not answer than vouch for a time it cannot stand behind. Roughtime is never shifted by
+//! the timezone-offset mode.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use chime_roughtime::{
+    BatchParams, Delegation, DropReason, Responder, ResponderConfig, Ticket, VersionSet,
+};
+use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
+use tracing::{info, warn};
+
+use crate::clock;
+use crate::ntp_worker;
+use crate::stats::{Totals, WorkerStats};
+
+/// Drop reasons: the protocol's own, then the daemon's two.
+pub(crate) const REASONS: usize = DropReason::COUNT + 2;
+const UNSYNCHRONISED: usize = DropReason::COUNT;
+const TRUNCATED: usize = DropReason::COUNT + 1;
+pub(crate) const LABELS: [&str; REASONS] = {
+    let mut labels = [""; REASONS];
+    let mut i = 0;
+    while i < DropReason::COUNT {
+        labels[i] = DropReason::ALL[i].label();
+        i += 1;
+    }
+    labels[UNSYNCHRONISED] = "upstream_unsynchronised";
+    labels[TRUNCATED] = "truncated";
+    labels
+};
+
+/// State every Roughtime worker shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The NTP side's upstream snapshot and stale policy: Roughtime serves the same clock.
+    pub(crate) ntp: Arc<ntp_worker::Shared>,
+    /// The current online key and its certificates; replaced by the control plane on rotation.
+    pub(crate) delegation: ArcSwap<Delegation>,
+    pub(crate) totals: Totals<REASONS>,
+}
+
+pub(crate) struct RoughtimeWorker {
+    shared: Arc<Shared>,
+    stats: WorkerStats<REASONS>,
+    responder: Responder,
+    /// Per datagram of the batch in hand, its ticket if the responder took it.
+    tickets: Vec<Option<Ticket>>,
+}
+
+impl RoughtimeWorker {
+    pub(crate) fn new(shared: Arc<Shared>, batch_size: usize) -> Self {
+        let capacity = batch_size.min(chime_roughtime::MAX_BATCH_SIZE);
+        let responder = Responder::new(ResponderConfig {
+            versions: VersionSet::ALL,
+            capacity,
+        });
+        let (_, now_unix) = clock::now_with_unix();
+        Self {
+            shared,
+            stats: WorkerStats::new(now_unix),
+            responder,
+            tickets: Vec::with_capacity(batch_size),
+        }
+    }
+
+    fn maybe_log(&mut self, now_unix: i64) {
+        let interval = self.shared.ntp.stats_interval;
+        if let Some(c) = self
+            .stats
+            .maybe_flush(now_unix, interval, &self.shared.totals)
+        {
+            info!("roughtime stats: {}", c.display(&LABELS));
+        }
+    }
+}
+
+impl BatchHandler for RoughtimeWorker {
+    fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
+        let (now, now_unix) = clock::now_with_unix();
+        let served = self
+            .shared
+            .ntp
+            .state
+            .load()
+            .served_at(now, &self.shared.ntp.policy);
+        self.stats.pending.received += rx.len() as u64;
+        if !served.is_synchronised() {
+            self.stats.pending.dropped[UNSYNCHRONISED] += rx.len() as u64;
+            self.maybe_log(now_unix);
+            return;
+        }
+        let delegation = self.shared.delegation.load();
+        // The radius is the upstream's own error bound (root delay / 2 + root dispersion, the
+        // dispersion grown since the last poll); the responder rounds it up to each version's
+        // resolution and minimum.
+        let radius_us = (served.root_distance() * 1e6).ceil() as u64;
+        let params = BatchParams {
+            now_unix_us: unix_us(),
+            radius_us,
+            delegation: &delegation,
+        };
+        let mut batch = self.responder.begin(params);
+        self.tickets.clear();
+        for (meta, request) in rx.iter() {
+            let ticket = if meta.truncated {
+                self.stats.pending.drop_at(TRUNCATED);
+                None
+            } else {
+                match batch.add(request) {
+                    Ok(t) => Some(t),
+                    Err(why) => {
+                        self.stats.pending.drop_at(why.index());
+                        None
+                    }
+                }
+            };
+            self.tickets.push(ticket);
+        }
+        if !batch.is_empty() {
+            let signed = batch.sign();
+            for ((meta, request), ticket) in rx.iter().zip(&self.tickets) {
+                let Some(ticket) = *ticket else { continue };
+                let mut dropped = None;
+                tx.reply_to(meta, |buf| {
+                    // Never larger than the request: the buffer is cut to its length.
+                    let cap = request.len().min(buf.len());
+                    match signed.write_reply(ticket, &mut buf[..cap]) {
+                        Ok(len) => Some(len),
+                        Err(why) => {
+                            dropped = Some(why);
+                            None
+                        }
+                    }
+                });
+                if let Some(why) = dropped {
+                    self.stats.pending.drop_at(why.index());
+                }
+            }
+        }
+        self.maybe_log(now_unix);
+    }
+
+    fn after_send(&mut self, outcome: &SendOutcome) {
+        if self.stats.sent(outcome) {
+            if let Some(e) = &outcome.last_error {
+                warn!("roughtime send failed: {e} (more this interval are only counted)");
+            }
+        }
+    }
+
+    fn idle(&mut self) {
+        self.maybe_log(clock::now_with_unix().1);
+    }
+
+    fn finish(&mut self) {
+        let c = self
+            .stats
+            .flush(clock::now_with_unix().1, &self.shared.totals);
+        info!("roughtime stats at exit: {}", c.display(&LABELS));
+    }
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_micros() as u64
+}

@@ -1,0 +1,303 @@
+//! chimed's Roughtime service against real processes: a real chronyd to mirror, `chime keygen`
+//! for the key and `chime roughtime` (which verifies every signature and path) as the client.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use chime_roughtime::{VerifyPolicy, Version, build_request, verify_reply};
+use common::{Chimed, Chronyd, chime_ntp, exchange, workspace_bin};
+
+/// `chime keygen` into `dir`: the key file and the public key in base64.
+fn keygen(dir: &Path) -> (PathBuf, String) {
+    let path = dir.join("roughtime.key");
+    let out = Command::new(workspace_bin("chime"))
+        .arg("keygen")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let b64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("public key (base64): "))
+        .unwrap();
+    (path, b64.to_owned())
+}
+
+struct Server {
+    _chronyd: Option<Chronyd>,
+    chimed: Chimed,
+    roughtime: SocketAddr,
+    public_key: String,
+    _dir: tempfile::TempDir,
+}
+
+fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public_key) = keygen(dir.path());
+    let (chronyd, upstream) = if upstream_alive {
+        let c = Chronyd::start();
+        let a = c.addr().to_string();
+        (Some(c), a)
+    } else {
+        (None, format!("127.0.0.1:{}", common::free_udp_port()))
+    };
+    let mut args = vec![
+        "-4",
+        "1",
+        "-6",
+        "0",
+        "-a",
+        "127.0.0.1:0",
+        "-s",
+        &upstream,
+        "--roughtime-key",
+        key.to_str().unwrap(),
+        "--roughtime-ipv4-address",
+        "127.0.0.1:0",
+        "--roughtime-ipv6-threads",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::start(&args);
+    let line = chimed.wait_for("roughtime listening on", Duration::from_secs(5));
+    let roughtime = line.split("roughtime listening on ").nth(1).unwrap();
+    let roughtime = roughtime.split(' ').next().unwrap().parse().unwrap();
+    let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(1));
+    assert!(
+        logged.contains(&public_key),
+        "chimed logs the key it serves: {logged}"
+    );
+    if upstream_alive {
+        chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    }
+    Server {
+        _chronyd: chronyd,
+        chimed,
+        roughtime,
+        public_key,
+        _dir: dir,
+    }
+}
+
+fn chime_roughtime(s: &Server, extra: &[&str]) -> Result<serde_json::Value, String> {
+    let out = Command::new(workspace_bin("chime"))
+        .args([
+            "roughtime",
+            "--json",
+            "--timeout",
+            "1",
+            "--public-key",
+            &s.public_key,
+        ])
+        .args(extra)
+        .arg(s.roughtime.to_string())
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+#[test]
+fn every_version_verifies_with_chime_roughtime() {
+    let s = serve(true, &[]);
+    for (flag, name) in [
+        ("1", "RFC 10049"),
+        ("0x8000000c", "0x8000000c"),
+        ("0x8000000b", "0x8000000b"),
+        ("0x8000000a", "0x8000000a"),
+        ("0x80000009", "0x80000009"),
+        ("0x80000008", "0x80000008"),
+        ("google", "Google"),
+    ] {
+        let r = chime_roughtime(&s, &["--version", flag]).unwrap_or_else(|e| panic!("{flag}: {e}"));
+        assert!(r["version"].as_str().unwrap().contains(name), "{flag}: {r}");
+        let mid = r["midpoint_unix_us"].as_i64().unwrap();
+        let radius = r["radius_us"].as_i64().unwrap();
+        assert!(
+            (mid - now_us()).abs() < radius + 2_000_000,
+            "{flag}: midpoint {mid}"
+        );
+        assert!((1..=3_000_000).contains(&radius), "{flag}: radius {radius}");
+        assert_eq!(r["spelling_conforms"], true);
+    }
+    // With no --version the client offers 1 and 0x8000000c and the server picks the best.
+    assert!(
+        chime_roughtime(&s, &[]).unwrap()["version"]
+            .as_str()
+            .unwrap()
+            .contains("10049")
+    );
+}
+
+#[test]
+fn a_burst_is_answered_and_every_reply_verifies() {
+    let s = serve(true, &[]);
+    let key: [u8; 32] = base64_decode(&s.public_key);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut requests = Vec::new();
+    for i in 0..48u8 {
+        let mut req = vec![0u8; 1024];
+        let n = build_request(&mut req, &[Version::Rfc10049], &[i; 32], None).unwrap();
+        req.truncate(n);
+        requests.push(req);
+    }
+    for r in &requests {
+        sock.send_to(r, s.roughtime).unwrap();
+    }
+    let policy = VerifyPolicy::new(10_000_000);
+    let mut buf = [0u8; 2048];
+    for _ in 0..requests.len() {
+        let (n, _) = sock.recv_from(&mut buf).expect("a reply for every request");
+        assert!(n <= 1024, "reply larger than its request: {n}");
+        // The nonce is the first byte repeated: find the request it answers.
+        let verified = requests
+            .iter()
+            .find_map(|req| verify_reply(req, &buf[..n], &key, &policy).ok())
+            .expect("every reply verifies against one of the requests");
+        assert_eq!(verified.version, Version::Rfc10049);
+    }
+}
+
+#[test]
+fn short_and_garbage_requests_get_nothing_and_are_counted() {
+    let mut s = serve(true, &[]);
+    let mut short = vec![0u8; 1024];
+    let n = build_request(&mut short, &[Version::Rfc10049], &[1; 32], None).unwrap();
+    short.truncate(n);
+    short.truncate(1000); // framing now lies, and it is under 1024 bytes
+    let wait = Duration::from_millis(300);
+    assert_eq!(exchange(s.roughtime, &short, wait), None);
+    assert_eq!(exchange(s.roughtime, &[0u8; 1200], wait), None);
+    assert_eq!(exchange(s.roughtime, b"ROUGHTIM", wait), None);
+    // The service still answers good requests.
+    chime_roughtime(&s, &[]).unwrap();
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    for field in [
+        "received=4",
+        "answered=1",
+        "dropped=3",
+        "dropped.too_short=2",
+    ] {
+        assert!(totals.contains(field), "{field}: {totals}");
+    }
+}
+
+#[test]
+fn no_signature_while_upstream_is_unsynchronised() {
+    let mut s = serve(false, &[]);
+    let err = chime_roughtime(&s, &[]).unwrap_err();
+    assert!(err.contains("no reply"), "{err}");
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(
+        totals.contains("dropped.upstream_unsynchronised=1"),
+        "{totals}"
+    );
+}
+
+#[test]
+fn online_keys_rotate_without_restart_and_certificates_stay_valid() {
+    let mut s = serve(true, &["--roughtime-rotation", "1"]);
+    let first = chime_roughtime(&s, &[]).unwrap();
+    s.chimed
+        .wait_for("roughtime: rotated to", Duration::from_secs(5));
+    let second = chime_roughtime(&s, &[]).unwrap();
+    assert_ne!(
+        first["online_key"], second["online_key"],
+        "the online key changed"
+    );
+    for r in [&first, &second] {
+        let mid = r["midpoint_unix_us"].as_i64().unwrap();
+        let (mint, maxt) = (
+            r["mint_unix_us"].as_i64().unwrap(),
+            r["maxt_unix_us"].as_i64().unwrap(),
+        );
+        assert!(
+            mint <= mid && mid < maxt,
+            "the certificate covers the signed time: {r}"
+        );
+    }
+    // Valid for two rotation intervals, replaced after one: the old and new keys overlap, so
+    // there is no instant without a valid certificate.
+    assert!(first["maxt_unix_us"].as_i64() > second["mint_unix_us"].as_i64());
+}
+
+#[test]
+fn roughtime_is_true_utc_in_timezone_offset_mode() {
+    let s = serve(true, &["--tz-offset", "--timezone", "Asia/Kolkata"]);
+    let ntp = chime_ntp(s.chimed.addr).unwrap();
+    assert!(
+        (ntp["offset"].as_f64().unwrap() - 19_800.0).abs() < 1e-3,
+        "{ntp}"
+    );
+    let rt = chime_roughtime(&s, &[]).unwrap();
+    let mid = rt["midpoint_unix_us"].as_i64().unwrap();
+    assert!(
+        (mid - now_us()).abs() < 4_000_000,
+        "Roughtime must be UTC: {rt}"
+    );
+}
+
+#[test]
+fn key_file_readable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = keygen(dir.path());
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_chimed"))
+        .args(["--roughtime-key", key.to_str().unwrap(), "--check-config"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("roughtime.key") && err.contains("0640"),
+        "{err}"
+    );
+
+    // keygen never overwrites.
+    let out = Command::new(workspace_bin("chime"))
+        .arg("keygen")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("never overwritten"));
+}
+
+fn base64_decode(s: &str) -> [u8; 32] {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .unwrap()
+        .try_into()
+        .unwrap()
+}
