@@ -5,6 +5,7 @@
 
 mod keygen;
 mod ntp;
+mod perf;
 mod roughtime;
 
 use std::process::ExitCode;
@@ -12,7 +13,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "chime", version, about = "Query, verify and load-test NTP and Roughtime servers")]
+#[command(
+    name = "chime",
+    version,
+    about = "Query, verify and load-test NTP and Roughtime servers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,6 +31,8 @@ enum Command {
     Roughtime(roughtime::Args),
     /// Make a Roughtime long-term key file (mode 0600, never overwritten)
     Keygen(keygen::Args),
+    /// Load-test a server: open-loop request rates, loss, latency percentiles
+    Perf(perf::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +41,7 @@ fn main() -> ExitCode {
         Command::Ntp(args) => ntp::run(&args),
         Command::Roughtime(args) => roughtime::run(&args),
         Command::Keygen(args) => keygen::run(&args),
+        Command::Perf(args) => perf::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

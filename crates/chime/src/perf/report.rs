@@ -1,0 +1,263 @@
+//! The results as a person reads them (a table and a few sentences) and as a program does (CSV,
+//! JSON), all from the same [`StepReport`]s.
+
+use std::fmt::Write as _;
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use super::stats::{Percentiles, StepReport};
+
+/// The whole run, as `--json` writes it.
+#[derive(Debug, Serialize)]
+pub(crate) struct RunReport<'a> {
+    pub(crate) protocol: &'static str,
+    pub(crate) target: String,
+    /// Protocol-specific settings (NTP: version and mode).
+    pub(crate) request: serde_json::Value,
+    pub(crate) threads: usize,
+    pub(crate) sockets: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) duration: f64,
+    pub(crate) warmup: f64,
+    pub(crate) timeout: f64,
+    pub(crate) max_loss_pct: f64,
+    pub(crate) server_pid: Option<u32>,
+    /// Whether T4 is the kernel's receive timestamp (else a clock read after `recvmmsg`).
+    pub(crate) kernel_rx_timestamps: bool,
+    /// Why stepping stopped before the last step, if it did.
+    pub(crate) stopped_early: Option<String>,
+    pub(crate) steps: &'a [StepReport],
+}
+
+/// Writes the table of steps.
+pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
+    writeln!(
+        out,
+        "{:>4} {:>10} {:>10} {:>11} {:>8} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "step",
+        "offered/s",
+        "sent",
+        "answered/s",
+        "loss %",
+        "invalid",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "T2−T1 p99",
+        "CPU/reply"
+    )?;
+    for s in steps {
+        let rtt = |f: fn(&Percentiles) -> f64| opt(s.rtt_us.as_ref().map(f), 1);
+        writeln!(
+            out,
+            "{:>4} {:>10.0} {:>10} {:>11.1} {:>8.3} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10}",
+            s.step,
+            s.offered_rate,
+            s.sent,
+            s.answered_rate,
+            s.loss_pct,
+            s.invalid,
+            rtt(|p| p.p50),
+            rtt(|p| p.p99),
+            rtt(|p| p.p999),
+            opt(s.t2_t1_us.map(|p| p.p99), 1),
+            opt(s.server_cpu.and_then(|c| c.us_per_reply), 2),
+        )?;
+    }
+    writeln!(
+        out,
+        "Latency is the round trip T4 − T1; T2 − T1 is the server's receive timestamp error (µs); \
+         CPU/reply is server CPU µs per answered request (--server-pid)."
+    )
+}
+
+/// The sentences under the table: what the run found, and anything that makes a figure suspect.
+pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option<&str>) -> String {
+    let mut text = String::new();
+    let line = |s: &StepReport| {
+        format!(
+            "step {}: {:.0} requests/s offered, {:.1} answered/s, loss {:.3}%",
+            s.step, s.offered_rate, s.answered_rate, s.loss_pct
+        )
+    };
+    if let [only] = steps {
+        let _ = writeln!(text, "Result: {}.", line(only));
+    } else {
+        match steps
+            .iter()
+            .filter(|s| s.loss_pct < 1.0)
+            .max_by(|a, b| a.answered_rate.total_cmp(&b.answered_rate))
+        {
+            Some(best) => {
+                let _ = writeln!(text, "Highest rate with loss under 1%: {}.", line(best));
+            }
+            None => {
+                let _ = writeln!(text, "No step had loss under 1%.");
+            }
+        }
+        if let Some(peak) = steps
+            .iter()
+            .max_by(|a, b| a.answered_rate.total_cmp(&b.answered_rate))
+        {
+            let _ = writeln!(text, "Most answered: {}.", line(peak));
+        }
+    }
+    if let Some(why) = stopped_early {
+        let _ = writeln!(text, "Stopped early: {why} (--max-loss {max_loss}%).");
+    }
+    for s in steps {
+        for warning in warnings(s) {
+            let _ = writeln!(text, "warning: step {}: {warning}", s.step);
+        }
+    }
+    text
+}
+
+fn warnings(s: &StepReport) -> Vec<String> {
+    let mut w = Vec::new();
+    if let Some(drops) = s.client_rx_drops.filter(|&d| d > 0) {
+        w.push(format!(
+            "our own sockets dropped {drops} datagrams on full receive queues: that loss is the \
+             load generator's, not the server's (add --threads or --sockets)"
+        ));
+    }
+    if s.scheduled > 0 && s.unsent * 100 > s.scheduled {
+        w.push(format!(
+            "the load generator fell behind and left {} of {} requests unsent (sent {:.0}/s of \
+             {:.0}/s offered): add --threads, or the host is out of CPU",
+            s.unsent, s.scheduled, s.sent_rate, s.offered_rate
+        ));
+    }
+    if s.send_errors > 0 {
+        w.push(format!("{} requests could not be sent", s.send_errors));
+    }
+    if s.recv_errors > 0 {
+        w.push(format!("{} receive errors", s.recv_errors));
+    }
+    if s.t2_before_t1 > 0 {
+        w.push(format!(
+            "{} replies had T2 before T1: T2 − T1 means nothing unless the server shares this \
+             host's clock",
+            s.t2_before_t1
+        ));
+    }
+    w
+}
+
+/// The CSV columns, one row per step.
+const CSV_HEADER: &str = "step,offered_rate,duration_s,scheduled,sent,sent_rate,unsent,send_errors,\
+answered,answered_rate,loss_pct,lost,invalid,refused,late,duplicate,\
+rtt_p50_us,rtt_p90_us,rtt_p99_us,rtt_p999_us,rtt_max_us,\
+t2_t1_p50_us,t2_t1_p90_us,t2_t1_p99_us,t2_t1_p999_us,t2_t1_max_us,\
+t3_t2_p50_us,t3_t2_p90_us,t3_t2_p99_us,t3_t2_p999_us,t3_t2_max_us,\
+send_lag_p99_us,server_cpu_us_per_reply,server_cpu_pct,server_busiest_thread_pct,\
+client_cpu_pct,client_rx_drops,server_rx_drops";
+
+/// Writes the steps as CSV: numbers only, an empty field where there is no value.
+pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
+    writeln!(out, "{CSV_HEADER}")?;
+    for s in steps {
+        let mut row = format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            s.step,
+            s.offered_rate,
+            s.duration,
+            s.scheduled,
+            s.sent,
+            s.sent_rate,
+            s.unsent,
+            s.send_errors,
+            s.answered,
+            s.answered_rate,
+            s.loss_pct,
+            s.lost,
+            s.invalid,
+            s.refused,
+            s.late,
+            s.duplicate
+        );
+        for p in [s.rtt_us, s.t2_t1_us, s.t3_t2_us] {
+            match p {
+                Some(p) => {
+                    let _ = write!(row, ",{},{},{},{},{}", p.p50, p.p90, p.p99, p.p999, p.max);
+                }
+                None => row.push_str(",,,,,"),
+            }
+        }
+        let cpu = s.server_cpu;
+        let fields = [
+            s.send_lag_us.map(|p| p.p99),
+            cpu.and_then(|c| c.us_per_reply),
+            cpu.map(|c| c.percent),
+            cpu.map(|c| c.busiest_thread_percent),
+            Some(s.client_cpu_percent),
+            s.client_rx_drops.map(|d| d as f64),
+            s.server_rx_drops.map(|d| d as f64),
+        ];
+        for f in fields {
+            row.push(',');
+            if let Some(v) = f {
+                let _ = write!(row, "{v}");
+            }
+        }
+        writeln!(out, "{row}")?;
+    }
+    Ok(())
+}
+
+fn opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::stats::StepStats;
+
+    fn step(n: usize, rate: f64, answered: u64) -> StepReport {
+        let mut s = StepStats::new();
+        s.scheduled = (rate * 2.0) as u64;
+        s.sent = s.scheduled;
+        s.answered = answered;
+        super::super::stats::record_ns(&mut s.rtt, 25_000);
+        StepReport::new(n, rate, 2.0, &s)
+    }
+
+    #[test]
+    fn csv_rows_match_the_header() {
+        let steps = [step(1, 1000.0, 2000), step(2, 1500.0, 2900)];
+        let mut out = Vec::new();
+        csv(&mut out, &steps).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let columns = lines[0].split(',').count();
+        for l in &lines[1..] {
+            assert_eq!(l.split(',').count(), columns, "{l}");
+        }
+        assert!(lines[2].starts_with("2,1500,2,3000,3000,1500,0,0,2900,1450,"));
+    }
+
+    #[test]
+    fn summary_names_the_best_step_under_one_percent() {
+        let steps = [
+            step(1, 1000.0, 2000),
+            step(2, 1500.0, 2990),
+            step(3, 2250.0, 3000),
+        ];
+        let text = summary(&steps, 10.0, Some("step 3 lost 33.333%"));
+        assert!(
+            text.contains("Highest rate with loss under 1%: step 2: 1500 requests/s offered, 1495.0 answered/s, loss 0.333%"),
+            "{text}"
+        );
+        assert!(text.contains("Stopped early"), "{text}");
+        let one = summary(&steps[..1], 10.0, None);
+        assert!(one.contains("answered/s, loss 0.000%"), "{one}");
+
+        let mut table_out = Vec::new();
+        table(&mut table_out, &steps).unwrap();
+        let table_text = String::from_utf8(table_out).unwrap();
+        assert_eq!(table_text.lines().count(), 5, "{table_text}");
+    }
+}

@@ -1,0 +1,282 @@
+//! Counts and latency histograms of one step: filled per thread by the workers, merged by the
+//! controller, and summarised into the per-step [`StepReport`] that every output is made from.
+//!
+//! Every request of a step ends in exactly one of: answered (a valid reply within the timeout),
+//! refused (a kiss-o'-death or the like), settled invalid (a reply with its id that a client would
+//! reject), or lost (no such reply within the timeout). Late replies (after the timeout) and
+//! duplicates are counted on top and change nothing; a late request is also lost. Loss is
+//! everything not answered: `(sent − answered) / sent`.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latencies are recorded in nanoseconds, from 1 ns up to a minute, to three significant digits.
+const HIST_MAX_NS: u64 = 60_000_000_000;
+
+/// One thread's counts and histograms for one step.
+#[derive(Debug)]
+pub(crate) struct StepStats {
+    /// Requests due in the step's schedule.
+    pub(crate) scheduled: u64,
+    /// Requests the kernel accepted.
+    pub(crate) sent: u64,
+    /// Requests the kernel refused (counted here, not sent).
+    pub(crate) send_errors: u64,
+    /// Requests still unsent when the step's time ran out: the generator fell behind.
+    pub(crate) unsent: u64,
+    pub(crate) answered: u64,
+    pub(crate) refused: u64,
+    /// Replies naming a request that a client would reject.
+    pub(crate) invalid_matched: u64,
+    /// Datagrams that name no request of ours (unparsable, unknown id).
+    pub(crate) invalid_unmatched: u64,
+    /// Receive errors other than "nothing queued".
+    pub(crate) recv_errors: u64,
+    /// The first send or receive error of the step, to report once rather than per packet.
+    pub(crate) first_error: Option<String>,
+    /// Replies whose T2 was before T1, recorded as zero: the server's clock is not ours.
+    pub(crate) t2_before_t1: u64,
+    /// Round-trip time T4 − T1.
+    pub(crate) rtt: Histogram<u64>,
+    /// The server's receive timestamp minus our send time, T2 − T1, for the first datagram of
+    /// each `sendmmsg` only, whose T1 is exact (see `InFlight::commit`).
+    pub(crate) t2_t1: Histogram<u64>,
+    /// The server's processing time, T3 − T2.
+    pub(crate) t3_t2: Histogram<u64>,
+    /// How late requests left against the schedule.
+    pub(crate) send_lag: Histogram<u64>,
+}
+
+impl StepStats {
+    pub(crate) fn new() -> Self {
+        Self {
+            scheduled: 0,
+            sent: 0,
+            send_errors: 0,
+            unsent: 0,
+            answered: 0,
+            refused: 0,
+            invalid_matched: 0,
+            invalid_unmatched: 0,
+            recv_errors: 0,
+            first_error: None,
+            t2_before_t1: 0,
+            rtt: histogram(),
+            t2_t1: histogram(),
+            t3_t2: histogram(),
+            send_lag: histogram(),
+        }
+    }
+
+    /// Requests without a reply that settled them: while the step runs, the ones still waiting;
+    /// once it is over, the lost ones.
+    pub(crate) fn lost(&self) -> u64 {
+        self.sent
+            .saturating_sub(self.answered + self.refused + self.invalid_matched)
+    }
+
+    /// Adds another thread's numbers for the same step.
+    pub(crate) fn merge(&mut self, other: &Self) {
+        self.scheduled += other.scheduled;
+        self.sent += other.sent;
+        self.send_errors += other.send_errors;
+        self.unsent += other.unsent;
+        self.answered += other.answered;
+        self.refused += other.refused;
+        self.invalid_matched += other.invalid_matched;
+        self.invalid_unmatched += other.invalid_unmatched;
+        self.recv_errors += other.recv_errors;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+        self.t2_before_t1 += other.t2_before_t1;
+        for (mine, theirs) in [
+            (&mut self.rtt, &other.rtt),
+            (&mut self.t2_t1, &other.t2_t1),
+            (&mut self.t3_t2, &other.t3_t2),
+            (&mut self.send_lag, &other.send_lag),
+        ] {
+            // Same bounds on both sides, so adding cannot fail.
+            mine.add(theirs).expect("histograms with equal bounds");
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
+}
+
+/// Records a nanosecond interval, clamping what is below the histogram's range to its floor.
+pub(crate) fn record_ns(h: &mut Histogram<u64>, ns: i64) {
+    h.saturating_record(ns.max(1) as u64);
+}
+
+/// Percentiles of a latency distribution, in microseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct Percentiles {
+    pub(crate) count: u64,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+    pub(crate) max: f64,
+}
+
+impl Percentiles {
+    /// `None` for an empty histogram: no reply, no latency.
+    pub(crate) fn of(h: &Histogram<u64>) -> Option<Self> {
+        if h.is_empty() {
+            return None;
+        }
+        let us = |ns: u64| ns as f64 / 1_000.0;
+        Some(Self {
+            count: h.len(),
+            p50: us(h.value_at_quantile(0.50)),
+            p90: us(h.value_at_quantile(0.90)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        })
+    }
+}
+
+/// The server's CPU time over a step, from /proc.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub(crate) struct ServerCpu {
+    /// CPU time (user + system) per answered request, microseconds.
+    pub(crate) us_per_reply: Option<f64>,
+    /// CPU time per second of sending, percent of one core.
+    pub(crate) percent: f64,
+    /// The busiest thread's CPU time per second of sending, percent of one core: near 100 means
+    /// that thread is the bottleneck.
+    pub(crate) busiest_thread_percent: f64,
+}
+
+/// Everything measured in one step, as the outputs show it.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct StepReport {
+    /// 1-based.
+    pub(crate) step: usize,
+    /// Requests per second asked for.
+    pub(crate) offered_rate: f64,
+    /// Seconds of sending.
+    pub(crate) duration: f64,
+    pub(crate) scheduled: u64,
+    pub(crate) sent: u64,
+    /// Requests per second actually sent.
+    pub(crate) sent_rate: f64,
+    pub(crate) unsent: u64,
+    pub(crate) send_errors: u64,
+    pub(crate) answered: u64,
+    /// Answered requests per second of the step.
+    pub(crate) answered_rate: f64,
+    /// Percentage of sent requests not answered in time.
+    pub(crate) loss_pct: f64,
+    pub(crate) lost: u64,
+    /// Invalid datagrams: replies a client would reject plus ones naming no request of ours.
+    pub(crate) invalid: u64,
+    pub(crate) refused: u64,
+    pub(crate) late: u64,
+    pub(crate) duplicate: u64,
+    pub(crate) recv_errors: u64,
+    /// Round-trip time T4 − T1.
+    pub(crate) rtt_us: Option<Percentiles>,
+    /// The server's receive timestamp error T2 − T1, on the first datagram of each batch.
+    pub(crate) t2_t1_us: Option<Percentiles>,
+    /// The server's processing time T3 − T2.
+    pub(crate) t3_t2_us: Option<Percentiles>,
+    pub(crate) t2_before_t1: u64,
+    /// How late requests left against the schedule.
+    pub(crate) send_lag_us: Option<Percentiles>,
+    pub(crate) server_cpu: Option<ServerCpu>,
+    /// This process's CPU time per second of sending, percent of one core (all its threads).
+    pub(crate) client_cpu_percent: f64,
+    /// Datagrams the kernel dropped on our sockets' full receive queues: loss that is ours, not
+    /// the server's. `None` if /proc/net/udp could not be read.
+    pub(crate) client_rx_drops: Option<u64>,
+    /// Datagrams dropped on the receive queues of this host's sockets bound to the target port.
+    pub(crate) server_rx_drops: Option<u64>,
+}
+
+impl StepReport {
+    /// The counts and distributions of a step; the controller adds the /proc figures.
+    pub(crate) fn new(step: usize, offered_rate: f64, duration: f64, s: &StepStats) -> Self {
+        let ratio = |n: u64| {
+            if s.sent == 0 {
+                0.0
+            } else {
+                n as f64 / s.sent as f64 * 100.0
+            }
+        };
+        Self {
+            step,
+            offered_rate,
+            duration,
+            scheduled: s.scheduled,
+            sent: s.sent,
+            sent_rate: s.sent as f64 / duration,
+            unsent: s.unsent,
+            send_errors: s.send_errors,
+            answered: s.answered,
+            answered_rate: s.answered as f64 / duration,
+            loss_pct: if s.sent == 0 {
+                100.0
+            } else {
+                ratio(s.sent - s.answered)
+            },
+            lost: s.lost(),
+            invalid: s.invalid_matched + s.invalid_unmatched,
+            refused: s.refused,
+            late: 0,
+            duplicate: 0,
+            recv_errors: s.recv_errors,
+            rtt_us: Percentiles::of(&s.rtt),
+            t2_t1_us: Percentiles::of(&s.t2_t1),
+            t3_t2_us: Percentiles::of(&s.t3_t2),
+            t2_before_t1: s.t2_before_t1,
+            send_lag_us: Percentiles::of(&s.send_lag),
+            server_cpu: None,
+            client_cpu_percent: 0.0,
+            client_rx_drops: None,
+            server_rx_drops: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_counts_everything_unanswered() {
+        let mut s = StepStats::new();
+        s.sent = 100;
+        s.answered = 90;
+        s.refused = 3;
+        s.invalid_matched = 2;
+        s.invalid_unmatched = 4;
+        assert_eq!(s.lost(), 5);
+        let r = StepReport::new(1, 50.0, 2.0, &s);
+        assert_eq!(r.loss_pct, 10.0);
+        assert_eq!(r.invalid, 6);
+        assert_eq!((r.sent_rate, r.answered_rate), (50.0, 45.0));
+        assert!(r.rtt_us.is_none());
+    }
+
+    #[test]
+    fn merge_adds_counts_and_distributions() {
+        let mut a = StepStats::new();
+        let mut b = StepStats::new();
+        a.sent = 2;
+        b.sent = 3;
+        record_ns(&mut a.rtt, 10_000);
+        record_ns(&mut b.rtt, 30_000);
+        record_ns(&mut b.rtt, -5);
+        a.merge(&b);
+        assert_eq!(a.sent, 5);
+        let p = Percentiles::of(&a.rtt).unwrap();
+        assert_eq!(p.count, 3);
+        assert!((p.max - 30.0).abs() < 0.1, "{p:?}");
+        assert!((p.p50 - 10.0).abs() < 0.1, "{p:?}");
+    }
+}

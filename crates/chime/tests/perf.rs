@@ -1,0 +1,274 @@
+//! `chime perf ntp` against real servers (chimed mirroring a real chronyd, and chronyd itself) and
+//! against a responder in the test whose answers are chosen and counted, so that what the tool
+//! reports can be checked against an independent count. Rates are modest and every run is a
+//! second or less: these check the instrument, not the servers' speed.
+
+mod servers;
+
+use std::process::Command;
+
+use serde_json::Value;
+use servers::{Chimed, Chronyd, Policy, Responder, chime_perf};
+
+/// The one step of a fixed-rate run.
+fn only_step(json: &Value) -> &Value {
+    let steps = json["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{json:#}");
+    &steps[0]
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// A server that answers everything at 2000/s: all answered, nothing lost or invalid, and the
+/// latency and timestamp figures present.
+fn assert_clean_run(step: &Value) {
+    assert_eq!(u(&step["sent"]), 2000, "{step:#}");
+    assert_eq!(u(&step["answered"]), 2000, "{step:#}");
+    assert_eq!(f(&step["loss_pct"]), 0.0, "{step:#}");
+    assert_eq!(u(&step["lost"]), 0, "{step:#}");
+    assert_eq!(u(&step["invalid"]), 0, "{step:#}");
+    assert_eq!(u(&step["refused"]), 0, "{step:#}");
+    assert_eq!(u(&step["duplicate"]), 0, "{step:#}");
+    assert_eq!(u(&step["client_rx_drops"]), 0, "{step:#}");
+    assert_eq!(u(&step["rtt_us"]["count"]), 2000, "{step:#}");
+    let p = &step["rtt_us"];
+    assert!(f(&p["p50"]) > 0.0 && f(&p["p50"]) <= f(&p["p99"]) && f(&p["p99"]) <= f(&p["max"]));
+    // Same host, same clock: the server received each request after we sent it.
+    assert_eq!(u(&step["t2_before_t1"]), 0, "{step:#}");
+    assert!(f(&step["t2_t1_us"]["p50"]) > 0.0, "{step:#}");
+    assert!(step["t3_t2_us"]["p99"].is_number(), "{step:#}");
+}
+
+#[test]
+fn chimed_answers_everything_at_a_modest_rate() {
+    let chronyd = Chronyd::start();
+    let chimed = Chimed::start(&chronyd);
+    let (code, err, json) = chime_perf(&[
+        "--target",
+        &chimed.addr.to_string(),
+        "--rate",
+        "2000",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--server-pid",
+        &chimed.pid().to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let json = json.unwrap();
+    assert_eq!(json["kernel_rx_timestamps"], true, "{json:#}");
+    let step = only_step(&json);
+    assert_clean_run(step);
+    let cpu = &step["server_cpu"];
+    assert!(f(&cpu["us_per_reply"]) >= 0.0, "{step:#}");
+}
+
+#[test]
+fn chronyd_answers_everything_at_a_modest_rate() {
+    let chronyd = Chronyd::start();
+    let (code, err, json) = chime_perf(&[
+        "--target",
+        &chronyd.addr().to_string(),
+        "--rate",
+        "2000",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--server-pid",
+        &chronyd.pid().to_string(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_clean_run(only_step(&json.unwrap()));
+}
+
+/// Half the requests answered: about half lost, and the answered count agrees with the count the
+/// responder kept of the replies it sent.
+#[test]
+fn every_other_request_answered_is_half_lost() {
+    let responder = Responder::start(Policy::EveryOther);
+    let (code, err, json) = chime_perf(&[
+        "--target",
+        &responder.addr.to_string(),
+        "--rate",
+        "2000",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--timeout",
+        "0.5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let json = json.unwrap();
+    let step = only_step(&json);
+    let loss = f(&step["loss_pct"]);
+    assert!((45.0..=55.0).contains(&loss), "loss {loss}: {step:#}");
+    assert_eq!(u(&step["invalid"]), 0, "{step:#}");
+    assert_eq!(u(&step["lost"]), u(&step["sent"]) - u(&step["answered"]));
+
+    // The agreement check: two counts of the same run, made on either side of the socket.
+    let answered = u(&step["answered"]) as f64;
+    let replied = responder.replied() as f64;
+    assert!(
+        (answered - replied).abs() <= 0.05 * replied,
+        "chime perf counted {answered} answered, the responder sent {replied} replies"
+    );
+    let (sent, received) = (u(&step["sent"]) as f64, responder.received() as f64);
+    assert!(
+        (sent - received).abs() <= 0.05 * sent,
+        "chime perf sent {sent} requests, the responder received {received}"
+    );
+}
+
+#[test]
+fn wrong_mode_replies_are_invalid_not_answered() {
+    let responder = Responder::start(Policy::WrongMode);
+    let (code, err, json) = chime_perf(&[
+        "--target",
+        &responder.addr.to_string(),
+        "--rate",
+        "1000",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0",
+        "--timeout",
+        "0.3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let json = json.unwrap();
+    let step = only_step(&json);
+    assert_eq!(u(&step["sent"]), 300, "{step:#}");
+    assert_eq!(u(&step["answered"]), 0, "{step:#}");
+    assert_eq!(u(&step["invalid"]), 300, "{step:#}");
+    assert_eq!(f(&step["loss_pct"]), 100.0, "{step:#}");
+    assert!(step["rtt_us"].is_null(), "{step:#}");
+}
+
+/// Steps multiply the rate, and stepping stops after the first step whose loss passes
+/// `--max-loss`; the CSV and the plot are written alongside the JSON.
+#[test]
+fn steps_stop_when_loss_passes_the_limit() {
+    let responder = Responder::start(Policy::EveryOther);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("steps.csv");
+    let svg = dir.path().join("steps.svg");
+    let addr = responder.addr.to_string();
+    let common = [
+        "--target",
+        &addr,
+        "--duration",
+        "0.25",
+        "--warmup",
+        "0",
+        "--timeout",
+        "0.2",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ];
+
+    let mut args = common.to_vec();
+    args.extend(["--steps", "400:2:3", "--max-loss", "60"]);
+    let (code, err, json) = chime_perf(&args);
+    assert_eq!(code, 0, "{err}");
+    let json = json.unwrap();
+    let steps = json["steps"].as_array().unwrap();
+    let rates: Vec<f64> = steps.iter().map(|s| f(&s["offered_rate"])).collect();
+    assert_eq!(rates, [400.0, 800.0, 1600.0], "{json:#}");
+    assert_eq!(u(&steps[1]["sent"]), 200);
+    assert!(json["stopped_early"].is_null(), "{json:#}");
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(rows.lines().count(), 4, "{rows}");
+    assert!(rows.starts_with("step,offered_rate,"), "{rows}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("answered"),
+        "{plot:.200}"
+    );
+
+    let mut args = common.to_vec();
+    args.extend(["--steps", "400:2:3", "--max-loss", "10"]);
+    let (code, err, json) = chime_perf(&args);
+    assert_eq!(code, 0, "{err}");
+    let json = json.unwrap();
+    assert_eq!(json["steps"].as_array().unwrap().len(), 1, "{json:#}");
+    let why = json["stopped_early"].as_str().unwrap();
+    assert!(why.starts_with("step 1 lost"), "{why}");
+}
+
+#[test]
+fn bad_arguments_get_one_line_naming_the_flag_and_exit_2() {
+    let ok = ["--target", "127.0.0.1:9", "--rate", "100"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v = ok.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--target", "127.0.0.1:9", "--rate", "0"], "--rate"),
+        (vec!["--target", "127.0.0.1:9", "--rate", "-3"], "--rate"),
+        (vec!["--target", "127.0.0.1:9", "--rate", "fast"], "--rate"),
+        (
+            vec!["--target", "127.0.0.1:9", "--steps", "1000:2"],
+            "--steps",
+        ),
+        (
+            vec!["--target", "127.0.0.1:9", "--steps", "1000:0.5:3"],
+            "--steps",
+        ),
+        (
+            vec!["--target", "127.0.0.1:9", "--steps", "a:b:c"],
+            "--steps",
+        ),
+        (
+            vec!["--target", "no-such-host.invalid:123", "--rate", "100"],
+            "--target",
+        ),
+        (vec!["--target", "127.0.0.1", "--rate", "100"], "--target"),
+        (vec!["--target", "127.0.0.1:9"], "--rate"),
+        (vec!["--rate", "100"], "--target"),
+        (with(&["--steps", "100:2:2"]), "--steps"),
+        (with(&["--duration", "0"]), "--duration"),
+        (with(&["--duration", "0.001"]), "--duration"),
+        (with(&["--timeout", "-1"]), "--timeout"),
+        (with(&["--max-loss", "101"]), "--max-loss"),
+        (with(&["--threads", "0"]), "--threads"),
+        (with(&["--threads", "4", "--sockets", "2"]), "--sockets"),
+        (with(&["--ntp-version", "5"]), "--ntp-version"),
+        (with(&["--mode", "4"]), "--mode"),
+        (with(&["--plot", "out.png"]), "--plot"),
+        (with(&["--csv", "/nonexistent/dir/out.csv"]), "--csv"),
+        (with(&["--server-pid", "4000000000"]), "--server-pid"),
+    ];
+    for (args, flag) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_chime"))
+            .args(["perf", "ntp"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        // A bad value is one line; a missing flag is clap's "not provided" line and the flag
+        // under it.
+        let head: String = err.lines().take(2).collect();
+        assert!(
+            err.starts_with("error:") && head.contains(flag),
+            "{args:?}: the error should name {flag}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: nothing measured, nothing printed"
+        );
+    }
+}
