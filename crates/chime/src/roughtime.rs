@@ -315,7 +315,7 @@ fn resolve(server: &str) -> Result<SocketAddr> {
 }
 
 /// A public key in base64 (44 characters) or hex (64 digits).
-fn parse_key(s: &str) -> Result<[u8; 32]> {
+pub(crate) fn parse_key(s: &str) -> Result<[u8; 32]> {
     let s = s.trim();
     let bytes = if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
         (0..32)
@@ -331,7 +331,7 @@ fn parse_key(s: &str) -> Result<[u8; 32]> {
         .map_err(|b: Vec<u8>| anyhow::anyhow!("{} bytes, not 32", b.len()))
 }
 
-fn parse_version(s: &str) -> Result<Version, String> {
+pub(crate) fn parse_version(s: &str) -> Result<Version, String> {
     let lower = s.to_ascii_lowercase();
     if lower == "google" {
         return Ok(Version::Google);

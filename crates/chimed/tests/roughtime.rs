@@ -301,3 +301,45 @@ fn base64_decode(s: &str) -> [u8; 32] {
         .try_into()
         .unwrap()
 }
+
+#[test]
+fn chime_perf_roughtime_at_a_modest_rate_verifies_every_reply() {
+    let s = serve(true, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("perf.json");
+    for version in ["1", "0x8000000c"] {
+        let out = Command::new(workspace_bin("chime"))
+            .args(["perf", "roughtime", "--target", &s.roughtime.to_string()])
+            .args([
+                "--public-key",
+                &s.public_key,
+                "--version",
+                version,
+                "--verify-every",
+                "1",
+            ])
+            .args([
+                "--rate",
+                "500",
+                "--duration",
+                "1",
+                "--warmup",
+                "0.2",
+                "--json",
+            ])
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let step = &v["steps"][0];
+        assert_eq!(step["sent"], 500, "{step:#}");
+        assert_eq!(step["answered"], 500, "{step:#}");
+        assert_eq!(step["invalid"], 0, "{step:#}");
+        assert_eq!(step["lost"], 0, "{step:#}");
+    }
+}

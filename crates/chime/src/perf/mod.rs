@@ -9,7 +9,7 @@
 //! reply; it prints a table and writes CSV, JSON and an SVG plot.
 //!
 //! Module map: `args` (the shared flags), `protocol` (the [`protocol::LoadProtocol`] trait a
-//! protocol implements), `ntp` (NTP requests and replies), `controller` (steps, progress, /proc
+//! protocol implements), `ntp` and `roughtime` (each protocol's requests and replies), `controller` (steps, progress, /proc
 //! readings, outputs), `worker` (the sending and receiving threads), `inflight` (ids and send
 //! times), `stats` (counts, histograms, per-step results), `procfs`, `report` (table, CSV, JSON),
 //! `plot` (SVG).
@@ -22,6 +22,7 @@ mod plot;
 mod procfs;
 mod protocol;
 mod report;
+mod roughtime;
 mod stats;
 mod worker;
 
@@ -37,6 +38,8 @@ pub(crate) struct Args {
 enum Protocol {
     /// Load an NTP server with client (or symmetric active) requests
     Ntp(ntp::Args),
+    /// Load a Roughtime server with requests of one version, verifying a sample of the replies
+    Roughtime(roughtime::Args),
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
@@ -60,6 +63,15 @@ pub(crate) fn run(args: &Args) -> Result<()> {
                 request,
                 &label,
             )
+        }
+        Protocol::Roughtime(a) => {
+            let request = serde_json::json!({
+                "roughtime_version": a.version.to_string(),
+                "verify_every": a.verify_every,
+            });
+            let label = format!("Roughtime {}", a.version);
+            let load = roughtime::RoughtimeLoad::new(a.version, a.public_key, a.verify_every);
+            controller::run(&a.load, load, request, &label)
         }
     }
 }
