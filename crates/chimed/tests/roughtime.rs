@@ -4,45 +4,22 @@
 mod common;
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use chime_roughtime::{VerifyPolicy, Version, build_request, verify_reply};
-use common::{Chimed, Chronyd, chime_ntp, exchange, workspace_bin};
-
-/// `chime keygen` into `dir`: the key file and the public key in base64.
-fn keygen(dir: &Path) -> (PathBuf, String) {
-    let path = dir.join("roughtime.key");
-    let out = Command::new(workspace_bin("chime"))
-        .arg("keygen")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let b64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("public key (base64): "))
-        .unwrap();
-    (path, b64.to_owned())
-}
+use common::{Chimed, Chronyd, RoughtimeKey, chime_keygen, chime_ntp, exchange, workspace_bin};
 
 struct Server {
     _chronyd: Option<Chronyd>,
     chimed: Chimed,
     roughtime: SocketAddr,
     public_key: String,
-    _dir: tempfile::TempDir,
+    _key: RoughtimeKey,
 }
 
 fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, public_key) = keygen(dir.path());
+    let key = chime_keygen();
     let (chronyd, upstream) = if upstream_alive {
         let c = Chronyd::start();
         let a = c.addr().to_string();
@@ -60,7 +37,7 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
         "-s",
         &upstream,
         "--roughtime-key",
-        key.to_str().unwrap(),
+        key.file.to_str().unwrap(),
         "--roughtime-ipv4-address",
         "127.0.0.1:0",
         "--roughtime-ipv6-threads",
@@ -68,12 +45,10 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
     ];
     args.extend_from_slice(extra);
     let mut chimed = Chimed::start(&args);
-    let line = chimed.wait_for("roughtime listening on", Duration::from_secs(5));
-    let roughtime = line.split("roughtime listening on ").nth(1).unwrap();
-    let roughtime = roughtime.split(' ').next().unwrap().parse().unwrap();
+    let roughtime = chimed.roughtime_addr();
     let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(1));
     assert!(
-        logged.contains(&public_key),
+        logged.contains(&key.public_base64),
         "chimed logs the key it serves: {logged}"
     );
     if upstream_alive {
@@ -83,8 +58,8 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
         _chronyd: chronyd,
         chimed,
         roughtime,
-        public_key,
-        _dir: dir,
+        public_key: key.public_base64.clone(),
+        _key: key,
     }
 }
 
@@ -265,8 +240,8 @@ fn roughtime_is_true_utc_in_timezone_offset_mode() {
 #[test]
 fn key_file_readable_by_others_is_refused() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let (key, _) = keygen(dir.path());
+    let key = chime_keygen();
+    let key = key.file.clone();
     assert_eq!(
         std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
         0o600

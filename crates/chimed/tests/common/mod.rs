@@ -289,3 +289,256 @@ pub fn exchange(to: SocketAddr, packet: &[u8], wait: Duration) -> Option<Vec<u8>
         .ok()
         .map(|(n, _)| buf[..n].to_vec())
 }
+
+impl Chimed {
+    /// The Roughtime address from chimed's "roughtime listening on ADDR (...)" line.
+    pub fn roughtime_addr(&mut self) -> SocketAddr {
+        let line = self.wait_for("roughtime listening on ", Duration::from_secs(10));
+        let addr = line
+            .split("roughtime listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        addr.parse()
+            .unwrap_or_else(|e| panic!("{addr:?} in {line:?}: {e}"))
+    }
+}
+
+/// A long-term key made by `chime keygen` in a directory of its own.
+pub struct RoughtimeKey {
+    pub file: PathBuf,
+    pub public_base64: String,
+    pub public_hex: String,
+    /// The 32-byte Ed25519 seed, in hex, as the file holds it.
+    pub seed_hex: String,
+    _dir: tempfile::TempDir,
+}
+
+/// `chime keygen` into a fresh temporary directory, with what it printed parsed.
+pub fn chime_keygen() -> RoughtimeKey {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("roughtime.key");
+    let out = run(Command::new(workspace_bin("chime"))
+        .arg("keygen")
+        .arg(&file));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "chime keygen failed ({}): {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let field = |prefix: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' in chime keygen's output: {stdout}"))
+            .trim()
+            .to_owned()
+    };
+    let public_base64 = field("public key (base64): ");
+    let public_hex = field("public key (hex): ");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let seed_hex = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .unwrap_or_else(|| panic!("no seed line in the key file: {text}"))
+        .to_owned();
+    assert!(
+        seed_hex.len() == 64 && seed_hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the key file's seed is not 64 hex digits: {text}"
+    );
+    RoughtimeKey {
+        file,
+        public_base64,
+        public_hex,
+        seed_hex,
+        _dir: dir,
+    }
+}
+
+/// An independent peer installed by `scripts/setup` at a fixed path, or where the environment
+/// variable `var` points. Missing is a failure, never a skip: CI must run these tests.
+pub fn peer(var: &str, default: &str) -> PathBuf {
+    let path = std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/setup (it installs the Roughtime peers into /opt/chime-peers), \
+         or point {var} at the binary",
+        path.display()
+    );
+    path
+}
+
+/// A minimal RFC 10049 request (VER 1, NONC, TYPE 0, ZZZZ to 1024 bytes), built here by hand so
+/// that readiness checks depend on neither chime's code nor a peer's.
+pub fn roughtime_probe_request(nonce: [u8; 32]) -> Vec<u8> {
+    const TAGS: [u32; 4] = [0x0052_4556, 0x434e_4f4e, 0x4550_5954, 0x5a5a_5a5a]; // VER NONC TYPE ZZZZ
+    let header = 4 + 4 * 3 + 4 * 4;
+    let message_len = 1024 - 12;
+    let pad = message_len - header - (4 + 32 + 4);
+    let mut p = Vec::with_capacity(1024);
+    p.extend_from_slice(b"ROUGHTIM");
+    p.extend_from_slice(&(message_len as u32).to_le_bytes());
+    p.extend_from_slice(&4u32.to_le_bytes());
+    for offset in [4u32, 36, 40] {
+        p.extend_from_slice(&offset.to_le_bytes());
+    }
+    for tag in TAGS {
+        p.extend_from_slice(&tag.to_le_bytes());
+    }
+    p.extend_from_slice(&1u32.to_le_bytes());
+    p.extend_from_slice(&nonce);
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p.resize(p.len() + pad, 0);
+    assert_eq!(p.len(), 1024);
+    p
+}
+
+/// Polls a Roughtime server with [`roughtime_probe_request`] until it answers anything, at most
+/// `limit`; `alive` is asked between tries so a server that died is not waited for.
+pub fn wait_roughtime_ready(
+    addr: SocketAddr,
+    limit: Duration,
+    mut alive: impl FnMut() -> bool,
+) -> bool {
+    let request = roughtime_probe_request([0x5a; 32]);
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if !alive() {
+            return false;
+        }
+        if exchange(addr, &request, Duration::from_millis(200)).is_some() {
+            return true;
+        }
+    }
+    false
+}
+
+/// Seconds since 1970 by this machine's clock.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A real roughenough-server (crates.io 2.2.0) on a free loopback port, with the long-term seed
+/// we give it. 2.2.0 has no grease (deliberately invalid replies) to turn off: it answers every
+/// version 1 request it accepts with a valid reply, and its only fault injection (worker panics)
+/// is the `test-utils` cargo feature, which `scripts/setup` does not enable.
+pub struct RoughenoughServer {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+pub const ROUGHENOUGH_SERVER: &str = "/opt/chime-peers/bin/roughenough_server";
+
+impl RoughenoughServer {
+    /// Starts the server with this seed (64 hex digits) on 127.0.0.1 and waits (bounded) until it
+    /// answers a Roughtime request. roughenough cannot bind port 0 and report the port (each of
+    /// its `SO_REUSEPORT` workers binds the address given), so it gets a port that was free a
+    /// moment ago, and another if that one was taken meanwhile.
+    pub fn start(seed_hex: &str) -> Self {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+
+        let bin = peer("ROUGHENOUGH_SERVER", ROUGHENOUGH_SERVER);
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let seed_file = dir.path().join("seed");
+            // roughenough refuses a seed file that group or others may read.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&seed_file)
+                .unwrap();
+            writeln!(f, "{seed_hex}").unwrap();
+            drop(f);
+            let port = free_udp_port();
+            let mut child = Command::new(&bin)
+                .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
+                .args(["--metrics-interval", "86400", "--seed-file"])
+                .arg(&seed_file)
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            for pipe in [
+                Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+                Box::new(child.stderr.take().unwrap()),
+            ] {
+                let all = lines.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                        all.lock().unwrap().push(line);
+                    }
+                });
+            }
+            let mut server = RoughenoughServer {
+                child,
+                lines,
+                addr: ([127, 0, 0, 1], port).into(),
+                _dir: dir,
+            };
+            let addr = server.addr;
+            let ready = wait_roughtime_ready(addr, Duration::from_secs(10), || {
+                matches!(server.child.try_wait(), Ok(None))
+            });
+            if ready {
+                return server;
+            }
+            server.stop();
+            last_log = server.log();
+        }
+        panic!(
+            "roughenough_server did not answer on a free port after 5 tries; last log:\n{last_log}"
+        );
+    }
+
+    /// What it printed so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// The long-term public key it logged at start ("Long term public key: PUBK(HEX)"), in
+    /// lowercase hex. It is logged before the workers bind, so it is there once the server answers
+    /// (the reader thread is given a second to catch up).
+    pub fn logged_public_key_hex(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let found = self.lines.lock().unwrap().iter().find_map(|l| {
+                let rest = l.split("Long term public key: ").nth(1)?;
+                let hex = rest.split_once('(')?.1.split(')').next()?;
+                Some(hex.to_ascii_lowercase())
+            });
+            if let Some(hex) = found {
+                return hex;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "roughenough_server logged no public key; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RoughenoughServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,426 @@
+//! Roughtime against independent implementations, installed by `scripts/setup` from the
+//! registries (crates.io, PyPI) at fixed paths, overridable by environment variables:
+//!
+//! * roughenough-client 2.2.0 (`ROUGHENOUGH_CLIENT`) and roughly 0.3.0 (`ROUGHLY`, the `roughly`
+//!   script of its venv) query the real chimed, mirroring a real chronyd, with every protocol
+//!   version each can offer;
+//! * `chime roughtime` verifies a real roughenough-server 2.2.0 (`ROUGHENOUGH_SERVER`) and chimed
+//!   itself, and refuses replies that do not verify with the key it was given.
+//!
+//! A missing peer fails the test with a message naming `scripts/setup`; nothing is skipped.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{
+    Chimed, Chronyd, RoughenoughServer, RoughtimeKey, chime_keygen, peer, run, unix_now,
+    wait_roughtime_ready, workspace_bin,
+};
+
+const ROUGHENOUGH_CLIENT: &str = "/opt/chime-peers/bin/roughenough_client";
+const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
+
+/// How far a signed midpoint may be from this machine's clock: chimed serves chronyd's time on the
+/// same machine, and every peer prints whole seconds.
+const NEAR: f64 = 5.0;
+
+fn assert_near_now(unix_secs: f64, what: &str) {
+    let off = unix_secs - unix_now();
+    assert!(
+        off.abs() <= NEAR,
+        "{what}: time {unix_secs} is {off:+.1} s from ours"
+    );
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {}\nstdout:\n{}stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A chronyd, and chimed serving Roughtime beside NTP with a key from `chime keygen`, answering.
+struct RoughtimeChimed {
+    addr: SocketAddr,
+    key: RoughtimeKey,
+    // Dropped in this order: chimed before the chronyd it mirrors.
+    chimed: Chimed,
+    _chronyd: Chronyd,
+}
+
+fn chimed_roughtime() -> RoughtimeChimed {
+    let key = chime_keygen();
+    let chronyd = Chronyd::start();
+    let upstream = chronyd.addr().to_string();
+    let key_file = key.file.to_str().unwrap();
+    let mut chimed = Chimed::start(&[
+        "--roughtime-key",
+        key_file,
+        "--roughtime-ipv4-address",
+        "127.0.0.1:0",
+        "--roughtime-ipv4-threads",
+        "1",
+        "--roughtime-ipv6-threads",
+        "0",
+        "-4",
+        "1",
+        "-6",
+        "0",
+        "-a",
+        "127.0.0.1:0",
+        "-s",
+        &upstream,
+    ]);
+    let addr = chimed.roughtime_addr();
+    let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(5));
+    assert!(
+        logged.contains(&format!("(base64): {}", key.public_base64)),
+        "chimed logged another public key than chime keygen printed ({}): {logged}",
+        key.public_base64
+    );
+    // Roughtime is answered only while the mirrored chronyd is synchronised.
+    chimed.wait_for("synchronised: stratum", Duration::from_secs(10));
+    assert!(
+        wait_roughtime_ready(addr, Duration::from_secs(5), || true),
+        "chimed does not answer Roughtime on {addr}; log:\n{}",
+        chimed.log()
+    );
+    RoughtimeChimed {
+        addr,
+        key,
+        chimed,
+        _chronyd: chronyd,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// roughenough-client 2.2.0 → chimed. It can offer [1] (`-P 1`, its default), [0x8000000c]
+// (`-P 19`) or [1, 0x8000000c] (`-P both`), and exits 0 only for a reply that verified with `-k`.
+
+fn roughenough_client_accepts(protocol: &str) {
+    let client = peer("ROUGHENOUGH_CLIENT", ROUGHENOUGH_CLIENT);
+    let s = chimed_roughtime();
+    let out = run(Command::new(client)
+        .arg(s.addr.ip().to_string())
+        .arg(s.addr.port().to_string())
+        .args(["-k", &s.key.public_base64, "-P", protocol, "--epoch"])
+        .env("NO_COLOR", "1"));
+    assert!(
+        out.status.success(),
+        "roughenough_client -P {protocol} did not accept chimed's reply:\n{}\nchimed log:\n{}",
+        text(&out),
+        s.chimed.log()
+    );
+    // "2026-11-21T19:37:26.306695Z  INFO roughenough_client: 1795289846"
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let secs: f64 = stdout
+        .lines()
+        .filter(|l| l.contains("roughenough_client:"))
+        .find_map(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no time in roughenough_client's output:\n{}", text(&out)));
+    assert_near_now(secs, &format!("roughenough_client -P {protocol}"));
+}
+
+#[test]
+fn roughenough_client_offering_1() {
+    roughenough_client_accepts("1");
+}
+
+#[test]
+fn roughenough_client_offering_0x8000000c() {
+    roughenough_client_accepts("19");
+}
+
+#[test]
+fn roughenough_client_offering_1_and_0x8000000c() {
+    roughenough_client_accepts("both");
+}
+
+// ---------------------------------------------------------------------------------------------
+// roughly 0.3.0 → chimed. Its client offers 1 and 0x80000007..=0x8000000f (all of them by
+// default). Its CLI cannot choose versions and exits 0 even on failure, so single versions are
+// offered through its library by tests/roughly_query.py, run with the venv's python.
+
+fn roughly_python() -> PathBuf {
+    let python = peer("ROUGHLY", ROUGHLY).with_file_name("python");
+    assert!(
+        python.exists(),
+        "{} is missing beside roughly: run scripts/setup",
+        python.display()
+    );
+    python
+}
+
+/// roughly's verdict on one query offering exactly `versions` (comma-separated).
+fn roughly_query(addr: SocketAddr, key_base64: &str, versions: &str) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/roughly_query.py");
+    let out = run(Command::new(roughly_python())
+        .arg(script)
+        .args([&addr.ip().to_string(), &addr.port().to_string()])
+        .args([key_base64, versions, "1.5"]));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("roughly_query.py printed no JSON ({e}):\n{}", text(&out)));
+    assert_eq!(out.status.success(), r["ok"] == true, "{}", text(&out));
+    r
+}
+
+fn roughly_accepts(version: u32) {
+    roughly_python();
+    let s = chimed_roughtime();
+    let r = roughly_query(s.addr, &s.key.public_base64, &format!("{version:#x}"));
+    assert_eq!(
+        r["ok"],
+        true,
+        "roughly offering {version:#x} did not accept chimed's reply: {r}\nchimed log:\n{}",
+        s.chimed.log()
+    );
+    assert_eq!(r["version"], version, "{r}");
+    assert!(r["radius"].as_u64().is_some_and(|r| r > 0), "{r}");
+    assert_near_now(
+        r["midpoint"].as_f64().unwrap(),
+        &format!("roughly {version:#x}"),
+    );
+}
+
+/// Versions chimed does not serve get no reply at all (no error replies exist in Roughtime).
+fn roughly_gets_no_reply(version: u32) {
+    roughly_python();
+    let s = chimed_roughtime();
+    let r = roughly_query(s.addr, &s.key.public_base64, &format!("{version:#x}"));
+    assert_eq!(
+        r["error"], "timeout",
+        "chimed should drop a request offering only {version:#x}: {r}"
+    );
+}
+
+#[test]
+fn roughly_cli_default_offer() {
+    let roughly = peer("ROUGHLY", ROUGHLY);
+    let s = chimed_roughtime();
+    let out = run(Command::new(roughly)
+        .args([
+            "query",
+            &s.addr.ip().to_string(),
+            &s.addr.port().to_string(),
+        ])
+        .args([&s.key.public_base64, "--timeout", "2"]));
+    // "Current time: 1795289697 ± 3 seconds"
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let secs: f64 = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Current time: ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "roughly query did not accept chimed's reply:\n{}\nchimed log:\n{}",
+                text(&out),
+                s.chimed.log()
+            )
+        });
+    assert_near_now(secs, "roughly query");
+}
+
+#[test]
+fn roughly_offering_1() {
+    roughly_accepts(1);
+}
+
+#[test]
+fn roughly_offering_0x8000000c() {
+    roughly_accepts(0x8000_000c);
+}
+
+#[test]
+fn roughly_offering_0x8000000b() {
+    roughly_accepts(0x8000_000b);
+}
+
+#[test]
+fn roughly_offering_0x8000000a() {
+    roughly_accepts(0x8000_000a);
+}
+
+#[test]
+fn roughly_offering_0x80000009() {
+    roughly_accepts(0x8000_0009);
+}
+
+#[test]
+fn roughly_offering_0x80000008() {
+    roughly_accepts(0x8000_0008);
+}
+
+#[test]
+fn roughly_offering_0x80000007_gets_no_reply() {
+    roughly_gets_no_reply(0x8000_0007);
+}
+
+/// roughly numbers 0x8000000d..=0x8000000f as drafts 13–15; the drafts froze 0x8000000c from 12
+/// on, so these are unknown versions.
+#[test]
+fn roughly_offering_0x8000000d_gets_no_reply() {
+    roughly_gets_no_reply(0x8000_000d);
+}
+
+#[test]
+fn roughly_offering_0x8000000e_gets_no_reply() {
+    roughly_gets_no_reply(0x8000_000e);
+}
+
+#[test]
+fn roughly_offering_0x8000000f_gets_no_reply() {
+    roughly_gets_no_reply(0x8000_000f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// chime roughtime → roughenough-server 2.2.0 (answers version 1 only) and → chimed.
+
+/// `chime roughtime --json` against `addr` with this key; the parsed report, or why it failed.
+fn chime_roughtime(
+    addr: SocketAddr,
+    key: &str,
+    version: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    let mut cmd = Command::new(workspace_bin("chime"));
+    cmd.args(["roughtime", "--json", "--timeout", "1", "--public-key", key]);
+    if let Some(v) = version {
+        cmd.args(["--version", v]);
+    }
+    let out = run(cmd.arg(addr.to_string()));
+    if !out.status.success() {
+        return Err(text(&out));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))
+}
+
+fn assert_verified(r: &serde_json::Value, version_mark: &str, what: &str) {
+    let version = r["version"].as_str().unwrap_or_default();
+    assert!(
+        version.contains(version_mark),
+        "{what}: version {version:?}, expected {version_mark}: {r}"
+    );
+    assert_near_now(r["midpoint_unix_us"].as_f64().unwrap() / 1e6, what);
+    assert!(
+        r["radius_us"].as_u64().is_some_and(|r| r > 0),
+        "{what}: {r}"
+    );
+    assert_eq!(r["spelling_conforms"], true, "{what}: {r}");
+}
+
+#[test]
+fn chime_verifies_roughenough_server() {
+    let key = chime_keygen();
+    let server = RoughenoughServer::start(&key.seed_hex);
+    // The same seed gives the same public key in both implementations.
+    assert_eq!(
+        server.logged_public_key_hex(),
+        key.public_hex.to_ascii_lowercase(),
+        "roughenough derived another public key from chime keygen's seed"
+    );
+    for (version, mark) in [(None, "version 1"), (Some("1"), "version 1")] {
+        let what = format!("chime roughtime --version {version:?} vs roughenough");
+        let r = chime_roughtime(server.addr, &key.public_base64, version)
+            .unwrap_or_else(|e| panic!("{what}: {e}\nroughenough log:\n{}", server.log()));
+        assert_verified(&r, mark, &what);
+        // The hex spelling of the key is accepted too.
+        chime_roughtime(server.addr, &key.public_hex, version)
+            .unwrap_or_else(|e| panic!("{what}, hex key: {e}"));
+    }
+}
+
+fn chime_verifies_chimed(version: &str, mark: &str) {
+    let s = chimed_roughtime();
+    let r = chime_roughtime(s.addr, &s.key.public_base64, Some(version)).unwrap_or_else(|e| {
+        panic!(
+            "chime roughtime --version {version} vs chimed: {e}\nchimed log:\n{}",
+            s.chimed.log()
+        )
+    });
+    assert_verified(&r, mark, &format!("chime --version {version} vs chimed"));
+}
+
+#[test]
+fn chime_verifies_chimed_1() {
+    chime_verifies_chimed("1", "version 1");
+}
+
+#[test]
+fn chime_verifies_chimed_0x8000000c() {
+    chime_verifies_chimed("0x8000000c", "0x8000000c");
+}
+
+#[test]
+fn chime_verifies_chimed_0x8000000b() {
+    chime_verifies_chimed("0x8000000b", "0x8000000b");
+}
+
+#[test]
+fn chime_verifies_chimed_0x8000000a() {
+    chime_verifies_chimed("0x8000000a", "0x8000000a");
+}
+
+#[test]
+fn chime_verifies_chimed_0x80000009() {
+    chime_verifies_chimed("0x80000009", "0x80000009");
+}
+
+#[test]
+fn chime_verifies_chimed_0x80000008() {
+    chime_verifies_chimed("0x80000008", "0x80000008");
+}
+
+#[test]
+fn chime_verifies_chimed_google() {
+    chime_verifies_chimed("google", "Google");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wrong public key must fail, with a non-zero exit and a reason.
+
+#[test]
+fn chime_refuses_roughenough_server_with_wrong_key() {
+    let key = chime_keygen();
+    let other = chime_keygen();
+    let server = RoughenoughServer::start(&key.seed_hex);
+    // chime sends SRV = H(0xff ‖ key) with version 1, and roughenough drops a request whose SRV
+    // names another key: what chime reports is no reply.
+    let err = chime_roughtime(server.addr, &other.public_base64, None)
+        .expect_err("chime roughtime accepted roughenough's reply with the wrong public key");
+    assert!(err.contains("no reply"), "{err}");
+    // The right key still works, so the failure above was the key's doing.
+    chime_roughtime(server.addr, &key.public_base64, None)
+        .unwrap_or_else(|e| panic!("right key: {e}\nroughenough log:\n{}", server.log()));
+}
+
+/// Drafts 08–09 and Google's protocol send no SRV, so chimed answers and the reply, signed by
+/// chimed's key, must fail verification with the other key.
+#[test]
+fn chime_refuses_chimed_reply_signed_by_another_key() {
+    let s = chimed_roughtime();
+    let other = chime_keygen();
+    for version in ["0x80000008", "google"] {
+        let err = match chime_roughtime(s.addr, &other.public_base64, Some(version)) {
+            Ok(r) => panic!("chime roughtime --version {version} accepted the wrong key: {r}"),
+            Err(e) => e,
+        };
+        assert!(
+            err.contains("does not verify"),
+            "--version {version}: {err}"
+        );
+    }
+    // With version 1 it sends SRV for the other key, and chimed drops the request.
+    let err = chime_roughtime(s.addr, &other.public_base64, Some("1"))
+        .expect_err("chime roughtime --version 1 accepted a reply with the wrong key");
+    assert!(err.contains("no reply"), "--version 1: {err}");
+}
