@@ -6,27 +6,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use chime_ntp::{
-    Header, Leap, Mirror, Mode, NtpShort, NtpTimestamp, ServerState, StalePolicy, respond,
-    stamp_transmit,
+    Header, Mirror, Mode, NtpShort, NtpTimestamp, ServerState, StalePolicy, respond, stamp_transmit,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 fn request() -> [u8; 48] {
-    let h = Header {
-        leap: Leap::NoWarning,
-        version: 4,
-        mode: Mode::Client,
-        stratum: 0,
-        poll: 6,
-        precision: -20,
-        root_delay: NtpShort(0),
-        root_dispersion: NtpShort(0),
-        reference_id: [0; 4],
-        reference_ts: NtpTimestamp::ZERO,
-        origin_ts: NtpTimestamp::ZERO,
-        receive_ts: NtpTimestamp::ZERO,
-        transmit_ts: NtpTimestamp(0x1234_5678_9abc_def0),
-    };
+    let h = Header::request(4, Mode::Client, NtpTimestamp(0x1234_5678_9abc_def0));
     let mut out = [0u8; 48];
     h.encode(&mut out);
     out

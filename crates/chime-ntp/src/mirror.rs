@@ -68,21 +68,7 @@ impl Mirror {
     pub fn request(&mut self, now: NtpTimestamp, nonce: u64) -> [u8; 48] {
         let nonce = NtpTimestamp(nonce);
         self.pending = Some(Pending { nonce, sent: now });
-        let header = Header {
-            leap: Leap::NoWarning,
-            version: 4,
-            mode: Mode::Client,
-            stratum: 0,
-            poll: 0,
-            precision: 0,
-            root_delay: Default::default(),
-            root_dispersion: Default::default(),
-            reference_id: [0; 4],
-            reference_ts: NtpTimestamp::ZERO,
-            origin_ts: NtpTimestamp::ZERO,
-            receive_ts: NtpTimestamp::ZERO,
-            transmit_ts: nonce,
-        };
+        let header = Header::request(4, Mode::Client, nonce);
         let mut out = [0; 48];
         header.encode(&mut out);
         out

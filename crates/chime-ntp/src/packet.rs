@@ -121,6 +121,28 @@ impl Header {
     /// The header's length on the wire.
     pub const LEN: usize = 48;
 
+    /// A request as a client sends it: `mode` (client, or symmetric active), every field zero
+    /// except the transmit timestamp, which the server echoes as the origin timestamp. Clients
+    /// that keep T1 to themselves (chrony's, ours) send a random value there: it tells the server
+    /// nothing about our clock and makes a spoofed reply a 64-bit guess.
+    pub fn request(version: u8, mode: Mode, transmit_ts: NtpTimestamp) -> Self {
+        Self {
+            leap: Leap::NoWarning,
+            version,
+            mode,
+            stratum: 0,
+            poll: 0,
+            precision: 0,
+            root_delay: NtpShort(0),
+            root_dispersion: NtpShort(0),
+            reference_id: [0; 4],
+            reference_ts: NtpTimestamp::ZERO,
+            origin_ts: NtpTimestamp::ZERO,
+            receive_ts: NtpTimestamp::ZERO,
+            transmit_ts,
+        }
+    }
+
     /// Decodes the first 48 bytes of `bytes`; anything after them (extension fields, a MAC) is
     /// left for [`check_extensions`].
     pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use chime_ntp::{Header, Leap, Mode, NtpShort, NtpTimestamp};
+use chime_ntp::{Header, Leap, Mode, NtpTimestamp};
 use serde::Serialize;
 
 #[derive(Debug, clap::Args)]
@@ -94,21 +94,7 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
     // The transmit timestamp is random, as chrony's client does: it is the nonce the server must
     // echo as origin, and it says nothing about our clock. T1 is kept locally.
     let nonce = NtpTimestamp(rand::random());
-    let request = Header {
-        leap: Leap::NoWarning,
-        version,
-        mode: Mode::Client,
-        stratum: 0,
-        poll: 0,
-        precision: -20,
-        root_delay: NtpShort(0),
-        root_dispersion: NtpShort(0),
-        reference_id: [0; 4],
-        reference_ts: NtpTimestamp::ZERO,
-        origin_ts: NtpTimestamp::ZERO,
-        receive_ts: NtpTimestamp::ZERO,
-        transmit_ts: nonce,
-    };
+    let request = Header::request(version, Mode::Client, nonce);
     let mut packet = [0u8; 48];
     request.encode(&mut packet);
 

@@ -3,12 +3,15 @@
 //! reports can be checked against an independent count. Rates are modest and every run is a
 //! second or less: these check the instrument, not the servers' speed.
 
+#[path = "../../chimed/tests/common/mod.rs"]
+mod common;
 mod servers;
 
 use std::process::Command;
 
+use common::Chronyd;
 use serde_json::Value;
-use servers::{Chimed, Chronyd, Policy, Responder, chime_perf};
+use servers::{Policy, Responder, chime_perf, start_chimed};
 
 /// The one step of a fixed-rate run.
 fn only_step(json: &Value) -> &Value {
@@ -48,7 +51,7 @@ fn assert_clean_run(step: &Value) {
 #[test]
 fn chimed_answers_everything_at_a_modest_rate() {
     let chronyd = Chronyd::start();
-    let chimed = Chimed::start(&chronyd);
+    let chimed = start_chimed(&chronyd);
     let (code, err, json) = chime_perf(&[
         "--target",
         &chimed.addr.to_string(),

@@ -137,15 +137,18 @@ fn report(
     }
 }
 
-/// A reference ID as chrony prints it: text for stratum 1 (a reference clock's name), else the
-/// IPv4 address (or IPv6 hash) of the upstream's own source.
+/// A reference ID as chrony prints it: text for stratum 1 (a reference clock's name) when it is
+/// printable, else the IPv4 address (or IPv6 hash) of the upstream's own source; chronyd's local
+/// reference (127.127.1.1) is not text.
 pub(crate) fn refid(state: &ServerState) -> String {
     let id = state.reference_id;
-    if state.stratum <= 1 {
-        id.iter()
-            .take_while(|b| **b != 0)
-            .map(|b| char::from(*b))
-            .collect()
+    let text: String = id
+        .iter()
+        .take_while(|b| **b != 0)
+        .map(|b| char::from(*b))
+        .collect();
+    if state.stratum <= 1 && !text.is_empty() && text.chars().all(|c| c.is_ascii_graphic()) {
+        text
     } else {
         format!("{}.{}.{}.{}", id[0], id[1], id[2], id[3])
     }

@@ -7,7 +7,7 @@
 //! timestamp error T2 − T1 (measured on the first datagram of each `sendmmsg`, the one whose T1
 //! is exact) and its processing time T3 − T2. Both need the server on this host, on our clock.
 
-use chime_ntp::{Header, Leap, Mode, NtpShort, NtpTimestamp};
+use chime_ntp::{Header, Leap, Mode, NtpTimestamp};
 
 use super::args::LoadArgs;
 use super::protocol::{LoadProtocol, ReplyMatch, ServerTimes, Verdict};
@@ -71,21 +71,7 @@ pub(crate) struct NtpLoad {
 
 impl NtpLoad {
     pub(crate) fn new(version: u8, mode: RequestMode) -> Self {
-        let header = Header {
-            leap: Leap::NoWarning,
-            version,
-            mode: mode.request(),
-            stratum: 0,
-            poll: 0,
-            precision: -20,
-            root_delay: NtpShort(0),
-            root_dispersion: NtpShort(0),
-            reference_id: [0; 4],
-            reference_ts: NtpTimestamp::ZERO,
-            origin_ts: NtpTimestamp::ZERO,
-            receive_ts: NtpTimestamp::ZERO,
-            transmit_ts: NtpTimestamp::ZERO,
-        };
+        let header = Header::request(version, mode.request(), NtpTimestamp::ZERO);
         let mut template = [0; Header::LEN];
         header.encode(&mut template);
         Self {
@@ -163,6 +149,8 @@ fn unix_nanos(ts: NtpTimestamp, pivot_secs: i64) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use chime_ntp::NtpShort;
+
     use super::*;
 
     const NOW: i64 = 1_800_000_000;

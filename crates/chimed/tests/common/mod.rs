@@ -73,6 +73,10 @@ impl Chronyd {
         ([127, 0, 0, 1], self.port).into()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn wait_ready(&mut self, limit: Duration) -> bool {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_read_timeout(Some(Duration::from_millis(100)))
@@ -120,7 +124,7 @@ pub struct Chimed {
 impl Chimed {
     /// Starts the real chimed with these flags and waits for its "ntp listening on" line.
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_chimed"))
+        let mut child = Command::new(workspace_bin("chimed"))
             .args(args)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
