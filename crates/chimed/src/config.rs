@@ -247,8 +247,10 @@ impl Settings {
         let server_address = upstream.unwrap_or((Ipv4Addr::LOCALHOST, 11123).into());
 
         if let Some(u) = &user {
-            if u.is_empty() {
-                return Err(invalid(&user_in, "empty user name"));
+            match nix::unistd::User::from_name(u) {
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(invalid(&user_in, format!("no such user '{u}'"))),
+                Err(e) => return Err(invalid(&user_in, format!("cannot look up '{u}': {e}"))),
             }
         }
         if let Some(r) = &root {
@@ -256,6 +258,12 @@ impl Settings {
                 return Err(invalid(
                     &root_in,
                     format!("{} is not an absolute path", r.display()),
+                ));
+            }
+            if !r.is_dir() {
+                return Err(invalid(
+                    &root_in,
+                    format!("{} is not a directory", r.display()),
                 ));
             }
         }

@@ -25,6 +25,9 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["--batch-size", "0"][..], "batch-size"),
         (&["--log-level", "loud=="][..], "--log-level"),
         (&["--no-such-flag"][..], "--no-such-flag"),
+        (&["-u", "no-such-user-here"][..], "--user"),
+        (&["-r", "/nonexistent/root"][..], "--root"),
+        (&["-r", "relative/root"][..], "--root"),
     ] {
         let (code, err) = chimed(args);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -139,3 +139,34 @@ fn symmetric_active_gets_passive() {
     assert_eq!(reply[0] & 0x3f, 0x1a, "v3 mode 2");
     assert_eq!(reply[1], 3, "stratum");
 }
+
+#[test]
+fn drops_privileges_after_binding_and_still_serves() {
+    let chronyd = Chronyd::start();
+    let root = tempfile::tempdir().unwrap();
+    let upstream = chronyd.addr().to_string();
+    let mut chimed = Chimed::start(&[
+        "-4",
+        "1",
+        "-6",
+        "0",
+        "-a",
+        "127.0.0.1:0",
+        "-s",
+        &upstream,
+        "-u",
+        "nobody",
+        "-r",
+        root.path().to_str().unwrap(),
+    ]);
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", chimed.pid())).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uid.split_whitespace().skip(1).all(|id| id == "65534"),
+        "{uid}"
+    );
+    let chrooted = std::fs::read_link(format!("/proc/{}/root", chimed.pid())).unwrap();
+    assert_eq!(chrooted, root.path());
+    assert_eq!(chime_ntp(chimed.addr).unwrap()["stratum"], 3);
+}
