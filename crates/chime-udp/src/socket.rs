@@ -40,6 +40,10 @@ pub struct SocketConfig {
     /// How long [`UdpSocket::recv_batch`] waits before returning `Ok(0)`, so that a worker notices
     /// a stop request while no traffic arrives. Default 100 ms; must not be zero.
     pub read_timeout: Duration,
+    /// Ask the kernel for receive timestamps ([`crate::RecvMeta::timestamp`]). Default `true`; a
+    /// protocol that never reads them (Roughtime stamps a batch, not a datagram) saves the
+    /// kernel's per-datagram timestamp and control message by turning them off.
+    pub rx_timestamps: bool,
 }
 
 impl SocketConfig {
@@ -50,6 +54,7 @@ impl SocketConfig {
             reuse_port: true,
             recv_buffer: None,
             read_timeout: Duration::from_millis(100),
+            rx_timestamps: true,
         }
     }
 }
@@ -119,7 +124,11 @@ impl UdpSocket {
             set_recv_buffer(&socket, bytes)?;
         }
         socket.set_read_timeout(Some(cfg.read_timeout))?;
-        let timestamping = TimestampMode::enable(fd);
+        let timestamping = if cfg.rx_timestamps {
+            TimestampMode::enable(fd)
+        } else {
+            TimestampMode::None
+        };
         let pktinfo = enable_pktinfo(fd, cfg.addr);
         socket.bind(&cfg.addr.into())?;
 

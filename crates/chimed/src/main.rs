@@ -195,6 +195,8 @@ fn bind(
     cfg.socket.recv_buffer = settings.recv_buffer;
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
+    // Roughtime signs the time read once per batch; per-datagram kernel timestamps would only cost.
+    cfg.socket.rx_timestamps = service == "ntp";
     let flag = if service == "ntp" { "" } else { "roughtime-" };
     let workers = BoundWorkers::bind(cfg)
         .with_context(|| format!("--{flag}{family}-address {addr}: cannot bind"))?;
@@ -218,11 +220,15 @@ fn start<H: BatchHandler>(
         .spawn(stop.clone(), |_| make())
         .with_context(|| format!("cannot start the {name} threads"))?;
     let service = name.split('-').next().unwrap_or(&name);
+    let timestamps = match (service, caps.rx_timestamps) {
+        ("ntp", true) => "kernel receive timestamps: yes, ",
+        ("ntp", false) => "kernel receive timestamps: no, ",
+        _ => "",
+    };
     info!(
-        "{service} listening on {addr} ({} threads, kernel receive timestamps: {}, pktinfo: {}, \
-         receive buffer {} bytes)",
+        "{service} listening on {addr} ({} threads, {timestamps}pktinfo: {}, receive buffer {} \
+         bytes)",
         b.threads,
-        yes_no(caps.rx_timestamps),
         yes_no(caps.pktinfo),
         caps.recv_buffer
     );
