@@ -8,7 +8,6 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::{Drop, ServerState, StalePolicy};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
-use tracing::{info, warn};
 
 use crate::clock;
 use crate::stats::{Totals, WorkerStats};
@@ -22,7 +21,7 @@ pub(crate) const REASONS: usize = Drop::COUNT;
 pub(crate) struct Shared {
     pub(crate) state: ArcSwap<ServerState>,
     pub(crate) policy: StalePolicy,
-    pub(crate) totals: Totals<REASONS>,
+    pub(crate) totals: Arc<Totals<REASONS>>,
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
@@ -41,20 +40,15 @@ impl NtpWorker {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         let (_, now_unix) = clock::now_with_unix();
         Self {
+            stats: WorkerStats::new(
+                "ntp",
+                &Drop::ALL_REASONS,
+                shared.stats_interval,
+                shared.totals.clone(),
+            ),
             shared,
-            stats: WorkerStats::new(now_unix),
             zone: None,
             pivot_unix: now_unix,
-        }
-    }
-
-    fn maybe_log(&mut self, now_unix: i64) {
-        let s = &self.shared;
-        if let Some(c) = self
-            .stats
-            .maybe_flush(now_unix, s.stats_interval, &s.totals)
-        {
-            info!("ntp stats: {}", c.display(&Drop::ALL_REASONS));
         }
     }
 }
@@ -97,7 +91,7 @@ impl BatchHandler for NtpWorker {
                 self.stats.pending.drop_at(why.index());
             }
         }
-        self.maybe_log(now_unix);
+        self.stats.tick(now_unix);
     }
 
     fn before_send(&mut self, tx: &mut TxBatch) {
@@ -111,21 +105,14 @@ impl BatchHandler for NtpWorker {
     }
 
     fn after_send(&mut self, outcome: &SendOutcome) {
-        if self.stats.sent(outcome) {
-            if let Some(e) = &outcome.last_error {
-                warn!("ntp send failed: {e} (more this interval are only counted)");
-            }
-        }
+        self.stats.sent(outcome);
     }
 
     fn idle(&mut self) {
-        self.maybe_log(clock::now_with_unix().1);
+        self.stats.tick(clock::now_with_unix().1);
     }
 
     fn finish(&mut self) {
-        let c = self
-            .stats
-            .flush(clock::now_with_unix().1, &self.shared.totals);
-        info!("ntp stats at exit: {}", c.display(&Drop::ALL_REASONS));
+        self.stats.finish();
     }
 }

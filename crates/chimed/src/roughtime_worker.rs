@@ -15,7 +15,6 @@ use chime_roughtime::{
     BatchParams, Delegation, DropReason, Responder, ResponderConfig, Ticket, VersionSet,
 };
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
-use tracing::{info, warn};
 
 use crate::clock;
 use crate::ntp_worker;
@@ -44,7 +43,7 @@ pub(crate) struct Shared {
     pub(crate) ntp: Arc<ntp_worker::Shared>,
     /// The current online key and its certificates; replaced by the control plane on rotation.
     pub(crate) delegation: ArcSwap<Delegation>,
-    pub(crate) totals: Totals<REASONS>,
+    pub(crate) totals: Arc<Totals<REASONS>>,
 }
 
 pub(crate) struct RoughtimeWorker {
@@ -62,22 +61,16 @@ impl RoughtimeWorker {
             versions: VersionSet::ALL,
             capacity,
         });
-        let (_, now_unix) = clock::now_with_unix();
         Self {
+            stats: WorkerStats::new(
+                "roughtime",
+                &LABELS,
+                shared.ntp.stats_interval,
+                shared.totals.clone(),
+            ),
             shared,
-            stats: WorkerStats::new(now_unix),
             responder,
             tickets: Vec::with_capacity(batch_size),
-        }
-    }
-
-    fn maybe_log(&mut self, now_unix: i64) {
-        let interval = self.shared.ntp.stats_interval;
-        if let Some(c) = self
-            .stats
-            .maybe_flush(now_unix, interval, &self.shared.totals)
-        {
-            info!("roughtime stats: {}", c.display(&LABELS));
         }
     }
 }
@@ -94,7 +87,7 @@ impl BatchHandler for RoughtimeWorker {
         self.stats.pending.received += rx.len() as u64;
         if !served.is_synchronised() {
             self.stats.pending.dropped[UNSYNCHRONISED] += rx.len() as u64;
-            self.maybe_log(now_unix);
+            self.stats.tick(now_unix);
             return;
         }
         let delegation = self.shared.delegation.load();
@@ -145,26 +138,19 @@ impl BatchHandler for RoughtimeWorker {
                 }
             }
         }
-        self.maybe_log(now_unix);
+        self.stats.tick(now_unix);
     }
 
     fn after_send(&mut self, outcome: &SendOutcome) {
-        if self.stats.sent(outcome) {
-            if let Some(e) = &outcome.last_error {
-                warn!("roughtime send failed: {e} (more this interval are only counted)");
-            }
-        }
+        self.stats.sent(outcome);
     }
 
     fn idle(&mut self) {
-        self.maybe_log(clock::now_with_unix().1);
+        self.stats.tick(clock::now_with_unix().1);
     }
 
     fn finish(&mut self) {
-        let c = self
-            .stats
-            .flush(clock::now_with_unix().1, &self.shared.totals);
-        info!("roughtime stats at exit: {}", c.display(&LABELS));
+        self.stats.finish();
     }
 }
 

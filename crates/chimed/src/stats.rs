@@ -4,7 +4,11 @@
 //! and a label per reason names it in the logs.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tracing::{info, warn};
 
 /// What one worker has seen since it last flushed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,57 +122,85 @@ impl<const N: usize> Totals<N> {
     }
 }
 
-/// The bookkeeping every worker does around its batches: count, flush at the stats interval,
-/// log send errors at most once per interval.
+/// The bookkeeping every worker does around its batches: count, flush into the totals and log a
+/// line at the stats interval and at exit, log send errors at most once per interval.
 #[derive(Debug)]
 pub(crate) struct WorkerStats<const N: usize> {
     pub(crate) pending: Counters<N>,
     lifetime: Counters<N>,
     last_flush_unix: i64,
     send_error_logged: bool,
+    service: &'static str,
+    labels: &'static [&'static str; N],
+    interval: Option<Duration>,
+    totals: Arc<Totals<N>>,
 }
 
 impl<const N: usize> WorkerStats<N> {
-    pub(crate) fn new(now_unix: i64) -> Self {
+    pub(crate) fn new(
+        service: &'static str,
+        labels: &'static [&'static str; N],
+        interval: Option<Duration>,
+        totals: Arc<Totals<N>>,
+    ) -> Self {
         Self {
             pending: Counters::default(),
             lifetime: Counters::default(),
-            last_flush_unix: now_unix,
+            last_flush_unix: crate::clock::now_with_unix().1,
             send_error_logged: false,
+            service,
+            labels,
+            interval,
+            totals,
         }
     }
 
-    /// Flushes into `totals` if `interval` has passed; returns the lifetime counters to log then.
-    pub(crate) fn maybe_flush(
-        &mut self,
-        now_unix: i64,
-        interval: Option<std::time::Duration>,
-        totals: &Totals<N>,
-    ) -> Option<&Counters<N>> {
-        let interval = interval?;
+    /// Flushes and logs this thread's counters if the stats interval has passed.
+    pub(crate) fn tick(&mut self, now_unix: i64) {
+        let Some(interval) = self.interval else {
+            return;
+        };
         if now_unix.saturating_sub(self.last_flush_unix) < interval.as_secs() as i64 {
-            return None;
+            return;
         }
         self.send_error_logged = false;
-        Some(self.flush(now_unix, totals))
+        self.flush(now_unix);
+        info!(
+            "{} stats: {}",
+            self.service,
+            self.lifetime.display(self.labels)
+        );
     }
 
-    pub(crate) fn flush(&mut self, now_unix: i64, totals: &Totals<N>) -> &Counters<N> {
-        totals.add(&self.pending);
+    /// Counts a send outcome; the first error of an interval is logged, the rest only counted.
+    pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {
+        self.pending.answered += outcome.sent as u64;
+        self.pending.send_errors += outcome.errors as u64;
+        if let Some(e) = &outcome.last_error {
+            if !self.send_error_logged {
+                self.send_error_logged = true;
+                warn!(
+                    "{} send failed: {e} (more this interval are only counted)",
+                    self.service
+                );
+            }
+        }
+    }
+
+    /// The last flush, when the worker stops.
+    pub(crate) fn finish(&mut self) {
+        self.flush(crate::clock::now_with_unix().1);
+        info!(
+            "{} stats at exit: {}",
+            self.service,
+            self.lifetime.display(self.labels)
+        );
+    }
+
+    fn flush(&mut self, now_unix: i64) {
+        self.totals.add(&self.pending);
         self.lifetime.add(&self.pending);
         self.pending = Counters::default();
         self.last_flush_unix = now_unix;
-        &self.lifetime
-    }
-
-    /// Counts a send outcome; true when its error should be logged (the first this interval).
-    pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) -> bool {
-        self.pending.answered += outcome.sent as u64;
-        self.pending.send_errors += outcome.errors as u64;
-        if outcome.last_error.is_some() && !self.send_error_logged {
-            self.send_error_logged = true;
-            return true;
-        }
-        false
     }
 }

@@ -6,10 +6,14 @@ use std::time::{Duration, Instant};
 
 use common::{Chimed, Chronyd, chime_ntp, chronyd_client_offset, exchange};
 
+/// chimed on 127.0.0.1 port 0 mirroring `chronyd`, with 2 IPv4 threads unless `extra` says.
 fn chimed_v4(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
     let upstream = chronyd.addr().to_string();
-    let mut args = vec!["-4", "2", "-6", "0", "-a", "127.0.0.1:0", "-s", &upstream];
+    let mut args = vec!["-6", "0", "-a", "127.0.0.1:0", "-s", &upstream];
     args.extend_from_slice(extra);
+    if !extra.contains(&"-4") {
+        args.extend_from_slice(&["-4", "2"]);
+    }
     let mut chimed = Chimed::start(&args);
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     chimed
@@ -129,15 +133,18 @@ fn bad_packets_get_no_reply_and_are_counted_and_sigterm_exits_0() {
 }
 
 #[test]
-fn symmetric_active_gets_passive() {
+fn symmetric_active_gets_passive_and_stats_are_logged_at_the_interval() {
     let chronyd = Chronyd::start();
-    let chimed = chimed_v4(&chronyd, &[]);
+    let mut chimed = chimed_v4(&chronyd, &["-4", "1", "--stats-interval", "1"]);
     let mut req = [0u8; 48];
     req[0] = 0x19; // v3, mode 1
     req[40..].copy_from_slice(&[9; 8]);
     let reply = exchange(chimed.addr, &req, Duration::from_secs(2)).expect("no reply");
     assert_eq!(reply[0] & 0x3f, 0x1a, "v3 mode 2");
     assert_eq!(reply[1], 3, "stratum");
+    // Periodic per-thread lines, not one per packet.
+    let line = chimed.wait_for("ntp stats: received=1 answered=1", Duration::from_secs(5));
+    assert!(line.contains("ntp-ipv4-0"), "{line}");
 }
 
 #[test]
