@@ -1,50 +1,17 @@
 //! The per-packet path allocates nothing: a counting global allocator, armed only around the calls
 //! under test on this thread, sees no allocation while a worker's work for a batch is done.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use chime_ntp::{
     Leap, NtpShort, NtpTimestamp, ServerState, StalePolicy, check_extensions, respond,
     stamp_transmit,
 };
-
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    // Const-initialised with no destructor, so reading it from the allocator does not allocate.
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
-// guarantees are ours; the counting touches only an atomic and a const thread-local.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ARMED.with(Cell::get) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this `layout` (via `alloc` above).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use chime_udp::counting_alloc::{self, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
-fn allocations_in(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
-    ARMED.with(|armed| armed.set(true));
-    f();
-    ARMED.with(|armed| armed.set(false));
-    ALLOCATIONS.load(Ordering::Relaxed) - before
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    counting_alloc::allocations_in(f).1
 }
 
 #[test]

@@ -1,49 +1,17 @@
 //! The server's batch path allocates nothing once the responder exists (STYLE.md §5), shown with
 //! a counting global allocator in the manner of roughenough's `alloc_tests.rs`.
 //!
-//! This binary holds a single test so that no other test allocates while it counts.
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! The allocator comes from chime-udp, which holds all of the workspace's `unsafe`; it counts per
+//! thread.
 
 use chime_roughtime::{
     BatchParams, DropReason, LongTermKey, OnlineKey, REQUEST_LEN, Responder, ResponderConfig,
     Ticket, Version, VersionSet, build_request,
 };
-
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
-// guarantees hold; the only addition is an atomic counter, which cannot allocate or unwind.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc`/`realloc` above, i.e. from `System`, with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc_zeroed`'s contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds `realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use chime_udp::counting_alloc::{CountingAlloc, thread_allocations};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 fn round_trip(x: u8) -> u8 {
     std::hint::black_box(x)
@@ -82,7 +50,7 @@ fn batch_path_does_not_allocate() {
         capacity: 64,
     });
 
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = thread_allocations();
     for round in 0..3u64 {
         let mut batch = responder.begin(BatchParams {
             now_unix_us: NOW_S * 1_000_000 + round,
@@ -104,12 +72,12 @@ fn batch_path_does_not_allocate() {
             counters[reason.index()] += 1;
         }
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocations = thread_allocations() - before;
 
     assert_eq!(allocations, 0, "the batch path allocated");
     // And the counter does count.
     let boxed = std::hint::black_box(Box::new(round_trip(7)));
-    assert!(ALLOCATIONS.load(Ordering::Relaxed) > before);
+    assert!(thread_allocations() > before);
     assert_eq!(*boxed, 7);
     assert!(lengths.iter().all(|&n| n > 0 && n <= REQUEST_LEN));
     assert_eq!(counters[DropReason::Malformed.index()], 3);

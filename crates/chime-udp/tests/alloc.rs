@@ -5,8 +5,6 @@
 //! thread, so the test harness and other tests allocating concurrently do not disturb them.
 
 use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    cell::Cell,
     net::{Ipv4Addr, UdpSocket as StdSocket},
     sync::{
         Arc,
@@ -15,55 +13,11 @@ use std::{
     time::Duration,
 };
 
+use chime_udp::counting_alloc::{CountingAlloc, thread_allocations as allocations};
 use chime_udp::{
     BatchHandler, BoundWorkers, RxBatch, SendOutcome, SocketConfig, Timestamp, TxBatch, UdpSocket,
     WorkerConfig,
 };
-
-struct CountingAlloc;
-
-thread_local! {
-    // Const-initialised and without a destructor, so reading it from inside the allocator neither
-    // allocates nor fails during thread teardown.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count_one() {
-    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-}
-
-/// Allocations made so far by the calling thread.
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-// SAFETY: every method forwards to the system allocator with the caller's arguments unchanged,
-// so the GlobalAlloc contract is the system allocator's; the counting touches only a thread-local
-// integer.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: forwarded unchanged; the caller upholds alloc's contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_one();
-        // SAFETY: forwarded unchanged; the caller upholds alloc_zeroed's contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_one();
-        // SAFETY: forwarded unchanged; the caller upholds realloc's contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged; the caller upholds dealloc's contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
