@@ -1,7 +1,7 @@
 //! The server's batch path allocates nothing once the responder exists (STYLE.md §5), shown with
 //! a counting global allocator in the manner of roughenough's `alloc_tests.rs`.
 //!
-//! The allocator comes from chime-udp, which holds all of the workspace's `unsafe`; it counts per
+//! The allocator comes from chime-udp, the one crate with low-level code; it counts per
 //! thread.
 
 use chime_roughtime::{
