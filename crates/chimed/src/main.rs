@@ -11,6 +11,7 @@ mod config;
 mod ntp_worker;
 mod online_keys;
 mod privileges;
+mod reply;
 mod roughtime_worker;
 mod stats;
 mod tz;
@@ -233,7 +234,9 @@ fn start<H: BatchHandler>(
         caps.recv_buffer
     );
     if !caps.rx_timestamps && service == "ntp" {
-        warn!("{name}: no kernel receive timestamps; T2 is read after the packet queued");
+        warn!(
+            "{name}: no kernel receive timestamps; receive times are read once per batch instead"
+        );
     }
     Ok(workers)
 }

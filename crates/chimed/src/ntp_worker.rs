@@ -10,6 +10,7 @@ use chime_ntp::{Drop, ServerState, StalePolicy};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::clock;
+use crate::reply;
 use crate::stats::{Totals, WorkerStats};
 use crate::tz::Zone;
 
@@ -74,18 +75,8 @@ impl BatchHandler for NtpWorker {
             if let Some(zone) = &self.zone {
                 t2 = zone.apply(t2, now_unix);
             }
-            let mut dropped = None;
-            tx.reply_to(meta, |buf| {
-                // The reply buffer is cut to the request's length: no reply can be longer than
-                // the request that caused it.
-                let cap = request.len().min(buf.len());
-                match chime_ntp::respond(request, meta.src.port(), t2, &served, &mut buf[..cap]) {
-                    Ok(len) => Some(len),
-                    Err(why) => {
-                        dropped = Some(why);
-                        None
-                    }
-                }
+            let dropped = reply::queue(tx, meta, request, |buf| {
+                chime_ntp::respond(request, meta.src.port(), t2, &served, buf)
             });
             if let Some(why) = dropped {
                 self.stats.pending.drop_at(why.index());

@@ -18,6 +18,7 @@ use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::clock;
 use crate::ntp_worker;
+use crate::reply;
 use crate::stats::{Totals, WorkerStats};
 
 /// Drop reasons: the protocol's own, then the daemon's two.
@@ -121,18 +122,8 @@ impl BatchHandler for RoughtimeWorker {
             let signed = batch.sign();
             for ((meta, request), ticket) in rx.iter().zip(&self.tickets) {
                 let Some(ticket) = *ticket else { continue };
-                let mut dropped = None;
-                tx.reply_to(meta, |buf| {
-                    // Never larger than the request: the buffer is cut to its length.
-                    let cap = request.len().min(buf.len());
-                    match signed.write_reply(ticket, &mut buf[..cap]) {
-                        Ok(len) => Some(len),
-                        Err(why) => {
-                            dropped = Some(why);
-                            None
-                        }
-                    }
-                });
+                let dropped =
+                    reply::queue(tx, meta, request, |buf| signed.write_reply(ticket, buf));
                 if let Some(why) = dropped {
                     self.stats.pending.drop_at(why.index());
                 }
