@@ -143,7 +143,9 @@ impl RxBatch {
     }
 
     /// Decodes the first `n` headers, which `recvmmsg` just filled, into metadata.
-    pub(crate) fn complete_recv(&mut self, n: usize) {
+    /// `fixed_dst` is the socket's own address when it is bound to one: the destination of every
+    /// datagram, for sockets that do not ask for packet info.
+    pub(crate) fn complete_recv(&mut self, n: usize, fixed_dst: Option<IpAddr>) {
         let n = n.min(self.capacity());
         for i in 0..n {
             let hdr = &self.headers.hdrs[i];
@@ -158,6 +160,9 @@ impl RxBatch {
                 &self.controls[i].0[..control_len],
                 self.max_datagram,
             );
+            if self.metas[i].dst_ip.is_none() {
+                self.metas[i].dst_ip = fixed_dst;
+            }
         }
         self.len = n;
     }

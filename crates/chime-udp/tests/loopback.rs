@@ -81,6 +81,31 @@ fn timestamps_can_be_turned_off() {
 }
 
 #[test]
+fn a_socket_bound_to_one_address_reports_it_without_packet_info() {
+    let sock = server(Ipv4Addr::LOCALHOST.into());
+    assert!(
+        sock.capabilities().pktinfo,
+        "replies leave from the bound address"
+    );
+    let c = client(Ipv4Addr::LOCALHOST.into());
+    c.send_to(b"x", sock.local_addr().unwrap()).unwrap();
+    let mut rx = RxBatch::new(4, 64);
+    recv_one(&sock, &mut rx);
+    let (meta, _) = rx.get(0);
+    assert_eq!(meta.dst_ip, Some(Ipv4Addr::LOCALHOST.into()));
+    assert_eq!(meta.ifindex, 0, "no packet info was asked for");
+    let mut tx = TxBatch::new(4, 64);
+    assert!(tx.reply_to(meta, |buf| {
+        buf[0] = b'y';
+        Some(1)
+    }));
+    assert_eq!(sock.send_batch(&mut tx).sent, 1);
+    let mut buf = [0u8; 8];
+    let (n, from) = c.recv_from(&mut buf).unwrap();
+    assert_eq!((&buf[..n], from), (&b"y"[..], sock.local_addr().unwrap()));
+}
+
+#[test]
 fn pktinfo_reports_ipv4_destination_and_interface() {
     let sock = server(Ipv4Addr::UNSPECIFIED.into());
     assert!(sock.capabilities().pktinfo);
