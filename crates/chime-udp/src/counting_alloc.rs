@@ -3,9 +3,14 @@
 //! It lives here because a `GlobalAlloc` implementation needs `unsafe` and this is the one crate
 //! allowed it; a test binary installs it with safe code:
 //!
-//! ```ignore
+//! ```
+//! use chime_udp::counting_alloc::{CountingAlloc, allocations_in};
+//!
 //! #[global_allocator]
-//! static GLOBAL: chime_udp::counting_alloc::CountingAlloc = chime_udp::counting_alloc::CountingAlloc;
+//! static GLOBAL: CountingAlloc = CountingAlloc;
+//!
+//! let (_, n) = allocations_in(|| vec![1u8; 16]);
+//! assert_eq!(n, 1);
 //! ```
 //!
 //! Counts are kept per thread, so a test harness and other tests allocating concurrently do not
