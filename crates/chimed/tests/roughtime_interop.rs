@@ -424,3 +424,43 @@ fn chime_refuses_chimed_reply_signed_by_another_key() {
         .expect_err("chime roughtime --version 1 accepted a reply with the wrong key");
     assert!(err.contains("no reply"), "--version 1: {err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// chime roughtime's chained form across independent servers: each nonce derived from the previous
+// reply, and a server whose signed time contradicts causal order reported as such.
+
+fn chime_chain(servers: &[String]) -> (Option<i32>, serde_json::Value, String) {
+    let out = run(Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--json", "--timeout", "2"])
+        .args(servers));
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), json, text(&out))
+}
+
+#[test]
+fn chime_chains_chimed_and_roughenough_and_catches_a_liar() {
+    let s = chimed_roughtime();
+    let honest_key = chime_keygen();
+    let honest = RoughenoughServer::start(&honest_key.seed_hex);
+    let chimed = format!("{}@{}", s.key.public_base64, s.addr);
+    let roughenough = format!("{}@{}", honest_key.public_base64, honest.addr);
+
+    let (code, json, all) = chime_chain(&[chimed.clone(), roughenough.clone(), chimed.clone()]);
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(json["consistent"], true, "{json}");
+    assert_eq!(json["servers"].as_array().map(Vec::len), Some(3), "{json}");
+
+    // An hour slow, answering after chimed: its latest possible time is before chimed's earliest.
+    let liar_key = chime_keygen();
+    let liar = RoughenoughServer::start_with(&liar_key.seed_hex, &["--fixed-offset=-3600"]);
+    let liar = format!("{}@{}", liar_key.public_base64, liar.addr);
+    let (code, json, all) = chime_chain(&[chimed, roughenough, liar]);
+    assert_eq!(code, Some(1), "{all}");
+    assert_eq!(json["consistent"], false, "{json}");
+    let pairs = json["contradictions"].as_array().unwrap();
+    assert!(
+        pairs.iter().all(|p| p[1] == 2),
+        "only the liar contradicts: {json}"
+    );
+    assert_eq!(pairs.len(), 2, "{json}");
+}

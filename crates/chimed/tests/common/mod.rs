@@ -447,6 +447,11 @@ impl RoughenoughServer {
     /// its `SO_REUSEPORT` workers binds the address given), so it gets a port that was free a
     /// moment ago, and another if that one was taken meanwhile.
     pub fn start(seed_hex: &str) -> Self {
+        Self::start_with(seed_hex, &[])
+    }
+
+    /// [`Self::start`] with extra flags, e.g. `--fixed-offset=-3600` for a server that lies.
+    pub fn start_with(seed_hex: &str, extra: &[&str]) -> Self {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
 
@@ -469,6 +474,7 @@ impl RoughenoughServer {
                 .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
                 .args(["--metrics-interval", "86400", "--seed-file"])
                 .arg(&seed_file)
+                .args(extra)
                 .env("NO_COLOR", "1")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
