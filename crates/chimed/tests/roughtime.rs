@@ -318,3 +318,46 @@ fn chime_perf_roughtime_at_a_modest_rate_verifies_every_reply() {
         assert_eq!(step["lost"], 0, "{step:#}");
     }
 }
+
+#[test]
+fn roughtime_over_ipv6_loopback() {
+    let chronyd = Chronyd::start();
+    let key = chime_keygen();
+    let upstream = chronyd.addr().to_string();
+    let mut chimed = Chimed::start(&[
+        "-4",
+        "1",
+        "-6",
+        "0",
+        "-a",
+        "127.0.0.1:0",
+        "-s",
+        &upstream,
+        "--roughtime-key",
+        key.file.to_str().unwrap(),
+        "--roughtime-ipv4-threads",
+        "0",
+        "--roughtime-ipv6-threads",
+        "1",
+        "--roughtime-ipv6-address",
+        "[::1]:0",
+    ]);
+    let addr = chimed.roughtime_addr();
+    assert!(addr.is_ipv6(), "{addr}");
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let out = Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--json", "--public-key", &key.public_base64])
+        .arg(addr.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        (r["midpoint_unix_us"].as_i64().unwrap() - now_us()).abs() < 4_000_000,
+        "{r}"
+    );
+}
