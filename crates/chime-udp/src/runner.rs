@@ -40,7 +40,8 @@ pub trait BatchHandler: Send + 'static {
     /// handler's job, since it knows the protocol and keeps the counters.
     fn after_send(&mut self, _outcome: &SendOutcome) {}
 
-    /// Called after a receive that timed out, and so at least every read timeout while idle.
+    /// Called after a receive that returned nothing: a timeout, so at least every read timeout
+    /// while idle if the socket has one (workers have none by default), or the wake-up of a stop.
     fn idle(&mut self) {}
 
     /// Called after a receive that failed with anything other than a timeout. The worker has
@@ -189,10 +190,11 @@ impl BoundWorkers {
             local_addr,
             caps,
         } = self;
+        let sockets: Vec<Arc<UdpSocket>> = sockets.into_iter().map(Arc::new).collect();
         let (started_tx, started_rx) = mpsc::channel();
         let mut threads = Vec::with_capacity(sockets.len());
         let mut failure = None;
-        for (i, socket) in sockets.into_iter().enumerate() {
+        for (i, socket) in sockets.iter().cloned().enumerate() {
             let name = format!("{}-{i}", cfg.name);
             let worker = Worker {
                 span: tracing::info_span!("worker", thread = %name),
@@ -234,28 +236,31 @@ impl BoundWorkers {
                 }
             }
         }
-        if let Some(e) = failure {
-            stop.store(true, Ordering::Release);
-            for t in threads {
-                // A panic here is secondary to the error being returned.
-                let _ = t.join();
-            }
-            return Err(e);
-        }
-        Ok(Workers {
+        let workers = Workers {
             threads,
+            sockets,
+            stop,
             local_addr,
             caps,
-        })
+        };
+        if let Some(e) = failure {
+            // A panic here is secondary to the error being returned.
+            let _ = workers.join();
+            return Err(e);
+        }
+        Ok(workers)
     }
 }
 
 /// Running workers.
 ///
-/// Dropping this detaches the threads; they still stop when the stop flag is set.
+/// [`Workers::join`] (or dropping this) stops them: it sets the stop flag and shuts their sockets
+/// down for reading, which wakes a worker blocked waiting for traffic.
 #[derive(Debug)]
 pub struct Workers {
     threads: Vec<thread::JoinHandle<()>>,
+    sockets: Vec<Arc<UdpSocket>>,
+    stop: Arc<AtomicBool>,
     local_addr: SocketAddr,
     caps: Capabilities,
 }
@@ -277,11 +282,22 @@ impl Workers {
         self.threads.iter().any(thread::JoinHandle::is_finished)
     }
 
-    /// Waits for every thread to stop (set the stop flag first), after the first panic too.
+    /// Asks every worker to stop: sets the stop flag, then wakes the workers by shutting their
+    /// sockets down for reading. Each finishes the batch in hand, calls its handler's `finish`,
+    /// and exits. Datagrams still queued are not read.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        for socket in &self.sockets {
+            socket.shutdown_read();
+        }
+    }
+
+    /// Stops the workers ([`Self::stop`]) and waits for every thread, after the first panic too.
     /// Returns the first panic's payload if a handler panicked.
-    pub fn join(self) -> thread::Result<()> {
+    pub fn join(mut self) -> thread::Result<()> {
+        self.stop();
         let mut result = Ok(());
-        for t in self.threads {
+        for t in std::mem::take(&mut self.threads) {
             if let Err(panic) = t.join() {
                 if result.is_ok() {
                     result = Err(panic);
@@ -292,13 +308,21 @@ impl Workers {
     }
 }
 
+impl Drop for Workers {
+    fn drop(&mut self) {
+        // Threads left running would wait for traffic forever; after `join` this is a no-op.
+        if !self.threads.is_empty() {
+            self.stop();
+        }
+    }
+}
+
 /// How often a worker logs a persistent receive error; occurrences in between are counted and
 /// reported with the next log line.
 const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The first and the longest pause after a failed receive. Short enough that a transient error
-/// (ENOMEM, ENOBUFS) costs little, capped well below the usual read timeout so a stop request is
-/// still noticed promptly.
+/// (ENOMEM, ENOBUFS) costs little, capped low so that a stop request is still noticed promptly.
 const MIN_BACKOFF: Duration = Duration::from_millis(1);
 const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -306,7 +330,7 @@ const MAX_BACKOFF: Duration = Duration::from_millis(50);
 struct Worker {
     name: String,
     span: tracing::Span,
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     stop: Arc<AtomicBool>,
     cpu: Option<usize>,
     batch_size: usize,

@@ -14,6 +14,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
     ptr,
+    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
@@ -37,9 +38,13 @@ pub struct SocketConfig {
     /// falling back to `SO_RCVBUF` (capped by `net.core.rmem_max`). `None` keeps the system
     /// default. See [`Capabilities::recv_buffer`] for what was granted.
     pub recv_buffer: Option<usize>,
-    /// How long [`UdpSocket::recv_batch`] waits before returning `Ok(0)`, so that a worker notices
-    /// a stop request while no traffic arrives. Default 100 ms; must not be zero.
-    pub read_timeout: Duration,
+    /// How long [`UdpSocket::recv_batch`] waits before returning `Ok(0)`; must not be zero.
+    ///
+    /// `None` (the default) waits until a datagram arrives or the socket is shut down with
+    /// [`UdpSocket::shutdown_read`], which is how workers are stopped. It also arms no timer for
+    /// each wait: with `SO_RCVTIMEO` set, a worker that sleeps between lone requests spent about
+    /// 1.5–2 µs more CPU per reply (measured at 40k requests/s on loopback).
+    pub read_timeout: Option<Duration>,
     /// Ask the kernel for receive timestamps ([`crate::RecvMeta::timestamp`]). Default `true`; a
     /// protocol that never reads them (Roughtime stamps a batch, not a datagram) saves the
     /// kernel's per-datagram timestamp and control message by turning them off.
@@ -47,13 +52,14 @@ pub struct SocketConfig {
 }
 
 impl SocketConfig {
-    /// The defaults for `addr`: `SO_REUSEPORT`, the system's receive buffer, a 100 ms timeout.
+    /// The defaults for `addr`: `SO_REUSEPORT`, the system's receive buffer, no read timeout,
+    /// kernel receive timestamps.
     pub fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
             reuse_port: true,
             recv_buffer: None,
-            read_timeout: Duration::from_millis(100),
+            read_timeout: None,
             rx_timestamps: true,
         }
     }
@@ -93,6 +99,8 @@ pub struct UdpSocket {
     /// The address bound to, when it is one address rather than a wildcard: every datagram's
     /// destination, with no packet info needed to learn it.
     fixed_dst: Option<IpAddr>,
+    /// Set by [`UdpSocket::shutdown_read`]: from then on receives report nothing.
+    shut_down: AtomicBool,
 }
 
 impl UdpSocket {
@@ -108,7 +116,7 @@ impl UdpSocket {
     /// configuration (a zero read timeout), as [`io::ErrorKind::InvalidInput`] wrapping a
     /// [`ConfigError`].
     pub fn bind(cfg: &SocketConfig) -> io::Result<Self> {
-        if cfg.read_timeout.is_zero() {
+        if cfg.read_timeout.is_some_and(|t| t.is_zero()) {
             // SO_RCVTIMEO of zero means "block forever": the worker would never see a stop.
             return Err(ConfigError::ZeroReadTimeout.into());
         }
@@ -127,7 +135,9 @@ impl UdpSocket {
         if let Some(bytes) = cfg.recv_buffer {
             set_recv_buffer(&socket, bytes)?;
         }
-        socket.set_read_timeout(Some(cfg.read_timeout))?;
+        if let Some(timeout) = cfg.read_timeout {
+            socket.set_read_timeout(Some(timeout))?;
+        }
         let timestamping = if cfg.rx_timestamps {
             TimestampMode::enable(fd)
         } else {
@@ -163,6 +173,7 @@ impl UdpSocket {
             caps,
             timestamping,
             fixed_dst,
+            shut_down: AtomicBool::new(false),
         };
         tracing::debug!(?sock, "bound");
         Ok(sock)
@@ -181,6 +192,15 @@ impl UdpSocket {
     /// What the kernel granted when the socket was bound.
     pub fn capabilities(&self) -> Capabilities {
         self.caps
+    }
+
+    /// Shuts the socket down for reading: a thread blocked in [`Self::recv_batch`] wakes, and
+    /// every later call returns `Ok(0)` at once. How a worker without a read timeout is stopped.
+    pub fn shutdown_read(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        // On an unconnected UDP socket Linux answers ENOTCONN, yet still marks the socket shut
+        // down and wakes its waiters (inet_shutdown does so on purpose), which is all we need.
+        let _ = self.socket.shutdown(std::net::Shutdown::Read);
     }
 
     /// Receives up to `rx.capacity()` datagrams with one `recvmmsg`, filling `rx`.
@@ -203,6 +223,12 @@ impl UdpSocket {
             unsafe { libc::recvmmsg(fd, msgvec, vlen, libc::MSG_WAITFORONE, ptr::null_mut()) }
         });
         match result {
+            // A socket shut down for reading "receives" empty messages with no sender; they are
+            // the wake-up, not datagrams.
+            Ok(_) if self.shut_down.load(Ordering::Acquire) => {
+                rx.complete_recv(0, None);
+                Ok(0)
+            }
             Ok(n) => {
                 rx.complete_recv(n, self.fixed_dst);
                 Ok(n)
@@ -426,7 +452,7 @@ mod tests {
     #[test]
     fn zero_read_timeout_is_refused() {
         let mut cfg = loopback_v4();
-        cfg.read_timeout = Duration::ZERO;
+        cfg.read_timeout = Some(Duration::ZERO);
         let err = UdpSocket::bind(&cfg).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         let inner = err.get_ref().and_then(|e| e.downcast_ref::<ConfigError>());
@@ -436,7 +462,7 @@ mod tests {
     #[test]
     fn recv_times_out_with_zero() {
         let mut cfg = loopback_v4();
-        cfg.read_timeout = Duration::from_millis(20);
+        cfg.read_timeout = Some(Duration::from_millis(20));
         let sock = UdpSocket::bind(&cfg).unwrap();
         let mut rx = RxBatch::new(4, 64);
         assert_eq!(sock.recv_batch(&mut rx).unwrap(), 0);

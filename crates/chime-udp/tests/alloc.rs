@@ -75,7 +75,7 @@ fn stamp(tx: &mut TxBatch) {
 #[test]
 fn recv_and_send_batches_do_not_allocate() {
     let mut cfg = SocketConfig::new((Ipv4Addr::LOCALHOST, 0).into());
-    cfg.read_timeout = Duration::from_millis(2);
+    cfg.read_timeout = Some(Duration::from_millis(2));
     let sock = UdpSocket::bind(&cfg).unwrap();
     let addr = sock.local_addr().unwrap();
     let clients = clients();
@@ -141,7 +141,7 @@ impl BatchHandler for Watcher {
 #[test]
 fn worker_loop_does_not_allocate() {
     let mut cfg = WorkerConfig::new("alloc", (Ipv4Addr::LOCALHOST, 0).into(), 1);
-    cfg.socket.read_timeout = Duration::from_millis(5);
+    cfg.socket.read_timeout = Some(Duration::from_millis(5));
     cfg.batch_size = 16;
     cfg.max_datagram = 512;
     let bound = BoundWorkers::bind(cfg).unwrap();

@@ -15,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(5);
 
 fn server(ip: IpAddr) -> UdpSocket {
     let mut cfg = SocketConfig::new(SocketAddr::new(ip, 0));
-    cfg.read_timeout = WAIT;
+    cfg.read_timeout = Some(WAIT);
     UdpSocket::bind(&cfg).unwrap()
 }
 
@@ -246,7 +246,7 @@ fn oversized_datagram_is_flagged_truncated() {
 #[test]
 fn recv_timeout_returns_zero_and_empties_the_batch() {
     let mut cfg = SocketConfig::new((Ipv4Addr::LOCALHOST, 0).into());
-    cfg.read_timeout = Duration::from_millis(30);
+    cfg.read_timeout = Some(Duration::from_millis(30));
     let sock = UdpSocket::bind(&cfg).unwrap();
     let c = client(Ipv4Addr::LOCALHOST.into());
     let mut rx = RxBatch::new(4, 64);
@@ -274,4 +274,30 @@ fn a_lone_datagram_is_not_held_back() {
     assert_eq!(sock.recv_batch(&mut rx).unwrap(), 1);
     assert!(start.elapsed() < WAIT, "waited for the full read timeout");
     sender.join().unwrap();
+}
+
+#[test]
+fn shutdown_read_wakes_a_receive_blocked_without_a_timeout() {
+    let sock = std::sync::Arc::new(
+        UdpSocket::bind(&SocketConfig::new((Ipv4Addr::LOCALHOST, 0).into())).unwrap(),
+    );
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let blocked = std::sync::Arc::clone(&sock);
+    std::thread::spawn(move || {
+        let mut rx = RxBatch::new(4, 64);
+        let _ = done_tx.send(blocked.recv_batch(&mut rx).map_err(|e| e.kind()));
+    });
+    // Still waiting: nothing was sent and there is no timeout.
+    assert!(done_rx.recv_timeout(Duration::from_millis(100)).is_err());
+    sock.shutdown_read();
+    let got = done_rx
+        .recv_timeout(WAIT)
+        .expect("shutdown_read did not wake the receive");
+    assert_eq!(got, Ok(0));
+    let mut rx = RxBatch::new(4, 64);
+    assert_eq!(
+        sock.recv_batch(&mut rx).unwrap(),
+        0,
+        "later receives return at once"
+    );
 }

@@ -77,7 +77,7 @@ impl BatchHandler for Echo {
 fn reuse_port_workers_share_one_port_and_all_serve() {
     const CLIENTS: usize = 64;
     let mut cfg = WorkerConfig::new("echo", (Ipv4Addr::LOCALHOST, 0).into(), 2);
-    cfg.socket.read_timeout = Duration::from_millis(50);
+    cfg.socket.read_timeout = Some(Duration::from_millis(50));
     let bound = BoundWorkers::bind(cfg).unwrap();
     let addr = bound.local_addr();
     assert_ne!(addr.port(), 0, "the real port, not the one asked for");
@@ -143,8 +143,9 @@ fn reuse_port_workers_share_one_port_and_all_serve() {
 }
 
 #[test]
-fn default_timeout_stop_and_ipv6() {
-    // The default 100 ms read timeout; IPv6 loopback; threads named from the prefix.
+fn join_wakes_workers_blocked_without_a_timeout_and_ipv6() {
+    // The default: no read timeout, so idle workers are blocked in recvmmsg and only `join`
+    // (shutting their sockets down) can wake them. IPv6 loopback; threads named from the prefix.
     let cfg = WorkerConfig::new("v6", (std::net::Ipv6Addr::LOCALHOST, 0).into(), 2);
     let bound = BoundWorkers::bind(cfg).unwrap();
     let addr: SocketAddr = bound.local_addr();
@@ -164,15 +165,16 @@ fn default_timeout_stop_and_ipv6() {
         .spawn(Arc::clone(&stop), |_| Named(Arc::clone(&names)))
         .unwrap();
     assert_eq!(workers.local_addr(), addr);
-    assert!(!workers.any_finished());
-    stop.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!workers.any_finished(), "idle workers wait for traffic");
     let stopping = Instant::now();
     workers.join().unwrap();
     assert!(
-        stopping.elapsed() < WAIT,
+        stopping.elapsed() < Duration::from_secs(1),
         "join took {:?}",
         stopping.elapsed()
     );
+    assert!(stop.load(Ordering::Acquire), "join sets the stop flag");
     let mut names = names.lock().unwrap().clone();
     names.sort();
     assert_eq!(names, ["v6-0", "v6-1"]);
@@ -187,7 +189,7 @@ fn a_panicking_handler_is_reported_by_join() {
         }
     }
     let mut cfg = WorkerConfig::new("panic", (Ipv4Addr::LOCALHOST, 0).into(), 1);
-    cfg.socket.read_timeout = Duration::from_millis(20);
+    cfg.socket.read_timeout = Some(Duration::from_millis(20));
     let bound = BoundWorkers::bind(cfg).unwrap();
     let addr = bound.local_addr();
     let stop = Arc::new(AtomicBool::new(false));
