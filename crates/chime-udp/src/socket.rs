@@ -117,7 +117,8 @@ impl UdpSocket {
     /// [`ConfigError`].
     pub fn bind(cfg: &SocketConfig) -> io::Result<Self> {
         if cfg.read_timeout.is_some_and(|t| t.is_zero()) {
-            // SO_RCVTIMEO of zero means "block forever": the worker would never see a stop.
+            // SO_RCVTIMEO of zero means "block forever", which `None` already says; a zero here is
+            // more likely a mistake for a short timeout.
             return Err(ConfigError::ZeroReadTimeout.into());
         }
         let socket = Socket::new(
@@ -205,10 +206,11 @@ impl UdpSocket {
 
     /// Receives up to `rx.capacity()` datagrams with one `recvmmsg`, filling `rx`.
     ///
-    /// Waits up to the read timeout for the first datagram, then takes whatever else is already
-    /// queued without waiting (`MSG_WAITFORONE`), so a lone datagram is returned at once, never
-    /// held back to fill a batch. Returns the number of datagrams received, `Ok(0)` if the
-    /// timeout passed with none. A signal interrupting the wait does not end it early.
+    /// Waits for the first datagram (up to the read timeout, if there is one), then takes whatever
+    /// else is already queued without waiting (`MSG_WAITFORONE`), so a lone datagram is returned
+    /// at once, never held back to fill a batch. Returns the number of datagrams received, `Ok(0)`
+    /// if the timeout passed with none or the socket was shut down ([`Self::shutdown_read`]). A
+    /// signal interrupting the wait does not end it early.
     pub fn recv_batch(&self, rx: &mut RxBatch) -> io::Result<usize> {
         let fd = self.socket.as_raw_fd();
         let hdrs = rx.prepare_recv();
