@@ -78,6 +78,12 @@ impl Version {
         }
     }
 
+    /// Whether a client speaking this version names the server's key with SRV (draft 10 on);
+    /// Google's protocol and drafts 08–09 predate it.
+    pub const fn has_srv(self) -> bool {
+        !matches!(self, Self::Google | Self::Draft08 | Self::Draft09)
+    }
+
     /// The family that fixes this version's wire layout and signing.
     pub const fn family(self) -> Family {
         match self {

@@ -102,8 +102,9 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         targets.push((resolve(host)?, key));
     }
 
-    // Each exchange: (request, reply, rand, round trip, local clock at the midpoint).
+    // Each exchange: (request, reply, rand), and what its verified reply says.
     let mut exchanges = Vec::new();
+    let mut reports = Vec::new();
     let mut previous: Option<Vec<u8>> = None;
     for (addr, key) in &targets {
         let (nonce, rand) = match &previous {
@@ -125,27 +126,17 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         };
         let mut request = vec![0u8; chime_roughtime::REQUEST_LEN];
         let srv = srv_value(key);
-        let with_srv = versions
-            .iter()
-            .any(|v| !matches!(v, Version::Google | Version::Draft08 | Version::Draft09));
+        let with_srv = versions.iter().any(|v| v.has_srv());
         let len = build_request(&mut request, &versions, nonce, with_srv.then_some(&srv))
             .map_err(|e| anyhow::anyhow!("cannot build the request: {e}"))?;
         request.truncate(len);
         let (reply, rtt, local_mid) = exchange(*addr, &request, timeout)?;
-        verify_reply(&request, &reply, key, &policy)
+        let verified = verify_reply(&request, &reply, key, &policy)
             .map_err(|e| anyhow::anyhow!("{addr}: reply does not verify: {e}"))?;
+        reports.push(report(*addr, &verified, rtt, local_mid));
         previous = Some(reply.clone());
-        exchanges.push((request, reply, rand, rtt, local_mid));
+        exchanges.push((request, reply, rand));
     }
-
-    let reports: Vec<ServerReport> = exchanges
-        .iter()
-        .zip(&targets)
-        .map(|((req, reply, _, rtt, mid), (addr, key))| {
-            let v = verify_reply(req, reply, key, &policy).expect("verified above");
-            report(*addr, &v, *rtt, *mid)
-        })
-        .collect();
 
     if targets.len() == 1 {
         let r = &reports[0];
@@ -160,7 +151,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     let links: Vec<Link<'_>> = exchanges
         .iter()
         .zip(&targets)
-        .map(|((req, reply, rand, _, _), (_, key))| Link {
+        .map(|((req, reply, rand), (_, key))| Link {
             public_key: *key,
             rand: *rand,
             request: req,

@@ -62,9 +62,13 @@ impl RoughtimeLoad {
         let nonce: [u8; 32] = rand::random();
         let mut template = vec![0u8; chime_roughtime::REQUEST_LEN];
         let srv = srv_value(&public_key);
-        let with_srv = !matches!(version, Version::Draft08 | Version::Draft09);
-        let len = build_request(&mut template, &[version], &nonce, with_srv.then_some(&srv))
-            .expect("a single supported version always builds");
+        let len = build_request(
+            &mut template,
+            &[version],
+            &nonce,
+            version.has_srv().then_some(&srv),
+        )
+        .expect("a single supported version always builds");
         template.truncate(len);
         let nonce_at = template
             .windows(nonce.len())
