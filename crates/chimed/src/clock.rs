@@ -1,27 +1,44 @@
 //! The daemon's one window on the system clock. The protocol crates never read a clock; the
 //! daemon reads CLOCK_REALTIME (through `SystemTime`, a vDSO call) and hands the time in.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chime_ntp::NtpTimestamp;
 
-/// The system clock now, as an NTP timestamp.
-pub(crate) fn now() -> NtpTimestamp {
-    // A clock before 1970 would be a broken host; serve the epoch rather than panic.
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    NtpTimestamp::from_unix(d.as_secs() as i64, d.subsec_nanos())
+/// One reading of the system clock, in the forms the workers need, so that a batch's NTP time,
+/// Unix seconds (for eras and intervals) and Roughtime microseconds all agree.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reading {
+    pub(crate) since_epoch: Duration,
 }
 
-/// The system clock now, as an NTP timestamp and as Unix seconds from the same reading (the Unix
-/// seconds resolve NTP eras, e.g. for the timezone-offset mode).
-pub(crate) fn now_with_unix() -> (NtpTimestamp, i64) {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    (NtpTimestamp::from_unix(secs, d.subsec_nanos()), secs)
+impl Reading {
+    pub(crate) fn ntp(self) -> NtpTimestamp {
+        NtpTimestamp::from_unix(self.unix_secs(), self.since_epoch.subsec_nanos())
+    }
+
+    pub(crate) fn unix_secs(self) -> i64 {
+        self.since_epoch.as_secs() as i64
+    }
+
+    pub(crate) fn unix_micros(self) -> u64 {
+        self.since_epoch.as_micros() as u64
+    }
+}
+
+/// The system clock now.
+pub(crate) fn read() -> Reading {
+    // A clock before 1970 would be a broken host; serve the epoch rather than panic.
+    Reading {
+        since_epoch: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    }
+}
+
+/// The system clock now, as an NTP timestamp.
+pub(crate) fn now() -> NtpTimestamp {
+    read().ntp()
 }
 
 /// A kernel receive timestamp (CLOCK_REALTIME) as an NTP timestamp.

@@ -39,7 +39,7 @@ pub(crate) struct NtpWorker {
 
 impl NtpWorker {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        let (_, now_unix) = clock::now_with_unix();
+        let now_unix = clock::read().unix_secs();
         Self {
             stats: WorkerStats::new(
                 "ntp",
@@ -58,7 +58,8 @@ impl BatchHandler for NtpWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
         // One clock read and one snapshot load per batch: the fallback receive time for a
         // datagram without a kernel timestamp, and the header every reply in the batch carries.
-        let (now, now_unix) = clock::now_with_unix();
+        let reading = clock::read();
+        let (now, now_unix) = (reading.ntp(), reading.unix_secs());
         let mut served = self.shared.state.load().served_at(now, &self.shared.policy);
         self.zone = self.shared.zone.load_full();
         self.pivot_unix = now_unix;
@@ -100,7 +101,7 @@ impl BatchHandler for NtpWorker {
     }
 
     fn idle(&mut self) {
-        self.stats.tick(clock::now_with_unix().1);
+        self.stats.tick(clock::read().unix_secs());
     }
 
     fn finish(&mut self) {

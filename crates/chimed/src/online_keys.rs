@@ -9,7 +9,7 @@
 //! window rather than sign them.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use base64::Engine as _;
@@ -25,10 +25,7 @@ const BACKDATE: Duration = Duration::from_secs(60);
 
 /// A fresh online key delegated by `key`, valid for two rotation intervals from now.
 pub(crate) fn delegate(key: &LongTermKey, rotation: Duration) -> Result<Delegation> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
+    let now = crate::clock::read().since_epoch.as_secs();
     let seed: [u8; 32] = rand::random();
     let mint = now.saturating_sub(BACKDATE.as_secs());
     let maxt = now.saturating_add(2 * rotation.as_secs().max(1));

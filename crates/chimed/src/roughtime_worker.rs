@@ -8,7 +8,6 @@
 //! the timezone-offset mode.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use chime_roughtime::{
@@ -78,7 +77,8 @@ impl RoughtimeWorker {
 
 impl BatchHandler for RoughtimeWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
-        let (now, now_unix) = clock::now_with_unix();
+        let reading = clock::read();
+        let (now, now_unix) = (reading.ntp(), reading.unix_secs());
         let served = self
             .shared
             .ntp
@@ -97,7 +97,7 @@ impl BatchHandler for RoughtimeWorker {
         // resolution and minimum.
         let radius_us = (served.root_distance() * 1e6).ceil() as u64;
         let params = BatchParams {
-            now_unix_us: unix_us(),
+            now_unix_us: reading.unix_micros(),
             radius_us,
             delegation: &delegation,
         };
@@ -137,17 +137,10 @@ impl BatchHandler for RoughtimeWorker {
     }
 
     fn idle(&mut self) {
-        self.stats.tick(clock::now_with_unix().1);
+        self.stats.tick(clock::read().unix_secs());
     }
 
     fn finish(&mut self) {
         self.stats.finish();
     }
-}
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_micros() as u64
 }

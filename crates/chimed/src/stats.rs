@@ -146,7 +146,7 @@ impl<const N: usize> WorkerStats<N> {
         Self {
             pending: Counters::default(),
             lifetime: Counters::default(),
-            last_flush_unix: crate::clock::now_with_unix().1,
+            last_flush_unix: crate::clock::read().unix_secs(),
             send_error_logged: false,
             service,
             labels,
@@ -189,7 +189,7 @@ impl<const N: usize> WorkerStats<N> {
 
     /// The last flush, when the worker stops.
     pub(crate) fn finish(&mut self) {
-        self.flush(crate::clock::now_with_unix().1);
+        self.flush(crate::clock::read().unix_secs());
         info!(
             "{} stats at exit: {}",
             self.service,
