@@ -21,7 +21,7 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result};
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -74,8 +74,33 @@ fn init_logging(filter: &str) {
         .init();
 }
 
+/// The two services chimed runs on chime-udp workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Ntp,
+    Roughtime,
+}
+
+impl Service {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ntp => "ntp",
+            Self::Roughtime => "roughtime",
+        }
+    }
+
+    /// The prefix of its address flags (`--ipv4-address`, `--roughtime-ipv4-address`).
+    fn flag_prefix(self) -> &'static str {
+        match self {
+            Self::Ntp => "",
+            Self::Roughtime => "roughtime-",
+        }
+    }
+}
+
 /// One service's sockets on one address family, bound and waiting for its threads.
 struct Bound {
+    service: Service,
     name: String,
     threads: usize,
     workers: BoundWorkers,
@@ -93,7 +118,7 @@ fn run(settings: Settings) -> Result<()> {
         zone: ArcSwapOption::empty(),
     });
     if let Some(name) = &settings.tz_offset {
-        load_zone(name.as_deref(), &ntp).map_err(anyhow::Error::msg)?;
+        load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;
     }
     let roughtime = match &settings.roughtime {
         Some(rt) => {
@@ -122,7 +147,7 @@ fn run(settings: Settings) -> Result<()> {
         ("ipv4", settings.ipv4_threads, settings.ipv4_address),
         ("ipv6", settings.ipv6_threads, settings.ipv6_address),
     ] {
-        ntp_bound.extend(bind(&settings, "ntp", family, threads, addr)?);
+        ntp_bound.extend(bind(&settings, Service::Ntp, family, threads, addr)?);
     }
     let mut rt_bound = Vec::new();
     if let Some(rt) = &settings.roughtime {
@@ -130,7 +155,7 @@ fn run(settings: Settings) -> Result<()> {
             ("ipv4", rt.ipv4_threads, rt.ipv4_address),
             ("ipv6", rt.ipv6_threads, rt.ipv6_address),
         ] {
-            rt_bound.extend(bind(&settings, "roughtime", family, threads, addr)?);
+            rt_bound.extend(bind(&settings, Service::Roughtime, family, threads, addr)?);
         }
     }
     privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
@@ -153,7 +178,6 @@ fn run(settings: Settings) -> Result<()> {
         Ok(())
     })();
     if let Err(e) = started {
-        stop.store(true, Ordering::Relaxed);
         join_all(running);
         return Err(e);
     }
@@ -164,8 +188,8 @@ fn run(settings: Settings) -> Result<()> {
         .context("cannot start the control-plane runtime")?;
     let result = runtime.block_on(control_plane(&settings, ntp.clone(), roughtime.clone()));
 
-    // Stop receiving; each worker finishes the batch in hand, flushes its counters and exits.
-    stop.store(true, Ordering::Relaxed);
+    // Stop receiving (join sets the stop flag and wakes the workers); each worker finishes the
+    // batch in hand, flushes its counters and exits.
     join_all(running);
     info!(
         "ntp totals at exit: {}",
@@ -183,7 +207,7 @@ fn run(settings: Settings) -> Result<()> {
 
 fn bind(
     settings: &Settings,
-    service: &str,
+    service: Service,
     family: &str,
     threads: usize,
     addr: SocketAddr,
@@ -191,17 +215,18 @@ fn bind(
     if threads == 0 {
         return Ok(None);
     }
-    let name = format!("{service}-{family}");
+    let name = format!("{}-{family}", service.name());
     let mut cfg = WorkerConfig::new(name.clone(), addr, threads);
     cfg.socket.recv_buffer = settings.recv_buffer;
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
     // Roughtime signs the time read once per batch; per-datagram kernel timestamps would only cost.
-    cfg.socket.rx_timestamps = service == "ntp";
-    let flag = if service == "ntp" { "" } else { "roughtime-" };
+    cfg.socket.rx_timestamps = service == Service::Ntp;
+    let flag = service.flag_prefix();
     let workers = BoundWorkers::bind(cfg)
         .with_context(|| format!("--{flag}{family}-address {addr}: cannot bind"))?;
     Ok(Some(Bound {
+        service,
         name,
         threads,
         workers,
@@ -220,11 +245,11 @@ fn start<H: BatchHandler>(
         .workers
         .spawn(stop.clone(), |_| make())
         .with_context(|| format!("cannot start the {name} threads"))?;
-    let service = name.split('-').next().unwrap_or(&name);
-    let timestamps = match (service, caps.rx_timestamps) {
-        ("ntp", true) => "kernel receive timestamps: yes, ",
-        ("ntp", false) => "kernel receive timestamps: no, ",
-        _ => "",
+    let service = b.service.name();
+    let timestamps = match (b.service, caps.rx_timestamps) {
+        (Service::Ntp, true) => "kernel receive timestamps: yes, ",
+        (Service::Ntp, false) => "kernel receive timestamps: no, ",
+        (Service::Roughtime, _) => "",
     };
     info!(
         "{service} listening on {addr} ({} threads, {timestamps}pktinfo: {}, receive buffer {} \
@@ -233,7 +258,7 @@ fn start<H: BatchHandler>(
         yes_no(caps.pktinfo),
         caps.recv_buffer
     );
-    if !caps.rx_timestamps && service == "ntp" {
+    if !caps.rx_timestamps && b.service == Service::Ntp {
         warn!(
             "{name}: no kernel receive timestamps; receive times are read once per batch instead"
         );
@@ -263,6 +288,8 @@ async fn control_plane(
     if let Some((key, rotation, shared)) = roughtime {
         tasks.push(tokio::spawn(online_keys::rotate(key, rotation, shared)));
     }
+    // From here signals are handled (before, SIGHUP's default would end the process).
+    info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
@@ -270,7 +297,7 @@ async fn control_plane(
             _ = sighup.recv() => match &settings.tz_offset {
                 Some(name) => {
                     info!("SIGHUP: re-reading the timezone");
-                    if let Err(e) = load_zone(name.as_deref(), &ntp) {
+                    if let Err(e) = load_zone(name.as_deref(), &ntp, true) {
                         warn!("{e}; keeping the zone loaded before");
                     }
                 }
@@ -284,10 +311,14 @@ async fn control_plane(
     Ok(())
 }
 
-/// Loads the timezone-offset mode's zone and publishes it to the workers, with the warning every
-/// start (and reload) owes the operator.
-fn load_zone(name: Option<&str>, shared: &ntp_worker::Shared) -> Result<(), String> {
-    let (zone, description) = tz::load(name)?;
+/// Loads the timezone-offset mode's zone (afresh from disk on a reload) and publishes it to the
+/// workers, with the warning every start (and reload) owes the operator.
+fn load_zone(name: Option<&str>, shared: &ntp_worker::Shared, reload: bool) -> Result<(), String> {
+    let (zone, description) = if reload {
+        tz::reload(name)?
+    } else {
+        tz::load(name)?
+    };
     shared.zone.store(Some(zone));
     warn!(
         "timezone-offset mode: NTP replies carry the local time of {description} as if it \

@@ -30,6 +30,13 @@ pub(crate) fn load(name: Option<&str>) -> Result<(Arc<Zone>, String), String> {
     Ok((Arc::new(zone), description))
 }
 
+/// [`load`] after dropping jiff's cache of the tz database (it otherwise serves zones it read in
+/// the last five minutes), so that a SIGHUP after a tzdata update really reads the new rules.
+pub(crate) fn reload(name: Option<&str>) -> Result<(Arc<Zone>, String), String> {
+    jiff::tz::db().reset();
+    load(name).map_err(|e| format!("cannot re-read the zone: {e}"))
+}
+
 /// "Asia/Kolkata, now UTC+05:30, no transitions ahead" and the like, for the start-up warning.
 fn describe(tz: &TimeZone, name: Option<&str>, now: Timestamp) -> String {
     let zone_name = name

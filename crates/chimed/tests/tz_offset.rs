@@ -13,19 +13,7 @@ const KOLKATA: f64 = 19_800.0;
 fn kolkata_offset_seen_by_chime_and_chronyd() {
     let chronyd = Chronyd::start();
     let upstream = chronyd.addr().to_string();
-    let mut chimed = Chimed::start(&[
-        "-4",
-        "1",
-        "-6",
-        "0",
-        "-a",
-        "127.0.0.1:0",
-        "-s",
-        &upstream,
-        "--tz-offset",
-        "--timezone",
-        "Asia/Kolkata",
-    ]);
+    let mut chimed = Chimed::mirroring(&upstream, &["--tz-offset", "--timezone", "Asia/Kolkata"]);
     let warning = chimed.wait_for("timezone-offset mode", Duration::from_secs(5));
     assert!(warning.contains("Asia/Kolkata, now UTC+05:30"), "{warning}");
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
@@ -64,4 +52,45 @@ fn unknown_zone_exits_2_naming_it() {
         err.contains("Europe/Atlantis") && err.lines().count() == 1,
         "{err}"
     );
+}
+
+#[test]
+fn sighup_rereads_the_zone_and_a_chroot_keeps_the_old_one() {
+    use nix::sys::signal::{Signal, kill};
+
+    // Upstream need not answer: the zone is loaded at start whatever it does.
+    let upstream = format!("127.0.0.1:{}", common::free_udp_port());
+    let mut chimed = Chimed::mirroring(&upstream, &["--tz-offset", "--timezone", "Europe/Prague"]);
+    chimed.wait_for("SIGHUP reloads", Duration::from_secs(5));
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    chimed.wait_for("SIGHUP: re-reading the timezone", Duration::from_secs(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while chimed.log().matches("local time of Europe/Prague").count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload warning:\n{}",
+            chimed.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Inside an empty chroot the tz database is gone: the reload fails and the zone stays.
+    let root = tempfile::tempdir().unwrap();
+    let root_dir = root.path().to_str().unwrap();
+    let mut chimed = Chimed::mirroring(
+        &upstream,
+        &[
+            "--tz-offset",
+            "--timezone",
+            "Europe/Prague",
+            "-u",
+            "nobody",
+            "-r",
+            root_dir,
+        ],
+    );
+    chimed.wait_for("SIGHUP reloads", Duration::from_secs(5));
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    let line = chimed.wait_for("keeping the zone loaded before", Duration::from_secs(5));
+    assert!(line.contains("cannot re-read the zone"), "{line}");
 }
