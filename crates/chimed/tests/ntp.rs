@@ -8,13 +8,11 @@ use common::{Chimed, Chronyd, chime_ntp, chronyd_client_offset, exchange};
 
 /// chimed on 127.0.0.1 port 0 mirroring `chronyd`, with 2 IPv4 threads unless `extra` says.
 fn chimed_v4(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
-    let upstream = chronyd.addr().to_string();
-    let mut args = vec!["-6", "0", "-a", "127.0.0.1:0", "-s", &upstream];
-    args.extend_from_slice(extra);
+    let mut args = extra.to_vec();
     if !extra.contains(&"-4") {
         args.extend_from_slice(&["-4", "2"]);
     }
-    let mut chimed = Chimed::start(&args);
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     chimed
 }
@@ -42,7 +40,7 @@ fn clients_accept_mirrored_replies() {
 fn ipv6_loopback() {
     let chronyd = Chronyd::start();
     let upstream = chronyd.addr().to_string();
-    let mut chimed = Chimed::start(&["-4", "0", "-6", "2", "-b", "[::1]:0", "-s", &upstream]);
+    let mut chimed = Chimed::mirroring(&upstream, &["-4", "0", "-6", "2", "-b", "[::1]:0"]);
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     assert!(chimed.addr.is_ipv6());
 
@@ -155,20 +153,8 @@ fn drops_privileges_after_binding_and_still_serves() {
     let chronyd = Chronyd::start();
     let root = tempfile::tempdir().unwrap();
     let upstream = chronyd.addr().to_string();
-    let mut chimed = Chimed::start(&[
-        "-4",
-        "1",
-        "-6",
-        "0",
-        "-a",
-        "127.0.0.1:0",
-        "-s",
-        &upstream,
-        "-u",
-        "nobody",
-        "-r",
-        root.path().to_str().unwrap(),
-    ]);
+    let root_dir = root.path().to_str().unwrap();
+    let mut chimed = Chimed::mirroring(&upstream, &["-u", "nobody", "-r", root_dir]);
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     let status = std::fs::read_to_string(format!("/proc/{}/status", chimed.pid())).unwrap();
     let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();

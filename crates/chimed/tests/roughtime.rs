@@ -28,14 +28,6 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
         (None, format!("127.0.0.1:{}", common::free_udp_port()))
     };
     let mut args = vec![
-        "-4",
-        "1",
-        "-6",
-        "0",
-        "-a",
-        "127.0.0.1:0",
-        "-s",
-        &upstream,
         "--roughtime-key",
         key.file.to_str().unwrap(),
         "--roughtime-ipv4-address",
@@ -44,7 +36,7 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
         "0",
     ];
     args.extend_from_slice(extra);
-    let mut chimed = Chimed::start(&args);
+    let mut chimed = Chimed::mirroring(&upstream, &args);
     let roughtime = chimed.roughtime_addr();
     let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(1));
     assert!(
@@ -324,24 +316,19 @@ fn roughtime_over_ipv6_loopback() {
     let chronyd = Chronyd::start();
     let key = chime_keygen();
     let upstream = chronyd.addr().to_string();
-    let mut chimed = Chimed::start(&[
-        "-4",
-        "1",
-        "-6",
-        "0",
-        "-a",
-        "127.0.0.1:0",
-        "-s",
+    let mut chimed = Chimed::mirroring(
         &upstream,
-        "--roughtime-key",
-        key.file.to_str().unwrap(),
-        "--roughtime-ipv4-threads",
-        "0",
-        "--roughtime-ipv6-threads",
-        "1",
-        "--roughtime-ipv6-address",
-        "[::1]:0",
-    ]);
+        &[
+            "--roughtime-key",
+            key.file.to_str().unwrap(),
+            "--roughtime-ipv4-threads",
+            "0",
+            "--roughtime-ipv6-threads",
+            "1",
+            "--roughtime-ipv6-address",
+            "[::1]:0",
+        ],
+    );
     let addr = chimed.roughtime_addr();
     assert!(addr.is_ipv6(), "{addr}");
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));

@@ -59,24 +59,19 @@ fn chimed_roughtime() -> RoughtimeChimed {
     let chronyd = Chronyd::start();
     let upstream = chronyd.addr().to_string();
     let key_file = key.file.to_str().unwrap();
-    let mut chimed = Chimed::start(&[
-        "--roughtime-key",
-        key_file,
-        "--roughtime-ipv4-address",
-        "127.0.0.1:0",
-        "--roughtime-ipv4-threads",
-        "1",
-        "--roughtime-ipv6-threads",
-        "0",
-        "-4",
-        "1",
-        "-6",
-        "0",
-        "-a",
-        "127.0.0.1:0",
-        "-s",
+    let mut chimed = Chimed::mirroring(
         &upstream,
-    ]);
+        &[
+            "--roughtime-key",
+            key_file,
+            "--roughtime-ipv4-address",
+            "127.0.0.1:0",
+            "--roughtime-ipv4-threads",
+            "1",
+            "--roughtime-ipv6-threads",
+            "0",
+        ],
+    );
     let addr = chimed.roughtime_addr();
     let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(5));
     assert!(

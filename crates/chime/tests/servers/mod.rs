@@ -18,8 +18,7 @@ use crate::common::{Chimed, Chronyd};
 /// chimed with two IPv4 threads on 127.0.0.1 port 0 mirroring `chronyd`, once it serves
 /// chronyd's state.
 pub fn start_chimed(chronyd: &Chronyd) -> Chimed {
-    let upstream = chronyd.addr().to_string();
-    let mut chimed = Chimed::start(&["-4", "2", "-6", "0", "-a", "127.0.0.1:0", "-s", &upstream]);
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &["-4", "2"]);
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     chimed
 }

@@ -122,6 +122,19 @@ pub struct Chimed {
 }
 
 impl Chimed {
+    /// Starts chimed mirroring `upstream`, with `extra` flags on top of loopback defaults (one
+    /// IPv4 thread on 127.0.0.1 port 0, no IPv6), each default left out if `extra` sets it.
+    pub fn mirroring(upstream: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["-s", upstream];
+        for (flag, value) in [("-4", "1"), ("-6", "0"), ("-a", "127.0.0.1:0")] {
+            if !extra.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
     /// Starts the real chimed with these flags and waits for its "ntp listening on" line.
     pub fn start(args: &[&str]) -> Self {
         let mut child = Command::new(workspace_bin("chimed"))
