@@ -213,7 +213,7 @@ pub enum ParseError {
 ///
 /// Offsets in the error are relative to the start of `after_header`.
 pub fn check_extensions(after_header: &[u8]) -> Result<(), ExtensionError> {
-    if after_header.len() % 4 != 0 {
+    if !after_header.len().is_multiple_of(4) {
         return Err(ExtensionError::Misaligned {
             len: after_header.len(),
         });

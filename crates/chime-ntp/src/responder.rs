@@ -51,7 +51,7 @@ pub fn respond(
     let Some((head, after_header)) = request.split_first_chunk::<{ Header::LEN }>() else {
         return Err(Drop::TooShort);
     };
-    if request.len() % 4 != 0 {
+    if !request.len().is_multiple_of(4) {
         return Err(Drop::BadLength);
     }
     let version = version_of(head[offset::LVM]);

@@ -36,7 +36,7 @@ impl<'a> Message<'a> {
     }
 
     fn parse_at_depth(bytes: &'a [u8], depth: u8) -> Result<Self, DecodeError> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(DecodeError::Misaligned { len: bytes.len() });
         }
         let mut r = Reader::new(bytes);
@@ -82,7 +82,7 @@ impl<'a> Message<'a> {
         let mut previous_offset = 0u32;
         for index in 1..self.count {
             let offset = self.raw_offset(index);
-            if offset % 4 != 0 {
+            if !offset.is_multiple_of(4) {
                 return Err(DecodeError::OffsetMisaligned { index, offset });
             }
             if offset < previous_offset {
@@ -226,10 +226,10 @@ pub fn write_header(w: &mut Writer<'_>, fields: &[(Tag, usize)]) -> Result<(), E
         if len % 4 != 0 {
             return Err(EncodeError::Misaligned { tag, len });
         }
-        if let Some(&(previous, _)) = i.checked_sub(1).and_then(|p| fields.get(p)) {
-            if tag <= previous {
-                return Err(EncodeError::TagOrder { tag, previous });
-            }
+        if let Some(&(previous, _)) = i.checked_sub(1).and_then(|p| fields.get(p))
+            && tag <= previous
+        {
+            return Err(EncodeError::TagOrder { tag, previous });
         }
         total = total.saturating_add(len);
     }

@@ -298,10 +298,10 @@ impl Workers {
         self.stop();
         let mut result = Ok(());
         for t in std::mem::take(&mut self.threads) {
-            if let Err(panic) = t.join() {
-                if result.is_ok() {
-                    result = Err(panic);
-                }
+            if let Err(panic) = t.join()
+                && result.is_ok()
+            {
+                result = Err(panic);
             }
         }
         result
@@ -340,17 +340,17 @@ struct Worker {
 impl Worker {
     fn run<H: BatchHandler>(self, mut handler: H, started: mpsc::Sender<io::Result<()>>) {
         let _span = self.span.enter();
-        if let Some(cpu) = self.cpu {
-            if let Err(source) = affinity::pin_current_thread(cpu) {
-                let e = ConfigError::Pin {
-                    thread: self.name,
-                    cpu,
-                    source,
-                };
-                // The receiver only goes away if `spawn` itself is gone; nothing left to tell.
-                let _ = started.send(Err(e.into()));
-                return;
-            }
+        if let Some(cpu) = self.cpu
+            && let Err(source) = affinity::pin_current_thread(cpu)
+        {
+            let e = ConfigError::Pin {
+                thread: self.name,
+                cpu,
+                source,
+            };
+            // The receiver only goes away if `spawn` itself is gone; nothing left to tell.
+            let _ = started.send(Err(e.into()));
+            return;
         }
         // Allocated here, once, so that the loop below never allocates.
         let mut rx = RxBatch::new(self.batch_size, self.max_datagram);

@@ -117,11 +117,11 @@ struct Watcher {
 impl BatchHandler for Watcher {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
         let now = allocations();
-        if let Some(last) = self.last {
-            if self.batches >= WARMUP as u64 {
-                self.total.fetch_add(now - last, Ordering::Relaxed);
-                self.measured.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(last) = self.last
+            && self.batches >= WARMUP as u64
+        {
+            self.total.fetch_add(now - last, Ordering::Relaxed);
+            self.measured.fetch_add(1, Ordering::Relaxed);
         }
         self.batches += 1;
         echo(rx, tx);

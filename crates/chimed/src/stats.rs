@@ -176,14 +176,14 @@ impl<const N: usize> WorkerStats<N> {
     pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {
         self.pending.answered += outcome.sent as u64;
         self.pending.send_errors += outcome.errors as u64;
-        if let Some(e) = &outcome.last_error {
-            if !self.send_error_logged {
-                self.send_error_logged = true;
-                warn!(
-                    "{} send failed: {e} (more this interval are only counted)",
-                    self.service
-                );
-            }
+        if let Some(e) = &outcome.last_error
+            && !self.send_error_logged
+        {
+            self.send_error_logged = true;
+            warn!(
+                "{} send failed: {e} (more this interval are only counted)",
+                self.service
+            );
         }
     }
 

@@ -127,7 +127,7 @@ impl LoadProtocol for RoughtimeLoad {
         }
         self.matched += 1;
         let mut verdict = Verdict::Valid;
-        if self.verify_every > 0 && self.matched % self.verify_every == 0 {
+        if self.verify_every > 0 && self.matched.is_multiple_of(self.verify_every) {
             let key = self.public_key;
             let policy = self.policy;
             let request = self.request_for(id);
