@@ -24,7 +24,7 @@ use core::fmt;
 use crate::codec::Writer;
 use crate::error::{DecodeError, EncodeError};
 use crate::keys::{CERT_LEN, Delegation, SIGNATURE_LEN};
-use crate::merkle::{MerkleTree, hash_leaf};
+use crate::merkle::MerkleTree;
 use crate::message::{header_len, write_header};
 use crate::packet::{FRAME_HEADER_LEN, Framing, write_frame_header};
 use crate::request::{REQUEST_LEN, Request};
@@ -361,8 +361,8 @@ pub struct Batch<'r> {
 }
 
 impl<'r> Batch<'r> {
-    /// Validates a request and hashes it into its family's tree. The datagram is not kept:
-    /// everything the reply needs is copied.
+    /// Validates a request and adds it to its family's tree. The datagram is not kept: everything
+    /// the reply needs is copied, and the leaf's input is staged for hashing with seven others.
     pub fn add(&mut self, datagram: &[u8]) -> Result<Ticket, DropReason> {
         if datagram.len() < MIN_REQUEST_LEN {
             return Err(DropReason::TooShort);
@@ -403,10 +403,8 @@ impl<'r> Batch<'r> {
             LeafData::Packet => request.packet,
         };
         let leaf = match family {
-            Family::Google => r.google_tree.push_hash(hash_leaf(leaf_data)),
-            _ => r
-                .tree_for(family)
-                .and_then(|t| t.push_hash(hash_leaf(leaf_data))),
+            Family::Google => r.google_tree.push(leaf_data),
+            _ => r.tree_for(family).and_then(|t| t.push(leaf_data)),
         }
         .ok_or(DropReason::BatchFull)?;
         let mut nonce = [0u8; 64];

@@ -1,0 +1,342 @@
+//! SHA-512 of up to eight independent messages at once.
+//!
+//! One SHA-512 is a chain of dependent rounds, but different messages do not depend on each
+//! other, so eight of them fit the eight 64-bit lanes of an AVX-512 register: every instruction
+//! advances all eight. A Roughtime batch is exactly that workload, one SHA-512 of a 1 KiB request
+//! per Merkle leaf, then a level of inner nodes at a time.
+//!
+//! [`Lanes`] stages up to [`LANES`] messages, each given as the concatenation of a few parts (a
+//! Merkle leaf is `0x00 ‖ request`), pads them as FIPS 180-4 says, and [`Lanes::finish`] hashes
+//! them together. On a CPU without AVX-512F (checked at run time) the same staged blocks go one
+//! lane at a time through the `sha2` crate's compression function, so both paths share the
+//! padding and every test of the one covers the other.
+//!
+//! The AVX-512 kernel is one of the two places in chime that need `unsafe` (the socket layer is
+//! the other): calling a function compiled for AVX-512 is sound only on a CPU that has it. The one
+//! `unsafe` block is the call, made only after the CPU was seen to have the feature; the kernel
+//! itself is safe code.
+
+#![warn(missing_docs)]
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod consts;
+
+use sha2::digest::generic_array::GenericArray;
+
+/// Messages hashed together.
+pub const LANES: usize = 8;
+
+/// SHA-512 blocks a lane can stage.
+const STAGE_BLOCKS: usize = 16;
+
+/// Bytes of one SHA-512 block.
+const BLOCK: usize = 128;
+
+/// Bytes of a lane's staging area.
+const STAGE_BYTES: usize = STAGE_BLOCKS * BLOCK;
+
+/// The longest message a lane takes: its padding (0x80 and a 16-byte length) must fit too.
+pub const MAX_MESSAGE_LEN: usize = STAGE_BYTES - 17;
+
+/// How [`Lanes::finish`] computes the digests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Eight lanes in AVX-512F registers.
+    Avx512,
+    /// One lane at a time through `sha2::compress512`.
+    Portable,
+}
+
+impl Backend {
+    /// The fastest backend this CPU runs.
+    pub fn detect() -> Self {
+        Self::available()[0]
+    }
+
+    /// Every backend this CPU runs, fastest first (for tests and benchmarks).
+    pub fn available() -> &'static [Backend] {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512f") {
+            return &[Backend::Avx512, Backend::Portable];
+        }
+        &[Backend::Portable]
+    }
+}
+
+/// Up to [`LANES`] padded messages waiting to be hashed together.
+///
+/// Allocates once, in [`Lanes::new`]; staging and hashing never touch the allocator.
+#[derive(Clone)]
+pub struct Lanes {
+    stage: Box<[[u8; STAGE_BYTES]; LANES]>,
+    /// Padded length of each staged message, in blocks.
+    blocks: [usize; LANES],
+    used: usize,
+    backend: Backend,
+}
+
+impl std::fmt::Debug for Lanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lanes")
+            .field("used", &self.used)
+            .field("blocks", &&self.blocks[..self.used])
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Lanes {
+    /// Empty lanes on the fastest backend this CPU runs.
+    pub fn new() -> Self {
+        Self {
+            stage: Box::new([[0; STAGE_BYTES]; LANES]),
+            blocks: [0; LANES],
+            used: 0,
+            backend: Backend::detect(),
+        }
+    }
+
+    /// Empty lanes on `backend`, or `None` if this CPU cannot run it.
+    pub fn with_backend(backend: Backend) -> Option<Self> {
+        Backend::available().contains(&backend).then(|| Self {
+            backend,
+            ..Self::new()
+        })
+    }
+
+    /// The backend [`finish`](Self::finish) uses.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Messages staged.
+    pub fn len(&self) -> usize {
+        self.used
+    }
+
+    /// True if nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+
+    /// True if every lane is taken: [`finish`](Self::finish) before staging more.
+    pub fn is_full(&self) -> bool {
+        self.used == LANES
+    }
+
+    /// Stages the message made of `parts` one after the other and returns its lane, or `None`
+    /// (staging nothing) if every lane is taken or the message is longer than
+    /// [`MAX_MESSAGE_LEN`]; hash such a message on its own.
+    pub fn push(&mut self, parts: &[&[u8]]) -> Option<usize> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if self.is_full() || len > MAX_MESSAGE_LEN {
+            return None;
+        }
+        let lane = self.used;
+        let stage = &mut self.stage[lane];
+        let mut at = 0;
+        for part in parts {
+            stage[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        // FIPS 180-4 §5.1.2: 0x80, zeros, then the length in bits as a 128-bit big-endian number
+        // ending a block.
+        let blocks = (len + 17).div_ceil(BLOCK);
+        let end = blocks * BLOCK;
+        stage[len] = 0x80;
+        stage[len + 1..end - 16].fill(0);
+        stage[end - 16..end].copy_from_slice(&(len as u128 * 8).to_be_bytes());
+        self.blocks[lane] = blocks;
+        self.used += 1;
+        Some(lane)
+    }
+
+    /// Hashes every staged message, calls `digest(lane, &sha512)` for each in lane order, and
+    /// empties the lanes.
+    pub fn finish(&mut self, mut digest: impl FnMut(usize, &[u8; 64])) {
+        let used = std::mem::take(&mut self.used);
+        if used == 0 {
+            return;
+        }
+        let mut states = [consts::IV; LANES];
+        let mut blocks = self.blocks;
+        // Lanes past `used` hold stale bytes; zero blocks means none of them is hashed.
+        blocks[used..].fill(0);
+        self.compress(&mut states, &blocks, used);
+        for (lane, state) in states[..used].iter().enumerate() {
+            let mut out = [0u8; 64];
+            for (chunk, word) in out.chunks_exact_mut(8).zip(state) {
+                chunk.copy_from_slice(&word.to_be_bytes());
+            }
+            digest(lane, &out);
+        }
+    }
+
+    /// Runs lane `i`'s first `blocks[i]` staged blocks through the compression function, starting
+    /// from `states[i]`; `used` lanes hold messages.
+    fn compress(&self, states: &mut [[u64; 8]; LANES], blocks: &[usize; LANES], used: usize) {
+        // Eight lanes cost about what 1.6 messages one by one do, so a lone message goes alone.
+        #[cfg(target_arch = "x86_64")]
+        if self.backend == Backend::Avx512 && used > 1 {
+            // SAFETY: `Backend::Avx512` is only ever set by `new` or `with_backend`, both of
+            // which take it from `Backend::available`, which offers it only after
+            // `is_x86_feature_detected!("avx512f")` saw the CPU has AVX-512F: the one target
+            // feature `avx512::compress` is compiled with.
+            unsafe { avx512::compress(states, &self.stage, blocks) };
+            return;
+        }
+        for ((state, stage), &n) in states.iter_mut().zip(self.stage.iter()).zip(blocks) {
+            for block in stage[..n * BLOCK].chunks_exact(BLOCK) {
+                sha2::compress512(state, std::slice::from_ref(GenericArray::from_slice(block)));
+            }
+        }
+    }
+}
+
+/// SHA-512 of the concatenation of `parts`, one message on its own (through `sha2`).
+pub fn digest(parts: &[&[u8]]) -> [u8; 64] {
+    use sha2::Digest;
+    let mut sha = sha2::Sha512::new();
+    for part in parts {
+        sha.update(part);
+    }
+    sha.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// FIPS 180-4 example digests (NIST's "abc" and the two-block message).
+    #[test]
+    fn known_answers_on_every_backend() {
+        let two_block = b"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu";
+        let cases: [(&[u8], &str); 3] = [
+            (
+                b"abc",
+                "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f",
+            ),
+            (
+                b"",
+                "cf83e1357eefb8bdf1542850d66d8007d620e4050b5715dc83f4a921d36ce9ce47d0d13c5d85f2b0ff8318d2877eec2f63b931bd47417a81a538327af927da3e",
+            ),
+            (
+                two_block,
+                "8e959b75dae313da8cf4f72814fc143f8f7779c6eb9f7fa17299aeadb6889018501d289e4900f7e4331b99dec4b5433ac7d329eeb6dd26545e96e55b874be909",
+            ),
+        ];
+        for &backend in Backend::available() {
+            let mut lanes = Lanes::with_backend(backend).unwrap();
+            for (message, _) in cases {
+                lanes.push(&[message]).unwrap();
+            }
+            let mut got = Vec::new();
+            lanes.finish(|lane, d| got.push((lane, hex(d))));
+            let want: Vec<_> = cases
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (i, c.1.into()))
+                .collect();
+            assert_eq!(got, want, "{backend:?}");
+        }
+    }
+
+    #[test]
+    fn every_length_around_the_block_edges_in_every_lane() {
+        for &backend in Backend::available() {
+            let mut lanes = Lanes::with_backend(backend).unwrap();
+            let data: Vec<u8> = (0..MAX_MESSAGE_LEN).map(|i| (i * 7 + 3) as u8).collect();
+            // Every length from 0 to 300, then the edges of every block count up to the limit;
+            // eight at a time, so each length lands in a different lane on each pass.
+            let mut lengths: Vec<usize> = (0..=300).collect();
+            for blocks in 3..=STAGE_BLOCKS {
+                let edge = blocks * BLOCK - 17;
+                lengths.extend(
+                    [edge - 1, edge, edge + 1]
+                        .into_iter()
+                        .filter(|&l| l <= MAX_MESSAGE_LEN),
+                );
+            }
+            for group in lengths.chunks(LANES - 1).chain(lengths.chunks(LANES)) {
+                for &len in group {
+                    lanes.push(&[&data[..len]]).unwrap();
+                }
+                let mut seen = 0;
+                lanes.finish(|lane, d| {
+                    assert_eq!(
+                        *d,
+                        digest(&[&data[..group[lane]]]),
+                        "{backend:?} len {}",
+                        group[lane]
+                    );
+                    seen += 1;
+                });
+                assert_eq!(seen, group.len());
+                assert!(lanes.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn full_and_too_long_stage_nothing() {
+        let mut lanes = Lanes::new();
+        assert_eq!(lanes.push(&[&[0; MAX_MESSAGE_LEN + 1]]), None);
+        assert_eq!(lanes.push(&[&[0; MAX_MESSAGE_LEN - 1], &[1, 2]]), None);
+        assert!(lanes.is_empty());
+        for lane in 0..LANES {
+            assert_eq!(lanes.push(&[b"x"]), Some(lane));
+        }
+        assert!(lanes.is_full());
+        assert_eq!(lanes.push(&[b"y"]), None);
+        let mut n = 0;
+        lanes.finish(|_, d| {
+            assert_eq!(*d, digest(&[b"x"]));
+            n += 1;
+        });
+        assert_eq!(n, LANES);
+        lanes.finish(|_, _| panic!("nothing staged"));
+    }
+
+    proptest! {
+        /// Any mix of lengths and part splits, on every backend, agrees with `sha2`.
+        #[test]
+        fn agrees_with_sha2(
+            messages in prop::collection::vec(
+                (prop::collection::vec(any::<u8>(), 0..=MAX_MESSAGE_LEN), any::<u16>(), any::<u16>()),
+                1..=LANES,
+            )
+        ) {
+            for &backend in Backend::available() {
+                let mut lanes = Lanes::with_backend(backend).unwrap();
+                for (m, x, y) in &messages {
+                    let (i, j) = split_points(m.len(), *x, *y);
+                    lanes.push(&[&m[..i], &m[i..j], &m[j..]]).unwrap();
+                }
+                let mut got = Vec::new();
+                lanes.finish(|lane, d| got.push((lane, *d)));
+                prop_assert_eq!(got.len(), messages.len());
+                for (lane, d) in got {
+                    prop_assert_eq!(d, digest(&[&messages[lane].0]), "{:?} lane {}", backend, lane);
+                }
+            }
+        }
+    }
+
+    fn split_points(len: usize, x: u16, y: u16) -> (usize, usize) {
+        let (a, b) = (x as usize % (len + 1), y as usize % (len + 1));
+        (a.min(b), a.max(b))
+    }
+
+    fn hex(d: &[u8; 64]) -> String {
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
