@@ -58,7 +58,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) stale_after: Option<f64>,
 
-    /// Socket receive buffer size in bytes (SO_RCVBUFFORCE, else SO_RCVBUF) [default: the kernel's]
+    /// Socket receive buffer size in bytes (SO_RCVBUFFORCE, else SO_RCVBUF) [default: the kernel's
+    /// for NTP, 4 MiB for Roughtime]
     #[arg(long, value_name = "BYTES")]
     pub(crate) recv_buffer: Option<usize>,
 
