@@ -66,6 +66,7 @@ impl BatchHandler for NtpWorker {
         if let Some(zone) = &self.zone {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
+        self.stats.pending.batches += 1;
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
             if meta.truncated {

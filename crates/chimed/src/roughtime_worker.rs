@@ -86,6 +86,7 @@ impl BatchHandler for RoughtimeWorker {
             .load()
             .served_at(now, &self.shared.ntp.policy);
         self.stats.pending.received += rx.len() as u64;
+        self.stats.pending.batches += 1;
         if !served.is_synchronised() {
             self.stats.pending.dropped[UNSYNCHRONISED] += rx.len() as u64;
             self.stats.tick(now_unix);

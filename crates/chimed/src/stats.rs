@@ -14,6 +14,9 @@ use tracing::{info, warn};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counters<const N: usize> {
     pub(crate) received: u64,
+    /// Receive batches handled: received / batches is the mean batch, which for Roughtime is
+    /// the requests each signature covered.
+    pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
     pub(crate) dropped: [u64; N],
@@ -23,6 +26,7 @@ impl<const N: usize> Default for Counters<N> {
     fn default() -> Self {
         Self {
             received: 0,
+            batches: 0,
             answered: 0,
             send_errors: 0,
             dropped: [0; N],
@@ -41,6 +45,7 @@ impl<const N: usize> Counters<N> {
 
     pub(crate) fn add(&mut self, other: &Self) {
         self.received += other.received;
+        self.batches += other.batches;
         self.answered += other.answered;
         self.send_errors += other.send_errors;
         for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
@@ -67,8 +72,9 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
         let c = self.counters;
         write!(
             f,
-            "received={} answered={} dropped={} send_errors={}",
+            "received={} batches={} answered={} dropped={} send_errors={}",
             c.received,
+            c.batches,
             c.answered,
             c.dropped_total(),
             c.send_errors
@@ -86,6 +92,7 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
 #[derive(Debug)]
 pub(crate) struct Totals<const N: usize> {
     received: AtomicU64,
+    batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
     dropped: [AtomicU64; N],
@@ -95,6 +102,7 @@ impl<const N: usize> Default for Totals<N> {
     fn default() -> Self {
         Self {
             received: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -105,6 +113,7 @@ impl<const N: usize> Default for Totals<N> {
 impl<const N: usize> Totals<N> {
     pub(crate) fn add(&self, c: &Counters<N>) {
         self.received.fetch_add(c.received, Relaxed);
+        self.batches.fetch_add(c.batches, Relaxed);
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
@@ -115,6 +124,7 @@ impl<const N: usize> Totals<N> {
     pub(crate) fn snapshot(&self) -> Counters<N> {
         Counters {
             received: self.received.load(Relaxed),
+            batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
