@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# run-roughtime.sh: load-test chimed's Roughtime service and roughenough-server side by side on
+# loopback with `chime perf roughtime`, the server pinned to CPU 0 and the generator to CPU 1, and
+# report per run the highest rate with < 1% loss and the server's CPU time per reply there.
+#
+# Both servers sign with the same long-term key (chime keygen's seed is the hex line roughenough
+# reads), serve RFC 10049 version 1 with batches of up to 64, and get the same ladder. The order
+# alternates between rounds, so neither always runs on a warmer or quieter machine. chimed mirrors
+# a chronyd -x started here on a free loopback port (it signs nothing while unsynchronised); its
+# one NTP thread, idle, listens on a loopback port of its own.
+#
+# Every reply is matched to its request by nonce; one in --verify-every (default 1000) also has
+# both signatures and its Merkle path verified. Ed25519 verification costs the generator ~40 µs a
+# reply, so at 1 in 100 it took a fifth of the generator's core at 230k/s and the generator, not
+# the server, ran out first.
+#
+# Receive buffers: a 1 KiB request takes ~2.3 KiB of socket buffer, so the usual default of 208 KiB
+# (net.core.rmem_default) holds about 90 requests, less than two batches, and bursts overflow it
+# well below saturation. chimed asks for 4 MiB for its Roughtime sockets; roughenough-server asks
+# for nothing, so for the run this script raises net.core.rmem_default to --rmem (default 4 MiB,
+# put back on exit) and both servers get the same buffer. --rmem 0 leaves the system default.
+#
+# This script fetches and builds nothing: it is given the binaries.
+#
+# Usage: run-roughtime.sh [--rounds N] [--steps START:FACTOR:COUNT] [--duration S] [--out DIR]
+#                         [--verify-every N] [--rmem BYTES]
+#                         [--chimed PATH] [--chime PATH] [--roughenough PATH]
+# Outputs in --out (default: this script's directory /roughtime): <server>-round<N>.json (chime
+# perf's JSON for each ladder) and summary.txt.
+
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+rounds=2
+steps=100000:1.12:10
+duration=2
+verify_every=1000
+rmem=4194304
+out="$here/roughtime"
+chimed="$repo/target/release/chimed"
+chime="$repo/target/release/chime"
+roughenough=/opt/chime-peers/bin/roughenough_server
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds) rounds=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --duration) duration=$2; shift 2 ;;
+        --verify-every) verify_every=$2; shift 2 ;;
+        --rmem) rmem=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --chimed) chimed=$2; shift 2 ;;
+        --chime) chime=$2; shift 2 ;;
+        --roughenough) roughenough=$2; shift 2 ;;
+        *) echo "run-roughtime.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+for b in "$chimed" "$chime" "$roughenough" /usr/sbin/chronyd; do
+    [ -x "$b" ] || { echo "run-roughtime.sh: $b is not an executable" >&2; exit 2; }
+done
+[ "$(nproc)" -ge 2 ] || { echo "run-roughtime.sh: needs 2 CPUs (server on 0, load on 1)" >&2; exit 2; }
+mkdir -p "$out"
+work=$(mktemp -d)
+pids=()
+old_rmem=$(sysctl -n net.core.rmem_default)
+cleanup() {
+    sysctl -q -w net.core.rmem_default="$old_rmem" || true
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ "$rmem" != 0 ]; then
+    sysctl -q -w net.core.rmem_default="$rmem"
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# The mirror chronyd.
+chrony_port=$(free_port)
+printf 'port %s\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\ncmdport 0\npidfile %s/chronyd.pid\ndriftfile %s/drift\n' \
+    "$chrony_port" "$work" "$work" > "$work/chrony.conf"
+/usr/sbin/chronyd -x -d -u root -f "$work/chrony.conf" > "$work/chronyd.log" 2>&1 &
+pids+=($!)
+
+# One key for both servers.
+"$chime" keygen "$work/key" > "$work/keygen.txt"
+public=$(sed -n 's/^public key (base64): //p' "$work/keygen.txt")
+grep -v '^#' "$work/key" | grep . > "$work/seed"
+chmod 600 "$work/seed"
+
+# Starts server $1 on port $2, pinned to CPU 0; prints its PID once it answers.
+start_server() {
+    local name=$1 port=$2 pid
+    case "$name" in
+        chimed)
+            taskset -c 0 "$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s "127.0.0.1:$chrony_port" --stats-interval 0 \
+                --roughtime-key "$work/key" --roughtime-ipv4-address "127.0.0.1:$port" \
+                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --batch-size 64 \
+                > "$work/$name.log" 2>&1 &
+            ;;
+        roughenough-server)
+            NO_COLOR=1 taskset -c 0 "$roughenough" -i 127.0.0.1 -p "$port" -j 1 -b 64 -q \
+                --metrics-interval 86400 --seed-file "$work/seed" > "$work/$name.log" 2>&1 &
+            ;;
+    esac
+    pid=$!
+    pids+=("$pid")
+    # Ready when a verified query succeeds (bounded: 10 s).
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        if "$chime" roughtime "127.0.0.1:$port" --public-key "$public" --version 1 --timeout 0.2 \
+            > /dev/null 2>&1; then
+            echo "$pid"
+            return
+        fi
+        sleep 0.1
+    done
+    echo "run-roughtime.sh: $name did not answer; its log:" >&2
+    cat "$work/$name.log" >&2
+    exit 1
+}
+
+for round in $(seq "$rounds"); do
+    order="chimed roughenough-server"
+    [ $((round % 2)) -eq 0 ] && order="roughenough-server chimed"
+    for name in $order; do
+        port=$(free_port)
+        pid=$(start_server "$name" "$port")
+        echo "round $round: $name (pid $pid) on 127.0.0.1:$port" >&2
+        taskset -c 1 "$chime" perf roughtime --target "127.0.0.1:$port" --public-key "$public" \
+            --version 1 --steps "$steps" --duration "$duration" --warmup 0.5 --verify-every "$verify_every" \
+            --server-pid "$pid" --json "$out/$name-round$round.json" | tail -n 3 >&2
+        kill "$pid"
+        wait "$pid" 2>/dev/null || true
+    done
+done
+
+python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
+import json, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+print("round  server              highest rate <1% loss   CPU µs/reply there   most answered/s")
+best = {}
+for r in range(1, rounds + 1):
+    for name in ("chimed", "roughenough-server"):
+        steps = json.load(open(f"{out}/{name}-round{r}.json"))["steps"]
+        ok = [s for s in steps if s["loss_pct"] < 1.0 and s["invalid"] == 0]
+        top = max(ok, key=lambda s: s["answered_rate"]) if ok else None
+        most = max(s["answered_rate"] for s in steps)
+        cpu = (top or {}).get("server_cpu") or {}
+        rate = top["answered_rate"] if top else 0
+        best.setdefault(name, []).append(rate)
+        print(f"{r:>5}  {name:<18}  {rate:>20.0f}   {cpu.get('us_per_reply', float('nan')):>18.2f}   {most:>15.0f}")
+for r, (a, b) in enumerate(zip(best["chimed"], best["roughenough-server"]), 1):
+    print(f"round {r}: chimed / roughenough-server = {a / b:.2f}" if b else f"round {r}: roughenough-server had no step under 1% loss")
+PY
