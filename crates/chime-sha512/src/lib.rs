@@ -17,6 +17,8 @@
 //! itself is safe code.
 
 #![warn(missing_docs)]
+// The one exception is `Lanes::compress`, which says why.
+#![deny(unsafe_code)]
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -182,6 +184,7 @@ impl Lanes {
 
     /// Runs lane `i`'s first `blocks[i]` staged blocks through the compression function, starting
     /// from `states[i]`; `used` lanes hold messages.
+    #[allow(unsafe_code)]
     fn compress(&self, states: &mut [[u64; 8]; LANES], blocks: &[usize; LANES], used: usize) {
         // Eight lanes cost about what 1.6 messages one by one do, so a lone message goes alone.
         #[cfg(target_arch = "x86_64")]
