@@ -7,22 +7,27 @@
 //!
 //! [`Lanes`] stages up to [`LANES`] messages, each given as the concatenation of a few parts (a
 //! Merkle leaf is `0x00 ‖ request`), pads them as FIPS 180-4 says, and [`Lanes::finish`] hashes
-//! them together. On a CPU without AVX-512F (checked at run time) the same staged blocks go one
-//! lane at a time through the `sha2` crate's compression function, so both paths share the
-//! padding and every test of the one covers the other.
+//! them together. On a CPU without AVX-512F (checked at run time) four lanes go through AVX2 at a
+//! time, and without AVX2 the same staged blocks go one lane at a time through the `sha2` crate's
+//! compression function; all paths share the staging and padding, and every test runs on every
+//! backend the CPU has.
 //!
-//! The AVX-512 kernel is one of the two places in chime that need `unsafe` (the socket layer is
-//! the other): calling a function compiled for AVX-512 is sound only on a CPU that has it. The one
-//! `unsafe` block is the call, made only after the CPU was seen to have the feature; the kernel
-//! itself is safe code.
+//! The SIMD kernels are one of the two places in chime that need `unsafe` (the socket layer is the
+//! other): calling a function compiled for AVX-512 or AVX2 is sound only on a CPU that has it. The
+//! `unsafe` blocks are those calls, made only after the CPU was seen to have the feature; the
+//! kernels themselves are safe code, written once (`kernel.rs`) for both.
 
 #![warn(missing_docs)]
 // The one exception is `Lanes::compress`, which says why.
 #![deny(unsafe_code)]
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod consts;
+#[cfg(target_arch = "x86_64")]
+mod kernel;
 
 use sha2::digest::generic_array::GenericArray;
 
@@ -47,6 +52,8 @@ pub const MAX_MESSAGE_LEN: usize = STAGE_BYTES - 17;
 pub enum Backend {
     /// Eight lanes in AVX-512F registers.
     Avx512,
+    /// Four lanes at a time in AVX2 registers.
+    Avx2,
     /// One lane at a time through `sha2::compress512`.
     Portable,
 }
@@ -60,8 +67,14 @@ impl Backend {
     /// Every backend this CPU runs, fastest first (for tests and benchmarks).
     pub fn available() -> &'static [Backend] {
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx512f") {
-            return &[Backend::Avx512, Backend::Portable];
+        match (
+            std::is_x86_feature_detected!("avx512f"),
+            std::is_x86_feature_detected!("avx2"),
+        ) {
+            (true, true) => return &[Backend::Avx512, Backend::Avx2, Backend::Portable],
+            (true, false) => return &[Backend::Avx512, Backend::Portable],
+            (false, true) => return &[Backend::Avx2, Backend::Portable],
+            (false, false) => {}
         }
         &[Backend::Portable]
     }
@@ -186,15 +199,21 @@ impl Lanes {
     /// from `states[i]`; `used` lanes hold messages.
     #[allow(unsafe_code)]
     fn compress(&self, states: &mut [[u64; 8]; LANES], blocks: &[usize; LANES], used: usize) {
-        // Eight lanes cost about what 1.6 messages one by one do, so a lone message goes alone.
+        // A pass over all lanes costs about what 1.6 (AVX-512) or 2 (AVX2) messages one by one
+        // do, so a lone message goes alone.
         #[cfg(target_arch = "x86_64")]
-        if self.backend == Backend::Avx512 && used > 1 {
-            // SAFETY: `Backend::Avx512` is only ever set by `new` or `with_backend`, both of
-            // which take it from `Backend::available`, which offers it only after
-            // `is_x86_feature_detected!("avx512f")` saw the CPU has AVX-512F: the one target
-            // feature `avx512::compress` is compiled with.
-            unsafe { avx512::compress(states, &self.stage, blocks) };
-            return;
+        if used > 1 {
+            match self.backend {
+                // SAFETY: `backend` is only ever set by `new` or `with_backend`, both of which take
+                // it from `Backend::available`, which offers `Avx512` only after
+                // `is_x86_feature_detected!("avx512f")` saw the CPU has AVX-512F, the one target
+                // feature `avx512::compress` is compiled with.
+                Backend::Avx512 => return unsafe { avx512::compress(states, &self.stage, blocks) },
+                // SAFETY: as above, `Avx2` is offered only after
+                // `is_x86_feature_detected!("avx2")`, the one feature `avx2::compress` needs.
+                Backend::Avx2 => return unsafe { avx2::compress(states, &self.stage, blocks) },
+                Backend::Portable => {}
+            }
         }
         for ((state, stage), &n) in states.iter_mut().zip(self.stage.iter()).zip(blocks) {
             for block in stage[..n * BLOCK].chunks_exact(BLOCK) {
