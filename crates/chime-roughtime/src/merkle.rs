@@ -162,7 +162,7 @@ impl<const H: usize> MerkleTree<H> {
     /// Forgets all leaves, keeping the memory.
     pub fn clear(&mut self) {
         // Drops anything staged by a push that was never built.
-        self.lanes.finish(|_, _| {});
+        self.lanes.clear();
         self.leaves = 0;
         self.depth = 0;
         self.built = false;
@@ -171,23 +171,24 @@ impl<const H: usize> MerkleTree<H> {
     /// Adds the leaf `H(0x00 ‖ data)` and returns its index, or `None` if the tree is full. The
     /// hash is computed with seven others, or at [`build`](Self::build).
     pub fn push(&mut self, data: &[u8]) -> Option<u32> {
-        if self.leaves >= self.capacity {
-            return None;
-        }
-        let index = u32::try_from(self.leaves).ok()?;
-        self.stage(self.leaves, &[&[0x00], data]);
-        self.leaves += 1;
-        self.built = false;
+        let index = self.next_leaf()?;
+        self.stage(index as usize, &[&[0x00], data]);
         Some(index)
     }
 
     /// Adds an already hashed leaf and returns its index, or `None` if the tree is full.
     pub fn push_hash(&mut self, leaf: [u8; H]) -> Option<u32> {
+        let index = self.next_leaf()?;
+        self.nodes[index as usize] = leaf;
+        Some(index)
+    }
+
+    /// Takes the next leaf slot, or `None` if the tree is full.
+    fn next_leaf(&mut self) -> Option<u32> {
         if self.leaves >= self.capacity {
             return None;
         }
         let index = u32::try_from(self.leaves).ok()?;
-        *self.nodes.get_mut(self.leaves)? = leaf;
         self.leaves += 1;
         self.built = false;
         Some(index)
@@ -365,6 +366,21 @@ mod tests {
             }
             assert_eq!(t32.write_path(n as u32, &mut path), None);
         }
+    }
+
+    /// Leaves staged for hashing but never built are gone after `clear`, whichever slot they
+    /// were staged for.
+    #[test]
+    fn clear_drops_leaves_staged_but_not_built() {
+        let mut t = MerkleTree::<32>::with_capacity(16);
+        for i in 0..11 {
+            t.push(&leaf_data(100 + i)).unwrap();
+        }
+        t.clear();
+        t.push(&leaf_data(0)).unwrap();
+        t.push(&leaf_data(1)).unwrap();
+        let want = hash_node(&hash_leaf(&leaf_data(0)), &hash_leaf(&leaf_data(1)));
+        assert_eq!(t.build(), Some(want));
     }
 
     #[test]

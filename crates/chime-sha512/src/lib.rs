@@ -174,6 +174,11 @@ impl Lanes {
         Some(lane)
     }
 
+    /// Drops whatever is staged, unhashed.
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
     /// Hashes every staged message, calls `digest(lane, &sha512)` for each in lane order, and
     /// empties the lanes.
     pub fn finish(&mut self, mut digest: impl FnMut(usize, &[u8; 64])) {
@@ -326,6 +331,10 @@ mod tests {
         });
         assert_eq!(n, LANES);
         lanes.finish(|_, _| panic!("nothing staged"));
+        lanes.push(&[b"z"]).unwrap();
+        lanes.clear();
+        assert!(lanes.is_empty());
+        lanes.finish(|_, _| panic!("cleared"));
     }
 
     proptest! {
