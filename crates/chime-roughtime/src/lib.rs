@@ -52,6 +52,8 @@ pub mod version;
 pub use chain::{
     ChainError, ChainReport, Contradiction, Link, contradictions, next_nonce, verify_chain,
 };
+/// How this CPU hashes a batch's Merkle leaves and nodes (for the log and benchmarks).
+pub use chime_sha512::Backend as HashBackend;
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
 pub use error::{DecodeError, EncodeError};
 pub use keyfile::{KeyFileError, encode_key_file, parse_key_file};

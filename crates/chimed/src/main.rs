@@ -131,6 +131,14 @@ fn run(settings: Settings) -> Result<()> {
                 rt.key_file.display()
             );
             info!("roughtime: {}", online_keys::describe(&delegation));
+            info!(
+                "roughtime: Merkle hashing on {}",
+                match chime_roughtime::HashBackend::detect() {
+                    chime_roughtime::HashBackend::Avx512 => "AVX-512, eight requests at a time",
+                    chime_roughtime::HashBackend::Avx2 => "AVX2, four requests at a time",
+                    _ => "one request at a time (no AVX2 or AVX-512 on this CPU)",
+                }
+            );
             let shared = Arc::new(roughtime_worker::Shared {
                 ntp: ntp.clone(),
                 delegation: ArcSwap::from_pointee(delegation),

@@ -43,6 +43,11 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
         logged.contains(&key.public_base64),
         "chimed logs the key it serves: {logged}"
     );
+    let hashing = chimed.wait_for("roughtime: Merkle hashing on", Duration::from_secs(1));
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        assert!(hashing.contains("AVX-512, eight"), "{hashing}");
+    }
     if upstream_alive {
         chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     }
