@@ -4,6 +4,10 @@
 //! * roughenough-client 2.2.0 (`ROUGHENOUGH_CLIENT`) and roughly 0.3.0 (`ROUGHLY`, the `roughly`
 //!   script of its venv) query the real chimed, mirroring a real chronyd, with every protocol
 //!   version each can offer;
+//! * Google's original protocol, from two independent clients: Botan 2.19's `botan roughtime`
+//!   (Debian's `botan` package; `BOTAN`), a C++ client that also chains its queries and re-checks
+//!   the chain with `botan roughtime_check`, and pyroughtime 1.0.1 (PyPI; `PYROUGHTIME_PYTHON`, the
+//!   python of its venv), whose headerless request carries a stray VER tag;
 //! * `chime roughtime` verifies a real roughenough-server 2.2.0 (`ROUGHENOUGH_SERVER`) and chimed
 //!   itself, and refuses replies that do not verify with the key it was given.
 //!
@@ -23,6 +27,8 @@ use common::{
 
 const ROUGHENOUGH_CLIENT: &str = "/opt/chime-peers/bin/roughenough_client";
 const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
+const BOTAN: &str = "/usr/bin/botan";
+const PYROUGHTIME_PYTHON: &str = "/opt/chime-peers/pyroughtime-venv/bin/python";
 
 /// How far a signed midpoint may be from this machine's clock: chimed serves chronyd's time on the
 /// same machine, and every peer prints whole seconds.
@@ -378,6 +384,175 @@ fn chime_verifies_chimed_0x80000008() {
 #[test]
 fn chime_verifies_chimed_google() {
     chime_verifies_chimed("google", "Google");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Botan 2.19 → chimed, Google's original protocol (Botan speaks nothing else). `botan roughtime`
+// exits 0 only for a reply whose signatures and path verified with --pubkey, and prints
+// "UTC <microseconds> (+-<radius>us)" with --raw-time. With --chain-file each query's nonce is
+// derived from the previous reply, and `botan roughtime_check` re-verifies the whole chain.
+
+fn botan_roughtime(addr: SocketAddr, key_base64: &str, extra: &[&str]) -> Output {
+    let botan = peer("BOTAN", BOTAN);
+    // Without --chain-file it appends to ./roughtime-chain: keep that out of the source tree.
+    let cwd = tempfile::tempdir().unwrap();
+    run(Command::new(botan)
+        .current_dir(cwd.path())
+        .arg("roughtime")
+        .arg(format!("--host={addr}"))
+        .arg(format!("--pubkey={key_base64}"))
+        .args(["--raw-time", "--check-local-clock=0"])
+        .args(extra))
+}
+
+/// The midpoint (µs since 1970) and radius (µs) in `botan roughtime --raw-time`'s output.
+fn botan_time(out: &Output) -> (u64, u64) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let parsed = stdout.lines().find_map(|l| {
+        let rest = l.strip_prefix("UTC ")?;
+        let (midpoint, radius) = rest.split_once(" (+-")?;
+        Some((
+            midpoint.trim().parse().ok()?,
+            radius.strip_suffix("us)")?.parse().ok()?,
+        ))
+    });
+    parsed.unwrap_or_else(|| panic!("no time in botan's output:\n{}", text(out)))
+}
+
+#[test]
+fn botan_accepts_chimed_google() {
+    let s = chimed_roughtime();
+    let out = botan_roughtime(s.addr, &s.key.public_base64, &[]);
+    assert!(
+        out.status.success(),
+        "botan roughtime did not accept chimed's reply:\n{}\nchimed log:\n{}",
+        text(&out),
+        s.chimed.log()
+    );
+    let (midpoint, radius) = botan_time(&out);
+    assert!(radius > 0, "radius {radius} µs");
+    assert_near_now(midpoint as f64 / 1e6, "botan roughtime");
+}
+
+#[test]
+fn botan_chains_chimed_replies_and_rechecks_the_chain() {
+    let s = chimed_roughtime();
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("chain");
+    let chain_arg = format!("--chain-file={}", chain.display());
+    let mut previous = 0;
+    for i in 0..3 {
+        let out = botan_roughtime(s.addr, &s.key.public_base64, &[&chain_arg]);
+        assert!(out.status.success(), "query {i}:\n{}", text(&out));
+        let (midpoint, _) = botan_time(&out);
+        assert!(midpoint >= previous, "query {i}: time went back");
+        previous = midpoint;
+    }
+    let checked = run(Command::new(peer("BOTAN", BOTAN))
+        .arg("roughtime_check")
+        .arg(&chain));
+    assert!(
+        checked.status.success(),
+        "botan roughtime_check refused the chain of chimed's replies:\n{}",
+        text(&checked)
+    );
+    let verified = String::from_utf8_lossy(&checked.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .count();
+    assert_eq!(verified, 3, "{}", text(&checked));
+
+    // The check is not a formality: the same chain with one reply's byte changed is refused.
+    // A chain line is "ed25519 <public key> <nonce or blind> <reply>", all base64.
+    let lines = std::fs::read_to_string(&chain).unwrap();
+    let mut lines: Vec<String> = lines.lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let fields: Vec<&str> = lines[1].split(' ').collect();
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut reply = b64.decode(fields[3]).unwrap();
+    let last = reply.len() - 1; // inside the last tag's value, whichever tag that is
+    reply[last] ^= 0x01;
+    lines[1] = format!(
+        "{} {} {} {}",
+        fields[0],
+        fields[1],
+        fields[2],
+        b64.encode(&reply)
+    );
+    let tampered = dir.path().join("tampered");
+    std::fs::write(&tampered, lines.join("\n") + "\n").unwrap();
+    let refused = run(Command::new(peer("BOTAN", BOTAN))
+        .arg("roughtime_check")
+        .arg(&tampered));
+    assert!(
+        !refused.status.success(),
+        "botan roughtime_check accepted a chain with a changed reply:\n{}",
+        text(&refused)
+    );
+}
+
+#[test]
+fn botan_refuses_chimed_reply_with_another_key() {
+    let s = chimed_roughtime();
+    let other = chime_keygen();
+    let out = botan_roughtime(s.addr, &other.public_base64, &[]);
+    assert!(
+        !out.status.success(),
+        "botan roughtime accepted chimed's reply with the wrong key:\n{}",
+        text(&out)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// pyroughtime 1.0.1 → chimed, through tests/pyroughtime_query.py. Its Google mode sends a
+// headerless request that still carries VER 0x80000007: chimed serves it as Google's protocol.
+// Its default mode is draft 07 (SHA-512/256 hashes), which chimed does not serve: no reply, and
+// the request is counted.
+
+fn pyroughtime_query(addr: SocketAddr, key_base64: &str, mode: &str) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyroughtime_query.py");
+    let out = run(Command::new(peer("PYROUGHTIME_PYTHON", PYROUGHTIME_PYTHON))
+        .arg(script)
+        .args([&addr.ip().to_string(), &addr.port().to_string()])
+        .args([key_base64, mode, "1.5"]));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "pyroughtime_query.py printed no JSON ({e}):\n{}",
+            text(&out)
+        )
+    });
+    assert_eq!(out.status.success(), r["ok"] == true, "{}", text(&out));
+    r
+}
+
+#[test]
+fn pyroughtime_accepts_chimed_google() {
+    let s = chimed_roughtime();
+    let r = pyroughtime_query(s.addr, &s.key.public_base64, "google");
+    assert_eq!(
+        r["ok"],
+        true,
+        "pyroughtime (Google mode) did not accept chimed's reply: {r}\nchimed log:\n{}",
+        s.chimed.log()
+    );
+    assert!(r["radius_us"].as_u64().is_some_and(|r| r > 0), "{r}");
+    assert_near_now(
+        r["midpoint_us"].as_f64().unwrap() / 1e6,
+        "pyroughtime google",
+    );
+}
+
+#[test]
+fn pyroughtime_draft07_gets_no_reply_and_is_counted() {
+    let mut s = chimed_roughtime();
+    let r = pyroughtime_query(s.addr, &s.key.public_base64, "draft07");
+    assert_eq!(r["error"], "timeout", "chimed should drop draft 07: {r}");
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(totals.contains("dropped.no_common_version=1"), "{totals}");
 }
 
 // ---------------------------------------------------------------------------------------------
