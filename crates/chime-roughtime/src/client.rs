@@ -158,6 +158,14 @@ pub enum VerifyError {
         /// The version named.
         version: Version,
     },
+    /// The reply has a VER inside SREP and another at the top level, and they differ.
+    #[error("signed VER {signed:#010x} differs from top-level VER {top_level:#010x}")]
+    VersionConflict {
+        /// The VER inside SREP.
+        signed: u32,
+        /// The VER outside it.
+        top_level: u32,
+    },
     /// The server answered with a version the request did not offer.
     #[error("reply speaks {version}, which the request did not offer")]
     NotOffered {
@@ -373,26 +381,37 @@ pub fn verify_reply(
 
 /// The reply's version: Google by framing; from draft 12 on VER inside SREP (signed); drafts
 /// 08–11 a top-level VER. It must have been offered.
+///
+/// A reply may carry VER in both places: roughly 0.3.0's server signs one in SREP for drafts
+/// 10–11 too, beside the top-level one those drafts have. The signed one is then the version, and
+/// the two must agree. A version that signs VER is never taken from the top level alone, where it
+/// could have been changed on the way.
 fn reply_version(req: &Request<'_>, rep: &Reply<'_>) -> Result<Version, VerifyError> {
     if rep.framing == Framing::Google {
         return Ok(Version::Google);
     }
-    let (bytes, in_srep) = match (rep.srep.version, rep.top_version) {
-        (Some(v), _) => (v, true),
-        (None, Some(v)) => (v, false),
+    let number = |bytes: &[u8]| {
+        <[u8; 4]>::try_from(bytes)
+            .map(u32::from_le_bytes)
+            .map_err(|_| {
+                VerifyError::Reply(DecodeError::BadLength {
+                    tag: Tag::VER,
+                    len: bytes.len(),
+                    expected: 4,
+                })
+            })
+    };
+    let signed = rep.srep.version.map(number).transpose()?;
+    let top_level = rep.top_version.map(number).transpose()?;
+    let number = match (signed, top_level) {
+        (Some(signed), Some(top_level)) if signed != top_level => {
+            return Err(VerifyError::VersionConflict { signed, top_level });
+        }
+        (Some(n), _) | (None, Some(n)) => n,
         (None, None) => return Err(VerifyError::MissingVersion),
     };
-    let number = <[u8; 4]>::try_from(bytes)
-        .map(u32::from_le_bytes)
-        .map_err(|_| {
-            VerifyError::Reply(DecodeError::BadLength {
-                tag: Tag::VER,
-                len: bytes.len(),
-                expected: 4,
-            })
-        })?;
     let version = Version::from_number(number).ok_or(VerifyError::UnknownVersion { number })?;
-    if version.family().signs_version() != in_srep {
+    if version.family().signs_version() && signed.is_none() {
         return Err(VerifyError::VersionMisplaced { version });
     }
     if !req.versions.is_some_and(|offered| offered.contains(number)) {
@@ -524,6 +543,58 @@ mod tests {
             verify_reply(&request, &reply, &other, &VerifyPolicy::new(u64::MAX)),
             Err(VerifyError::BadSignature {
                 which: Signed::Cert
+            })
+        );
+    }
+
+    /// `reply` (a framed drafts 08–11 reply) with `ver` added inside its SREP and the SREP signed
+    /// again by the online key, as roughly 0.3.0's server answers drafts 10 and 11.
+    fn with_signed_ver(reply: &[u8], ver: u32) -> Vec<u8> {
+        use ed25519_dalek::{Signer, SigningKey};
+        let top = Message::parse(&reply[12..]).unwrap();
+        let srep = Message::parse(top.get(Tag::SREP).unwrap()).unwrap();
+        let ver = ver.to_le_bytes();
+        let mut fields: Vec<(Tag, &[u8])> = srep.iter().collect();
+        fields.push((Tag::VER, &ver));
+        fields.sort_by_key(|(tag, _)| tag.to_u32());
+        let mut new_srep = vec![0u8; 512];
+        let n = crate::message::encode(&mut new_srep, &fields).unwrap();
+        new_srep.truncate(n);
+        let context = Family::Draft08.srep_context(Family::Draft08.spelling());
+        let signature = SigningKey::from_bytes(&[4; 32])
+            .sign(&[context, &new_srep[..]].concat())
+            .to_bytes();
+        let fields: Vec<(Tag, &[u8])> = top
+            .iter()
+            .map(|(tag, value)| match tag {
+                Tag::SREP => (tag, &new_srep[..]),
+                Tag::SIG => (tag, &signature[..]),
+                _ => (tag, value),
+            })
+            .collect();
+        let mut message = vec![0u8; 1500];
+        let n = crate::message::encode(&mut message, &fields).unwrap();
+        let mut out = b"ROUGHTIM".to_vec();
+        out.extend_from_slice(&u32::try_from(n).unwrap().to_le_bytes());
+        out.extend_from_slice(&message[..n]);
+        out
+    }
+
+    #[test]
+    fn drafts_08_11_reply_may_also_sign_its_ver() {
+        let (request, reply, pk) = exchange(&[Version::Draft11]);
+        let policy = VerifyPolicy::new(5_000_000);
+        // A signed VER that agrees with the top-level one: the reply verifies.
+        let same = with_signed_ver(&reply, 0x8000_000b);
+        let v = verify_reply(&request, &same, &pk, &policy).unwrap();
+        assert_eq!(v.version, Version::Draft11);
+        // A signed VER naming another version than the top-level one is refused.
+        let conflicting = with_signed_ver(&reply, 0x8000_000a);
+        assert_eq!(
+            verify_reply(&request, &conflicting, &pk, &policy),
+            Err(VerifyError::VersionConflict {
+                signed: 0x8000_000a,
+                top_level: 0x8000_000b
             })
         );
     }

@@ -8,8 +8,11 @@
 //!   (Debian's `botan` package; `BOTAN`), a C++ client that also chains its queries and re-checks
 //!   the chain with `botan roughtime_check`, and pyroughtime 1.0.1 (PyPI; `PYROUGHTIME_PYTHON`, the
 //!   python of its venv), whose headerless request carries a stray VER tag;
-//! * `chime roughtime` verifies a real roughenough-server 2.2.0 (`ROUGHENOUGH_SERVER`) and chimed
-//!   itself, and refuses replies that do not verify with the key it was given.
+//! * `chime roughtime` verifies real independent servers, roughenough-server 2.2.0
+//!   (`ROUGHENOUGH_SERVER`; version 1) and roughly 0.3.0's server (version 1, 0x8000000c, drafts
+//!   10–11 and Google's protocol), and chimed itself, and refuses replies that do not verify with
+//!   the key it was given; `chime perf` verifies every reply of a load on roughly's server, whose
+//!   batches give replies with Merkle paths.
 //!
 //! A missing peer fails the test with a message naming `scripts/setup`; nothing is skipped.
 
@@ -21,12 +24,11 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{
-    Chimed, Chronyd, RoughenoughServer, RoughtimeKey, chime_keygen, peer, run, unix_now,
+    Chimed, Chronyd, PeerServer, ROUGHLY, RoughtimeKey, chime_keygen, peer, run, unix_now,
     wait_roughtime_ready, workspace_bin,
 };
 
 const ROUGHENOUGH_CLIENT: &str = "/opt/chime-peers/bin/roughenough_client";
-const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 const BOTAN: &str = "/usr/bin/botan";
 const PYROUGHTIME_PYTHON: &str = "/opt/chime-peers/pyroughtime-venv/bin/python";
 
@@ -322,7 +324,7 @@ fn assert_verified(r: &serde_json::Value, version_mark: &str, what: &str) {
 #[test]
 fn chime_verifies_roughenough_server() {
     let key = chime_keygen();
-    let server = RoughenoughServer::start(&key.seed_hex);
+    let server = PeerServer::roughenough(&key.seed_hex);
     // The same seed gives the same public key in both implementations.
     assert_eq!(
         server.logged_public_key_hex(),
@@ -337,6 +339,65 @@ fn chime_verifies_roughenough_server() {
         // The hex spelling of the key is accepted too.
         chime_roughtime(server.addr, &key.public_hex, version)
             .unwrap_or_else(|e| panic!("{what}, hex key: {e}"));
+    }
+}
+
+/// roughly 0.3.0's server signs a VER inside SREP for drafts 10 and 11 as well as the top-level
+/// one those drafts define; chime takes the signed one, and they must agree.
+#[test]
+fn chime_verifies_roughly_server_in_every_version_it_serves() {
+    let key = chime_keygen();
+    let server = PeerServer::roughly(&key.seed_hex);
+    for (version, mark) in [
+        ("1", "RFC 10049"),
+        ("0x8000000c", "0x8000000c"),
+        ("0x8000000b", "0x8000000b"),
+        ("0x8000000a", "0x8000000a"),
+        ("google", "Google"),
+    ] {
+        let r =
+            chime_roughtime(server.addr, &key.public_base64, Some(version)).unwrap_or_else(|e| {
+                panic!(
+                    "--version {version}: {e}\nroughly server log:\n{}",
+                    server.log()
+                )
+            });
+        assert_verified(&r, mark, &format!("roughly server, --version {version}"));
+    }
+    // Drafts 08 and 09 it does not serve: no reply, not a wrong one.
+    let err = chime_roughtime(server.addr, &key.public_base64, Some("0x80000008"))
+        .expect_err("roughly's server answered draft 08");
+    assert!(err.contains("no reply"), "{err}");
+}
+
+/// A load on roughly's server, which batches what arrives within 5 ms: every reply verified
+/// (`--verify-every 1`), Merkle paths included.
+#[test]
+fn chime_perf_verifies_every_reply_of_roughly_server() {
+    let key = chime_keygen();
+    let server = PeerServer::roughly(&key.seed_hex);
+    let dir = tempfile::tempdir().unwrap();
+    for version in ["1", "0x8000000b"] {
+        let json = dir.path().join(format!("perf-{version}.json"));
+        let out = run(Command::new(workspace_bin("chime"))
+            .args(["perf", "roughtime", "--target", &server.addr.to_string()])
+            .args(["--public-key", &key.public_base64, "--version", version])
+            .args(["--rate", "400", "--duration", "1", "--warmup", "0"])
+            .args(["--verify-every", "1", "--json"])
+            .arg(&json));
+        assert!(out.status.success(), "--version {version}: {}", text(&out));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let step = &report["steps"][0];
+        assert_eq!(step["invalid"], 0, "--version {version}: {step}");
+        assert!(
+            step["verified"].as_u64().unwrap() >= 300,
+            "--version {version}: {step}"
+        );
+        assert!(
+            step["merkle_path"]["max"].as_u64().unwrap() >= 1,
+            "--version {version}: no reply came from a batch of two or more: {step}"
+        );
     }
 }
 
@@ -562,7 +623,7 @@ fn pyroughtime_draft07_gets_no_reply_and_is_counted() {
 fn chime_refuses_roughenough_server_with_wrong_key() {
     let key = chime_keygen();
     let other = chime_keygen();
-    let server = RoughenoughServer::start(&key.seed_hex);
+    let server = PeerServer::roughenough(&key.seed_hex);
     // chime sends SRV = H(0xff ‖ key) with version 1, and roughenough drops a request whose SRV
     // names another key: what chime reports is no reply.
     let err = chime_roughtime(server.addr, &other.public_base64, None)
@@ -611,7 +672,7 @@ fn chime_chain(servers: &[String]) -> (Option<i32>, serde_json::Value, String) {
 fn chime_chains_chimed_and_roughenough_and_catches_a_liar() {
     let s = chimed_roughtime();
     let honest_key = chime_keygen();
-    let honest = RoughenoughServer::start(&honest_key.seed_hex);
+    let honest = PeerServer::roughenough(&honest_key.seed_hex);
     let chimed = format!("{}@{}", s.key.public_base64, s.addr);
     let roughenough = format!("{}@{}", honest_key.public_base64, honest.addr);
 
@@ -622,7 +683,7 @@ fn chime_chains_chimed_and_roughenough_and_catches_a_liar() {
 
     // An hour slow, answering after chimed: its latest possible time is before chimed's earliest.
     let liar_key = chime_keygen();
-    let liar = RoughenoughServer::start_with(&liar_key.seed_hex, &["--fixed-offset=-3600"]);
+    let liar = PeerServer::roughenough_with(&liar_key.seed_hex, &["--fixed-offset=-3600"]);
     let liar = format!("{}@{}", liar_key.public_base64, liar.addr);
     let (code, json, all) = chime_chain(&[chimed, roughenough, liar]);
     assert_eq!(code, Some(1), "{all}");

@@ -136,6 +136,7 @@ impl LoadProtocol for NtpLoad {
             id: header.origin_ts.0,
             verdict,
             server,
+            signed: None,
         }
     }
 }
@@ -202,6 +203,7 @@ mod tests {
             id,
             verdict,
             server,
+            ..
         } = p.match_reply(&good, NOW)
         else {
             panic!("unmatched");
@@ -219,7 +221,8 @@ mod tests {
                 ReplyMatch::Matched {
                     id: 77,
                     verdict: Verdict::Invalid,
-                    server: None
+                    server: None,
+                    ..
                 }
             ));
         }

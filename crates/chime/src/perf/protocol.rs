@@ -41,6 +41,8 @@ pub(crate) enum ReplyMatch {
         verdict: Verdict,
         /// The server's own timestamps, when the protocol carries them and they are set.
         server: Option<ServerTimes>,
+        /// For a signed protocol (Roughtime), what the reply shows of its signature and batch.
+        signed: Option<Signed>,
     },
 }
 
@@ -54,6 +56,16 @@ pub(crate) enum Verdict {
     Refused,
     /// Wrong in a way a client would reject (mode, version, missing timestamps, bad signature).
     Invalid,
+}
+
+/// What a signed reply shows: whether it was checked in full, and how wide a tree it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Signed {
+    /// Its signatures and Merkle path were verified (only a sample is, `--verify-every`).
+    pub(crate) verified: bool,
+    /// Hashes in its Merkle path: the batch it was signed in had at most 2^n requests, and more
+    /// than 2^(n−1) in a tree as full as the RFC's.
+    pub(crate) path_len: u8,
 }
 
 /// When the server says it received the request and sent the reply, in nanoseconds since the Unix

@@ -103,6 +103,26 @@ pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option
             let _ = writeln!(text, "Most answered: {}.", line(peak));
         }
     }
+    if let Some(s) = steps
+        .iter()
+        .filter(|s| s.merkle_path.is_some())
+        .max_by(|a, b| a.answered_rate.total_cmp(&b.answered_rate))
+        && let Some(m) = s.merkle_path
+    {
+        let batch = match m.max {
+            0 => "every reply signed alone".to_owned(),
+            n => {
+                let widest = 1u64.checked_shl(u32::from(n)).unwrap_or(u64::MAX);
+                format!("a batch of {} to {widest} requests", widest / 2 + 1)
+            }
+        };
+        let _ = writeln!(
+            text,
+            "Merkle paths at step {}: mean {:.2} hashes, longest {} ({batch}); {} replies verified \
+             in full.",
+            s.step, m.mean, m.max, s.verified
+        );
+    }
     if let Some(why) = stopped_early {
         let _ = writeln!(text, "Stopped early: {why} (--max-loss {max_loss}%).");
     }
@@ -152,7 +172,7 @@ rtt_p50_us,rtt_p90_us,rtt_p99_us,rtt_p999_us,rtt_max_us,\
 t2_t1_p50_us,t2_t1_p90_us,t2_t1_p99_us,t2_t1_p999_us,t2_t1_max_us,\
 t3_t2_p50_us,t3_t2_p90_us,t3_t2_p99_us,t3_t2_p999_us,t3_t2_max_us,\
 send_lag_p99_us,server_cpu_us_per_reply,server_cpu_pct,server_busiest_thread_pct,\
-client_cpu_pct,client_rx_drops,server_rx_drops";
+client_cpu_pct,client_rx_drops,server_rx_drops,verified,merkle_path_mean,merkle_path_max";
 
 /// Writes the steps as CSV: numbers only, an empty field where there is no value.
 pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
@@ -194,6 +214,9 @@ pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> 
             Some(s.client_cpu_percent),
             s.client_rx_drops.map(|d| d as f64),
             s.server_rx_drops.map(|d| d as f64),
+            Some(s.verified as f64),
+            s.merkle_path.map(|m| m.mean),
+            s.merkle_path.map(|m| f64::from(m.max)),
         ];
         for f in fields {
             row.push(',');

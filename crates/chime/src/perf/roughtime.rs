@@ -9,7 +9,7 @@
 use chime_roughtime::{Reply, VerifyPolicy, Version, build_request, srv_value, verify_reply};
 
 use super::args::LoadArgs;
-use super::protocol::{LoadProtocol, ReplyMatch, Verdict};
+use super::protocol::{LoadProtocol, ReplyMatch, Signed, Verdict};
 use crate::roughtime::{parse_key, parse_version};
 
 #[derive(Debug, clap::Args)]
@@ -51,6 +51,8 @@ pub(crate) struct RoughtimeLoad {
     /// Where the nonce starts in the template; the id is its first 8 bytes.
     nonce_at: usize,
     public_key: [u8; 32],
+    /// Bytes per Merkle path entry in this version's replies (32, or Google's 64).
+    hash_len: usize,
     verify_every: u64,
     matched: u64,
     policy: VerifyPolicy,
@@ -79,6 +81,7 @@ impl RoughtimeLoad {
             template,
             nonce_at,
             public_key,
+            hash_len: version.family().hash_len(),
             verify_every,
             matched: 0,
             // Load tests need no radius cap: the point is that the signature holds.
@@ -126,19 +129,24 @@ impl LoadProtocol for RoughtimeLoad {
             return ReplyMatch::Unmatched;
         }
         self.matched += 1;
+        // Saturating: a path longer than 255 hashes is invalid anyway, and verification says so.
+        let path_len = u8::try_from(parsed.path.len() / self.hash_len).unwrap_or(u8::MAX);
         let mut verdict = Verdict::Valid;
+        let mut verified = false;
         if self.verify_every > 0 && self.matched.is_multiple_of(self.verify_every) {
             let key = self.public_key;
             let policy = self.policy;
             let request = self.request_for(id);
-            if verify_reply(request, reply, &key, &policy).is_err() {
-                verdict = Verdict::Invalid;
+            match verify_reply(request, reply, &key, &policy) {
+                Ok(_) => verified = true,
+                Err(_) => verdict = Verdict::Invalid,
             }
         }
         ReplyMatch::Matched {
             id,
             verdict,
             server: None,
+            signed: Some(Signed { verified, path_len }),
         }
     }
 }
@@ -188,7 +196,11 @@ mod tests {
                 ReplyMatch::Matched {
                     id: 0xDEAD_BEEF,
                     verdict: Verdict::Valid,
-                    server: None
+                    server: None,
+                    signed: Some(Signed {
+                        verified: true,
+                        path_len: 0
+                    }),
                 },
                 "{version}"
             );

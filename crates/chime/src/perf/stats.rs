@@ -10,6 +10,8 @@
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use super::protocol::Signed;
+
 /// Latencies are recorded in nanoseconds, from 1 ns up to a minute, to three significant digits.
 const HIST_MAX_NS: u64 = 60_000_000_000;
 
@@ -45,7 +47,15 @@ pub(crate) struct StepStats {
     pub(crate) t3_t2: Histogram<u64>,
     /// How late requests left against the schedule.
     pub(crate) send_lag: Histogram<u64>,
+    /// Answered requests whose reply was verified in full (signed protocols).
+    pub(crate) verified: u64,
+    /// Answered requests by the number of hashes in their reply's Merkle path (signed protocols;
+    /// the last entry also counts longer paths).
+    pub(crate) path_lens: [u64; PATH_LENS],
 }
+
+/// Merkle path lengths counted one by one: 0..=32 hashes, a tree of up to 2^32 leaves.
+const PATH_LENS: usize = 33;
 
 impl StepStats {
     pub(crate) fn new() -> Self {
@@ -65,7 +75,15 @@ impl StepStats {
             t2_t1: histogram(),
             t3_t2: histogram(),
             send_lag: histogram(),
+            verified: 0,
+            path_lens: [0; PATH_LENS],
         }
+    }
+
+    /// Counts what an answered reply of a signed protocol shows.
+    pub(crate) fn record_signed(&mut self, signed: Signed) {
+        self.verified += u64::from(signed.verified);
+        self.path_lens[usize::from(signed.path_len).min(PATH_LENS - 1)] += 1;
     }
 
     /// Requests without a reply that settled them: while the step runs, the ones still waiting;
@@ -90,6 +108,10 @@ impl StepStats {
             self.first_error.clone_from(&other.first_error);
         }
         self.t2_before_t1 += other.t2_before_t1;
+        self.verified += other.verified;
+        for (mine, theirs) in self.path_lens.iter_mut().zip(other.path_lens) {
+            *mine += theirs;
+        }
         for (mine, theirs) in [
             (&mut self.rtt, &other.rtt),
             (&mut self.t2_t1, &other.t2_t1),
@@ -136,6 +158,31 @@ impl Percentiles {
             p99: us(h.value_at_quantile(0.99)),
             p999: us(h.value_at_quantile(0.999)),
             max: us(h.max()),
+        })
+    }
+}
+
+/// The Merkle paths of a step's answered replies (signed protocols): how wide the server's trees,
+/// and so its batches, were.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub(crate) struct MerklePaths {
+    /// Mean hashes per path.
+    pub(crate) mean: f64,
+    /// The longest path: some batch held more than 2^(max−1) requests.
+    pub(crate) max: u8,
+}
+
+impl MerklePaths {
+    fn of(counts: &[u64; PATH_LENS]) -> Option<Self> {
+        let n: u64 = counts.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let hashes: u64 = (0u64..).zip(counts).map(|(len, c)| len * c).sum();
+        let max = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+        Some(Self {
+            mean: hashes as f64 / n as f64,
+            max: u8::try_from(max).unwrap_or(u8::MAX),
         })
     }
 }
@@ -188,6 +235,10 @@ pub(crate) struct StepReport {
     pub(crate) t2_before_t1: u64,
     /// How late requests left against the schedule.
     pub(crate) send_lag_us: Option<Percentiles>,
+    /// Answered requests whose reply was verified in full (Roughtime: `--verify-every`).
+    pub(crate) verified: u64,
+    /// The Merkle paths of the answered replies (Roughtime).
+    pub(crate) merkle_path: Option<MerklePaths>,
     pub(crate) server_cpu: Option<ServerCpu>,
     /// This process's CPU time per second of sending, percent of one core (all its threads).
     pub(crate) client_cpu_percent: f64,
@@ -235,6 +286,8 @@ impl StepReport {
             t3_t2_us: Percentiles::of(&s.t3_t2),
             t2_before_t1: s.t2_before_t1,
             send_lag_us: Percentiles::of(&s.send_lag),
+            verified: s.verified,
+            merkle_path: MerklePaths::of(&s.path_lens),
             server_cpu: None,
             client_cpu_percent: 0.0,
             client_rx_drops: None,
@@ -278,5 +331,33 @@ mod tests {
         assert_eq!(p.count, 3);
         assert!((p.max - 30.0).abs() < 0.1, "{p:?}");
         assert!((p.p50 - 10.0).abs() < 0.1, "{p:?}");
+    }
+
+    #[test]
+    fn merkle_paths_summarise_the_answered_replies() {
+        let mut a = StepStats::new();
+        assert_eq!(StepReport::new(1, 1.0, 1.0, &a).merkle_path, None);
+        for path_len in [0, 3, 3] {
+            a.record_signed(Signed {
+                verified: path_len == 3,
+                path_len,
+            });
+        }
+        let mut b = StepStats::new();
+        b.record_signed(Signed {
+            verified: false,
+            path_len: 200,
+        });
+        a.merge(&b);
+        let r = StepReport::new(1, 1.0, 1.0, &a);
+        assert_eq!(r.verified, 2);
+        // 200 is counted as 32, the longest path a 2^32-leaf tree has.
+        assert_eq!(
+            r.merkle_path,
+            Some(MerklePaths {
+                mean: (3.0 + 3.0 + 32.0) / 4.0,
+                max: 32
+            })
+        );
     }
 }

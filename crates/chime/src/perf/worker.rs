@@ -331,6 +331,7 @@ impl<P: LoadProtocol> Book<P> {
             id,
             verdict,
             server,
+            signed,
         } = matched
         else {
             if let Some((_, stats)) = &mut self.current {
@@ -375,6 +376,9 @@ impl<P: LoadProtocol> Book<P> {
                         slot.state = State::Answered;
                         stats.answered += 1;
                         record_ns(&mut stats.rtt, t4_ns - slot.t1_ns);
+                        if let Some(signed) = signed {
+                            stats.record_signed(signed);
+                        }
                         if let Some(server) = server {
                             record_ns(&mut stats.t3_t2, server.transmit_ns - server.receive_ns);
                             if slot.first_in_batch {

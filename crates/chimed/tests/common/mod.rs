@@ -441,11 +441,12 @@ pub fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
-/// A real roughenough-server (crates.io 2.2.0) on a free loopback port, with the long-term seed
-/// we give it. 2.2.0 has no grease (deliberately invalid replies) to turn off: it answers every
-/// version 1 request it accepts with a valid reply, and its only fault injection (worker panics)
-/// is the `test-utils` cargo feature, which `scripts/setup` does not enable.
-pub struct RoughenoughServer {
+/// A real, independent Roughtime server on a free loopback port, with the long-term seed we give
+/// it: roughenough-server 2.2.0 (crates.io) or roughly 0.3.0's server (PyPI).
+///
+/// Neither can bind port 0 and report the port, so each gets a port that was free a moment ago,
+/// and another if that one was taken meanwhile; it is ready once it answers an RFC 10049 request.
+pub struct PeerServer {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
     pub addr: SocketAddr,
@@ -453,26 +454,25 @@ pub struct RoughenoughServer {
 }
 
 pub const ROUGHENOUGH_SERVER: &str = "/opt/chime-peers/bin/roughenough_server";
+pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 
-impl RoughenoughServer {
-    /// Starts the server with this seed (64 hex digits) on 127.0.0.1 and waits (bounded) until it
-    /// answers a Roughtime request. roughenough cannot bind port 0 and report the port (each of
-    /// its `SO_REUSEPORT` workers binds the address given), so it gets a port that was free a
-    /// moment ago, and another if that one was taken meanwhile.
-    pub fn start(seed_hex: &str) -> Self {
-        Self::start_with(seed_hex, &[])
+impl PeerServer {
+    /// roughenough-server 2.2.0 with this seed (64 hex digits). 2.2.0 has no grease
+    /// (deliberately invalid replies) to turn off: it answers every version 1 request it accepts
+    /// with a valid reply, and its only fault injection (worker panics) is the `test-utils` cargo
+    /// feature, which `scripts/setup` does not enable. It serves version 1 only.
+    pub fn roughenough(seed_hex: &str) -> Self {
+        Self::roughenough_with(seed_hex, &[])
     }
 
-    /// [`Self::start`] with extra flags, e.g. `--fixed-offset=-3600` for a server that lies.
-    pub fn start_with(seed_hex: &str, extra: &[&str]) -> Self {
+    /// [`Self::roughenough`] with extra flags, e.g. `--fixed-offset=-3600` for a server that lies.
+    pub fn roughenough_with(seed_hex: &str, extra: &[&str]) -> Self {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
 
         let bin = peer("ROUGHENOUGH_SERVER", ROUGHENOUGH_SERVER);
-        let mut last_log = String::new();
-        for _ in 0..5 {
-            let dir = tempfile::tempdir().unwrap();
-            let seed_file = dir.path().join("seed");
+        Self::start("roughenough_server", |port, dir| {
+            let seed_file = dir.join("seed");
             // roughenough refuses a seed file that group or others may read.
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -482,17 +482,47 @@ impl RoughenoughServer {
                 .unwrap();
             writeln!(f, "{seed_hex}").unwrap();
             drop(f);
-            let port = free_udp_port();
-            let mut child = Command::new(&bin)
-                .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
+            let mut cmd = Command::new(&bin);
+            cmd.args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
                 .args(["--metrics-interval", "86400", "--seed-file"])
                 .arg(&seed_file)
                 .args(extra)
-                .env("NO_COLOR", "1")
+                .env("NO_COLOR", "1");
+            cmd
+        })
+    }
+
+    /// roughly 0.3.0's server with this seed (64 hex digits), grease (deliberately invalid
+    /// replies, one in a thousand by default) off. It serves version 1, drafts 10–15 as
+    /// 0x8000000a–0x8000000f, and Google's protocol, and batches what arrives within 5 ms into
+    /// one tree.
+    pub fn roughly(seed_hex: &str) -> Self {
+        use base64::Engine as _;
+        let roughly = peer("ROUGHLY", ROUGHLY);
+        let seed: Vec<u8> = (0..seed_hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&seed_hex[i..i + 2], 16).unwrap())
+            .collect();
+        let seed = base64::engine::general_purpose::STANDARD.encode(seed);
+        Self::start("roughly server", |port, _| {
+            let mut cmd = Command::new(&roughly);
+            cmd.args(["server", "run", "--host", "127.0.0.1", "--port"])
+                .arg(port.to_string())
+                .args(["--private-key", &seed, "--no-grease"]);
+            cmd
+        })
+    }
+
+    fn start(what: &str, mut command: impl FnMut(u16, &Path) -> Command) -> Self {
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_udp_port();
+            let mut child = command(port, dir.path())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
             let lines = Arc::new(Mutex::new(Vec::new()));
             for pipe in [
                 Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
@@ -505,7 +535,7 @@ impl RoughenoughServer {
                     }
                 });
             }
-            let mut server = RoughenoughServer {
+            let mut server = PeerServer {
                 child,
                 lines,
                 addr: ([127, 0, 0, 1], port).into(),
@@ -521,9 +551,7 @@ impl RoughenoughServer {
             server.stop();
             last_log = server.log();
         }
-        panic!(
-            "roughenough_server did not answer on a free port after 5 tries; last log:\n{last_log}"
-        );
+        panic!("{what} did not answer on a free port after 5 tries; last log:\n{last_log}");
     }
 
     /// What it printed so far (stdout and stderr).
@@ -531,9 +559,9 @@ impl RoughenoughServer {
         self.lines.lock().unwrap().join("\n")
     }
 
-    /// The long-term public key it logged at start ("Long term public key: PUBK(HEX)"), in
-    /// lowercase hex. It is logged before the workers bind, so it is there once the server answers
-    /// (the reader thread is given a second to catch up).
+    /// The long-term public key roughenough logged at start ("Long term public key: PUBK(HEX)"),
+    /// in lowercase hex. It is logged before the workers bind, so it is there once the server
+    /// answers (the reader thread is given a second to catch up).
     pub fn logged_public_key_hex(&self) -> String {
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
@@ -560,7 +588,7 @@ impl RoughenoughServer {
     }
 }
 
-impl Drop for RoughenoughServer {
+impl Drop for PeerServer {
     fn drop(&mut self) {
         self.stop();
     }
