@@ -1,24 +1,30 @@
 //! `chime roughtime`: query Roughtime servers and verify every signature and path. One server
 //! prints its verified time; several are queried in turn as a chain (each nonce derived from the
 //! previous reply) and the report says whether any server contradicted another.
+//!
+//! `--report FILE` saves the chain as an RFC 10049 §8.4.1 malfeasance report, the evidence a third
+//! party can check; `--check-report FILE` checks one, written by chime or by another
+//! implementation (roughly writes a bare list of the same entries).
 
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::{
-    Link, Verified, VerifyPolicy, Version, build_request, next_nonce, srv_value, verify_chain,
-    verify_reply,
+    ChainReport, Link, Verified, VerifyPolicy, Version, build_request, next_nonce, srv_value,
+    verify_chain, verify_reply,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Servers to query, in order: HOST[:PORT] (port 5319), or KEY@HOST[:PORT] to give each server
     /// of a chain its own public key
-    #[arg(required = true, value_name = "SERVER")]
+    #[arg(required_unless_present = "check_report", value_name = "SERVER")]
     servers: Vec<String>,
     /// The server's long-term public key (base64 or hex), for servers without KEY@
     #[arg(long, value_name = "KEY")]
@@ -39,11 +45,50 @@ pub(crate) struct Args {
     /// Print the result as JSON
     #[arg(long)]
     json: bool,
+    /// Save the exchanges as an RFC 10049 malfeasance report (JSON) to FILE, which must not exist
+    /// yet; it is written whether or not the servers agree
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Check a malfeasance report instead of querying: every reply's signatures and path, every
+    /// nonce derived from the reply before, and whether any two replies contradict each other
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["servers", "report", "public_key", "version"])]
+    check_report: Option<PathBuf>,
+}
+
+/// A malfeasance report as RFC 10049 §8.4.1 lays it out: the exchanges in the order they were
+/// made, each with the server's long-term key and, from the second on, the `rand` that derived
+/// its nonce from the reply before. Everything binary is base64.
+#[derive(Debug, Serialize, Deserialize)]
+struct MalfeasanceReport {
+    responses: Vec<ReportEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReportEntry {
+    public_key: String,
+    /// On the first entry chime writes the first nonce itself, as roughly does (its checker
+    /// wants a `rand` on every entry); RFC 10049's example has none there, and checkers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rand: Option<String>,
+    request: String,
+    response: String,
+}
+
+/// The report forms read: RFC 10049's object, or roughly's bare list of entries.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum AnyReport {
+    Rfc(MalfeasanceReport),
+    Bare(Vec<ReportEntry>),
 }
 
 #[derive(Debug, Serialize)]
 struct ServerReport {
-    server: SocketAddr,
+    /// Where it was queried; none for a reply read from a report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server: Option<SocketAddr>,
+    public_key: String,
     version: String,
     midpoint_unix_us: u64,
     midpoint: String,
@@ -52,9 +97,11 @@ struct ServerReport {
     maxt_unix_us: u64,
     online_key: String,
     index: u32,
-    round_trip_us: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    round_trip_us: Option<u64>,
     /// The server's midpoint minus our clock halfway through the exchange.
-    local_offset_us: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_offset_us: Option<i64>,
     spelling_conforms: bool,
 }
 
@@ -81,6 +128,18 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     let mut policy = VerifyPolicy::new((args.max_radius * 1e6) as u64);
     if args.accept_draft_spelling {
         policy = policy.accepting_draft_spelling();
+    }
+    if let Some(path) = &args.check_report {
+        return check_report(path, &policy, args.json);
+    }
+    // Refused before any query, so that a chain is not run only to find nowhere to keep it.
+    if let Some(path) = &args.report
+        && path.exists()
+    {
+        bail!(
+            "--report {}: the file exists; a report is evidence and is never overwritten",
+            path.display()
+        );
     }
     let versions: Vec<Version> = match args.version {
         Some(v) => vec![v],
@@ -133,9 +192,25 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         let (reply, rtt, local_mid) = exchange(*addr, &request, timeout)?;
         let verified = verify_reply(&request, &reply, key, &policy)
             .map_err(|e| anyhow::anyhow!("{addr}: reply does not verify: {e}"))?;
-        reports.push(report(*addr, &verified, rtt, local_mid));
+        reports.push(report(Some((*addr, rtt, local_mid)), key, &verified));
         previous = Some(reply.clone());
+        // The first entry's `rand` is its nonce (see `ReportEntry::rand`); Google's 64-byte
+        // nonces do not chain and get none.
+        let rand = rand.or_else(|| <[u8; 32]>::try_from(nonce).ok());
         exchanges.push((request, reply, rand));
+    }
+    if let Some(path) = &args.report {
+        let responses = exchanges
+            .iter()
+            .zip(&targets)
+            .map(|((request, reply, rand), (_, key))| ReportEntry {
+                public_key: BASE64.encode(key),
+                rand: rand.map(|r| BASE64.encode(r)),
+                request: BASE64.encode(request),
+                response: BASE64.encode(reply),
+            })
+            .collect();
+        write_report(path, &MalfeasanceReport { responses })?;
     }
 
     if targets.len() == 1 {
@@ -151,14 +226,108 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     let links: Vec<Link<'_>> = exchanges
         .iter()
         .zip(&targets)
-        .map(|((req, reply, rand), (_, key))| Link {
+        .enumerate()
+        .map(|(i, ((req, reply, rand), (_, key)))| Link {
             public_key: *key,
-            rand: *rand,
+            rand: if i == 0 { None } else { *rand },
             request: req,
             reply,
         })
         .collect();
     let chain = verify_chain(&links, &policy).map_err(|e| anyhow::anyhow!("chain: {e}"))?;
+    print_chain(reports, &chain, args.json)?;
+    if !chain.contradictions.is_empty() {
+        bail!("the servers contradict each other; the chain above is the proof");
+    }
+    Ok(())
+}
+
+fn write_report(path: &Path, report: &MalfeasanceReport) -> Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "--report {}: cannot create it (a report is never overwritten)",
+                path.display()
+            )
+        })?;
+    let mut json = serde_json::to_string_pretty(report)?;
+    json.push('\n');
+    file.write_all(json.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("--report {}: cannot write it", path.display()))
+}
+
+/// `--check-report FILE`: verifies every entry and the links between them, prints what each reply
+/// says, and fails if two of them contradict each other (the report then proves it).
+fn check_report(path: &Path, policy: &VerifyPolicy, json: bool) -> Result<()> {
+    let what = || format!("--check-report {}", path.display());
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("{}: cannot read it", what()))?;
+    let entries = match serde_json::from_str::<AnyReport>(&text) {
+        Ok(AnyReport::Rfc(r)) => r.responses,
+        Ok(AnyReport::Bare(entries)) => entries,
+        Err(_) => bail!(
+            "{}: not a malfeasance report (want {{\"responses\": [...]}} or a list of entries \
+             with publicKey, request, response and rand)",
+            what()
+        ),
+    };
+    if entries.is_empty() {
+        bail!("{}: the report has no responses", what());
+    }
+    let decode = |i: usize, field: &str, value: &str| {
+        BASE64
+            .decode(value.trim())
+            .with_context(|| format!("{}: entry {i}: {field} is not base64", what()))
+    };
+    let mut decoded = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        let key: [u8; 32] = decode(i, "publicKey", &e.public_key)?
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("{}: entry {i}: publicKey is not 32 bytes", what()))?;
+        let rand = match (i, &e.rand) {
+            (0, _) => None,
+            (_, None) => bail!(
+                "{}: entry {i}: no rand tying it to the reply before",
+                what()
+            ),
+            (_, Some(r)) => Some(
+                <[u8; 32]>::try_from(decode(i, "rand", r)?)
+                    .map_err(|_| anyhow::anyhow!("{}: entry {i}: rand is not 32 bytes", what()))?,
+            ),
+        };
+        let request = decode(i, "request", &e.request)?;
+        let reply = decode(i, "response", &e.response)?;
+        decoded.push((key, rand, request, reply));
+    }
+    let links: Vec<Link<'_>> = decoded
+        .iter()
+        .map(|(key, rand, request, reply)| Link {
+            public_key: *key,
+            rand: *rand,
+            request,
+            reply,
+        })
+        .collect();
+    let chain = verify_chain(&links, policy).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?;
+    let reports = chain
+        .replies
+        .iter()
+        .zip(&decoded)
+        .map(|(v, (key, ..))| report(None, key, v))
+        .collect();
+    print_chain(reports, &chain, json)?;
+    if !chain.contradictions.is_empty() {
+        bail!("the report proves that servers contradict each other");
+    }
+    Ok(())
+}
+
+fn print_chain(reports: Vec<ServerReport>, chain: &ChainReport, json: bool) -> Result<()> {
     let out = ChainOut {
         consistent: chain.contradictions.is_empty(),
         contradictions: chain
@@ -168,7 +337,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             .collect(),
         servers: reports,
     };
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string(&out)?);
     } else {
         for (i, r) in out.servers.iter().enumerate() {
@@ -188,9 +357,6 @@ pub(crate) fn run(args: &Args) -> Result<()> {
                 c.earlier, c.later
             );
         }
-    }
-    if !out.consistent {
-        bail!("the servers contradict each other; the chain above is the proof");
     }
     Ok(())
 }
@@ -231,9 +397,16 @@ fn exchange(
     Ok((buf, rtt, sent_at + rtt.as_micros() as u64 / 2))
 }
 
-fn report(server: SocketAddr, v: &Verified, rtt: Duration, local_mid_us: u64) -> ServerReport {
+/// What one verified reply says; `exchange` is where and how it was queried (server, round trip,
+/// our clock halfway through), none for a reply read from a report.
+fn report(
+    exchange: Option<(SocketAddr, Duration, u64)>,
+    public_key: &[u8; 32],
+    v: &Verified,
+) -> ServerReport {
     ServerReport {
-        server,
+        server: exchange.map(|(addr, ..)| addr),
+        public_key: BASE64.encode(public_key),
         version: v.version.to_string(),
         midpoint_unix_us: v.midpoint_unix_us,
         midpoint: rfc3339(v.midpoint_unix_us),
@@ -242,14 +415,17 @@ fn report(server: SocketAddr, v: &Verified, rtt: Duration, local_mid_us: u64) ->
         maxt_unix_us: v.maxt_unix_us,
         online_key: BASE64.encode(v.online_key),
         index: v.index,
-        round_trip_us: rtt.as_micros() as u64,
-        local_offset_us: v.midpoint_unix_us as i64 - local_mid_us as i64,
+        round_trip_us: exchange.map(|(_, rtt, _)| rtt.as_micros() as u64),
+        local_offset_us: exchange.map(|(.., mid)| v.midpoint_unix_us as i64 - mid as i64),
         spelling_conforms: v.spelling_conforms(),
     }
 }
 
 fn print_one(r: &ServerReport) {
-    println!("Server      : {}", r.server);
+    match r.server {
+        Some(server) => println!("Server      : {server}"),
+        None => println!("Public key  : {}", r.public_key),
+    }
     println!("Version     : {}", r.version);
     println!(
         "Midpoint    : {} ({} µs since 1970)",
@@ -262,11 +438,13 @@ fn print_one(r: &ServerReport) {
         rfc3339(r.maxt_unix_us)
     );
     println!("Online key  : {}", r.online_key);
-    println!("Round trip  : {:.6} s", r.round_trip_us as f64 / 1e6);
-    println!(
-        "Local clock : {:+.6} s from the server's midpoint",
-        -(r.local_offset_us as f64) / 1e6
-    );
+    if let (Some(rtt), Some(offset)) = (r.round_trip_us, r.local_offset_us) {
+        println!("Round trip  : {:.6} s", rtt as f64 / 1e6);
+        println!(
+            "Local clock : {:+.6} s from the server's midpoint",
+            -(offset as f64) / 1e6
+        );
+    }
     if !r.spelling_conforms {
         println!(
             "Note        : signed with the drafts' \"RoughTime\" context spelling, not RFC 10049's"

@@ -12,7 +12,9 @@
 //!   (`ROUGHENOUGH_SERVER`; version 1) and roughly 0.3.0's server (version 1, 0x8000000c, drafts
 //!   10–11 and Google's protocol), and chimed itself, and refuses replies that do not verify with
 //!   the key it was given; `chime perf` verifies every reply of a load on roughly's server, whose
-//!   batches give replies with Merkle paths.
+//!   batches give replies with Merkle paths;
+//! * malfeasance reports (RFC 10049 §8.4.1) both ways: roughly's checker confirms the reports
+//!   `chime roughtime --report` writes, and `chime roughtime --check-report` checks roughly's.
 //!
 //! A missing peer fails the test with a message naming `scripts/setup`; nothing is skipped.
 
@@ -694,4 +696,152 @@ fn chime_chains_chimed_and_roughenough_and_catches_a_liar() {
         "only the liar contradicts: {json}"
     );
     assert_eq!(pairs.len(), 2, "{json}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malfeasance reports (RFC 10049 §8.4.1) across implementations: chime writes them and roughly's
+// checker (roughly.ecosystem.confirm_malfeasance, through tests/roughly_report.py) judges them;
+// roughly writes them and chime checks them.
+
+fn roughly_report(args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/roughly_report.py");
+    let out = run(Command::new(roughly_python()).arg(script).args(args));
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("roughly_report.py printed no JSON ({e}):\n{}", text(&out)))
+}
+
+fn chime_check_report(report: &Path, extra: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+    let out = run(Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--json", "--check-report"])
+        .arg(report)
+        .args(extra));
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), json, text(&out))
+}
+
+/// chimed, an honest roughenough-server and one an hour slow, as KEY@ADDR specs.
+struct ThreeServers {
+    chimed: String,
+    honest: String,
+    liar: String,
+    _servers: (RoughtimeChimed, PeerServer, PeerServer),
+}
+
+fn three_servers() -> ThreeServers {
+    let s = chimed_roughtime();
+    let honest_key = chime_keygen();
+    let honest = PeerServer::roughenough(&honest_key.seed_hex);
+    let liar_key = chime_keygen();
+    let liar = PeerServer::roughenough_with(&liar_key.seed_hex, &["--fixed-offset=-3600"]);
+    ThreeServers {
+        chimed: format!("{}@{}", s.key.public_base64, s.addr),
+        honest: format!("{}@{}", honest_key.public_base64, honest.addr),
+        liar: format!("{}@{}", liar_key.public_base64, liar.addr),
+        _servers: (s, honest, liar),
+    }
+}
+
+#[test]
+fn chime_reports_are_judged_alike_by_roughly_and_by_chime() {
+    let t = three_servers();
+    let dir = tempfile::tempdir().unwrap();
+
+    let honest = dir.path().join("honest.json");
+    let out = run(Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--timeout", "2", "--report"])
+        .arg(&honest)
+        .args([&t.chimed, &t.honest, &t.chimed]));
+    assert!(out.status.success(), "{}", text(&out));
+    let r = roughly_report(&["check".as_ref(), honest.as_os_str()]);
+    assert_eq!(r, serde_json::json!({"valid": true, "malfeasance": false}));
+    let (code, json, all) = chime_check_report(&honest, &[]);
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(json["consistent"], true, "{json}");
+    assert_eq!(json["servers"].as_array().map(Vec::len), Some(3), "{json}");
+
+    let lie = dir.path().join("lie.json");
+    let out = run(Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--timeout", "2", "--report"])
+        .arg(&lie)
+        .args([&t.chimed, &t.honest, &t.liar]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = roughly_report(&["check".as_ref(), lie.as_os_str()]);
+    assert_eq!(r, serde_json::json!({"valid": true, "malfeasance": true}));
+    let (code, json, all) = chime_check_report(&lie, &[]);
+    assert_eq!(code, Some(1), "{all}");
+    assert!(all.contains("proves that servers contradict"), "{all}");
+    assert_eq!(json["contradictions"], serde_json::json!([[0, 2], [1, 2]]));
+
+    // A report is evidence: never overwritten, and refused before any query is made.
+    let before = std::fs::read(&lie).unwrap();
+    let out = run(Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--timeout", "2", "--report"])
+        .arg(&lie)
+        .arg(&t.chimed));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("never overwritten"), "{}", text(&out));
+    assert_eq!(std::fs::read(&lie).unwrap(), before);
+
+    // Another rand in the last entry breaks the chain, for both checkers.
+    let mut report: serde_json::Value = serde_json::from_slice(&before).unwrap();
+    report["responses"][2]["rand"] = serde_json::json!(base64_of(&[7u8; 32]));
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, serde_json::to_vec(&report).unwrap()).unwrap();
+    let r = roughly_report(&["check".as_ref(), broken.as_os_str()]);
+    assert_eq!(r["valid"], false, "{r}");
+    let (code, _, all) = chime_check_report(&broken, &[]);
+    assert_eq!(code, Some(1), "{all}");
+    assert!(all.contains("not derived from reply 1"), "{all}");
+}
+
+#[test]
+fn chime_checks_reports_roughly_wrote() {
+    let t = three_servers();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, chain, contradictions) in [
+        (
+            "honest",
+            [&t.chimed, &t.honest, &t.chimed],
+            serde_json::json!([]),
+        ),
+        (
+            "lie",
+            [&t.chimed, &t.honest, &t.liar],
+            serde_json::json!([[0, 2], [1, 2]]),
+        ),
+    ] {
+        let file = dir.path().join(format!("{name}.json"));
+        let mut args: Vec<&std::ffi::OsStr> = vec!["make".as_ref(), file.as_os_str()];
+        args.extend(chain.iter().map(|s| std::ffi::OsStr::new(s.as_str())));
+        assert_eq!(roughly_report(&args)["written"], 3);
+        let (code, json, all) = chime_check_report(&file, &[]);
+        let expect_code = if name == "honest" { 0 } else { 1 };
+        assert_eq!(code, Some(expect_code), "{name}: {all}");
+        assert_eq!(json["contradictions"], contradictions, "{name}: {json}");
+    }
+}
+
+/// RFC 10049 Appendix B (byte-identical to draft 19's): three servers, the first of which signed
+/// a time after the other two's latest. Signed with the drafts' context spelling.
+#[test]
+fn chime_checks_the_rfc_appendix_b_report() {
+    let vector = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../chime-roughtime/testdata/draft19-appendixB-malfeasance.json");
+    let (code, _, all) = chime_check_report(&vector, &[]);
+    assert_eq!(code, Some(1), "{all}");
+    assert!(all.contains("drafts' context"), "{all}");
+    let (code, json, all) = chime_check_report(&vector, &["--accept-draft-spelling"]);
+    assert_eq!(code, Some(1), "{all}");
+    assert!(all.contains("proves that servers contradict"), "{all}");
+    assert_eq!(json["contradictions"], serde_json::json!([[0, 1], [0, 2]]));
+    assert_eq!(
+        json["servers"][0]["version"], "RFC 10049 (version 1)",
+        "{json}"
+    );
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
