@@ -75,6 +75,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) stats_interval: Option<f64>,
 
+    /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
+    /// [default: off]. Unauthenticated: bind it to loopback or a management network
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) metrics_address: Option<SocketAddr>,
+
     /// Serve Roughtime, signing with the long-term key in this file (made by `chime keygen`;
     /// must not be readable by group or others). Roughtime is off without it
     #[arg(long, value_name = "FILE")]

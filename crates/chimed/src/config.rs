@@ -30,6 +30,7 @@ struct File {
     batch_size: Option<usize>,
     cpus: Option<Vec<usize>>,
     stats_interval: Option<f64>,
+    metrics_address: Option<SocketAddr>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -57,6 +58,8 @@ pub(crate) struct Settings {
     pub(crate) batch_size: usize,
     pub(crate) cpus: Vec<usize>,
     pub(crate) stats_interval: Option<Duration>,
+    /// Where the metrics endpoint listens; off if `None`.
+    pub(crate) metrics_address: Option<SocketAddr>,
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
@@ -158,6 +161,7 @@ impl Settings {
         let (batch, batch_in) = pick!(batch_size, "batch-size");
         let (cpus, _) = pick!(cpus, "cpus");
         let (stats, stats_in) = pick!(stats_interval, "stats-interval");
+        let (metrics_address, _) = pick!(metrics_address, "metrics-address");
         let (log_level, log_in) = pick!(log_level, "log-level");
 
         let tz_offset = args.tz_offset || file.tz_offset.unwrap_or(false);
@@ -304,6 +308,7 @@ impl Settings {
             batch_size,
             cpus: cpus.unwrap_or_default(),
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
+            metrics_address,
             log_level,
             tz_offset,
             roughtime,

@@ -8,6 +8,7 @@
 mod cli;
 mod clock;
 mod config;
+mod metrics;
 mod ntp_worker;
 mod online_keys;
 mod privileges;
@@ -101,6 +102,7 @@ impl Service {
 /// One service's sockets on one address family, bound and waiting for its threads.
 struct Bound {
     service: Service,
+    family: &'static str,
     name: String,
     threads: usize,
     workers: BoundWorkers,
@@ -149,7 +151,23 @@ fn run(settings: Settings) -> Result<()> {
         None => None,
     };
 
+    let registry = settings
+        .metrics_address
+        .map(|_| Arc::new(stats::Registry::default()));
+    let register = |service: &'static str, family: &'static str, thread, labels| {
+        registry
+            .as_ref()
+            .map(|r| r.register(service, family, thread, labels))
+    };
+
     // Bind everything while still privileged, then drop privileges, then start the threads.
+    let metrics_listener = match settings.metrics_address {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr)
+                .with_context(|| format!("--metrics-address {addr}: cannot bind"))?,
+        ),
+        None => None,
+    };
     let mut ntp_bound = Vec::new();
     for (family, threads, addr) in [
         ("ipv4", settings.ipv4_threads, settings.ipv4_address),
@@ -173,13 +191,19 @@ fn run(settings: Settings) -> Result<()> {
     let started = (|| -> Result<()> {
         for b in ntp_bound {
             let shared = ntp.clone();
-            running.push(start(b, &stop, || NtpWorker::new(shared.clone()))?);
+            let family = b.family;
+            running.push(start(b, &stop, |i| {
+                let published = register("ntp", family, i, &chime_ntp::Drop::ALL_REASONS);
+                NtpWorker::new(shared.clone(), published)
+            })?);
         }
         if let Some((_, _, shared)) = &roughtime {
             for b in rt_bound {
                 let batch = settings.batch_size;
-                running.push(start(b, &stop, || {
-                    RoughtimeWorker::new(shared.clone(), batch)
+                let family = b.family;
+                running.push(start(b, &stop, |i| {
+                    let published = register("roughtime", family, i, &roughtime_worker::LABELS);
+                    RoughtimeWorker::new(shared.clone(), batch, published)
                 })?);
             }
         }
@@ -194,7 +218,21 @@ fn run(settings: Settings) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the control-plane runtime")?;
-    let result = runtime.block_on(control_plane(&settings, ntp.clone(), roughtime.clone()));
+    let metrics = metrics_listener.zip(registry).map(|(listener, registry)| {
+        let sources = metrics::Sources {
+            registry,
+            ntp: ntp.clone(),
+            roughtime: roughtime.as_ref().map(|(_, _, shared)| shared.clone()),
+            started_unix: clock::read().unix_secs(),
+        };
+        (listener, Arc::new(sources))
+    });
+    let result = runtime.block_on(control_plane(
+        &settings,
+        ntp.clone(),
+        roughtime.clone(),
+        metrics,
+    ));
 
     // Stop receiving (join sets the stop flag and wakes the workers); each worker finishes the
     // batch in hand, flushes its counters and exits.
@@ -221,7 +259,7 @@ const ROUGHTIME_RECV_BUFFER: usize = 4 << 20;
 fn bind(
     settings: &Settings,
     service: Service,
-    family: &str,
+    family: &'static str,
     threads: usize,
     addr: SocketAddr,
 ) -> Result<Option<Bound>> {
@@ -243,6 +281,7 @@ fn bind(
         .with_context(|| format!("--{flag}{family}-address {addr}: cannot bind"))?;
     Ok(Some(Bound {
         service,
+        family,
         name,
         threads,
         workers,
@@ -252,14 +291,14 @@ fn bind(
 fn start<H: BatchHandler>(
     b: Bound,
     stop: &Arc<AtomicBool>,
-    mut make: impl FnMut() -> H,
+    mut make: impl FnMut(usize) -> H,
 ) -> Result<Workers> {
     let addr = b.workers.local_addr();
     let caps = b.workers.capabilities();
     let name = b.name;
     let workers = b
         .workers
-        .spawn(stop.clone(), |_| make())
+        .spawn(stop.clone(), &mut make)
         .with_context(|| format!("cannot start the {name} threads"))?;
     let service = b.service.name();
     let timestamps = match (b.service, caps.rx_timestamps) {
@@ -292,6 +331,7 @@ async fn control_plane(
     settings: &Settings,
     ntp: Arc<ntp_worker::Shared>,
     roughtime: Option<RoughtimeControl>,
+    metrics: Option<(std::net::TcpListener, Arc<metrics::Sources>)>,
 ) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
@@ -303,6 +343,13 @@ async fn control_plane(
     ))];
     if let Some((key, rotation, shared)) = roughtime {
         tasks.push(tokio::spawn(online_keys::rotate(key, rotation, shared)));
+    }
+    if let Some((listener, sources)) = metrics {
+        match listener.local_addr() {
+            Ok(addr) => info!("metrics: http://{addr}/metrics"),
+            Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
+        }
+        tasks.push(tokio::spawn(metrics::serve(listener, sources)));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
     info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");

@@ -11,7 +11,7 @@ use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::clock;
 use crate::reply;
-use crate::stats::{Totals, WorkerStats};
+use crate::stats::{Published, Totals, WorkerStats};
 use crate::tz::Zone;
 
 /// Number of NTP drop reasons, the size of the counter arrays.
@@ -38,7 +38,7 @@ pub(crate) struct NtpWorker {
 }
 
 impl NtpWorker {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, published: Option<Arc<Published>>) -> Self {
         let now_unix = clock::read().unix_secs();
         Self {
             stats: WorkerStats::new(
@@ -46,6 +46,7 @@ impl NtpWorker {
                 &Drop::ALL_REASONS,
                 shared.stats_interval,
                 shared.totals.clone(),
+                published,
             ),
             shared,
             zone: None,

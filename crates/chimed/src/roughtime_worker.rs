@@ -18,7 +18,7 @@ use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 use crate::clock;
 use crate::ntp_worker;
 use crate::reply;
-use crate::stats::{Totals, WorkerStats};
+use crate::stats::{Published, Totals, WorkerStats};
 
 /// Drop reasons: the protocol's own, then the daemon's two.
 pub(crate) const REASONS: usize = DropReason::COUNT + 2;
@@ -55,7 +55,11 @@ pub(crate) struct RoughtimeWorker {
 }
 
 impl RoughtimeWorker {
-    pub(crate) fn new(shared: Arc<Shared>, batch_size: usize) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        batch_size: usize,
+        published: Option<Arc<Published>>,
+    ) -> Self {
         let capacity = batch_size.min(chime_roughtime::MAX_BATCH_SIZE);
         let responder = Responder::new(ResponderConfig {
             versions: VersionSet::ALL,
@@ -67,6 +71,7 @@ impl RoughtimeWorker {
                 &LABELS,
                 shared.ntp.stats_interval,
                 shared.totals.clone(),
+                published,
             ),
             shared,
             responder,

@@ -1,0 +1,335 @@
+//! The metrics endpoint (`--metrics-address`): every worker's counters, the mirrored upstream and
+//! what clients are told about it, and the Roughtime online key's validity, in Prometheus' text
+//! format, over a deliberately small HTTP/1.1 server on the control plane.
+//!
+//! It answers `GET` and `HEAD` of `/metrics` and nothing else, one request per connection. A
+//! request head larger than 8 KiB, or not complete within 5 s, is refused or dropped; at most 16
+//! connections are served at once and further ones are closed at once. It never touches the data
+//! plane: workers publish their counts (see `stats::Published`) and the endpoint only reads them.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chime_ntp::Leap;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::warn;
+
+use crate::clock;
+use crate::ntp_worker;
+use crate::roughtime_worker;
+use crate::stats::{PublishedCounts, Registry};
+
+/// What the endpoint reports on.
+pub(crate) struct Sources {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) ntp: Arc<ntp_worker::Shared>,
+    pub(crate) roughtime: Option<Arc<roughtime_worker::Shared>>,
+    /// When the daemon started, Unix seconds.
+    pub(crate) started_unix: i64,
+}
+
+const MAX_HEAD: usize = 8192;
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_CONNECTIONS: usize = 16;
+
+/// Serves the endpoint on `listener` (bound before privileges were dropped) until aborted.
+pub(crate) async fn serve(listener: std::net::TcpListener, sources: Arc<Sources>) {
+    let listener = match listener
+        .set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(listener))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            warn!("metrics endpoint: cannot listen: {e}; no metrics will be served");
+            return;
+        }
+    };
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut last_error: Option<std::time::Instant> = None;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: say so now and then, and let it pass.
+                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    warn!("metrics endpoint: accept failed: {e}");
+                    last_error = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue; // too many at once: this one is closed as it is dropped
+        };
+        let sources = sources.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            // A client that goes away mid-answer is its own business.
+            let _ = handle(stream, &sources).await;
+        });
+    }
+}
+
+async fn handle(mut stream: TcpStream, sources: &Sources) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let response = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream, &mut head)).await
+    {
+        Err(_) => return Ok(()), // too slow: closed without a word
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(Head::TooLarge)) => plain(431, "Request Header Fields Too Large", "head too large\n"),
+        Ok(Ok(Head::Incomplete)) => plain(400, "Bad Request", "incomplete request\n"),
+        Ok(Ok(Head::Complete)) => respond(&head, sources),
+    };
+    stream.write_all(&response).await?;
+    stream.shutdown().await
+}
+
+enum Head {
+    Complete,
+    Incomplete,
+    TooLarge,
+}
+
+/// Reads until the blank line that ends a request head.
+async fn read_head(stream: &mut TcpStream, head: &mut Vec<u8>) -> std::io::Result<Head> {
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(Head::Incomplete);
+        }
+        head.extend_from_slice(&chunk[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            return Ok(Head::Complete);
+        }
+        if head.len() > MAX_HEAD {
+            return Ok(Head::TooLarge);
+        }
+    }
+}
+
+/// The response to a complete request head.
+fn respond(head: &[u8], sources: &Sources) -> Vec<u8> {
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return plain(400, "Bad Request", "malformed request line\n");
+    };
+    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") {
+        return plain(400, "Bad Request", "not HTTP/1.x\n");
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    if path != "/metrics" {
+        return plain(404, "Not Found", "the metrics are at /metrics\n");
+    }
+    match method {
+        "GET" | "HEAD" => {
+            let body = render(sources);
+            let mut r = header(
+                200,
+                "OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                body.len(),
+            );
+            if method == "GET" {
+                r.extend_from_slice(body.as_bytes());
+            }
+            r
+        }
+        _ => plain(405, "Method Not Allowed", "GET or HEAD only\n"),
+    }
+}
+
+fn header(code: u16, reason: &str, content_type: &str, len: usize) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+fn plain(code: u16, reason: &str, body: &str) -> Vec<u8> {
+    let mut r = header(code, reason, "text/plain; charset=utf-8", body.len());
+    r.extend_from_slice(body.as_bytes());
+    r
+}
+
+/// Picks one count out of a worker's counts.
+type CountOf = fn(&PublishedCounts) -> u64;
+
+/// One metric family's help and type lines.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Every metric, in Prometheus' text exposition format 0.0.4.
+pub(crate) fn render(sources: &Sources) -> String {
+    let mut out = String::with_capacity(16 << 10);
+    family(&mut out, "chimed_build_info", "gauge", "chimed's version.");
+    let _ = writeln!(
+        out,
+        "chimed_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    family(
+        &mut out,
+        "chimed_start_time_seconds",
+        "gauge",
+        "When chimed started, Unix seconds.",
+    );
+    let _ = writeln!(out, "chimed_start_time_seconds {}", sources.started_unix);
+
+    let workers = sources.registry.workers();
+    let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
+    let per_worker: [(&str, &str, CountOf); 4] = [
+        (
+            "chimed_requests_received_total",
+            "Datagrams received.",
+            |c| c.received,
+        ),
+        (
+            "chimed_receive_batches_total",
+            "Receive system calls that returned datagrams; received / batches is the mean batch \
+             (for Roughtime, the requests one signature covered).",
+            |c| c.batches,
+        ),
+        (
+            "chimed_replies_sent_total",
+            "Replies the kernel accepted.",
+            |c| c.answered,
+        ),
+        (
+            "chimed_send_errors_total",
+            "Replies the kernel refused.",
+            |c| c.send_errors,
+        ),
+    ];
+    for (name, help, value) in per_worker {
+        family(&mut out, name, "counter", help);
+        for (w, c) in &counts {
+            let _ = writeln!(
+                out,
+                "{name}{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
+                w.service,
+                w.family,
+                w.thread,
+                value(c)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "chimed_requests_dropped_total",
+        "counter",
+        "Datagrams dropped without a reply, by reason.",
+    );
+    for (w, c) in &counts {
+        for (reason, n) in w.labels.iter().zip(&c.dropped) {
+            let _ = writeln!(
+                out,
+                "chimed_requests_dropped_total{{service=\"{}\",family=\"{}\",thread=\"{}\",\
+                 reason=\"{reason}\"}} {n}",
+                w.service, w.family, w.thread
+            );
+        }
+    }
+
+    upstream(&mut out, &sources.ntp);
+    if let Some(rt) = &sources.roughtime {
+        let d = rt.delegation.load();
+        family(
+            &mut out,
+            "chimed_roughtime_online_key_not_before_seconds",
+            "gauge",
+            "Start of the current online key's validity (MINT), Unix seconds.",
+        );
+        let _ = writeln!(
+            out,
+            "chimed_roughtime_online_key_not_before_seconds {}",
+            d.mint_unix_s()
+        );
+        family(
+            &mut out,
+            "chimed_roughtime_online_key_not_after_seconds",
+            "gauge",
+            "End of the current online key's validity (MAXT), Unix seconds; it is replaced well \
+             before.",
+        );
+        let _ = writeln!(
+            out,
+            "chimed_roughtime_online_key_not_after_seconds {}",
+            d.maxt_unix_s()
+        );
+    }
+    out
+}
+
+/// The mirrored upstream as last polled, and what a reply sent now says about the clock.
+fn upstream(out: &mut String, ntp: &ntp_worker::Shared) {
+    let now = clock::read().ntp();
+    let state = ntp.state.load();
+    let served = state.served_at(now, &ntp.policy);
+    let gauges: [(&str, &str, f64); 5] = [
+        (
+            "chimed_upstream_synchronised",
+            "1 if the upstream's last good reply said it was synchronised.",
+            f64::from(u8::from(state.is_synchronised())),
+        ),
+        (
+            "chimed_upstream_stratum",
+            "The upstream's stratum as last mirrored (0: unsynchronised).",
+            f64::from(state.stratum),
+        ),
+        (
+            "chimed_upstream_leap",
+            "The upstream's leap indicator as last mirrored (3: unsynchronised).",
+            f64::from(leap_number(state.leap)),
+        ),
+        (
+            "chimed_served_synchronised",
+            "1 if replies sent now say synchronised: the upstream is, and its last good reply is \
+             younger than --stale-after.",
+            f64::from(u8::from(served.is_synchronised())),
+        ),
+        (
+            "chimed_served_root_distance_seconds",
+            "Root delay / 2 + root dispersion that replies sent now carry, the dispersion grown \
+             since the last good poll.",
+            served.root_distance(),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        family(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    if let Some(updated) = state.updated {
+        family(
+            out,
+            "chimed_upstream_last_reply_age_seconds",
+            "gauge",
+            "Seconds since the upstream's last good reply.",
+        );
+        let _ = writeln!(
+            out,
+            "chimed_upstream_last_reply_age_seconds {}",
+            now.wrapping_diff_seconds(updated)
+        );
+    }
+}
+
+fn leap_number(leap: Leap) -> u8 {
+    match leap {
+        Leap::NoWarning => 0,
+        Leap::AddSecond => 1,
+        Leap::DelSecond => 2,
+        Leap::Unsynchronised => 3,
+    }
+}

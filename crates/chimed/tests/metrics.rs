@@ -1,0 +1,305 @@
+//! The metrics endpoint (`--metrics-address`) of a real chimed mirroring a real chronyd, read with
+//! the Prometheus project's own text-format parser (prometheus-client, which `scripts/setup`
+//! installs; `METRICS_PYTHON` points elsewhere), and poked with raw HTTP for what it must refuse.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{
+    Chimed, Chronyd, chime_keygen, exchange, peer, roughtime_probe_request, run, unix_now,
+};
+
+const METRICS_PYTHON: &str = "/opt/chime-peers/metrics-venv/bin/python";
+
+/// chimed serving NTP and Roughtime on loopback with the endpoint on, and where everything is.
+struct Served {
+    chimed: Chimed,
+    chronyd: Chronyd,
+    metrics: SocketAddr,
+    ntp: SocketAddr,
+    roughtime: SocketAddr,
+    _key: common::RoughtimeKey,
+}
+
+fn serve(extra: &[&str]) -> Served {
+    let key = chime_keygen();
+    let chronyd = Chronyd::start();
+    let mut args = vec![
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--roughtime-key",
+        key.file.to_str().unwrap(),
+        "--roughtime-ipv4-address",
+        "127.0.0.1:0",
+        "--roughtime-ipv6-threads",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
+    let roughtime = chimed.roughtime_addr();
+    let line = chimed.wait_for("metrics: http://", Duration::from_secs(10));
+    let metrics = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no metrics address in {line:?}"));
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    Served {
+        ntp: chimed.addr,
+        chimed,
+        chronyd,
+        metrics,
+        roughtime,
+        _key: key,
+    }
+}
+
+/// One scrape, parsed by prometheus-client.
+fn scrape(metrics: SocketAddr) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/metrics_scrape.py");
+    let out = run(Command::new(peer("METRICS_PYTHON", METRICS_PYTHON))
+        .arg(script)
+        .arg(format!("http://{metrics}/metrics")));
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "metrics_scrape.py printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        out.status.success(),
+        "prometheus-client rejected the page: {page}"
+    );
+    page
+}
+
+/// The value of the sample `name` whose labels include `labels`, if there is exactly one.
+fn value(page: &serde_json::Value, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let found: Vec<f64> = page["samples"]
+        .as_array()?
+        .iter()
+        .filter(|s| s["name"] == name)
+        .filter(|s| labels.iter().all(|(k, v)| s["labels"][k] == *v))
+        .filter_map(|s| s["value"].as_f64())
+        .collect();
+    match found[..] {
+        [v] => Some(v),
+        _ => None,
+    }
+}
+
+/// Scrapes until `done` holds (workers publish after each batch, which may be a moment after
+/// the client saw its reply), for up to `limit`; the last page either way.
+fn scrape_until(
+    metrics: SocketAddr,
+    limit: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let page = scrape(metrics);
+        if done(&page) || Instant::now() > deadline {
+            return page;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ntp_request(first_byte: u8, len: usize) -> Vec<u8> {
+    let mut p = vec![0u8; len];
+    p[0] = first_byte;
+    p
+}
+
+#[test]
+fn counters_and_upstream_follow_what_chimed_saw() {
+    let s = serve(&[]);
+    let wait = Duration::from_millis(300);
+    // NTPv4 client requests (LI 0, VN 4, mode 3) are answered; mode 6 and a short packet are not.
+    for _ in 0..3 {
+        assert!(exchange(s.ntp, &ntp_request(0x23, 48), Duration::from_secs(2)).is_some());
+    }
+    for _ in 0..2 {
+        assert_eq!(exchange(s.ntp, &ntp_request(0x26, 48), wait), None);
+    }
+    assert_eq!(exchange(s.ntp, &ntp_request(0x23, 20), wait), None);
+    assert!(
+        exchange(
+            s.roughtime,
+            &roughtime_probe_request([7; 32]),
+            Duration::from_secs(2)
+        )
+        .is_some()
+    );
+    assert_eq!(exchange(s.roughtime, &[0u8; 500], wait), None);
+
+    let ntp = [("service", "ntp"), ("family", "ipv4"), ("thread", "0")];
+    let rt = [
+        ("service", "roughtime"),
+        ("family", "ipv4"),
+        ("thread", "0"),
+    ];
+    let with = |base: &[(&'static str, &'static str)], reason: &'static str| {
+        let mut l = base.to_vec();
+        l.push(("reason", reason));
+        l
+    };
+    type Labels = Vec<(&'static str, &'static str)>;
+    let expected: Vec<(&str, Labels, f64)> = vec![
+        ("chimed_requests_received_total", ntp.to_vec(), 6.0),
+        ("chimed_replies_sent_total", ntp.to_vec(), 3.0),
+        (
+            "chimed_requests_dropped_total",
+            with(&ntp, "mode_control"),
+            2.0,
+        ),
+        (
+            "chimed_requests_dropped_total",
+            with(&ntp, "too_short"),
+            1.0,
+        ),
+        (
+            "chimed_requests_dropped_total",
+            with(&ntp, "mode_private"),
+            0.0,
+        ),
+        ("chimed_send_errors_total", ntp.to_vec(), 0.0),
+        ("chimed_requests_received_total", rt.to_vec(), 2.0),
+        ("chimed_replies_sent_total", rt.to_vec(), 1.0),
+        ("chimed_receive_batches_total", rt.to_vec(), 2.0),
+        ("chimed_requests_dropped_total", with(&rt, "too_short"), 1.0),
+    ];
+    let matches = |page: &serde_json::Value| {
+        expected
+            .iter()
+            .all(|(name, labels, v)| value(page, name, labels) == Some(*v))
+    };
+    let page = scrape_until(s.metrics, Duration::from_secs(3), matches);
+    for (name, labels, v) in &expected {
+        assert_eq!(value(&page, name, labels), Some(*v), "{name} {labels:?}");
+    }
+
+    // The counter families are counters, and the upstream is chronyd as mirrored: stratum 3,
+    // synchronised, a small root distance.
+    let kinds: Vec<_> = page["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "chimed_requests_received_total")
+        .map(|s| s["type"].clone())
+        .collect();
+    assert!(kinds.iter().all(|k| k == "counter"), "{kinds:?}");
+    assert_eq!(value(&page, "chimed_upstream_stratum", &[]), Some(3.0));
+    assert_eq!(value(&page, "chimed_upstream_leap", &[]), Some(0.0));
+    assert_eq!(value(&page, "chimed_upstream_synchronised", &[]), Some(1.0));
+    assert_eq!(value(&page, "chimed_served_synchronised", &[]), Some(1.0));
+    let distance = value(&page, "chimed_served_root_distance_seconds", &[]).unwrap();
+    assert!(distance > 0.0 && distance < 0.01, "{distance}");
+    let age = value(&page, "chimed_upstream_last_reply_age_seconds", &[]).unwrap();
+    assert!((0.0..3.0).contains(&age), "{age}");
+    let now = unix_now();
+    let not_before = value(&page, "chimed_roughtime_online_key_not_before_seconds", &[]).unwrap();
+    let not_after = value(&page, "chimed_roughtime_online_key_not_after_seconds", &[]).unwrap();
+    assert!(
+        not_before < now && now + 86_400.0 < not_after,
+        "{not_before} {not_after}"
+    );
+    let started = value(&page, "chimed_start_time_seconds", &[]).unwrap();
+    assert!((now - started).abs() < 60.0, "{started}");
+    assert!(
+        page["content_type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
+        "{}",
+        page["content_type"]
+    );
+}
+
+#[test]
+fn served_synchronised_turns_zero_when_chronyd_stops() {
+    let mut s = serve(&["--stale-after", "2", "--poll-interval", "0.5"]);
+    let page = scrape(s.metrics);
+    assert_eq!(value(&page, "chimed_served_synchronised", &[]), Some(1.0));
+    s.chronyd.stop();
+    let page = scrape_until(s.metrics, Duration::from_secs(6), |p| {
+        value(p, "chimed_served_synchronised", &[]) == Some(0.0)
+    });
+    assert_eq!(
+        value(&page, "chimed_served_synchronised", &[]),
+        Some(0.0),
+        "still served as synchronised 6 s after chronyd stopped; log:\n{}",
+        s.chimed.log()
+    );
+    // The mirrored state itself is still chronyd's last word; it is its age that ran out.
+    assert_eq!(value(&page, "chimed_upstream_stratum", &[]), Some(3.0));
+    let age = value(&page, "chimed_upstream_last_reply_age_seconds", &[]).unwrap();
+    assert!(age >= 2.0, "{age}");
+}
+
+/// Sends `request` on a fresh connection and returns everything the endpoint answered.
+fn http(metrics: SocketAddr, request: &[u8]) -> String {
+    let mut c = TcpStream::connect(metrics).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The endpoint may answer and close before a long request is fully written.
+    let _ = c.write_all(request);
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn the_endpoint_serves_get_and_head_of_metrics_only() {
+    let s = serve(&[]);
+    let m = s.metrics;
+    // A client that connects and says nothing does not hold up the others.
+    let _silent = TcpStream::connect(m).unwrap();
+
+    let get = http(m, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(get.starts_with("HTTP/1.1 200 OK\r\n"), "{get}");
+    assert!(get.contains("chimed_requests_received_total{"), "{get}");
+    let head = http(m, b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n");
+    let (head_head, head_body) = head.split_once("\r\n\r\n").unwrap();
+    assert!(head_head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head_head.contains("Content-Length: "), "{head}");
+    assert_eq!(head_body, "");
+
+    for (request, status) in [
+        (&b"GET / HTTP/1.1\r\n\r\n"[..], "404"),
+        (b"GET /metricsx HTTP/1.1\r\n\r\n", "404"),
+        (
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            "405",
+        ),
+        (b"GET /metrics SPDY/3\r\n\r\n", "400"),
+        (b"hello\r\n\r\n", "400"),
+        (b"GET /metrics", "400"), // and then the client closes its side: see below
+    ] {
+        let answer = if request.ends_with(b"\r\n\r\n") {
+            http(m, request)
+        } else {
+            let mut c = TcpStream::connect(m).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.write_all(request).unwrap();
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out);
+            out
+        };
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{:?} got {answer:?}",
+            String::from_utf8_lossy(request)
+        );
+    }
+    let mut huge = b"GET /metrics HTTP/1.1\r\n".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 9000));
+    let answer = http(m, &huge);
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:?}");
+}
