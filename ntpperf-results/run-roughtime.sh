@@ -22,8 +22,10 @@
 #
 # This script fetches and builds nothing: it is given the binaries.
 #
+# --chimed-args "FLAGS" adds flags to chimed's command line (e.g. "--roughtime-gather 0.0005").
+#
 # Usage: run-roughtime.sh [--rounds N] [--steps START:FACTOR:COUNT] [--duration S] [--out DIR]
-#                         [--verify-every N] [--rmem BYTES]
+#                         [--verify-every N] [--rmem BYTES] [--chimed-args FLAGS]
 #                         [--chimed PATH] [--chime PATH] [--roughenough PATH]
 # Outputs in --out (default: this script's directory /roughtime): <server>-round<N>.json (chime
 # perf's JSON for each ladder) and summary.txt.
@@ -38,6 +40,7 @@ duration=2
 verify_every=1000
 rmem=4194304
 out="$here/roughtime"
+chimed_args=""
 chimed="$repo/target/release/chimed"
 chime="$repo/target/release/chime"
 roughenough=/opt/chime-peers/bin/roughenough_server
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
         --duration) duration=$2; shift 2 ;;
         --verify-every) verify_every=$2; shift 2 ;;
         --rmem) rmem=$2; shift 2 ;;
+        --chimed-args) chimed_args=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --chimed) chimed=$2; shift 2 ;;
         --chime) chime=$2; shift 2 ;;
@@ -99,7 +103,7 @@ start_server() {
             taskset -c 0 "$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s "127.0.0.1:$chrony_port" --stats-interval 0 \
                 --roughtime-key "$work/key" --roughtime-ipv4-address "127.0.0.1:$port" \
                 --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --batch-size 64 \
-                > "$work/$name.log" 2>&1 &
+                $chimed_args > "$work/$name.log" 2>&1 &
             ;;
         roughenough-server)
             NO_COLOR=1 taskset -c 0 "$roughenough" -i 127.0.0.1 -p "$port" -j 1 -b 64 -q \

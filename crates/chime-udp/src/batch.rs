@@ -116,14 +116,19 @@ impl RxBatch {
     /// returning the headers for `recvmmsg`. The previous contents are gone from here on.
     pub(crate) fn prepare_recv(&mut self) -> &mut [libc::mmsghdr] {
         self.len = 0;
-        let slots = self
-            .headers
-            .hdrs
+        self.prepare_recv_after()
+    }
+
+    /// [`Self::prepare_recv`] for the free slots only, after the `len` datagrams already here,
+    /// which stay: the headers returned are those of slots `len..`.
+    pub(crate) fn prepare_recv_after(&mut self) -> &mut [libc::mmsghdr] {
+        let start = self.len;
+        let slots = self.headers.hdrs[start..]
             .iter_mut()
-            .zip(self.headers.iovs.iter_mut())
-            .zip(self.names.iter_mut())
-            .zip(self.controls.iter_mut())
-            .zip(self.bufs.chunks_exact_mut(self.max_datagram));
+            .zip(self.headers.iovs[start..].iter_mut())
+            .zip(self.names[start..].iter_mut())
+            .zip(self.controls[start..].iter_mut())
+            .zip(self.bufs[start * self.max_datagram..].chunks_exact_mut(self.max_datagram));
         // Each pointer is derived from its own element, and nothing touches the storage between
         // here and the syscall, so the kernel writes through pointers that are still valid.
         for ((((hdr, iov), name), control), buf) in slots {
@@ -139,15 +144,16 @@ impl RxBatch {
             m.msg_controllen = RX_CMSG_SPACE as _;
             m.msg_flags = 0;
         }
-        &mut self.headers.hdrs
+        &mut self.headers.hdrs[start..]
     }
 
-    /// Decodes the first `n` headers, which `recvmmsg` just filled, into metadata.
-    /// `fixed_dst` is the socket's own address when it is bound to one: the destination of every
-    /// datagram, for sockets that do not ask for packet info.
+    /// Decodes the `n` headers after the datagrams already here, which `recvmmsg` just filled,
+    /// into metadata. `fixed_dst` is the socket's own address when it is bound to one: the
+    /// destination of every datagram, for sockets that do not ask for packet info.
     pub(crate) fn complete_recv(&mut self, n: usize, fixed_dst: Option<IpAddr>) {
-        let n = n.min(self.capacity());
-        for i in 0..n {
+        let start = self.len;
+        let end = (start + n).min(self.capacity());
+        for i in start..end {
             let hdr = &self.headers.hdrs[i];
             #[allow(
                 clippy::unnecessary_cast,
@@ -164,7 +170,7 @@ impl RxBatch {
                 self.metas[i].dst_ip = fixed_dst;
             }
         }
-        self.len = n;
+        self.len = end;
     }
 }
 

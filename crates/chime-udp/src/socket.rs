@@ -255,6 +255,36 @@ impl UdpSocket {
         }
     }
 
+    /// Receives into the free slots of `rx`, after the datagrams already there, whatever is queued
+    /// now, without waiting (`MSG_DONTWAIT`): a batch [`Self::recv_batch`] started grows by what
+    /// arrived since. Returns how many were added, `Ok(0)` if none were queued, the batch was
+    /// full, or the socket was shut down.
+    pub fn recv_more(&self, rx: &mut RxBatch) -> io::Result<usize> {
+        if rx.len() >= rx.capacity() {
+            return Ok(0);
+        }
+        let fd = self.socket.as_raw_fd();
+        let hdrs = rx.prepare_recv_after();
+        let vlen = vlen(hdrs.len());
+        let msgvec = hdrs.as_mut_ptr();
+        let result = retry_eintr(|| {
+            // SAFETY: as in `recv_batch`: `msgvec` points to the `vlen` initialised mmsghdrs of
+            // the free slots, exclusively borrowed from `rx` for this call, each pointed by
+            // `prepare_recv_after` at storage of its own slot; the datagrams already received
+            // live in other slots and are not written.
+            unsafe { libc::recvmmsg(fd, msgvec, vlen, libc::MSG_DONTWAIT, ptr::null_mut()) }
+        });
+        match result {
+            Ok(_) if self.shut_down.load(Ordering::Acquire) => Ok(0),
+            Ok(n) => {
+                rx.complete_recv(n, self.fixed_dst);
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends every datagram queued in `tx`, each to its own destination and from its own source
     /// address if it has one, then clears `tx`.
     ///
@@ -473,6 +503,39 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         let inner = err.get_ref().and_then(|e| e.downcast_ref::<ConfigError>());
         assert!(matches!(inner, Some(ConfigError::ZeroReadTimeout)), "{err}");
+    }
+
+    #[test]
+    fn recv_more_appends_what_arrived_since_without_waiting() {
+        let mut cfg = loopback_v4();
+        cfg.read_timeout = Some(Duration::from_secs(5));
+        let sock = UdpSocket::bind(&cfg).unwrap();
+        let to = sock.local_addr().unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut rx = RxBatch::new(4, 64);
+        // Nothing queued: nothing added, and no wait.
+        let start = std::time::Instant::now();
+        assert_eq!(sock.recv_more(&mut rx).unwrap(), 0);
+        assert!(start.elapsed() < Duration::from_secs(1));
+        for p in [b"a", b"b"] {
+            client.send_to(p, to).unwrap();
+        }
+        // Loopback delivers synchronously: both are queued by now.
+        assert_eq!(sock.recv_batch(&mut rx).unwrap(), 2);
+        for p in [b"c", b"d", b"e"] {
+            client.send_to(p, to).unwrap();
+        }
+        // Room for two more of the three; the third waits for the next receive.
+        assert_eq!(sock.recv_more(&mut rx).unwrap(), 2);
+        let got: Vec<&[u8]> = rx.iter().map(|(_, p)| p).collect();
+        assert_eq!(got, [b"a", b"b", b"c", b"d"]);
+        assert!(
+            rx.iter()
+                .all(|(m, _)| m.src == client.local_addr().unwrap())
+        );
+        assert_eq!(sock.recv_more(&mut rx).unwrap(), 0, "full");
+        assert_eq!(sock.recv_batch(&mut rx).unwrap(), 1);
+        assert_eq!(rx.get(0).1, b"e");
     }
 
     #[test]

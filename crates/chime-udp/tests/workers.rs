@@ -205,3 +205,71 @@ fn a_panicking_handler_is_reported_by_join() {
     stop.store(true, Ordering::Release);
     assert!(workers.join().is_err());
 }
+
+/// Echoes every datagram and records the size of every batch it was handed.
+struct Recorder {
+    batches: Arc<Mutex<Vec<usize>>>,
+}
+
+impl BatchHandler for Recorder {
+    fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
+        self.batches.lock().unwrap().push(rx.len());
+        for (meta, payload) in rx.iter() {
+            tx.reply_to(meta, |buf| {
+                buf[..payload.len()].copy_from_slice(payload);
+                Some(payload.len())
+            });
+        }
+    }
+}
+
+#[test]
+fn gathering_waits_under_load_and_never_for_a_lone_datagram() {
+    const GATHER: Duration = Duration::from_secs(1);
+    let mut cfg = WorkerConfig::new("gather", (Ipv4Addr::LOCALHOST, 0).into(), 1);
+    cfg.batch_size = 16;
+    cfg.gather = Some(GATHER);
+    let bound = BoundWorkers::bind(cfg).unwrap();
+    let addr = bound.local_addr();
+    let client = StdSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    client.set_read_timeout(Some(WAIT)).unwrap();
+    // Two queued before the worker starts: its first receive returns both, a sign of load.
+    for p in ["a", "b"] {
+        client.send_to(p.as_bytes(), addr).unwrap();
+    }
+    let batches = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = bound
+        .spawn(Arc::clone(&stop), |_| Recorder {
+            batches: Arc::clone(&batches),
+        })
+        .unwrap();
+    // Well inside the gathering wait: these join the first batch.
+    std::thread::sleep(GATHER / 5);
+    for p in ["c", "d", "e"] {
+        client.send_to(p.as_bytes(), addr).unwrap();
+    }
+    let mut buf = [0u8; 16];
+    let mut echoed = Vec::new();
+    for _ in 0..5 {
+        let n = client.recv(&mut buf).unwrap();
+        echoed.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert_eq!(echoed, ["a", "b", "c", "d", "e"]);
+    assert_eq!(*batches.lock().unwrap(), [5]);
+
+    // Alone, a datagram is answered at once, not after the gathering wait.
+    let sent = Instant::now();
+    client.send_to(b"f", addr).unwrap();
+    let n = client.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"f");
+    assert!(
+        sent.elapsed() < GATHER / 2,
+        "a lone datagram took {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(*batches.lock().unwrap(), [5, 1]);
+
+    stop.store(true, Ordering::Release);
+    workers.join().unwrap();
+}

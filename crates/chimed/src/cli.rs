@@ -106,6 +106,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) roughtime_rotation: Option<f64>,
 
+    /// Under load, gather Roughtime requests for this long before signing: when a receive
+    /// returns two or more but not a full batch, wait and add what arrived meanwhile. A lone
+    /// request is never held back. Up to 0.1 s; 0 signs whatever arrived at once [default: 0]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
+    pub(crate) roughtime_gather: Option<f64>,
+
     /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
     /// timezone. A bad idea for any other client; never applied to Roughtime
     #[arg(long)]

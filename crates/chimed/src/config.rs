@@ -40,6 +40,7 @@ struct File {
     roughtime_ipv4_address: Option<SocketAddr>,
     roughtime_ipv6_address: Option<SocketAddr>,
     roughtime_rotation: Option<f64>,
+    roughtime_gather: Option<f64>,
 }
 
 /// Everything the daemon needs to start, validated.
@@ -77,6 +78,8 @@ pub(crate) struct Roughtime {
     pub(crate) ipv4_address: SocketAddr,
     pub(crate) ipv6_address: SocketAddr,
     pub(crate) rotation: Duration,
+    /// How long to gather requests under load before signing; `None`: sign at once.
+    pub(crate) gather: Option<Duration>,
 }
 
 impl fmt::Debug for Roughtime {
@@ -89,6 +92,7 @@ impl fmt::Debug for Roughtime {
             .field("ipv4_address", &self.ipv4_address)
             .field("ipv6_address", &self.ipv6_address)
             .field("rotation", &self.rotation)
+            .field("gather", &self.gather)
             .finish_non_exhaustive()
     }
 }
@@ -128,6 +132,8 @@ pub(crate) const DEFAULT_POLL_INTERVAL: f64 = 1.0;
 pub(crate) const DEFAULT_STALE_AFTER: f64 = 8.0;
 const DEFAULT_BATCH: usize = 64;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
+/// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
+const MAX_GATHER: f64 = 0.1;
 
 impl Settings {
     pub(crate) fn resolve(args: &Args) -> Result<Self, ConfigError> {
@@ -188,6 +194,7 @@ impl Settings {
         let (rt_v4_addr, rt_v4_addr_in) = pick!(roughtime_ipv4_address, "roughtime-ipv4-address");
         let (rt_v6_addr, rt_v6_addr_in) = pick!(roughtime_ipv6_address, "roughtime-ipv6-address");
         let (rt_rotation, rt_rotation_in) = pick!(roughtime_rotation, "roughtime-rotation");
+        let (rt_gather, rt_gather_in) = pick!(roughtime_gather, "roughtime-gather");
         let roughtime = match rt_key {
             None => None,
             Some(key_file) => {
@@ -211,6 +218,11 @@ impl Settings {
                 }
                 let rotation = rt_rotation.unwrap_or(86_400.0);
                 check_positive(rotation).map_err(|r| invalid(&rt_rotation_in, r))?;
+                let gather = rt_gather.unwrap_or(0.0);
+                if !gather.is_finite() || !(0.0..=MAX_GATHER).contains(&gather) {
+                    let r = format!("{gather} seconds is outside 0..={MAX_GATHER}");
+                    return Err(invalid(&rt_gather_in, r));
+                }
                 Some(Roughtime {
                     key_file,
                     seed,
@@ -219,6 +231,7 @@ impl Settings {
                     ipv4_address,
                     ipv6_address,
                     rotation: Duration::from_secs_f64(rotation),
+                    gather: (gather > 0.0).then(|| Duration::from_secs_f64(gather)),
                 })
             }
         };

@@ -141,6 +141,12 @@ fn run(settings: Settings) -> Result<()> {
                     _ => "one request at a time (no AVX2 or AVX-512 on this CPU)",
                 }
             );
+            if let Some(gather) = rt.gather {
+                info!(
+                    "roughtime: under load, requests are gathered for {} µs before signing",
+                    gather.as_micros()
+                );
+            }
             let shared = Arc::new(roughtime_worker::Shared {
                 ntp: ntp.clone(),
                 delegation: ArcSwap::from_pointee(delegation),
@@ -274,6 +280,9 @@ fn bind(
     });
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
+    if service == Service::Roughtime {
+        cfg.gather = settings.roughtime.as_ref().and_then(|rt| rt.gather);
+    }
     // Roughtime signs the time read once per batch; per-datagram kernel timestamps would only cost.
     cfg.socket.rx_timestamps = service == Service::Ntp;
     let flag = service.flag_prefix();

@@ -149,6 +149,71 @@ fn a_burst_is_answered_and_every_reply_verifies() {
     }
 }
 
+/// `--roughtime-gather`: a lone request is still answered at once; a burst is gathered into
+/// fewer, larger batches (one signature each), and every reply verifies.
+#[test]
+fn gathering_batches_a_burst_and_never_holds_a_lone_request() {
+    const GATHER: Duration = Duration::from_millis(100);
+    let mut s = serve(true, &["--roughtime-gather", "0.1"]);
+    s.chimed
+        .wait_for("gathered for 100000 µs", Duration::from_secs(1));
+    let key: [u8; 32] = base64_decode(&s.public_key);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let request = |i: u8| {
+        let mut req = vec![0u8; 1024];
+        let n = build_request(&mut req, &[Version::Rfc10049], &[i; 32], None).unwrap();
+        req.truncate(n);
+        req
+    };
+    let mut buf = [0u8; 2048];
+
+    let lone = request(200);
+    let sent = std::time::Instant::now();
+    sock.send_to(&lone, s.roughtime).unwrap();
+    let (n, _) = sock.recv_from(&mut buf).unwrap();
+    let took = sent.elapsed();
+    assert!(took < GATHER / 2, "a lone request took {took:?}");
+    let policy = VerifyPolicy::new(10_000_000);
+    verify_reply(&lone, &buf[..n], &key, &policy).unwrap();
+
+    // Six groups of eight, 10 ms apart: answered at once, that is six batches or more; gathered,
+    // the first group waits 100 ms and the other five join it.
+    const BURST: u8 = 48;
+    let requests: Vec<Vec<u8>> = (0..BURST).map(request).collect();
+    for group in requests.chunks(8) {
+        for r in group {
+            sock.send_to(r, s.roughtime).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..BURST {
+        let (n, _) = sock.recv_from(&mut buf).expect("a reply for every request");
+        requests
+            .iter()
+            .find_map(|req| verify_reply(req, &buf[..n], &key, &policy).ok())
+            .expect("every reply verifies against one of the requests");
+    }
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    let batches: u64 = totals
+        .split("batches=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no batches= in {totals}"));
+    // The lone request is one batch; the six groups one or two more, and one of a single request
+    // if the worker woke for the first of a group before the second arrived. Answered at once,
+    // they would be seven or more.
+    assert!(
+        totals.contains(&format!("received={}", u64::from(BURST) + 1)),
+        "{totals}"
+    );
+    assert!((2..=4).contains(&batches), "{totals}");
+}
+
 /// A burst far larger than the kernel's default receive buffer holds (1000 requests of 1 KiB take
 /// ~2.3 MB of socket buffer against the usual 208 KiB): chimed's own 4 MiB default for Roughtime
 /// sockets absorbs it, and every reply verifies. As root (CI) chimed gets the buffer whatever
