@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    Chimed, Chronyd, chime_keygen, exchange, peer, roughtime_probe_request, run, unix_now,
+    Chimed, Chronyd, chime_keygen, exchange, peer, roughtime_flags, roughtime_probe_request, run,
+    unix_now,
 };
 
 const METRICS_PYTHON: &str = "/opt/chime-peers/metrics-venv/bin/python";
@@ -29,16 +30,8 @@ struct Served {
 fn serve(extra: &[&str]) -> Served {
     let key = chime_keygen();
     let chronyd = Chronyd::start();
-    let mut args = vec![
-        "--metrics-address",
-        "127.0.0.1:0",
-        "--roughtime-key",
-        key.file.to_str().unwrap(),
-        "--roughtime-ipv4-address",
-        "127.0.0.1:0",
-        "--roughtime-ipv6-threads",
-        "0",
-    ];
+    let mut args = vec!["--metrics-address", "127.0.0.1:0"];
+    args.extend(roughtime_flags(key.file.to_str().unwrap()));
     args.extend_from_slice(extra);
     let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
     let roughtime = chimed.roughtime_addr();

@@ -27,14 +27,7 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
     } else {
         (None, format!("127.0.0.1:{}", common::free_udp_port()))
     };
-    let mut args = vec![
-        "--roughtime-key",
-        key.file.to_str().unwrap(),
-        "--roughtime-ipv4-address",
-        "127.0.0.1:0",
-        "--roughtime-ipv6-threads",
-        "0",
-    ];
+    let mut args = common::roughtime_flags(key.file.to_str().unwrap()).to_vec();
     args.extend_from_slice(extra);
     let mut chimed = Chimed::mirroring(&upstream, &args);
     let roughtime = chimed.roughtime_addr();

@@ -68,19 +68,9 @@ fn chimed_roughtime() -> RoughtimeChimed {
     let key = chime_keygen();
     let chronyd = Chronyd::start();
     let upstream = chronyd.addr().to_string();
-    let key_file = key.file.to_str().unwrap();
     let mut chimed = Chimed::mirroring(
         &upstream,
-        &[
-            "--roughtime-key",
-            key_file,
-            "--roughtime-ipv4-address",
-            "127.0.0.1:0",
-            "--roughtime-ipv4-threads",
-            "1",
-            "--roughtime-ipv6-threads",
-            "0",
-        ],
+        &common::roughtime_flags(key.file.to_str().unwrap()),
     );
     let addr = chimed.roughtime_addr();
     let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(5));

@@ -332,6 +332,20 @@ pub struct RoughtimeKey {
 }
 
 /// `chime keygen` into a fresh temporary directory, with what it printed parsed.
+/// chimed's flags for Roughtime with `key_file` on 127.0.0.1 port 0, one IPv4 thread, no IPv6.
+pub fn roughtime_flags(key_file: &str) -> [&str; 8] {
+    [
+        "--roughtime-key",
+        key_file,
+        "--roughtime-ipv4-address",
+        "127.0.0.1:0",
+        "--roughtime-ipv4-threads",
+        "1",
+        "--roughtime-ipv6-threads",
+        "0",
+    ]
+}
+
 pub fn chime_keygen() -> RoughtimeKey {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("roughtime.key");
