@@ -72,10 +72,13 @@ pub struct WorkerConfig {
     pub cpus: Vec<usize>,
     /// Gathering under load: when a receive returns two datagrams or more but under a quarter of
     /// a batch, wait this long and add what arrived meanwhile ([`crate::UdpSocket::recv_more`])
-    /// before handling the batch. A lone datagram is never held back, and once a receive already
-    /// finds a quarter of a batch queued the load batches itself and nothing waits. `None` (the
-    /// default) handles every receive at once. For handlers whose cost per batch dwarfs their
-    /// cost per datagram, such as one signature per batch.
+    /// before handling the batch. A lone datagram is never held back; once a receive already
+    /// finds a quarter of a batch queued the load batches itself and nothing waits; and nothing
+    /// waits while the arrival rate would keep the thread three quarters busy even in large
+    /// batches (measured by the worker as it goes), since near saturation a wait only idles a
+    /// core that has no time to spare. `None` (the default) handles every receive at once. For
+    /// handlers whose cost per batch dwarfs their cost per datagram, such as one signature per
+    /// batch.
     pub gather: Option<Duration>,
 }
 
@@ -341,6 +344,68 @@ fn gather_below(capacity: usize) -> usize {
     (capacity / 4).max(3)
 }
 
+/// How long arrivals are counted for one rate estimate.
+const RATE_WINDOW: Duration = Duration::from_millis(100);
+
+/// Gathering stops while the arrival rate, handled in large batches, would keep the thread at
+/// least this busy: near saturation a wait leaves the core idle when it has no time to spare.
+const MAX_GATHER_LOAD: f64 = 0.75;
+
+/// Decides receive by receive whether to wait for more datagrams ([`WorkerConfig::gather`]): for
+/// a receive of two or more but under a quarter of a batch, unless the load would keep the thread
+/// busy even in large batches. It measures both sides itself: the arrival rate over the last
+/// 100 ms, and the time per datagram of batches of half a batch or more (handling and sending;
+/// the receive is not in it, so the load it gives is a little low).
+#[derive(Debug)]
+struct Gatherer {
+    wait: Duration,
+    below: usize,
+    window_start: Instant,
+    /// Datagrams handled since `window_start`.
+    arrived: u64,
+    /// Datagrams per second over the last full window.
+    rate: f64,
+    /// Seconds of handling per datagram in large batches, smoothed; zero until one was seen.
+    cost: f64,
+}
+
+impl Gatherer {
+    fn new(wait: Duration, below: usize, now: Instant) -> Self {
+        Self {
+            wait,
+            below,
+            window_start: now,
+            arrived: 0,
+            rate: 0.0,
+            cost: 0.0,
+        }
+    }
+
+    /// Whether to wait after a receive of `n` datagrams.
+    fn should_wait(&self, n: usize) -> bool {
+        (2..self.below).contains(&n) && self.rate * self.cost < MAX_GATHER_LOAD
+    }
+
+    /// Counts a batch of `n` handled in `took` (receive done to send done), at `now`.
+    fn handled(&mut self, n: usize, took: Duration, now: Instant) {
+        self.arrived += n as u64;
+        let window = now.saturating_duration_since(self.window_start);
+        if window >= RATE_WINDOW {
+            self.rate = self.arrived as f64 / window.as_secs_f64();
+            self.arrived = 0;
+            self.window_start = now;
+        }
+        if n >= 2 * self.below {
+            let per = took.as_secs_f64() / n as f64;
+            self.cost = if self.cost == 0.0 {
+                per
+            } else {
+                0.9 * self.cost + 0.1 * per
+            };
+        }
+    }
+}
+
 /// Everything one worker thread owns, moved into it at spawn.
 struct Worker {
     name: String,
@@ -377,6 +442,9 @@ impl Worker {
 
         let mut recv_errors = ErrorLog::new("receive");
         let mut backoff = MIN_BACKOFF;
+        let mut gatherer = self
+            .gather
+            .map(|wait| Gatherer::new(wait, gather_below(rx.capacity()), Instant::now()));
         // Relaxed would do for the flag alone; Acquire pairs with the Release in `spawn` and costs
         // nothing on x86.
         while !self.stop.load(Ordering::Acquire) {
@@ -387,10 +455,10 @@ impl Worker {
                 }
                 Ok(n) => {
                     backoff = MIN_BACKOFF;
-                    if let Some(wait) = self.gather
-                        && (2..gather_below(rx.capacity())).contains(&n)
+                    if let Some(g) = &mut gatherer
+                        && g.should_wait(n)
                     {
-                        thread::sleep(wait);
+                        thread::sleep(g.wait);
                         if let Err(e) = self.socket.recv_more(&mut rx) {
                             recv_errors.record(1, &e);
                             handler.recv_error(&e);
@@ -406,11 +474,15 @@ impl Worker {
                     continue;
                 }
             }
+            let started = gatherer.as_ref().map(|_| Instant::now());
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
                 handler.before_send(&mut tx);
                 let outcome = self.socket.send_batch(&mut tx);
                 handler.after_send(&outcome);
+            }
+            if let (Some(g), Some(started)) = (&mut gatherer, started) {
+                g.handled(rx.len(), started.elapsed(), Instant::now());
             }
         }
         handler.finish();
@@ -544,5 +616,33 @@ mod tests {
         assert_eq!((log.total, log.unlogged), (4, 3));
         log.flush();
         assert_eq!(log.unlogged, 0);
+    }
+
+    #[test]
+    fn gatherer_waits_only_for_small_batches_at_light_load() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut g = Gatherer::new(ms(1), 16, t0);
+        // Nothing measured yet: small batches of two or more wait, lone ones and large ones not.
+        assert!(!g.should_wait(1));
+        assert!(g.should_wait(2) && g.should_wait(15));
+        assert!(!g.should_wait(16));
+        // 64-datagram batches at 5 µs each, one every 640 µs: 100k/s, a load of 0.5, gathering
+        // goes on. The rate is known once a 100 ms window has passed. (Batches under 32 would
+        // not count towards the cost.)
+        let us = Duration::from_micros;
+        for i in 1..=157 {
+            g.handled(64, us(320), t0 + us(640) * i);
+        }
+        assert!((g.rate - 100_000.0).abs() < 1_000.0, "{}", g.rate);
+        assert!((g.cost - 5e-6).abs() < 1e-9, "{}", g.cost);
+        assert!(g.should_wait(4), "rate {} cost {}", g.rate, g.cost);
+        // Then 200k/s of the same: a load of 1.0, no waiting.
+        let later = t0 + us(640) * 157;
+        for i in 1..=21 {
+            g.handled(1000, us(5000), later + us(5000) * i);
+        }
+        assert!((g.rate - 200_000.0).abs() < 2_000.0, "{}", g.rate);
+        assert!(!g.should_wait(4), "rate {} cost {}", g.rate, g.cost);
     }
 }

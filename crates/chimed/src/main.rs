@@ -143,7 +143,8 @@ fn run(settings: Settings) -> Result<()> {
             );
             if let Some(gather) = rt.gather {
                 info!(
-                    "roughtime: under load, requests are gathered for {} µs before signing",
+                    "roughtime: under light load, requests are gathered for {} µs before signing \
+                     (a lone request never waits; --roughtime-gather 0 turns this off)",
                     gather.as_micros()
                 );
             }
