@@ -333,3 +333,79 @@ fn leap_number(leap: Leap) -> u8 {
         Leap::Unsynchronised => 3,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arc_swap::{ArcSwap, ArcSwapOption};
+    use chime_ntp::{ServerState, StalePolicy};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn sources() -> Sources {
+        let registry = Arc::new(Registry::default());
+        // One worker, so that the per-worker families have a series.
+        let _worker = registry.register("ntp", "ipv4", 0, &chime_ntp::Drop::ALL_REASONS);
+        Sources {
+            registry,
+            ntp: Arc::new(ntp_worker::Shared {
+                state: ArcSwap::from_pointee(ServerState::unsynchronised()),
+                policy: StalePolicy::default(),
+                totals: Default::default(),
+                stats_interval: None,
+                zone: ArcSwapOption::empty(),
+            }),
+            roughtime: None,
+            started_unix: 0,
+        }
+    }
+
+    fn status(response: &[u8]) -> &str {
+        std::str::from_utf8(&response[..12]).unwrap()
+    }
+
+    #[test]
+    fn routes() {
+        let s = sources();
+        assert_eq!(
+            status(&respond(b"GET /metrics HTTP/1.1\r\n\r\n", &s)),
+            "HTTP/1.1 200"
+        );
+        assert_eq!(
+            status(&respond(b"GET /metrics?a=b HTTP/1.0\r\n\r\n", &s)),
+            "HTTP/1.1 200"
+        );
+        assert_eq!(
+            status(&respond(b"GET / HTTP/1.1\r\n\r\n", &s)),
+            "HTTP/1.1 404"
+        );
+        assert_eq!(
+            status(&respond(b"PUT /metrics HTTP/1.1\r\n\r\n", &s)),
+            "HTTP/1.1 405"
+        );
+        assert_eq!(
+            status(&respond(b"GET /metrics HTTP/2\r\n\r\n", &s)),
+            "HTTP/1.1 400"
+        );
+        assert_eq!(status(&respond(b"\r\n\r\n", &s)), "HTTP/1.1 400");
+        // Unsynchronised upstream, never polled: no reply age, served as unsynchronised.
+        let page = render(&s);
+        assert!(page.contains("chimed_served_synchronised 0\n"), "{page}");
+        assert!(
+            !page.contains("chimed_upstream_last_reply_age_seconds"),
+            "{page}"
+        );
+    }
+
+    proptest! {
+        /// Whatever bytes a client sends as its request head, the answer is a well-formed status
+        /// line, never a panic.
+        #[test]
+        fn any_request_head_gets_a_status_line(head in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let response = respond(&head, &sources());
+            prop_assert!(response.starts_with(b"HTTP/1.1 "));
+            let line_end = response.windows(2).position(|w| w == b"\r\n").unwrap();
+            prop_assert!(line_end >= 12);
+        }
+    }
+}
