@@ -40,7 +40,8 @@ const _: () = assert!(TX_CMSG_SPACE >= cmsg::space(size_of::<libc::in_pktinfo>()
 /// A batch of received datagrams and their metadata, filled by [`crate::UdpSocket::recv_batch`].
 ///
 /// Allocated once with room for `count` datagrams of up to `max_datagram` bytes each, and reused
-/// for every receive: a receive replaces the previous contents.
+/// for every receive: [`crate::UdpSocket::recv_batch`] replaces the previous contents,
+/// [`crate::UdpSocket::recv_more`] adds to them.
 pub struct RxBatch {
     max_datagram: usize,
     /// How many datagrams the last receive returned.

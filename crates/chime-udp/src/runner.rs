@@ -386,7 +386,9 @@ impl Gatherer {
         (2..self.below).contains(&n) && self.rate * self.cost < MAX_GATHER_LOAD
     }
 
-    /// Counts a batch of `n` handled in `took` (receive done to send done), at `now`.
+    /// Counts a batch of `n` whose handling and sending took `took`, done at `now`. The rate
+    /// is refreshed once a window has passed, so after a quiet spell the first decision may
+    /// still go by the busier window before it.
     fn handled(&mut self, n: usize, took: Duration, now: Instant) {
         self.arrived += n as u64;
         let window = now.saturating_duration_since(self.window_start);
