@@ -296,3 +296,62 @@ fn the_endpoint_serves_get_and_head_of_metrics_only() {
     let answer = http(m, &huge);
     assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:?}");
 }
+
+/// configs/prometheus-alerts.yml names only metrics, and drop reasons, that chimed serves.
+#[test]
+fn the_example_alert_rules_name_what_chimed_serves() {
+    let s = serve(&[]);
+    let page = scrape(s.metrics);
+    let samples = page["samples"].as_array().unwrap();
+    let names: std::collections::HashSet<&str> =
+        samples.iter().filter_map(|s| s["name"].as_str()).collect();
+    let reasons: std::collections::HashSet<&str> = samples
+        .iter()
+        .filter(|s| s["name"] == "chimed_requests_dropped_total")
+        .filter_map(|s| s["labels"]["reason"].as_str())
+        .collect();
+    let rules = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/prometheus-alerts.yml"),
+    )
+    .unwrap();
+    let mut named = 0;
+    for token in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if token.starts_with("chimed_") {
+            assert!(
+                names.contains(token),
+                "{token} is not a metric chimed serves"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 5, "{named}");
+    let matched = rules
+        .split("reason=~\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a reason matcher");
+    for reason in matched.split('|') {
+        assert!(reasons.contains(reason), "{reason} is not a drop reason");
+    }
+}
+
+/// The example alert rules pass Prometheus' own checker and their unit tests: each alert fires
+/// when it must and not before (`promtool test rules`, synthetic series).
+#[test]
+fn the_example_alert_rules_pass_promtool() {
+    let promtool = peer("PROMTOOL", "/usr/bin/promtool");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for args in [
+        ["check", "rules", "../../configs/prometheus-alerts.yml"],
+        ["test", "rules", "tests/prometheus_alerts_test.yml"],
+    ] {
+        let out = run(Command::new(&promtool).current_dir(dir).args(args));
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
