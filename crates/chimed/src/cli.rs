@@ -75,6 +75,17 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) stats_interval: Option<f64>,
 
+    /// Serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Once any is given,
+    /// clients no rule covers are not served. The most specific subnet decides; NTP and Roughtime
+    /// alike [default: everyone is served]
+    #[arg(long, value_name = "NET", action = clap::ArgAction::Append)]
+    pub(crate) allow: Option<Vec<String>>,
+
+    /// Do not serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Wins over an
+    /// --allow of the same subnet
+    #[arg(long, value_name = "NET", action = clap::ArgAction::Append)]
+    pub(crate) deny: Option<Vec<String>>,
+
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
     #[arg(long, value_name = "ADDR:PORT")]

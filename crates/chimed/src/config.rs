@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::acl::Acl;
 use crate::cli::{self, Args};
 
 /// The config file, as written. Every key is optional.
@@ -31,6 +32,8 @@ struct File {
     cpus: Option<Vec<usize>>,
     stats_interval: Option<f64>,
     metrics_address: Option<SocketAddr>,
+    allow: Option<Vec<String>>,
+    deny: Option<Vec<String>>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -61,6 +64,8 @@ pub(crate) struct Settings {
     pub(crate) stats_interval: Option<Duration>,
     /// Where the metrics endpoint listens; off if `None`.
     pub(crate) metrics_address: Option<SocketAddr>,
+    /// Who is served (`allow` and `deny`).
+    pub(crate) acl: Acl,
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
@@ -171,6 +176,13 @@ impl Settings {
         let (cpus, _) = pick!(cpus, "cpus");
         let (stats, stats_in) = pick!(stats_interval, "stats-interval");
         let (metrics_address, _) = pick!(metrics_address, "metrics-address");
+        let (allow, allow_in) = pick!(allow, "allow");
+        let (deny, deny_in) = pick!(deny, "deny");
+        let (allow, deny) = (allow.unwrap_or_default(), deny.unwrap_or_default());
+        // Each list is checked alone first, so that the error names the input at fault.
+        Acl::new(&allow, &[]).map_err(|r| invalid(&allow_in, r))?;
+        Acl::new(&[], &deny).map_err(|r| invalid(&deny_in, r))?;
+        let acl = Acl::new(&allow, &deny).map_err(|r| invalid(&allow_in, r))?;
         let (log_level, log_in) = pick!(log_level, "log-level");
 
         let tz_offset = args.tz_offset || file.tz_offset.unwrap_or(false);
@@ -325,6 +337,7 @@ impl Settings {
             cpus: cpus.unwrap_or_default(),
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
             metrics_address,
+            acl,
             log_level,
             tz_offset,
             roughtime,

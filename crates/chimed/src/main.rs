@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod acl;
 mod cli;
 mod clock;
 mod config;
@@ -118,6 +119,7 @@ fn run(settings: Settings) -> Result<()> {
         totals: Default::default(),
         stats_interval: settings.stats_interval,
         zone: ArcSwapOption::empty(),
+        acl: settings.acl.clone(),
     });
     if let Some(name) = &settings.tz_offset {
         load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;
@@ -200,7 +202,7 @@ fn run(settings: Settings) -> Result<()> {
             let shared = ntp.clone();
             let family = b.family;
             running.push(start(b, &stop, |i| {
-                let published = register("ntp", family, i, &chime_ntp::Drop::ALL_REASONS);
+                let published = register("ntp", family, i, &ntp_worker::LABELS);
                 NtpWorker::new(shared.clone(), published)
             })?);
         }
@@ -246,7 +248,7 @@ fn run(settings: Settings) -> Result<()> {
     join_all(running);
     info!(
         "ntp totals at exit: {}",
-        ntp.totals.snapshot().display(&chime_ntp::Drop::ALL_REASONS)
+        ntp.totals.snapshot().display(&ntp_worker::LABELS)
     );
     if let Some((_, _, shared)) = &roughtime {
         let totals = shared.totals.snapshot();

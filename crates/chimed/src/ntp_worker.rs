@@ -9,13 +9,25 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::{Drop, ServerState, StalePolicy};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
+use crate::acl::Acl;
 use crate::clock;
 use crate::reply;
 use crate::stats::{Published, Totals, WorkerStats};
 use crate::tz::Zone;
 
-/// Number of NTP drop reasons, the size of the counter arrays.
-pub(crate) const REASONS: usize = Drop::COUNT;
+/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule).
+pub(crate) const REASONS: usize = Drop::COUNT + 1;
+const DENIED: usize = Drop::COUNT;
+pub(crate) const LABELS: [&str; REASONS] = {
+    let mut labels = [""; REASONS];
+    let mut i = 0;
+    while i < Drop::COUNT {
+        labels[i] = Drop::ALL_REASONS[i];
+        i += 1;
+    }
+    labels[DENIED] = "denied";
+    labels
+};
 
 /// State every worker of the service shares: the published upstream snapshot and the totals.
 #[derive(Debug)]
@@ -26,6 +38,8 @@ pub(crate) struct Shared {
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
+    /// Who is served, NTP and Roughtime alike.
+    pub(crate) acl: Acl,
 }
 
 pub(crate) struct NtpWorker {
@@ -43,7 +57,7 @@ impl NtpWorker {
         Self {
             stats: WorkerStats::new(
                 "ntp",
-                &Drop::ALL_REASONS,
+                &LABELS,
                 shared.stats_interval,
                 shared.totals.clone(),
                 published,
@@ -68,8 +82,13 @@ impl BatchHandler for NtpWorker {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
         self.stats.pending.batches += 1;
+        let acl = &self.shared.acl;
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
+            if !acl.is_open() && !acl.permits(meta.src.ip()) {
+                self.stats.pending.drop_at(DENIED);
+                continue;
+            }
             if meta.truncated {
                 self.stats.pending.drop_at(Drop::Truncated.index());
                 continue;

@@ -20,10 +20,11 @@ use crate::ntp_worker;
 use crate::reply;
 use crate::stats::{Published, Totals, WorkerStats};
 
-/// Drop reasons: the protocol's own, then the daemon's two.
-pub(crate) const REASONS: usize = DropReason::COUNT + 2;
+/// Drop reasons: the protocol's own, then the daemon's three.
+pub(crate) const REASONS: usize = DropReason::COUNT + 3;
 const UNSYNCHRONISED: usize = DropReason::COUNT;
 const TRUNCATED: usize = DropReason::COUNT + 1;
+const DENIED: usize = DropReason::COUNT + 2;
 pub(crate) const LABELS: [&str; REASONS] = {
     let mut labels = [""; REASONS];
     let mut i = 0;
@@ -33,6 +34,7 @@ pub(crate) const LABELS: [&str; REASONS] = {
     }
     labels[UNSYNCHRONISED] = "upstream_unsynchronised";
     labels[TRUNCATED] = "truncated";
+    labels[DENIED] = "denied";
     labels
 };
 
@@ -109,8 +111,12 @@ impl BatchHandler for RoughtimeWorker {
         };
         let mut batch = self.responder.begin(params);
         self.tickets.clear();
+        let acl = &self.shared.ntp.acl;
         for (meta, request) in rx.iter() {
-            let ticket = if meta.truncated {
+            let ticket = if !acl.is_open() && !acl.permits(meta.src.ip()) {
+                self.stats.pending.drop_at(DENIED);
+                None
+            } else if meta.truncated {
                 self.stats.pending.drop_at(TRUNCATED);
                 None
             } else {

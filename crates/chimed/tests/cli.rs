@@ -28,6 +28,8 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["-u", "no-such-user-here"][..], "--user"),
         (&["-r", "/nonexistent/root"][..], "--root"),
         (&["-r", "relative/root"][..], "--root"),
+        (&["--allow", "10.0.0.0/33"][..], "--allow: '10.0.0.0/33'"),
+        (&["--deny", "example.net"][..], "--deny: 'example.net'"),
     ] {
         let (code, err) = chimed(args);
         assert_eq!(code, 2, "{args:?}: {err}");

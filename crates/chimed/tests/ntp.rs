@@ -167,3 +167,38 @@ fn drops_privileges_after_binding_and_still_serves() {
     assert_eq!(chrooted, root.path());
     assert_eq!(chime_ntp(chimed.addr).unwrap()["stratum"], 3);
 }
+
+/// `--allow` and `--deny`: the most specific subnet decides, and a refused client gets nothing
+/// and is counted. 127.0.0.2 is another loopback address a client can send from.
+#[test]
+fn allow_and_deny_decide_who_is_served() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(
+        &chronyd,
+        &["-4", "1", "--allow", "127.0.0.0/8", "--deny", "127.0.0.1"],
+    );
+    let request = {
+        let mut p = [0u8; 48];
+        p[0] = 0x23; // NTPv4, client
+        p
+    };
+    let ask_from = |source: &str| {
+        let sock = std::net::UdpSocket::bind((source, 0)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        sock.send_to(&request, chimed.addr).unwrap();
+        let mut buf = [0u8; 64];
+        sock.recv(&mut buf).ok()
+    };
+    assert_eq!(ask_from("127.0.0.1"), None, "a denied client was answered");
+    assert_eq!(
+        ask_from("127.0.0.2"),
+        Some(48),
+        "an allowed client was not answered"
+    );
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    for field in ["received=2", "answered=1", "dropped.denied=1"] {
+        assert!(totals.contains(field), "{field}: {totals}");
+    }
+}

@@ -478,3 +478,19 @@ fn roughtime_over_ipv6_loopback() {
         "{r}"
     );
 }
+
+/// A client `--deny` refuses gets no Roughtime reply either, and is counted.
+#[test]
+fn a_denied_client_gets_no_roughtime_reply() {
+    let mut s = serve(true, &["--deny", "127.0.0.1/32"]);
+    let probe = common::roughtime_probe_request([3; 32]);
+    assert_eq!(
+        exchange(s.roughtime, &probe, Duration::from_millis(300)),
+        None
+    );
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(totals.contains("dropped.denied=1"), "{totals}");
+}
