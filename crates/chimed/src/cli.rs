@@ -82,7 +82,7 @@ pub(crate) struct Args {
     pub(crate) allow: Option<Vec<String>>,
 
     /// Do not serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Wins over an
-    /// --allow of the same subnet
+    /// --allow of the same subnet. SIGHUP re-reads allow and deny from the config file
     #[arg(long, value_name = "NET", action = clap::ArgAction::Append)]
     pub(crate) deny: Option<Vec<String>>,
 

@@ -345,6 +345,29 @@ impl Settings {
     }
 }
 
+/// The `allow` and `deny` rules as they stand now, for SIGHUP: the config file is read again and
+/// flags still win over it. `Ok(None)` if there is no config file to re-read. Only these keys are
+/// taken; the rest of the file is parsed (a broken file is an error) but needs a restart.
+pub(crate) fn reload_acl(args: &Args) -> Result<Option<Acl>, ConfigError> {
+    let Some(path) = args.config.as_deref() else {
+        return Ok(None);
+    };
+    let file = load(path)?;
+    let list = |flag: &Option<Vec<String>>, from_file: Option<Vec<String>>, key: &'static str| {
+        match flag {
+            Some(v) => (v.clone(), input(key, None)),
+            None => (from_file.unwrap_or_default(), input(key, Some(path))),
+        }
+    };
+    let (allow, allow_in) = list(&args.allow, file.allow, "allow");
+    let (deny, deny_in) = list(&args.deny, file.deny, "deny");
+    Acl::new(&allow, &[]).map_err(|r| invalid(&allow_in, r))?;
+    Acl::new(&[], &deny).map_err(|r| invalid(&deny_in, r))?;
+    Acl::new(&allow, &deny)
+        .map(Some)
+        .map_err(|r| invalid(&allow_in, r))
+}
+
 fn load(path: &Path) -> Result<File, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
         path: path.to_owned(),

@@ -58,7 +58,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&settings.log_level);
-    match run(settings) {
+    match run(&args, settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("chimed: {e:#}");
@@ -109,7 +109,7 @@ struct Bound {
     workers: BoundWorkers,
 }
 
-fn run(settings: Settings) -> Result<()> {
+fn run(args: &Args, settings: Settings) -> Result<()> {
     let ntp = Arc::new(ntp_worker::Shared {
         state: ArcSwap::from_pointee(ServerState::unsynchronised()),
         policy: StalePolicy {
@@ -119,7 +119,7 @@ fn run(settings: Settings) -> Result<()> {
         totals: Default::default(),
         stats_interval: settings.stats_interval,
         zone: ArcSwapOption::empty(),
-        acl: settings.acl.clone(),
+        acl: ArcSwap::from_pointee(settings.acl.clone()),
     });
     if let Some(name) = &settings.tz_offset {
         load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;
@@ -237,6 +237,7 @@ fn run(settings: Settings) -> Result<()> {
         (listener, Arc::new(sources))
     });
     let result = runtime.block_on(control_plane(
+        args,
         &settings,
         ntp.clone(),
         roughtime.clone(),
@@ -340,6 +341,7 @@ type RoughtimeControl = (
 );
 
 async fn control_plane(
+    args: &Args,
     settings: &Settings,
     ntp: Arc<ntp_worker::Shared>,
     roughtime: Option<RoughtimeControl>,
@@ -369,21 +371,32 @@ async fn control_plane(
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sighup.recv() => match &settings.tz_offset {
-                Some(name) => {
-                    info!("SIGHUP: re-reading the timezone");
-                    if let Err(e) = load_zone(name.as_deref(), &ntp, true) {
-                        warn!("{e}; keeping the zone loaded before");
-                    }
-                }
-                None => info!("SIGHUP: nothing to reload"),
-            },
+            _ = sighup.recv() => reload(args, settings, &ntp),
         }
     }
     for t in tasks {
         t.abort();
     }
     Ok(())
+}
+
+/// SIGHUP: the access rules from the config file again, and the timezone in timezone-offset mode.
+/// Anything that fails to load is reported and the state before kept.
+fn reload(args: &Args, settings: &Settings, ntp: &ntp_worker::Shared) {
+    match config::reload_acl(args) {
+        Ok(Some(acl)) => {
+            info!("SIGHUP: access rules reloaded: {acl:?}");
+            ntp.acl.store(Arc::new(acl));
+        }
+        Ok(None) => info!("SIGHUP: no config file, so no access rules to reload"),
+        Err(e) => warn!("SIGHUP: {e}; keeping the access rules in force"),
+    }
+    if let Some(name) = &settings.tz_offset {
+        info!("SIGHUP: re-reading the timezone");
+        if let Err(e) = load_zone(name.as_deref(), ntp, true) {
+            warn!("{e}; keeping the zone loaded before");
+        }
+    }
 }
 
 /// Loads the timezone-offset mode's zone (afresh from disk on a reload) and publishes it to the

@@ -354,7 +354,7 @@ mod tests {
                 totals: Default::default(),
                 stats_interval: None,
                 zone: ArcSwapOption::empty(),
-                acl: crate::acl::Acl::default(),
+                acl: ArcSwap::from_pointee(crate::acl::Acl::default()),
             }),
             roughtime: None,
             started_unix: 0,

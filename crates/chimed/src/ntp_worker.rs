@@ -38,8 +38,8 @@ pub(crate) struct Shared {
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
-    /// Who is served, NTP and Roughtime alike.
-    pub(crate) acl: Acl,
+    /// Who is served, NTP and Roughtime alike; replaced on SIGHUP.
+    pub(crate) acl: ArcSwap<Acl>,
 }
 
 pub(crate) struct NtpWorker {
@@ -82,7 +82,7 @@ impl BatchHandler for NtpWorker {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
         self.stats.pending.batches += 1;
-        let acl = &self.shared.acl;
+        let acl = self.shared.acl.load();
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
             if !acl.is_open() && !acl.permits(meta.src.ip()) {

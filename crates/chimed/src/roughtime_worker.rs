@@ -111,7 +111,7 @@ impl BatchHandler for RoughtimeWorker {
         };
         let mut batch = self.responder.begin(params);
         self.tickets.clear();
-        let acl = &self.shared.ntp.acl;
+        let acl = self.shared.ntp.acl.load();
         for (meta, request) in rx.iter() {
             let ticket = if !acl.is_open() && !acl.permits(meta.src.ip()) {
                 self.stats.pending.drop_at(DENIED);

@@ -202,3 +202,42 @@ fn allow_and_deny_decide_who_is_served() {
         assert!(totals.contains(field), "{field}: {totals}");
     }
 }
+
+/// SIGHUP re-reads `allow` and `deny` from the config file: a client denied at start is served
+/// after the rule is removed, without a restart; a file that no longer parses keeps the rules in
+/// force.
+#[test]
+fn sighup_reloads_allow_and_deny_from_the_config_file() {
+    use nix::sys::signal::{Signal, kill};
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("chimed.toml");
+    std::fs::write(&conf, "deny = [\"127.0.0.1\"]\n").unwrap();
+    let mut chimed = chimed_v4(&chronyd, &["-4", "1", "--config", conf.to_str().unwrap()]);
+    chimed.wait_for("SIGHUP reloads", Duration::from_secs(5));
+    let request = {
+        let mut p = [0u8; 48];
+        p[0] = 0x23;
+        p
+    };
+    let wait = Duration::from_millis(300);
+    assert_eq!(
+        exchange(chimed.addr, &request, wait),
+        None,
+        "denied at start"
+    );
+
+    std::fs::write(&conf, "deny = [\"192.0.2.0/24\"]\n").unwrap();
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    chimed.wait_for(
+        "access rules reloaded: [deny 192.0.2.0/24",
+        Duration::from_secs(5),
+    );
+    assert!(exchange(chimed.addr, &request, Duration::from_secs(2)).is_some());
+
+    std::fs::write(&conf, "deny = [\"127.0.0.1/40\"]\n").unwrap();
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    let warned = chimed.wait_for("keeping the access rules in force", Duration::from_secs(5));
+    assert!(warned.contains("deny: '127.0.0.1/40'"), "{warned}");
+    assert!(exchange(chimed.addr, &request, Duration::from_secs(2)).is_some());
+}
