@@ -178,11 +178,12 @@ impl Settings {
         let (metrics_address, _) = pick!(metrics_address, "metrics-address");
         let (allow, allow_in) = pick!(allow, "allow");
         let (deny, deny_in) = pick!(deny, "deny");
-        let (allow, deny) = (allow.unwrap_or_default(), deny.unwrap_or_default());
-        // Each list is checked alone first, so that the error names the input at fault.
-        Acl::new(&allow, &[]).map_err(|r| invalid(&allow_in, r))?;
-        Acl::new(&[], &deny).map_err(|r| invalid(&deny_in, r))?;
-        let acl = Acl::new(&allow, &deny).map_err(|r| invalid(&allow_in, r))?;
+        let acl = access_rules(
+            &allow.unwrap_or_default(),
+            &allow_in,
+            &deny.unwrap_or_default(),
+            &deny_in,
+        )?;
         let (log_level, log_in) = pick!(log_level, "log-level");
 
         let tz_offset = args.tz_offset || file.tz_offset.unwrap_or(false);
@@ -361,11 +362,20 @@ pub(crate) fn reload_acl(args: &Args) -> Result<Option<Acl>, ConfigError> {
     };
     let (allow, allow_in) = list(&args.allow, file.allow, "allow");
     let (deny, deny_in) = list(&args.deny, file.deny, "deny");
-    Acl::new(&allow, &[]).map_err(|r| invalid(&allow_in, r))?;
-    Acl::new(&[], &deny).map_err(|r| invalid(&deny_in, r))?;
-    Acl::new(&allow, &deny)
-        .map(Some)
-        .map_err(|r| invalid(&allow_in, r))
+    access_rules(&allow, &allow_in, &deny, &deny_in).map(Some)
+}
+
+/// The access rules from the `allow` and `deny` lists. Each list is parsed alone, so that an
+/// error names the input at fault; together they cannot fail once each has parsed.
+fn access_rules(
+    allow: &[String],
+    allow_in: &Input,
+    deny: &[String],
+    deny_in: &Input,
+) -> Result<Acl, ConfigError> {
+    Acl::new(allow, &[]).map_err(|r| invalid(allow_in, r))?;
+    Acl::new(&[], deny).map_err(|r| invalid(deny_in, r))?;
+    Acl::new(allow, deny).map_err(|r| invalid(allow_in, r))
 }
 
 fn load(path: &Path) -> Result<File, ConfigError> {

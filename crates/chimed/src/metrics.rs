@@ -368,27 +368,17 @@ mod tests {
     #[test]
     fn routes() {
         let s = sources();
-        assert_eq!(
-            status(&respond(b"GET /metrics HTTP/1.1\r\n\r\n", &s)),
-            "HTTP/1.1 200"
-        );
-        assert_eq!(
-            status(&respond(b"GET /metrics?a=b HTTP/1.0\r\n\r\n", &s)),
-            "HTTP/1.1 200"
-        );
-        assert_eq!(
-            status(&respond(b"GET / HTTP/1.1\r\n\r\n", &s)),
-            "HTTP/1.1 404"
-        );
-        assert_eq!(
-            status(&respond(b"PUT /metrics HTTP/1.1\r\n\r\n", &s)),
-            "HTTP/1.1 405"
-        );
-        assert_eq!(
-            status(&respond(b"GET /metrics HTTP/2\r\n\r\n", &s)),
-            "HTTP/1.1 400"
-        );
-        assert_eq!(status(&respond(b"\r\n\r\n", &s)), "HTTP/1.1 400");
+        for (head, expected) in [
+            (&b"GET /metrics HTTP/1.1\r\n\r\n"[..], "HTTP/1.1 200"),
+            (b"GET /metrics?a=b HTTP/1.0\r\n\r\n", "HTTP/1.1 200"),
+            (b"GET / HTTP/1.1\r\n\r\n", "HTTP/1.1 404"),
+            (b"PUT /metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 405"),
+            (b"GET /metrics HTTP/2\r\n\r\n", "HTTP/1.1 400"),
+            (b"\r\n\r\n", "HTTP/1.1 400"),
+        ] {
+            let head_text = String::from_utf8_lossy(head);
+            assert_eq!(status(&respond(head, &s)), expected, "{head_text:?}");
+        }
         // Unsynchronised upstream, never polled: no reply age, served as unsynchronised.
         let page = render(&s);
         assert!(page.contains("chimed_served_synchronised 0\n"), "{page}");
