@@ -12,6 +12,8 @@
 //! 3. For each datagram the worker calls [`respond`] with the kernel's receive timestamp; a
 //!    [`Drop`] says why a datagram gets no reply, with a dense [`Drop::index`] for counters. Just
 //!    before sending, [`stamp_transmit`] writes the transmit timestamp.
+//! 4. With rate limiting on, a [`ClientTable`] shared by the workers gives each request a
+//!    [`Verdict`]; [`kiss_of_death`] and [`suggest_poll`] adjust the reply to match.
 //!
 //! The `chime ntp` client uses the same [`Header`] codec and [`NtpTimestamp`] conversions.
 
@@ -20,6 +22,7 @@
 
 pub mod mirror;
 pub mod packet;
+pub mod ratelimit;
 pub mod responder;
 pub mod state;
 pub mod time;
@@ -27,7 +30,8 @@ pub mod timescale;
 
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
-pub use responder::{Drop, respond, stamp_transmit};
+pub use ratelimit::{ClientTable, Coin, RateLimit, RateLimitError, Verdict};
+pub use responder::{Drop, kiss_of_death, respond, stamp_transmit, suggest_poll};
 pub use state::{ServedHeader, ServerState, StalePolicy};
 pub use time::{NtpShort, NtpTimestamp};
 pub use timescale::ZoneShift;

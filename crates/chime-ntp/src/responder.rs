@@ -5,7 +5,9 @@
 //! allocates, reads a clock or panics, whatever the bytes: the length is checked once and every
 //! other read is at a fixed offset within the first 48 bytes.
 
-use crate::packet::{Header, Mode, check_extensions, first_byte, is_mac_only, offset, version_of};
+use crate::packet::{
+    Header, Leap, Mode, check_extensions, first_byte, is_mac_only, offset, version_of,
+};
 use crate::state::ServedHeader;
 use crate::time::NtpTimestamp;
 
@@ -112,6 +114,28 @@ pub fn stamp_transmit(reply: &mut [u8], t3: NtpTimestamp) {
     );
     if let Some(slot) = reply.get_mut(offset::TRANSMIT_TS..Header::LEN) {
         slot.copy_from_slice(&t3.to_bits());
+    }
+}
+
+/// Turns a reply made by [`respond`] into a Kiss-o'-Death (RFC 5905 §7.4) with the four-letter
+/// `code`: leap 3 (alarm), stratum 0, the code as reference ID; the version, mode and every
+/// timestamp stay, so the client can match it to its request by the origin timestamp, as a
+/// chronyd client checks before it believes a kiss. Only `RATE` is sent today (see
+/// [`crate::ratelimit`]). A buffer shorter than a header is left alone.
+pub fn kiss_of_death(reply: &mut [u8], code: [u8; 4]) {
+    if let Some(out) = reply.first_chunk_mut::<{ Header::LEN }>() {
+        out[offset::LVM] = (out[offset::LVM] & 0x3f) | (Leap::Unsynchronised as u8) << 6;
+        out[offset::STRATUM] = 0;
+        out[offset::REFERENCE_ID..offset::REFERENCE_TS].copy_from_slice(&code);
+    }
+}
+
+/// Raises a reply's poll exponent to at least `min_poll`: with rate limiting on, every reply tells
+/// a client that polls faster than the limit's interval the interval it should use, as chronyd
+/// does. A buffer shorter than a header is left alone.
+pub fn suggest_poll(reply: &mut [u8], min_poll: i8) {
+    if let Some(poll) = reply.get_mut(offset::POLL) {
+        *poll = (*poll as i8).max(min_poll) as u8;
     }
 }
 
@@ -263,6 +287,40 @@ mod tests {
                 Ok(expected(version, Mode::Server))
             );
         }
+    }
+
+    #[test]
+    fn kiss_of_death_keeps_version_mode_and_timestamps() {
+        for version in 1..=4 {
+            let req = request(version, 3);
+            let mut reply = vec![0; 48];
+            respond(&req, 50_000, RX, &served(), &mut reply).unwrap();
+            kiss_of_death(&mut reply, *b"RATE");
+            let kod = Header::parse(&reply).unwrap();
+            let mut want = expected(version, Mode::Server);
+            want.leap = Leap::Unsynchronised;
+            want.stratum = 0;
+            want.reference_id = *b"RATE";
+            assert_eq!(kod, want);
+        }
+        let mut short = [0x11; 20];
+        kiss_of_death(&mut short, *b"RATE");
+        assert_eq!(short, [0x11; 20]);
+    }
+
+    #[test]
+    fn suggest_poll_only_raises() {
+        let mut reply = vec![0; 48];
+        respond(&request(4, 3), 50_000, RX, &served(), &mut reply).unwrap();
+        suggest_poll(&mut reply, 3); // the request said 6
+        assert_eq!(reply[2], 6);
+        suggest_poll(&mut reply, 10);
+        assert_eq!(reply[2], 10);
+        reply[2] = (-4i8) as u8; // a chronyd client with minpoll -4
+        suggest_poll(&mut reply, -6);
+        assert_eq!(reply[2] as i8, -4);
+        suggest_poll(&mut reply, 0);
+        assert_eq!(reply[2], 0);
     }
 
     #[test]

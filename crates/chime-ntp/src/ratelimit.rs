@@ -1,0 +1,516 @@
+//! Per-client response rate limiting, with the meaning of chronyd's `ratelimit` directive.
+//!
+//! Each client address earns one response every 2^`interval` seconds and may save up `burst` of
+//! them. A request that finds none saved is still answered once in 2^`leak` (so that someone who
+//! floods with a victim's spoofed address cannot cut the victim off), and otherwise, if `kod` is
+//! set, gets a Kiss-o'-Death RATE once in 2^`kod` of the rest, asking the client to poll less
+//! often; the remainder are dropped. The limits, ranges and defaults are chronyd's, so that a
+//! `ratelimit` line of a chrony.conf means the same here.
+//!
+//! The state is a [`ClientTable`] every worker thread shares, without locks: a fixed array of
+//! 64-byte sets of four slots, each slot an address key and the address's *theoretical arrival
+//! time* (GCRA, the generic cell rate algorithm), both atomics. A client whose next "full bucket"
+//! time is at or before now has its whole burst saved, so the slot evicted for a new address is
+//! the one with the earliest such time: a quiet client loses nothing by being forgotten, and a
+//! busy one stays tracked. Threads that update the same slot at the same instant may lose one
+//! update between them; the worst that does is answer one request too many.
+//!
+//! Sans-IO like the rest of the crate: the caller passes the time (monotonic nanoseconds from any
+//! fixed start) and a [`Coin`] per thread for the random leak and KoD draws.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The limits: chronyd's `ratelimit` options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    interval: i8,
+    burst: u8,
+    leak: u8,
+    kod: u8,
+}
+
+/// A [`RateLimit`] option outside chronyd's range for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{option} must be {min} to {max}, not {value}")]
+pub struct RateLimitError {
+    /// Which option: `interval`, `burst`, `leak` or `kod`.
+    pub option: &'static str,
+    /// The value given.
+    pub value: i64,
+    /// The smallest allowed value.
+    pub min: i64,
+    /// The largest allowed value.
+    pub max: i64,
+}
+
+impl RateLimit {
+    /// chronyd's defaults: one response per 8 s (interval 3), bursts of 8, leak 2 (every fourth
+    /// request over the limit is answered anyway), no KoD.
+    pub const DEFAULT: Self = Self {
+        interval: 3,
+        burst: 8,
+        leak: 2,
+        kod: 0,
+    };
+
+    /// The limits, each checked against chronyd's range: `interval` −19 to 12 (log2 seconds
+    /// between responses), `burst` 1 to 255, `leak` 1 to 4 and `kod` 0 (off) to 4 (log2 of one
+    /// in how many).
+    pub fn new(interval: i64, burst: i64, leak: i64, kod: i64) -> Result<Self, RateLimitError> {
+        let check = |option, value: i64, min: i64, max: i64| {
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(RateLimitError {
+                    option,
+                    value,
+                    min,
+                    max,
+                })
+            }
+        };
+        // The ranges make each narrowing cast exact.
+        Ok(Self {
+            interval: check("interval", interval, -19, 12)? as i8,
+            burst: check("burst", burst, 1, 255)? as u8,
+            leak: check("leak", leak, 1, 4)? as u8,
+            kod: check("kod", kod, 0, 4)? as u8,
+        })
+    }
+
+    /// Log2 of the seconds between responses to one client: also the least poll exponent a reply
+    /// suggests to a client that polls faster.
+    pub fn interval(&self) -> i8 {
+        self.interval
+    }
+
+    /// The responses a client may take back to back after being quiet.
+    pub fn burst(&self) -> u8 {
+        self.burst
+    }
+
+    /// Log2 of one in how many requests over the limit are answered anyway.
+    pub fn leak(&self) -> u8 {
+        self.leak
+    }
+
+    /// Log2 of one in how many requests over the limit, and not leaked, get a KoD RATE; 0 is
+    /// none.
+    pub fn kod(&self) -> u8 {
+        self.kod
+    }
+
+    /// The time one response costs, in nanoseconds: 2^interval seconds (at least 1 ns).
+    fn period_ns(&self) -> u64 {
+        const SECOND: u64 = 1_000_000_000;
+        if self.interval >= 0 {
+            SECOND << self.interval
+        } else {
+            (SECOND >> self.interval.unsigned_abs()).max(1)
+        }
+    }
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl fmt::Display for RateLimit {
+    /// As chrony.conf would say it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "interval {} burst {} leak {} kod {}",
+            self.interval, self.burst, self.leak, self.kod
+        )
+    }
+}
+
+/// What to do with one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within the limit, or over it and leaked: answer as usual.
+    Answer,
+    /// Over the limit: answer with a Kiss-o'-Death RATE.
+    Kod,
+    /// Over the limit: no reply.
+    Drop,
+}
+
+/// A small per-thread random source for the leak and KoD draws (xorshift64*): not for secrets,
+/// only so that which requests over the limit get through cannot be predicted from their order.
+#[derive(Clone, Debug)]
+pub struct Coin(u64);
+
+impl Coin {
+    /// A coin from a seed; any seed works (zero is replaced).
+    pub fn new(seed: u64) -> Self {
+        Self(if seed == 0 {
+            0x9e37_79b9_7f4a_7c15
+        } else {
+            seed
+        })
+    }
+
+    /// True once in 2^`log2` calls on average; always for 0.
+    pub fn one_in(&mut self, log2: u8) -> bool {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        log2 == 0 || r >> (64 - u32::from(log2.min(63))) == 0
+    }
+}
+
+/// One client: a key derived from its address (0 is an empty slot) and its theoretical arrival
+/// time, when its saved responses will have grown back to a full burst minus one.
+#[derive(Debug, Default)]
+struct Slot {
+    key: AtomicU64,
+    tat: AtomicU64,
+}
+
+const WAYS: usize = 4;
+
+/// Four slots in one cache line: the address picks the set, any slot of it may hold the client.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Set([Slot; WAYS]);
+
+/// The shared per-client state. See the module's documentation.
+#[derive(Debug)]
+pub struct ClientTable {
+    limit: RateLimit,
+    period: u64,
+    /// How far ahead of now a client's theoretical arrival time may be and still be answered:
+    /// (burst − 1) periods.
+    tolerance: u64,
+    sets: Box<[Set]>,
+    mask: usize,
+    seed: [u64; 2],
+}
+
+impl ClientTable {
+    /// The most clients a table tracks: 2^24, as chronyd's largest client log.
+    pub const MAX_CLIENTS: usize = 1 << 24;
+
+    /// A table for `clients` addresses (rounded up to a power of two, at least 4, at most
+    /// [`Self::MAX_CLIENTS`]), 16 bytes each. `seed` keys the address hash: pass random bits, so
+    /// that no one can pick addresses that crowd one set.
+    pub fn new(limit: RateLimit, clients: usize, seed: [u64; 2]) -> Self {
+        let clients = clients.clamp(WAYS, Self::MAX_CLIENTS).next_power_of_two();
+        let sets = clients / WAYS;
+        let period = limit.period_ns();
+        Self {
+            limit,
+            period,
+            tolerance: period * (u64::from(limit.burst) - 1),
+            sets: (0..sets).map(|_| Set::default()).collect(),
+            mask: sets - 1,
+            seed,
+        }
+    }
+
+    /// The limits the table applies.
+    pub fn limit(&self) -> RateLimit {
+        self.limit
+    }
+
+    /// How many clients the table can track at once.
+    pub fn capacity(&self) -> usize {
+        self.sets.len() * WAYS
+    }
+
+    /// Counts one request from `ip` at `now_ns` (monotonic nanoseconds, from the same start on
+    /// every call) and says whether to answer it. Never allocates or blocks.
+    pub fn check(&self, ip: IpAddr, now_ns: u64, coin: &mut Coin) -> Verdict {
+        let hash = self.hash(ip);
+        let key = hash | 1;
+        let set = &self.sets[(hash >> 40) as usize & self.mask].0;
+        let mut victim = &set[0];
+        let mut earliest = u64::MAX;
+        for slot in set {
+            if slot.key.load(Relaxed) == key {
+                return self.spend(&slot.tat, now_ns, coin);
+            }
+            let tat = slot.tat.load(Relaxed);
+            if tat < earliest {
+                earliest = tat;
+                victim = slot;
+            }
+        }
+        // A new client (or one forgotten, which had less saved than a new one gets): a full
+        // burst, of which this request takes one.
+        victim.key.store(key, Relaxed);
+        victim
+            .tat
+            .store(now_ns.saturating_add(self.period), Relaxed);
+        Verdict::Answer
+    }
+
+    fn spend(&self, tat: &AtomicU64, now: u64, coin: &mut Coin) -> Verdict {
+        let mut seen = tat.load(Relaxed);
+        loop {
+            let from = seen.max(now);
+            if from - now > self.tolerance {
+                return self.over_limit(coin);
+            }
+            match tat.compare_exchange_weak(seen, from + self.period, Relaxed, Relaxed) {
+                Ok(_) => return Verdict::Answer,
+                Err(now_there) => seen = now_there,
+            }
+        }
+    }
+
+    fn over_limit(&self, coin: &mut Coin) -> Verdict {
+        if coin.one_in(self.limit.leak) {
+            Verdict::Answer
+        } else if self.limit.kod > 0 && coin.one_in(self.limit.kod) {
+            Verdict::Kod
+        } else {
+            Verdict::Drop
+        }
+    }
+
+    /// A keyed 64-bit hash of the address. An IPv4 address and its IPv4-mapped IPv6 form are
+    /// the same client. Both halves go through a bijective mixer, so two addresses of one /64
+    /// never share a key.
+    fn hash(&self, ip: IpAddr) -> u64 {
+        let bits = match ip {
+            IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
+            IpAddr::V6(a) => a.to_bits(),
+        };
+        let (high, low) = ((bits >> 64) as u64, bits as u64);
+        mix(low ^ self.seed[1] ^ mix(high ^ self.seed[0]))
+    }
+}
+
+/// A bijective 64-bit finaliser (MurmurHash3's).
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+    const SEED: [u64; 2] = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
+
+    fn v4(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, last))
+    }
+
+    /// Verdicts for `n` requests from `ip` at `now`, counted as (answered, kod, dropped).
+    fn tally(t: &ClientTable, ip: IpAddr, now: u64, n: usize, coin: &mut Coin) -> [usize; 3] {
+        let mut c = [0; 3];
+        for _ in 0..n {
+            c[match t.check(ip, now, coin) {
+                Verdict::Answer => 0,
+                Verdict::Kod => 1,
+                Verdict::Drop => 2,
+            }] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn ranges_are_chronyds() {
+        assert_eq!(RateLimit::new(3, 8, 2, 0), Ok(RateLimit::DEFAULT));
+        assert!(RateLimit::new(-19, 1, 1, 4).is_ok());
+        assert!(RateLimit::new(12, 255, 4, 0).is_ok());
+        for (args, option) in [
+            ((-20, 8, 2, 0), "interval"),
+            ((13, 8, 2, 0), "interval"),
+            ((3, 0, 2, 0), "burst"),
+            ((3, 256, 2, 0), "burst"),
+            ((3, 8, 0, 0), "leak"),
+            ((3, 8, 5, 0), "leak"),
+            ((3, 8, 2, -1), "kod"),
+            ((3, 8, 2, 5), "kod"),
+        ] {
+            let err = RateLimit::new(args.0, args.1, args.2, args.3).unwrap_err();
+            assert_eq!(err.option, option, "{args:?}");
+        }
+        let err = RateLimit::new(3, 300, 2, 0).unwrap_err();
+        assert_eq!(err.to_string(), "burst must be 1 to 255, not 300");
+        assert_eq!(
+            RateLimit::DEFAULT.to_string(),
+            "interval 3 burst 8 leak 2 kod 0"
+        );
+    }
+
+    #[test]
+    fn period_covers_the_whole_range() {
+        let p = |i| RateLimit::new(i, 1, 1, 0).unwrap().period_ns();
+        assert_eq!(p(0), SEC);
+        assert_eq!(p(3), 8 * SEC);
+        assert_eq!(p(12), 4096 * SEC);
+        assert_eq!(p(-1), SEC / 2);
+        assert_eq!(p(-19), 1907); // 524288 per second, as chronyd's minimum
+    }
+
+    #[test]
+    fn coin_lands_at_the_asked_rate() {
+        let mut coin = Coin::new(7);
+        for log2 in 0..=4u8 {
+            let n = 64_000;
+            let hits = (0..n).filter(|_| coin.one_in(log2)).count();
+            let expect = n >> log2;
+            assert!(
+                hits.abs_diff(expect) < expect / 20 + 10,
+                "one in 2^{log2}: {hits} of {n}"
+            );
+        }
+        assert_eq!(Coin::new(0).0, Coin::new(0x9e37_79b9_7f4a_7c15).0);
+    }
+
+    #[test]
+    fn a_burst_then_one_per_interval() {
+        // With no time passing, the first `burst` requests are always answered.
+        let limit = RateLimit::new(0, 5, 4, 0).unwrap();
+        let t = ClientTable::new(limit, 64, SEED);
+        let mut coin = Coin::new(1);
+        let ip = v4(1);
+        for i in 0..5 {
+            assert_eq!(
+                t.check(ip, 10 * SEC, &mut coin),
+                Verdict::Answer,
+                "request {i}"
+            );
+        }
+        // Over the limit: about one in 16 leaks, the rest are dropped (no KoD asked for).
+        let [answered, kod, dropped] = tally(&t, ip, 10 * SEC, 16_000, &mut coin);
+        assert_eq!(kod, 0);
+        assert!((800..1200).contains(&answered), "leaked {answered}");
+        assert_eq!(answered + dropped, 16_000);
+        // One second later, one response has been earned back: it is answered for sure.
+        assert_eq!(t.check(ip, 11 * SEC, &mut coin), Verdict::Answer);
+        // After burst × interval of quiet the whole burst is back.
+        for i in 0..5 {
+            assert_eq!(
+                t.check(ip, 20 * SEC, &mut coin),
+                Verdict::Answer,
+                "after quiet {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn steady_rate_is_held_to_the_interval() {
+        // 100 requests a second for 60 s against one per 2 s, burst 4, leak 4 (1 in 16).
+        let limit = RateLimit::new(1, 4, 4, 0).unwrap();
+        let t = ClientTable::new(limit, 64, SEED);
+        let mut coin = Coin::new(99);
+        let (mut answered, n) = (0usize, 6000u64);
+        for i in 0..n {
+            if t.check(v4(9), SEC + i * SEC / 100, &mut coin) == Verdict::Answer {
+                answered += 1;
+            }
+        }
+        // Earned: 4 + 60 / 2 = 34; leaked: about (6000 − 34) / 16 = 373.
+        let expect = 34 + (6000 - 34) / 16;
+        assert!(
+            answered.abs_diff(expect) < 60,
+            "answered {answered}, expected about {expect}"
+        );
+    }
+
+    #[test]
+    fn kod_is_a_share_of_what_is_not_leaked() {
+        let limit = RateLimit::new(3, 1, 1, 1).unwrap();
+        let t = ClientTable::new(limit, 64, SEED);
+        let mut coin = Coin::new(5);
+        assert_eq!(t.check(v4(2), SEC, &mut coin), Verdict::Answer);
+        let [answered, kod, dropped] = tally(&t, v4(2), SEC, 40_000, &mut coin);
+        // Leak 1: half answered; kod 1: half of the other half.
+        for (what, got, expect) in [
+            ("answered", answered, 20_000),
+            ("kod", kod, 10_000),
+            ("dropped", dropped, 10_000),
+        ] {
+            assert!(got.abs_diff(expect) < 800, "{what}: {got}");
+        }
+    }
+
+    #[test]
+    fn clients_are_limited_apart_and_v4_mapped_is_the_same_client() {
+        let limit = RateLimit::new(3, 2, 4, 0).unwrap();
+        let t = ClientTable::new(limit, 1024, SEED);
+        let mut coin = Coin::new(3);
+        let a = v4(10);
+        let a_mapped = IpAddr::V6(Ipv4Addr::new(192, 0, 2, 10).to_ipv6_mapped());
+        assert_eq!(t.check(a, SEC, &mut coin), Verdict::Answer);
+        assert_eq!(t.check(a_mapped, SEC, &mut coin), Verdict::Answer);
+        // a's burst of 2 is spent: mostly dropped now, while b and an IPv6 client start fresh.
+        let [answered, ..] = tally(&t, a, SEC, 1600, &mut coin);
+        assert!(answered < 200, "a answered {answered} of 1600");
+        for other in [v4(11), IpAddr::V6(Ipv6Addr::LOCALHOST)] {
+            assert_eq!(t.check(other, SEC, &mut coin), Verdict::Answer);
+            assert_eq!(t.check(other, SEC, &mut coin), Verdict::Answer);
+        }
+    }
+
+    #[test]
+    fn eviction_keeps_busy_clients_and_forgets_quiet_ones() {
+        // A table of one set: four slots. A flooder spends its burst; then more distinct clients
+        // than slots arrive, each once, long after their own arrival. The flooder's arrival time
+        // is far ahead, so it is never the one evicted and stays limited.
+        let limit = RateLimit::new(6, 1, 4, 0).unwrap();
+        let t = ClientTable::new(limit, 4, SEED);
+        assert_eq!(t.capacity(), 4);
+        let mut coin = Coin::new(11);
+        let flooder = v4(200);
+        let [answered, ..] = tally(&t, flooder, SEC, 1000, &mut coin);
+        assert!(answered < 120, "{answered}");
+        for i in 0..50 {
+            assert_eq!(t.check(v4(i), 2 * SEC, &mut coin), Verdict::Answer);
+        }
+        let [answered, ..] = tally(&t, flooder, 2 * SEC, 1600, &mut coin);
+        assert!(
+            answered < 200,
+            "the flooder was forgotten: {answered} of 1600"
+        );
+    }
+
+    #[test]
+    fn table_size_is_rounded_and_bounded() {
+        let l = RateLimit::DEFAULT;
+        assert_eq!(ClientTable::new(l, 0, SEED).capacity(), 4);
+        assert_eq!(ClientTable::new(l, 1000, SEED).capacity(), 1024);
+        assert_eq!(ClientTable::new(l, 4096, SEED).capacity(), 4096);
+        assert_eq!(std::mem::size_of::<Set>(), 64);
+    }
+
+    #[test]
+    fn threads_share_one_limit() {
+        // Two threads spend one client's burst of 100 at once, with no time passing and leak 4:
+        // about 100 + 1/16 of the rest are answered, not 200 + as two private tables would.
+        let limit = RateLimit::new(12, 100, 4, 0).unwrap();
+        let t = ClientTable::new(limit, 64, SEED);
+        let ip = v4(77);
+        let answered: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|k| {
+                    let t = &t;
+                    s.spawn(move || tally(t, ip, SEC, 1000, &mut Coin::new(k + 1))[0])
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let expect = 100 + 1900 / 16;
+        assert!(answered.abs_diff(expect) < 60, "answered {answered}");
+    }
+}
