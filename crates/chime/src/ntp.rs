@@ -143,6 +143,17 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
                 reply.version
             );
         }
+        if let Some(code) = kiss_code(&reply) {
+            let advice = match &code[..] {
+                "RATE" => format!(
+                    ": asks this client to poll less often (suggested poll interval 2^{} s)",
+                    reply.poll
+                ),
+                "DENY" | "RSTR" => ": refuses to serve this client".into(),
+                _ => String::new(),
+            };
+            bail!("{server}: Kiss-o'-Death {code}{advice}");
+        }
         let t2 = reply.receive_ts;
         let t3 = reply.transmit_ts;
         if reply.stratum != 0 && (t2 == NtpTimestamp::ZERO || t3 == NtpTimestamp::ZERO) {
@@ -179,6 +190,17 @@ fn now() -> NtpTimestamp {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     NtpTimestamp::from_unix(d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// The kiss code of a Kiss-o'-Death (RFC 5905 §7.4): leap 3, stratum 0 and four ASCII capitals
+/// as reference ID. An unsynchronised server's ordinary reply has stratum 0 too, but not such an
+/// ID (chronyd and chimed send zeros).
+fn kiss_code(reply: &Header) -> Option<String> {
+    let id = reply.reference_id;
+    (reply.leap == Leap::Unsynchronised
+        && reply.stratum == 0
+        && id.iter().all(u8::is_ascii_uppercase))
+    .then(|| id.iter().map(|&b| char::from(b)).collect())
 }
 
 /// Stratum 0 carries a kiss code and stratum 1 a reference clock's name, both ASCII; above that
@@ -247,6 +269,22 @@ mod tests {
             "[::1]:5123".parse().unwrap()
         );
         assert_eq!(resolve("localhost:5123").unwrap().port(), 5123);
+    }
+
+    #[test]
+    fn kiss_codes_are_told_from_unsynchronised_replies() {
+        let mut h = Header::request(4, Mode::Server, NtpTimestamp(1));
+        h.leap = Leap::Unsynchronised;
+        h.reference_id = *b"RATE";
+        assert_eq!(kiss_code(&h).as_deref(), Some("RATE"));
+        h.reference_id = [0; 4];
+        assert_eq!(kiss_code(&h), None, "chronyd's unsynchronised reply");
+        h.reference_id = *b"RATE";
+        h.leap = Leap::NoWarning;
+        assert_eq!(kiss_code(&h), None);
+        h.leap = Leap::Unsynchronised;
+        h.stratum = 1;
+        assert_eq!(kiss_code(&h), None, "a stratum-1 reference clock name");
     }
 
     #[test]
