@@ -86,6 +86,38 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NET", action = clap::ArgAction::Append)]
     pub(crate) deny: Option<Vec<String>>,
 
+    /// Limit NTP responses per client address, as chronyd's `ratelimit`: each address earns one
+    /// response per 2^interval seconds and may save up a burst; over the limit one request in
+    /// 2^leak is answered anyway, one in 2^kod of the rest gets a Kiss-o'-Death RATE, and the
+    /// others are dropped and counted as `rate_limited` [default: off]
+    #[arg(long)]
+    pub(crate) ratelimit: bool,
+
+    /// --ratelimit: log2 of the seconds between responses to one address, -19 to 12
+    /// [default: 3, one per 8 s]
+    #[arg(long, value_name = "LOG2", allow_negative_numbers = true)]
+    pub(crate) ratelimit_interval: Option<i64>,
+
+    /// --ratelimit: responses an address may take back to back after being quiet, 1 to 255
+    /// [default: 8]
+    #[arg(long, value_name = "N")]
+    pub(crate) ratelimit_burst: Option<i64>,
+
+    /// --ratelimit: answer one in 2^LOG2 requests over the limit anyway, so that a flood with a
+    /// spoofed address cannot cut its owner off; 1 to 4 [default: 2, one in four]
+    #[arg(long, value_name = "LOG2")]
+    pub(crate) ratelimit_leak: Option<i64>,
+
+    /// --ratelimit: send a Kiss-o'-Death RATE to one in 2^LOG2 of the requests over the limit
+    /// that are not leaked; 0 (none) to 4 [default: 0]
+    #[arg(long, value_name = "LOG2")]
+    pub(crate) ratelimit_kod: Option<i64>,
+
+    /// --ratelimit: client addresses tracked at once, rounded up to a power of two, 16 bytes
+    /// each; 4 to 16777216 [default: 65536]
+    #[arg(long, value_name = "N")]
+    pub(crate) ratelimit_clients: Option<usize>,
+
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
     #[arg(long, value_name = "ADDR:PORT")]

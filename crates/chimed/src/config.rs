@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use chime_ntp::{ClientTable, RateLimit};
+
 use crate::acl::Acl;
 use crate::cli::{self, Args};
 
@@ -34,6 +36,12 @@ struct File {
     metrics_address: Option<SocketAddr>,
     allow: Option<Vec<String>>,
     deny: Option<Vec<String>>,
+    ratelimit: Option<bool>,
+    ratelimit_interval: Option<i64>,
+    ratelimit_burst: Option<i64>,
+    ratelimit_leak: Option<i64>,
+    ratelimit_kod: Option<i64>,
+    ratelimit_clients: Option<usize>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -66,12 +74,25 @@ pub(crate) struct Settings {
     pub(crate) metrics_address: Option<SocketAddr>,
     /// Who is served (`allow` and `deny`).
     pub(crate) acl: Acl,
+    /// Per-client NTP rate limiting, if on.
+    pub(crate) ratelimit: Option<RateLimiting>,
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
     /// Roughtime, if a key was given.
     pub(crate) roughtime: Option<Roughtime>,
 }
+
+/// `ratelimit` and its options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RateLimiting {
+    pub(crate) limit: RateLimit,
+    /// Client addresses tracked at once.
+    pub(crate) clients: usize,
+}
+
+/// --ratelimit-clients' default: 65536 addresses, 1 MiB.
+const DEFAULT_RATELIMIT_CLIENTS: usize = 1 << 16;
 
 /// The Roughtime service's settings, with the long-term key already loaded and checked.
 #[derive(Clone)]
@@ -184,6 +205,7 @@ impl Settings {
             &deny.unwrap_or_default(),
             &deny_in,
         )?;
+        let ratelimit = rate_limiting(args, &file, path)?;
         let (log_level, log_in) = pick!(log_level, "log-level");
 
         let tz_offset = args.tz_offset || file.tz_offset.unwrap_or(false);
@@ -339,6 +361,7 @@ impl Settings {
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
             metrics_address,
             acl,
+            ratelimit,
             log_level,
             tz_offset,
             roughtime,
@@ -363,6 +386,79 @@ pub(crate) fn reload_acl(args: &Args) -> Result<Option<Acl>, ConfigError> {
     let (allow, allow_in) = list(&args.allow, file.allow, "allow");
     let (deny, deny_in) = list(&args.deny, file.deny, "deny");
     access_rules(&allow, &allow_in, &deny, &deny_in).map(Some)
+}
+
+/// `ratelimit` and its options. An option without `ratelimit` itself is an error rather than
+/// silently ignored (or silently turning limiting on); a value out of range names its option.
+fn rate_limiting(
+    args: &Args,
+    file: &File,
+    path: Option<&Path>,
+) -> Result<Option<RateLimiting>, ConfigError> {
+    let on = args.ratelimit || file.ratelimit.unwrap_or(false);
+    let opt = |flag: Option<i64>, from_file: Option<i64>, key| match (flag, from_file) {
+        (Some(v), _) => (Some(v), input(key, None)),
+        (None, Some(v)) => (Some(v), input(key, path)),
+        (None, None) => (None, input(key, None)),
+    };
+    let clients = opt(
+        args.ratelimit_clients.map(|n| n as i64),
+        file.ratelimit_clients.map(|n| n as i64),
+        "ratelimit-clients",
+    );
+    let options = [
+        opt(
+            args.ratelimit_interval,
+            file.ratelimit_interval,
+            "ratelimit-interval",
+        ),
+        opt(
+            args.ratelimit_burst,
+            file.ratelimit_burst,
+            "ratelimit-burst",
+        ),
+        opt(args.ratelimit_leak, file.ratelimit_leak, "ratelimit-leak"),
+        opt(args.ratelimit_kod, file.ratelimit_kod, "ratelimit-kod"),
+    ];
+    if !on {
+        return match options.iter().chain([&clients]).find(|(v, _)| v.is_some()) {
+            Some((_, given_in)) => Err(invalid(
+                given_in,
+                "only takes effect with ratelimit; set both",
+            )),
+            None => Ok(None),
+        };
+    }
+    let d = RateLimit::DEFAULT;
+    let [interval, burst, leak, kod] = &options;
+    let limit = RateLimit::new(
+        interval.0.unwrap_or(d.interval().into()),
+        burst.0.unwrap_or(d.burst().into()),
+        leak.0.unwrap_or(d.leak().into()),
+        kod.0.unwrap_or(d.kod().into()),
+    )
+    .map_err(|e| {
+        let at = options
+            .iter()
+            .find(|(_, i)| i.key.strip_prefix("ratelimit-") == Some(e.option))
+            .map_or(&interval.1, |(_, i)| i);
+        invalid(
+            at,
+            format!("must be {} to {}, not {}", e.min, e.max, e.value),
+        )
+    })?;
+    let n = clients.0.unwrap_or(DEFAULT_RATELIMIT_CLIENTS as i64);
+    let max = ClientTable::MAX_CLIENTS as i64;
+    if !(4..=max).contains(&n) {
+        return Err(invalid(
+            &clients.1,
+            format!("{n} clients is outside 4..={max}"),
+        ));
+    }
+    Ok(Some(RateLimiting {
+        limit,
+        clients: n as usize,
+    }))
 }
 
 /// The access rules from the `allow` and `deny` lists. Each list is parsed alone, so that an

@@ -24,12 +24,13 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use chime_ntp::{ServerState, StalePolicy};
+use chime_ntp::{ClientTable, ServerState, StalePolicy};
 use chime_roughtime::LongTermKey;
 use chime_udp::{BatchHandler, BoundWorkers, WorkerConfig, Workers};
 use clap::Parser;
@@ -120,6 +121,17 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
         stats_interval: settings.stats_interval,
         zone: ArcSwapOption::empty(),
         acl: ArcSwap::from_pointee(settings.acl.clone()),
+        ratelimit: settings.ratelimit.map(|r| {
+            let table = ClientTable::new(r.limit, r.clients, rand::random());
+            info!(
+                "ntp: rate limiting on: ratelimit {}, {} client addresses tracked ({} KiB)",
+                r.limit,
+                table.capacity(),
+                table.capacity() * 16 / 1024
+            );
+            table
+        }),
+        epoch: Instant::now(),
     });
     if let Some(name) = &settings.tz_offset {
         load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;

@@ -189,7 +189,7 @@ pub(crate) fn render(sources: &Sources) -> String {
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
-    let per_worker: [(&str, &str, CountOf); 4] = [
+    let per_worker: [(&str, &str, CountOf); 5] = [
         (
             "chimed_requests_received_total",
             "Datagrams received.",
@@ -210,6 +210,11 @@ pub(crate) fn render(sources: &Sources) -> String {
             "chimed_send_errors_total",
             "Replies the kernel refused.",
             |c| c.send_errors,
+        ),
+        (
+            "chimed_kod_sent_total",
+            "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
+            |c| c.kod,
         ),
     ];
     for (name, help, value) in per_worker {
@@ -355,6 +360,8 @@ mod tests {
                 stats_interval: None,
                 zone: ArcSwapOption::empty(),
                 acl: ArcSwap::from_pointee(crate::acl::Acl::default()),
+                ratelimit: None,
+                epoch: std::time::Instant::now(),
             }),
             roughtime: None,
             started_unix: 0,

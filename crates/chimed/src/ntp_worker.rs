@@ -3,10 +3,10 @@
 //! transmit time in one clock read immediately before the batch is handed to `sendmmsg`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use chime_ntp::{Drop, ServerState, StalePolicy};
+use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, Verdict};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::acl::Acl;
@@ -15,9 +15,11 @@ use crate::reply;
 use crate::stats::{Published, Totals, WorkerStats};
 use crate::tz::Zone;
 
-/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule).
-pub(crate) const REASONS: usize = Drop::COUNT + 1;
+/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule) and
+/// `rate_limited` (over `--ratelimit`, neither leaked nor kissed).
+pub(crate) const REASONS: usize = Drop::COUNT + 2;
 const DENIED: usize = Drop::COUNT;
+const RATE_LIMITED: usize = Drop::COUNT + 1;
 pub(crate) const LABELS: [&str; REASONS] = {
     let mut labels = [""; REASONS];
     let mut i = 0;
@@ -26,6 +28,7 @@ pub(crate) const LABELS: [&str; REASONS] = {
         i += 1;
     }
     labels[DENIED] = "denied";
+    labels[RATE_LIMITED] = "rate_limited";
     labels
 };
 
@@ -40,6 +43,11 @@ pub(crate) struct Shared {
     pub(crate) zone: ArcSwapOption<Zone>,
     /// Who is served, NTP and Roughtime alike; replaced on SIGHUP.
     pub(crate) acl: ArcSwap<Acl>,
+    /// Per-client rate limiting, shared by every NTP worker so that a client is limited as one
+    /// whichever threads its requests reach; `None` when off.
+    pub(crate) ratelimit: Option<ClientTable>,
+    /// The start of the monotonic time the rate limiter counts in.
+    pub(crate) epoch: Instant,
 }
 
 pub(crate) struct NtpWorker {
@@ -49,6 +57,8 @@ pub(crate) struct NtpWorker {
     /// NTP eras for it.
     zone: Option<Arc<Zone>>,
     pivot_unix: i64,
+    /// The rate limiter's leak and KoD draws.
+    coin: Coin,
 }
 
 impl NtpWorker {
@@ -65,6 +75,7 @@ impl NtpWorker {
             shared,
             zone: None,
             pivot_unix: now_unix,
+            coin: Coin::new(rand::random()),
         }
     }
 }
@@ -83,6 +94,10 @@ impl BatchHandler for NtpWorker {
         }
         self.stats.pending.batches += 1;
         let acl = self.shared.acl.load();
+        let limiter = self.shared.ratelimit.as_ref().map(|table| {
+            let mono = self.shared.epoch.elapsed().as_nanos() as u64;
+            (table, mono, table.limit().interval())
+        });
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
             if !acl.is_open() && !acl.permits(meta.src.ip()) {
@@ -97,11 +112,29 @@ impl BatchHandler for NtpWorker {
             if let Some(zone) = &self.zone {
                 t2 = zone.apply(t2, now_unix);
             }
+            let coin = &mut self.coin;
+            let mut kissed = false;
             let dropped = reply::queue(tx, meta, request, |buf| {
-                chime_ntp::respond(request, meta.src.port(), t2, &served, buf)
+                let len = chime_ntp::respond(request, meta.src.port(), t2, &served, buf)
+                    .map_err(|why| why.index())?;
+                // Only a request that would be answered costs its sender: a malformed one is
+                // dropped above without touching the table.
+                if let Some((table, mono, interval)) = limiter {
+                    match table.check(meta.src.ip(), mono, coin) {
+                        Verdict::Answer => {}
+                        Verdict::Kod => {
+                            chime_ntp::kiss_of_death(buf, *b"RATE");
+                            kissed = true;
+                        }
+                        Verdict::Drop => return Err(RATE_LIMITED),
+                    }
+                    chime_ntp::suggest_poll(buf, interval);
+                }
+                Ok(len)
             });
+            self.stats.pending.kod += u64::from(kissed);
             if let Some(why) = dropped {
-                self.stats.pending.drop_at(why.index());
+                self.stats.pending.drop_at(why);
             }
         }
         self.stats.tick(now_unix);

@@ -23,6 +23,8 @@ pub(crate) struct Counters<const N: usize> {
     pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
+    /// Replies queued as a Kiss-o'-Death RATE (NTP rate limiting); also in `answered` once sent.
+    pub(crate) kod: u64,
     pub(crate) dropped: [u64; N],
 }
 
@@ -33,6 +35,7 @@ impl<const N: usize> Default for Counters<N> {
             batches: 0,
             answered: 0,
             send_errors: 0,
+            kod: 0,
             dropped: [0; N],
         }
     }
@@ -52,6 +55,7 @@ impl<const N: usize> Counters<N> {
         self.batches += other.batches;
         self.answered += other.answered;
         self.send_errors += other.send_errors;
+        self.kod += other.kod;
         for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
             *a += b;
         }
@@ -83,6 +87,9 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
             c.dropped_total(),
             c.send_errors
         )?;
+        if c.kod > 0 {
+            write!(f, " kod={}", c.kod)?;
+        }
         for (n, label) in c.dropped.iter().zip(self.labels) {
             if *n > 0 {
                 write!(f, " dropped.{label}={n}")?;
@@ -99,6 +106,7 @@ pub(crate) struct Totals<const N: usize> {
     batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
+    kod: AtomicU64,
     dropped: [AtomicU64; N],
 }
 
@@ -109,6 +117,7 @@ impl<const N: usize> Default for Totals<N> {
             batches: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
+            kod: AtomicU64::new(0),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -120,6 +129,7 @@ impl<const N: usize> Totals<N> {
         self.batches.fetch_add(c.batches, Relaxed);
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
+        self.kod.fetch_add(c.kod, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.fetch_add(b, Relaxed);
         }
@@ -131,6 +141,7 @@ impl<const N: usize> Totals<N> {
             batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
+            kod: self.kod.load(Relaxed),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
     }
@@ -150,6 +161,7 @@ pub(crate) struct Published {
     batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
+    kod: AtomicU64,
     dropped: Box<[AtomicU64]>,
 }
 
@@ -160,6 +172,7 @@ pub(crate) struct PublishedCounts {
     pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
+    pub(crate) kod: u64,
     /// One per label, in the labels' order.
     pub(crate) dropped: Vec<u64>,
 }
@@ -170,6 +183,7 @@ impl Published {
         self.batches.store(c.batches, Relaxed);
         self.answered.store(c.answered, Relaxed);
         self.send_errors.store(c.send_errors, Relaxed);
+        self.kod.store(c.kod, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.store(b, Relaxed);
         }
@@ -181,6 +195,7 @@ impl Published {
             batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
+            kod: self.kod.load(Relaxed),
             dropped: self.dropped.iter().map(|d| d.load(Relaxed)).collect(),
         }
     }
@@ -211,6 +226,7 @@ impl Registry {
             batches: zero(),
             answered: zero(),
             send_errors: zero(),
+            kod: zero(),
             dropped: labels.iter().map(|_| zero()).collect(),
         });
         self.workers

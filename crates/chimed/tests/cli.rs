@@ -77,3 +77,62 @@ fn shipped_configs_pass_check_config() {
     }
     assert!(checked > 0, "no .toml files in configs/");
 }
+
+#[test]
+fn rate_limit_options_are_checked() {
+    for (args, needle) in [
+        (
+            &["--ratelimit-burst", "4"][..],
+            "--ratelimit-burst: only takes effect with ratelimit",
+        ),
+        (
+            &["--ratelimit", "--ratelimit-interval", "-20"][..],
+            "--ratelimit-interval: must be -19 to 12, not -20",
+        ),
+        (
+            &["--ratelimit", "--ratelimit-burst", "0"][..],
+            "--ratelimit-burst: must be 1 to 255",
+        ),
+        (
+            &["--ratelimit", "--ratelimit-leak", "0"][..],
+            "--ratelimit-leak: must be 1 to 4",
+        ),
+        (
+            &["--ratelimit", "--ratelimit-kod", "5"][..],
+            "--ratelimit-kod: must be 0 to 4",
+        ),
+        (
+            &["--ratelimit", "--ratelimit-clients", "2"][..],
+            "--ratelimit-clients: 2 clients",
+        ),
+    ] {
+        let (code, err) = chimed(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chimed.toml");
+    std::fs::write(&path, "ratelimit = true\nratelimit-leak = 9\n").unwrap();
+    let (code, err) = chimed(&["--config", path.to_str().unwrap(), "--check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("chimed.toml: ratelimit-leak: must be 1 to 4, not 9"),
+        "{err}"
+    );
+    std::fs::write(
+        &path,
+        "ratelimit = true\nratelimit-interval = -4\nratelimit-kod = 2\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_chimed"))
+        .args(["--config", path.to_str().unwrap(), "--check-config"])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("interval: -4") && shown.contains("kod: 2"),
+        "{shown}"
+    );
+}

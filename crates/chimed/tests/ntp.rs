@@ -241,3 +241,233 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
     assert!(warned.contains("deny: '127.0.0.1/40'"), "{warned}");
     assert!(exchange(chimed.addr, &request, Duration::from_secs(2)).is_some());
 }
+
+/// Sends `n` client requests from `sock`, each with its index as transmit timestamp, and returns
+/// the replies that come back (by index) before replies stop for a short while.
+fn flood(sock: &std::net::UdpSocket, to: std::net::SocketAddr, n: u64) -> Vec<(u64, [u8; 48])> {
+    for i in 0..n {
+        let mut p = [0u8; 48];
+        p[0] = 0x23; // NTPv4, client
+        p[2] = 6; // poll 2^6 s
+        p[40..48].copy_from_slice(&(i + 1).to_be_bytes());
+        sock.send_to(&p, to).unwrap();
+    }
+    collect_replies(&[sock], Duration::from_millis(300))
+}
+
+/// Replies on any of `socks` until none has come for `quiet`, as (transmit index, reply).
+fn collect_replies(socks: &[&std::net::UdpSocket], quiet: Duration) -> Vec<(u64, [u8; 48])> {
+    for s in socks {
+        s.set_nonblocking(true).unwrap();
+    }
+    let mut got = Vec::new();
+    let mut last = Instant::now();
+    while last.elapsed() < quiet {
+        let mut any = false;
+        for s in socks {
+            let mut buf = [0u8; 48];
+            while let Ok(48) = s.recv(&mut buf) {
+                got.push((u64::from_be_bytes(buf[24..32].try_into().unwrap()) - 1, buf));
+                any = true;
+            }
+        }
+        if any {
+            last = Instant::now();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+/// `--ratelimit`: a client gets its burst, then only the leaked share (one in four by default);
+/// the rest are dropped and counted, every reply suggests the limit's interval as poll, and
+/// another address is not held back by the first one's flood.
+#[test]
+fn rate_limiting_answers_the_burst_then_the_leak_and_counts_the_rest() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(
+        &chronyd,
+        &[
+            "-4",
+            "1",
+            "--ratelimit",
+            "--ratelimit-interval",
+            "12",
+            "--ratelimit-burst",
+            "4",
+            // The flood arrives at once: room for all of it, however busy the machine.
+            "--recv-buffer",
+            "4194304",
+        ],
+    );
+    chimed.wait_for(
+        "rate limiting on: ratelimit interval 12 burst 4 leak 2 kod 0",
+        Duration::from_secs(1),
+    );
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let n = 400;
+    let replies = flood(&sock, chimed.addr, n);
+    let answered = replies.len() as u64;
+    for first in 0..4 {
+        assert!(
+            replies.iter().any(|(i, _)| *i == first),
+            "request {first} is within the burst but was not answered"
+        );
+    }
+    for (i, r) in &replies {
+        assert_eq!(
+            r[2], 12,
+            "request {i}: poll not raised to the limit's interval"
+        );
+        assert_eq!(
+            r[1], 3,
+            "request {i}: a normal reply, not a kiss (kod is off)"
+        );
+    }
+    // 4 + (400 − 4) / 4 = 103 expected; the binomial spread is about 9.
+    assert!(
+        (58..=148).contains(&answered),
+        "{answered} of {n} answered, expected about 103"
+    );
+
+    // Another client starts with its own full burst.
+    let other = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    assert_eq!(
+        flood(&other, chimed.addr, 4).len(),
+        4,
+        "127.0.0.2 was limited"
+    );
+
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    for field in [
+        format!("received={}", n + 4),
+        format!("answered={}", answered + 4),
+        format!("dropped.rate_limited={}", n - answered),
+    ] {
+        assert!(totals.contains(&field), "{field}: {totals}");
+    }
+}
+
+/// The limit is per address across threads: requests from many ports spread over two workers
+/// still share one burst. Two private tables would answer about 106 of these 200; one shared
+/// table about 59.
+#[test]
+fn rate_limit_is_shared_by_every_thread() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(
+        &chronyd,
+        &[
+            "-4",
+            "2",
+            "--ratelimit",
+            "--ratelimit-interval",
+            "12",
+            "--ratelimit-burst",
+            "50",
+            "--ratelimit-leak",
+            "4",
+            "--recv-buffer",
+            "4194304",
+        ],
+    );
+    let socks: Vec<_> = (0..200)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    for (i, s) in socks.iter().enumerate() {
+        let mut p = [0u8; 48];
+        p[0] = 0x23;
+        p[40..48].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+        s.send_to(&p, chimed.addr).unwrap();
+    }
+    let refs: Vec<_> = socks.iter().collect();
+    let answered = collect_replies(&refs, Duration::from_millis(300)).len();
+    assert!(
+        (50..80).contains(&answered),
+        "{answered} of 200 answered, expected about 59"
+    );
+    assert!(chimed.terminate().success());
+    chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    let log = chimed.log();
+    for thread in ["ntp-ipv4-0", "ntp-ipv4-1"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(thread) && l.contains("stats at exit"))
+            .unwrap_or_else(|| panic!("no exit stats for {thread}: {log}"));
+        let received: u64 = line
+            .split("received=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|r| r.parse().ok())
+            .unwrap();
+        assert!(
+            received >= 20,
+            "{thread} got only {received}: the test did not spread the load"
+        );
+    }
+}
+
+/// chronyd as a client sees chimed's Kiss-o'-Death RATE for what it is: it logs it and backs off.
+/// The kiss must match its request (origin timestamp) for chronyd to believe it.
+#[test]
+fn chronyd_client_accepts_kod_rate() {
+    use std::io::{BufRead, BufReader};
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(
+        &chronyd,
+        &[
+            "-4",
+            "1",
+            "--ratelimit",
+            "--ratelimit-interval",
+            "12",
+            "--ratelimit-burst",
+            "1",
+            "--ratelimit-leak",
+            "1",
+            "--ratelimit-kod",
+            "1",
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut client = std::process::Command::new(common::CHRONYD)
+        .args(["-x", "-d", "-u", "root"])
+        .arg(format!(
+            "server 127.0.0.1 port {} minpoll -4 maxpoll -4",
+            chimed.addr.port()
+        ))
+        .arg(format!("pidfile {}/pid", dir.path().display()))
+        .arg(format!("driftfile {}/drift", dir.path().display()))
+        .arg("cmdport 0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Over the limit from its second request on, a quarter of its requests are kissed: at 16
+    // polls a second the first kiss comes within a second or so. Bounded by the client's own
+    // lines: it is killed after 20 s whatever happens.
+    let stderr = client.stderr.take().unwrap();
+    let pid = client.id();
+    let guard = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(20));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    });
+    let seen = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("Received KoD RATE from 127.0.0.1"));
+    let _ = client.kill();
+    let _ = client.wait();
+    drop(guard);
+    assert!(seen.is_some(), "chronyd never reported a KoD RATE");
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(
+        !totals.contains(" kod=0") && totals.contains(" kod="),
+        "{totals}"
+    );
+}
