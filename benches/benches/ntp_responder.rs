@@ -1,12 +1,15 @@
 //! The NTP responder's per-packet cost: one request, and a batch of 64 as a worker sees it (one
-//! served-header computation per batch, then 64 responses and 64 transmit stamps).
+//! served-header computation per batch, then 64 responses and 64 transmit stamps); and the same
+//! batch with `--ratelimit` on, its 64 requests from 64 of 65536 client addresses in a table of
+//! 65536, each client under its limit (the common case: the lookup and the update are the cost).
 
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use chime_ntp::{
-    Header, Mirror, Mode, NtpShort, NtpTimestamp, ServerState, StalePolicy, respond, stamp_transmit,
+    ClientTable, Coin, Header, Mirror, Mode, NtpShort, NtpTimestamp, RateLimit, ServerState,
+    StalePolicy, Verdict, respond, stamp_transmit, suggest_poll,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -68,6 +71,38 @@ fn bench(c: &mut Criterion) {
             let served = state.served_at(black_box(now), &policy);
             for (req, reply) in requests.iter().zip(replies.iter_mut()) {
                 respond(black_box(req), 40000, now, &served, reply).unwrap();
+            }
+            for reply in replies.iter_mut() {
+                stamp_transmit(reply, now);
+            }
+            black_box(&replies);
+        })
+    });
+
+    // 65536 clients in 172.18.0.0/16 (ntpperf's range), one request every 2 s each at most:
+    // far under a limit of 16 a second, so every verdict is Answer and the table is full.
+    let limit = RateLimit::new(-4, 16, 2, 0).unwrap();
+    let table = ClientTable::new(limit, 1 << 16, [1, 2]);
+    let clients: Vec<IpAddr> = (0..1u32 << 16)
+        .map(|i| IpAddr::V4(Ipv4Addr::from(0xac12_0000 | i)))
+        .collect();
+    let mut coin = Coin::new(3);
+    let mut next = 0usize;
+    // 2^16 clients × 2 s apart each: the clock advances 2 s / 2^16 per request.
+    let mut mono: u64 = 1_000_000_000;
+    g.bench_function("batch_64_ratelimited", |b| {
+        let mut replies = [[0u8; 48]; BATCH];
+        b.iter(|| {
+            let served = state.served_at(black_box(now), &policy);
+            for (req, reply) in requests.iter().zip(replies.iter_mut()) {
+                respond(black_box(req), 40000, now, &served, reply).unwrap();
+                let ip = clients[next];
+                next = (next + 7919) & 0xffff;
+                mono += 30_518;
+                let verdict = table.check(ip, mono, &mut coin);
+                debug_assert_eq!(verdict, Verdict::Answer);
+                black_box(verdict);
+                suggest_poll(reply, limit.interval());
             }
             for reply in replies.iter_mut() {
                 stamp_transmit(reply, now);
