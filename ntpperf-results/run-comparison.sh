@@ -45,8 +45,13 @@ Binaries (flag or environment variable):
 
 What to run:
   --servers LIST      SERVERS   comma-separated, from: chronyd chimed-1 chimed-2 rsntp-1 rsntp-2
-                                (chimed-N / rsntp-N = N IPv4 threads); default
+                                chimed-rl-1 chimed-rl-2 (chimed-N / rsntp-N = N IPv4 threads;
+                                chimed-rl-N = chimed-N with RATELIMIT_ARGS); default
                                 chronyd,chimed-1,chimed-2,rsntp-1
+  --ratelimit-args A  RATELIMIT_ARGS  chimed flags for chimed-rl-N (default: a limit ntpperf's
+                                65536 client addresses stay under at 1M req/s, so that the run
+                                measures the limiter's cost: --ratelimit --ratelimit-interval -4
+                                --ratelimit-burst 16 --ratelimit-clients 131072)
   --out DIR           OUT_DIR   where results go (default: this script's directory)
 
 Rate ladder (one ntpperf run per step; rate_{n+1} = int(rate_n * mult), as ntpperf does):
@@ -98,6 +103,7 @@ STOP_LOSS=${STOP_LOSS:-50}
 SETTLE=${SETTLE:-3}
 MAX_OTHER=${MAX_OTHER:-30}
 RETRIES=${RETRIES:-2}
+RATELIMIT_ARGS=${RATELIMIT_ARGS:---ratelimit --ratelimit-interval -4 --ratelimit-burst 16 --ratelimit-clients 131072}
 SERVER_CPUS=${SERVER_CPUS:-}
 CLIENT_CPUS=${CLIENT_CPUS:-}
 
@@ -107,7 +113,7 @@ while [[ $# -gt 0 ]]; do
         -h | --help) usage; exit 0 ;;
         --ntpperf | --chronyd | --chimed | --rsntp | --servers | --out | --rate-start | --rate-max | \
             --rate-mult | --step-time | --stop-loss | --settle | --server-cpus | --client-cpus | \
-            --max-other | --retries) ;;
+            --max-other | --retries | --ratelimit-args) ;;
         *) die "unknown option $opt (see --help)" ;;
     esac
     [[ $# -ge 2 ]] || die "option $opt needs a value (see --help)"
@@ -128,6 +134,7 @@ while [[ $# -gt 0 ]]; do
         --client-cpus) CLIENT_CPUS=$2 ;;
         --max-other) MAX_OTHER=$2 ;;
         --retries) RETRIES=$2 ;;
+        --ratelimit-args) RATELIMIT_ARGS=$2 ;;
     esac
     shift 2
 done
@@ -179,7 +186,7 @@ IFS=, read -r -a server_list <<<"$SERVERS"
 for s in "${server_list[@]}"; do
     case $s in
         chronyd) ;;
-        chimed-[1-9] | chimed-[1-9][0-9])
+        chimed-[1-9] | chimed-[1-9][0-9] | chimed-rl-[1-9] | chimed-rl-[1-9][0-9])
             if [[ ! -x $CHIMED ]] && ((explicit_servers)); then
                 die "server $s asked for, but chimed binary '$CHIMED' is missing"
             fi
@@ -187,7 +194,7 @@ for s in "${server_list[@]}"; do
         rsntp-[1-9] | rsntp-[1-9][0-9])
             [[ -n $RSNTP ]] || die "server $s asked for, but no rsntp binary given (--rsntp PATH)"
             ;;
-        *) die "unknown server '$s' (want chronyd, chimed-N or rsntp-N)" ;;
+        *) die "unknown server '$s' (want chronyd, chimed-N, chimed-rl-N or rsntp-N)" ;;
     esac
 done
 
@@ -311,6 +318,11 @@ EOF
             ;;
         chimed-*)
             printf '%s\n' "$CHIMED" -4 "$threads" -6 0 -a "$SERVER_IP:123" -s "127.0.0.1:$MIRROR_PORT"
+            if [[ $name == chimed-rl-* ]]; then
+                local -a extra
+                read -r -a extra <<<"$RATELIMIT_ARGS"
+                printf '%s\n' "${extra[@]}"
+            fi
             ;;
         rsntp-*)
             printf '%s\n' "$RSNTP" -4 "$threads" -6 0 -a "$SERVER_IP:123" -s "127.0.0.1:$MIRROR_PORT"
@@ -653,6 +665,9 @@ write_setup() {
             echo "chime commit: $head$dirty"
         fi
         echo "servers: $SERVERS"
+        if [[ $SERVERS == *chimed-rl-* ]]; then
+            echo "chimed-rl-N flags: $RATELIMIT_ARGS"
+        fi
         echo "ladder: start $RATE_START, max $RATE_MAX, mult $RATE_MULT, step ${STEP_TIME}s," \
             "stop after a step losing > $STOP_LOSS%"
         echo "placement: server CPUs ${SERVER_CPUS:-any}, client CPUs ${CLIENT_CPUS:-any}"
