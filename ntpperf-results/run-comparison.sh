@@ -49,9 +49,11 @@ What to run:
                                 chimed-rl-N = chimed-N with RATELIMIT_ARGS); default
                                 chronyd,chimed-1,chimed-2,rsntp-1
   --ratelimit-args A  RATELIMIT_ARGS  chimed flags for chimed-rl-N (default: a limit ntpperf's
-                                65536 client addresses stay under at 1M req/s, so that the run
-                                measures the limiter's cost: --ratelimit --ratelimit-interval -4
-                                --ratelimit-burst 16 --ratelimit-clients 131072)
+                                clients stay under, so that the run measures the limiter's
+                                cost: ntpperf sends round robin from rate/10 clients, at most
+                                16384, so each polls rate/16384 times a second above 163840
+                                req/s, 61/s at 1M; --ratelimit --ratelimit-interval -6
+                                --ratelimit-burst 16 allows 64/s)
   --out DIR           OUT_DIR   where results go (default: this script's directory)
 
 Rate ladder (one ntpperf run per step; rate_{n+1} = int(rate_n * mult), as ntpperf does):
@@ -103,7 +105,7 @@ STOP_LOSS=${STOP_LOSS:-50}
 SETTLE=${SETTLE:-3}
 MAX_OTHER=${MAX_OTHER:-30}
 RETRIES=${RETRIES:-2}
-RATELIMIT_ARGS=${RATELIMIT_ARGS:---ratelimit --ratelimit-interval -4 --ratelimit-burst 16 --ratelimit-clients 131072}
+RATELIMIT_ARGS=${RATELIMIT_ARGS:---ratelimit --ratelimit-interval -6 --ratelimit-burst 16}
 SERVER_CPUS=${SERVER_CPUS:-}
 CLIENT_CPUS=${CLIENT_CPUS:-}
 
