@@ -33,9 +33,21 @@ const _: () = assert!(
             + cmsg::space(size_of::<[libc::timespec; 3]>())
 );
 
-/// Control-message room per sent datagram: one packet-info message choosing the source address.
-const TX_CMSG_SPACE: usize = cmsg::space(size_of::<libc::in6_pktinfo>());
-const _: () = assert!(TX_CMSG_SPACE >= cmsg::space(size_of::<libc::in_pktinfo>()));
+/// Control-message room per sent datagram: one packet-info message choosing the source address,
+/// and one `SO_TIMESTAMPING` message asking for the datagram's kernel transmit timestamp.
+const TX_CMSG_SPACE: usize =
+    cmsg::space(size_of::<libc::in6_pktinfo>()) + cmsg::space(size_of::<u32>());
+const _: () = assert!(
+    TX_CMSG_SPACE >= cmsg::space(size_of::<libc::in_pktinfo>()) + cmsg::space(size_of::<u32>())
+);
+
+/// Also room for what the error queue delivers with a looped datagram: its transmit timestamp and
+/// the `IP_RECVERR`/`IPV6_RECVERR` extended error (with the peer's address).
+const _: () = assert!(
+    RX_CMSG_SPACE
+        >= cmsg::space(size_of::<[libc::timespec; 3]>())
+            + cmsg::space(size_of::<libc::sock_extended_err>() + size_of::<libc::sockaddr_in6>())
+);
 
 /// A batch of received datagrams and their metadata, filled by [`crate::UdpSocket::recv_batch`].
 ///
@@ -199,6 +211,8 @@ pub struct TxBatch {
     lens: Box<[usize]>,
     dsts: Box<[SocketAddr]>,
     srcs: Box<[Option<(IpAddr, u32)>]>,
+    /// Whether each queued datagram asks for its kernel transmit timestamp.
+    tx_stamps: Box<[bool]>,
     names: Box<[libc::sockaddr_storage]>,
     controls: Box<[cmsg::Buf<TX_CMSG_SPACE>]>,
     headers: Headers,
@@ -218,6 +232,7 @@ impl TxBatch {
             lens: vec![0; count].into_boxed_slice(),
             dsts: vec![unspecified; count].into_boxed_slice(),
             srcs: vec![None; count].into_boxed_slice(),
+            tx_stamps: vec![false; count].into_boxed_slice(),
             names: zeroed_slice(count),
             controls: vec![cmsg::Buf::new(); count].into_boxed_slice(),
             headers: Headers::new(count),
@@ -257,6 +272,7 @@ impl TxBatch {
             self.lens[i] = len;
             self.dsts[i] = dst;
             self.srcs[i] = src;
+            self.tx_stamps[i] = false;
             self.len += 1;
         }
         true
@@ -274,6 +290,26 @@ impl TxBatch {
         fill: impl FnOnce(&mut [u8]) -> Option<usize>,
     ) -> bool {
         self.push_with(meta.src, meta.reply_source(), fill)
+    }
+
+    /// Asks for the kernel's software transmit timestamp of the datagram queued last (none is
+    /// asked for by default); returns `false` if nothing is queued. After the send,
+    /// [`crate::UdpSocket::recv_tx_timestamps`] returns each such datagram as it left, with the
+    /// time it was handed to the network device. Each costs the kernel a copy of the datagram on
+    /// the socket's error queue, so ask only where the time will be used (NTP's interleaved mode).
+    pub fn request_tx_timestamp(&mut self) -> bool {
+        match self.len.checked_sub(1) {
+            Some(last) => {
+                self.tx_stamps[last] = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether any queued datagram asks for its transmit timestamp.
+    pub fn wants_tx_timestamps(&self) -> bool {
+        self.tx_stamps[..self.len].contains(&true)
     }
 
     /// The number of queued datagrams.
@@ -331,12 +367,13 @@ impl TxBatch {
             .zip(self.controls.iter_mut())
             .zip(self.bufs.chunks_exact_mut(self.max_datagram))
             .zip(self.lens.iter().zip(self.dsts.iter().zip(self.srcs.iter())))
+            .zip(self.tx_stamps.iter())
             .take(self.len);
         // As in `prepare_recv`, each pointer comes from its own element and stays valid until the
         // syscall, which reads through them.
-        for (((((hdr, iov), name), control), buf), (&len, (dst, &src))) in slots {
+        for ((((((hdr, iov), name), control), buf), (&len, (dst, &src))), &stamp) in slots {
             let name_len = sockaddr::encode(dst, name);
-            let control_len = encode_source(src, &mut control.0);
+            let control_len = encode_control(src, stamp, &mut control.0);
             iov.iov_base = buf.as_mut_ptr().cast();
             iov.iov_len = len;
             hdr.msg_len = 0;
@@ -462,10 +499,18 @@ fn apply_cmsg(meta: &mut RecvMeta, msg: &Cmsg<'_>) {
     }
 }
 
-/// Writes the packet-info message that makes a datagram leave from `src`, returning the bytes
-/// written (0 when there is no source to set).
-fn encode_source(src: Option<(IpAddr, u32)>, control: &mut [u8]) -> usize {
+/// Writes the packet-info message that makes a datagram leave from `src`, and with `tx_stamp` the
+/// per-datagram `SO_TIMESTAMPING` request for its software transmit timestamp; returns the bytes
+/// written (0 when there is neither).
+fn encode_control(src: Option<(IpAddr, u32)>, tx_stamp: bool, control: &mut [u8]) -> usize {
     let mut enc = cmsg::Encoder::new(control);
+    if tx_stamp {
+        // Only the "record" flags may be set per datagram; reporting (SOF_TIMESTAMPING_SOFTWARE)
+        // is the socket's, on since `bind`.
+        // A small flag value: the cast to the kernel's __u32 (read as int here) is lossless.
+        let record = libc::SOF_TIMESTAMPING_TX_SOFTWARE as libc::c_int;
+        enc.push(libc::SOL_SOCKET, libc::SO_TIMESTAMPING, record);
+    }
     match src {
         None => {}
         Some((IpAddr::V4(ip), ifindex)) => {
@@ -530,26 +575,61 @@ mod tests {
     #[test]
     fn source_encoding_round_trips_through_decoder() {
         let mut buf = [0u8; TX_CMSG_SPACE];
-        let len = encode_source(Some((Ipv4Addr::new(192, 0, 2, 9).into(), 4)), &mut buf);
+        let len = encode_control(
+            Some((Ipv4Addr::new(192, 0, 2, 9).into(), 4)),
+            false,
+            &mut buf,
+        );
         let msg = cmsg::Iter::new(&buf[..len]).next().unwrap();
         let info: libc::in_pktinfo = msg.decode().unwrap();
         assert_eq!(info.ipi_spec_dst.s_addr.to_ne_bytes(), [192, 0, 2, 9]);
         assert_eq!(info.ipi_ifindex, 4);
 
-        let len = encode_source(Some((Ipv6Addr::LOCALHOST.into(), 1)), &mut buf);
+        let len = encode_control(Some((Ipv6Addr::LOCALHOST.into(), 1)), false, &mut buf);
         let mut meta = RecvMeta::default();
         apply_cmsg(&mut meta, &cmsg::Iter::new(&buf[..len]).next().unwrap());
         assert_eq!(meta.dst_ip, Some(Ipv6Addr::LOCALHOST.into()));
         assert_eq!(meta.reply_source(), Some((Ipv6Addr::LOCALHOST.into(), 1)));
 
-        assert_eq!(encode_source(None, &mut buf), 0);
+        assert_eq!(encode_control(None, false, &mut buf), 0);
+    }
+
+    #[test]
+    fn tx_timestamp_request_rides_with_the_source() {
+        let mut buf = [0u8; TX_CMSG_SPACE];
+        let src = Some((Ipv6Addr::LOCALHOST.into(), 1));
+        let len = encode_control(src, true, &mut buf);
+        let msgs: Vec<_> = cmsg::Iter::new(&buf[..len])
+            .map(|m| (m.level, m.ty, m.decode::<libc::c_int>()))
+            .collect();
+        assert_eq!(msgs.len(), 2);
+        let flags = libc::SOF_TIMESTAMPING_TX_SOFTWARE as libc::c_int;
+        assert_eq!(
+            msgs[0],
+            (libc::SOL_SOCKET, libc::SO_TIMESTAMPING, Some(flags))
+        );
+        assert_eq!(msgs[1].1, libc::IPV6_PKTINFO);
+
+        let mut tx = TxBatch::new(2, 16);
+        assert!(!tx.request_tx_timestamp(), "nothing queued yet");
+        let dst: SocketAddr = "192.0.2.1:123".parse().unwrap();
+        tx.push_with(dst, None, |_| Some(1));
+        assert!(!tx.wants_tx_timestamps());
+        assert!(tx.request_tx_timestamp());
+        assert!(tx.wants_tx_timestamps());
+        tx.clear();
+        tx.push_with(dst, None, |_| Some(1));
+        assert!(
+            !tx.wants_tx_timestamps(),
+            "a new datagram starts without the request"
+        );
     }
 
     #[test]
     fn ipv6_multicast_destination_is_not_a_reply_source() {
         let mut buf = [0u8; TX_CMSG_SPACE];
         let group: Ipv6Addr = "ff02::101".parse().unwrap();
-        let len = encode_source(Some((group.into(), 2)), &mut buf);
+        let len = encode_control(Some((group.into(), 2)), false, &mut buf);
         let mut meta = RecvMeta::default();
         apply_cmsg(&mut meta, &cmsg::Iter::new(&buf[..len]).next().unwrap());
         assert_eq!(meta.dst_ip, Some(group.into()));

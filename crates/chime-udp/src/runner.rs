@@ -40,6 +40,11 @@ pub trait BatchHandler: Send + 'static {
     /// handler's job, since it knows the protocol and keeps the counters.
     fn after_send(&mut self, _outcome: &SendOutcome) {}
 
+    /// Called after a send in which some replies asked for their transmit timestamps
+    /// ([`TxBatch::request_tx_timestamp`]), with those that came back: each datagram as it left
+    /// (at the end of the bytes, after the headers) and when, in its [`crate::RecvMeta::timestamp`].
+    fn tx_timestamps(&mut self, _looped: &RxBatch) {}
+
     /// Called after a receive that returned nothing: a timeout, so at least every read timeout
     /// while idle if the socket has one (workers have none by default), or the wake-up of a stop.
     fn idle(&mut self) {}
@@ -438,6 +443,8 @@ impl Worker {
         // Allocated here, once, so that the loop below never allocates.
         let mut rx = RxBatch::new(self.batch_size, self.max_datagram);
         let mut tx = TxBatch::new(self.batch_size, self.max_datagram);
+        // Transmit timestamps come back with the datagram behind its link, IP and UDP headers.
+        let mut looped = RxBatch::new(self.batch_size, self.max_datagram + LOOPED_HEADROOM);
         let _ = started.send(Ok(()));
         drop(started);
         tracing::debug!(cpu = ?self.cpu, "worker started");
@@ -480,8 +487,16 @@ impl Worker {
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
                 handler.before_send(&mut tx);
+                let stamped = tx.wants_tx_timestamps();
                 let outcome = self.socket.send_batch(&mut tx);
                 handler.after_send(&outcome);
+                if stamped {
+                    match self.socket.recv_tx_timestamps(&mut looped) {
+                        Ok(0) => {}
+                        Ok(_) => handler.tx_timestamps(&looped),
+                        Err(e) => recv_errors.record(1, &e),
+                    }
+                }
             }
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
                 g.handled(rx.len(), started.elapsed(), Instant::now());
@@ -492,6 +507,10 @@ impl Worker {
         tracing::debug!("worker stopped");
     }
 }
+
+/// Room for the headers a looped transmit-timestamp datagram carries before the payload: link
+/// (Ethernet 14 bytes, or more with VLAN tags), IPv6 (40, or more with extension headers), UDP (8).
+const LOOPED_HEADROOM: usize = 128;
 
 /// Rate-limited logging of one kind of socket error: the first occurrence is logged at once, then
 /// at most one line per [`ERROR_LOG_INTERVAL`] with the count of those not logged.

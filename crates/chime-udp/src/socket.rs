@@ -285,6 +285,38 @@ impl UdpSocket {
         }
     }
 
+    /// Receives from the socket's error queue, without waiting, the datagrams sent with
+    /// [`TxBatch::request_tx_timestamp`] whose transmit timestamps have come back: each one's
+    /// bytes as they left (the datagram at the end, after the link, IP and UDP headers the kernel
+    /// loops back with it) and, in [`crate::RecvMeta::timestamp`], when the kernel handed it to the
+    /// network device. Replaces the contents of `rx`; returns how many, `Ok(0)` if none are
+    /// queued. On most devices the timestamp is taken within the `sendmmsg` call, so calling this
+    /// right after the send collects them; one taken later waits for the next call.
+    pub fn recv_tx_timestamps(&self, rx: &mut RxBatch) -> io::Result<usize> {
+        let fd = self.socket.as_raw_fd();
+        let hdrs = rx.prepare_recv();
+        let vlen = vlen(hdrs.len());
+        let msgvec = hdrs.as_mut_ptr();
+        let flags = libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT;
+        let result = retry_eintr(|| {
+            // SAFETY: as in `recv_batch`: `msgvec` points to `vlen` initialised mmsghdrs,
+            // exclusively borrowed from `rx`, each pointed by `prepare_recv` at storage of its own
+            // slot with its size, so the kernel writes only within those.
+            unsafe { libc::recvmmsg(fd, msgvec, vlen, flags, ptr::null_mut()) }
+        });
+        match result {
+            Ok(n) => {
+                rx.complete_recv(n, None);
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                rx.complete_recv(0, None);
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends every datagram queued in `tx`, each to its own destination and from its own source
     /// address if it has one, then clears `tx`.
     ///
@@ -611,6 +643,51 @@ mod tests {
             assert_eq!(&buf[4..6], &[0, 0], "IP ID");
             break;
         }
+    }
+
+    #[test]
+    fn tx_timestamps_come_back_for_the_datagrams_that_asked() {
+        let server = UdpSocket::bind(&loopback_v4()).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dst = client.local_addr().unwrap();
+        let mut tx = TxBatch::new(4, 64);
+        for (i, stamp) in [(0u8, true), (1, false), (2, true)] {
+            tx.push_with(dst, None, |buf| {
+                buf[..8].fill(0xA0 + i);
+                Some(8)
+            });
+            if stamp {
+                tx.request_tx_timestamp();
+            }
+        }
+        let before = std::time::SystemTime::now();
+        assert_eq!(server.send_batch(&mut tx).sent, 3);
+        let after = std::time::SystemTime::now();
+        let mut looped = RxBatch::new(4, 256);
+        let n = server.recv_tx_timestamps(&mut looped).unwrap();
+        assert_eq!(n, 2, "one looped copy per datagram that asked");
+        let unix = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i128
+        };
+        for ((meta, bytes), tag) in looped.iter().zip([0xA0u8, 0xA2]) {
+            assert!(
+                bytes.len() >= 8 + 8 + 20,
+                "headers come back too: {bytes:?}"
+            );
+            assert_eq!(
+                &bytes[bytes.len() - 8..],
+                &[tag; 8],
+                "the datagram is at the end"
+            );
+            let ts = meta.timestamp.expect("a software transmit timestamp");
+            let ns = i128::from(ts.secs) * 1_000_000_000 + i128::from(ts.nanos);
+            assert!((unix(before)..=unix(after)).contains(&ns), "{ts:?}");
+        }
+        assert_eq!(
+            server.recv_tx_timestamps(&mut looped).unwrap(),
+            0,
+            "drained"
+        );
     }
 
     #[test]
