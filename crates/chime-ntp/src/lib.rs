@@ -14,12 +14,16 @@
 //!    before sending, [`stamp_transmit`] writes the transmit timestamp.
 //! 4. With rate limiting on, a [`ClientTable`] shared by the workers gives each request a
 //!    [`Verdict`]; [`kiss_of_death`] and [`suggest_poll`] adjust the reply to match.
+//! 5. For a request in interleaved mode ([`interleaved_origin`]), the worker takes the previous
+//!    reply's transmit time from a shared [`TxLog`] into the reply ([`make_interleaved`]), and
+//!    saves this reply's once it is known ([`reply_receive_timestamp`]).
 //!
 //! The `chime ntp` client uses the same [`Header`] codec and [`NtpTimestamp`] conversions.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod interleave;
 pub mod mirror;
 pub mod packet;
 pub mod ratelimit;
@@ -28,6 +32,7 @@ pub mod state;
 pub mod time;
 pub mod timescale;
 
+pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_timestamp};
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
 pub use ratelimit::{ClientTable, Coin, RateLimit, RateLimitError, Verdict};

@@ -5,6 +5,7 @@
 //! allocates, reads a clock or panics, whatever the bytes: the length is checked once and every
 //! other read is at a fixed offset within the first 48 bytes.
 
+use crate::interleave::RX_MARK;
 use crate::packet::{
     Header, Leap, Mode, check_extensions, first_byte, is_mac_only, offset, version_of,
 };
@@ -36,7 +37,9 @@ const NTP_PORT: u16 = 123;
 /// The reply is the 48-byte header in `reply[..48]`; the length, 48, is returned. Its server-clock
 /// fields come from `served`, the poll is the request's, origin is the request's transmit
 /// timestamp, receive is `rx_time`, and transmit is provisionally `rx_time` too, to be overwritten
-/// with [`stamp_transmit`] as late as possible. When `served` says unsynchronised the reply still
+/// with [`stamp_transmit`] as late as possible. The lowest bit of the receive timestamp's fraction
+/// is set and that of the transmit timestamp cleared (a quarter of a nanosecond, as chronyd does),
+/// which is how a later request in interleaved mode is recognised ([`crate::interleave`]). When `served` says unsynchronised the reply still
 /// goes out (leap 3, stratum 0), so that clients learn it.
 ///
 /// The caller passes a `reply` buffer no longer than `request` (typically the same length), so
@@ -98,8 +101,11 @@ pub fn respond(
     out[offset::REFERENCE_TS..offset::ORIGIN_TS].copy_from_slice(&served.reference_ts.to_bits());
     out[offset::ORIGIN_TS..offset::RECEIVE_TS]
         .copy_from_slice(&head[offset::TRANSMIT_TS..Header::LEN]);
-    out[offset::RECEIVE_TS..offset::TRANSMIT_TS].copy_from_slice(&rx_time.to_bits());
-    out[offset::TRANSMIT_TS..Header::LEN].copy_from_slice(&rx_time.to_bits());
+    // The interleaved-mode marks (see `crate::interleave`): receive odd, transmit even.
+    let receive = NtpTimestamp(rx_time.0 | RX_MARK);
+    let transmit = NtpTimestamp(rx_time.0 & !RX_MARK);
+    out[offset::RECEIVE_TS..offset::TRANSMIT_TS].copy_from_slice(&receive.to_bits());
+    out[offset::TRANSMIT_TS..Header::LEN].copy_from_slice(&transmit.to_bits());
     Ok(Header::LEN)
 }
 
@@ -113,7 +119,7 @@ pub fn stamp_transmit(reply: &mut [u8], t3: NtpTimestamp) {
         reply.len()
     );
     if let Some(slot) = reply.get_mut(offset::TRANSMIT_TS..Header::LEN) {
-        slot.copy_from_slice(&t3.to_bits());
+        slot.copy_from_slice(&NtpTimestamp(t3.0 & !RX_MARK).to_bits());
     }
 }
 
@@ -275,7 +281,8 @@ mod tests {
             reference_ts: NtpTimestamp(0xEEAC_6C47_24A8_0B7B),
             origin_ts: NtpTimestamp::from_bits(CLIENT_TX),
             receive_ts: RX,
-            transmit_ts: RX,
+            // RX is odd: the transmit timestamp goes out with the lowest bit clear.
+            transmit_ts: NtpTimestamp(RX.0 & !1),
         }
     }
 
@@ -481,10 +488,10 @@ mod tests {
         let t3 = NtpTimestamp(RX.0 + 0x1000);
         stamp_transmit(&mut reply, t3);
         let h = Header::parse(&reply).unwrap();
-        assert_eq!((h.receive_ts, h.transmit_ts), (RX, t3));
+        assert_eq!((h.receive_ts, h.transmit_ts), (RX, NtpTimestamp(t3.0 & !1)));
         assert_eq!(
             Header {
-                transmit_ts: RX,
+                transmit_ts: NtpTimestamp(RX.0 & !1),
                 ..h
             },
             expected(4, Mode::Server)

@@ -1,0 +1,296 @@
+//! NTP's interleaved client/server mode (RFC 9769), the server's part.
+//!
+//! A server can only stamp a reply's transmit time (T3) before the reply leaves; the kernel knows
+//! the true time only afterwards. In interleaved mode the server sends that true time one exchange
+//! later. A client in this mode (chronyd's `xleave`) puts in its request's origin field the
+//! receive timestamp the server sent it last time, and in its receive field the time it received
+//! that reply. The server finds the transmit time it saved under that receive timestamp and
+//! answers with origin = the request's receive field and transmit = the saved time of the previous
+//! reply; the receive field is, as always, this request's arrival.
+//!
+//! Telling the modes apart, as chronyd does: every reply's receive timestamp has its lowest bit
+//! set and its transmit timestamp the lowest bit clear (a quarter of a nanosecond), so an origin
+//! with the bit set can only be a receive timestamp of ours; a client in basic mode sends zero or
+//! our transmit timestamp there. [`interleaved_origin`] applies the test, and only replies to such
+//! requests have their transmit times saved, so basic clients cost nothing.
+//!
+//! The saved times are a [`TxLog`] every worker thread shares, since a client's requests may reach
+//! any thread: a fixed array of slots keyed by receive timestamp, written without locks. Each
+//! saved time can be taken once, so a replayed request gets a basic reply. A time lost to a
+//! collision, or not yet saved, costs the client one exchange in basic mode, as when a chronyd
+//! server's log is full.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::packet::{Header, Mode, offset, version_of};
+use crate::time::NtpTimestamp;
+
+/// The lowest bit of the NTP fraction: set in every receive timestamp a reply carries, clear in
+/// every transmit timestamp.
+pub(crate) const RX_MARK: u64 = 1;
+
+/// If `request` is an NTPv4 client request in the interleaved form, the origin timestamp it
+/// carries: the receive timestamp of our reply to its previous request. The form: origin with the
+/// receive mark set, and receive different from transmit (a client in basic mode that copies our
+/// timestamps back, as old ntpd does, sends our transmit timestamp, which never has the mark).
+pub fn interleaved_origin(request: &[u8]) -> Option<NtpTimestamp> {
+    let head = request.first_chunk::<{ Header::LEN }>()?;
+    if version_of(head[offset::LVM]) != 4
+        || Mode::from_first_byte(head[offset::LVM]) != Mode::Client
+    {
+        return None;
+    }
+    let field = |at: usize| u64::from_be_bytes(head[at..at + 8].try_into().unwrap_or_default());
+    let origin = field(offset::ORIGIN_TS);
+    let (receive, transmit) = (field(offset::RECEIVE_TS), field(offset::TRANSMIT_TS));
+    (origin & RX_MARK != 0 && receive != transmit).then_some(NtpTimestamp(origin))
+}
+
+/// Turns a reply made by [`crate::respond`] to an interleaved request into an interleaved reply:
+/// origin = the request's receive field, transmit = `previous_tx`, the saved transmit time of our
+/// reply to the client's previous request. The worker must then not stamp this reply's transmit
+/// time again. Buffers shorter than a header are left alone.
+pub fn make_interleaved(reply: &mut [u8], request: &[u8], previous_tx: NtpTimestamp) {
+    let (Some(out), Some(head)) = (
+        reply.first_chunk_mut::<{ Header::LEN }>(),
+        request.first_chunk::<{ Header::LEN }>(),
+    ) else {
+        return;
+    };
+    out[offset::ORIGIN_TS..offset::RECEIVE_TS]
+        .copy_from_slice(&head[offset::RECEIVE_TS..offset::TRANSMIT_TS]);
+    let tx = NtpTimestamp(previous_tx.0 & !RX_MARK);
+    out[offset::TRANSMIT_TS..Header::LEN].copy_from_slice(&tx.to_bits());
+}
+
+/// The receive timestamp a reply carries: the key its transmit time is saved under. `None` for a
+/// buffer that is not a 48-byte-or-longer server reply with the receive mark, so that whatever
+/// else comes back from the kernel is ignored.
+pub fn reply_receive_timestamp(reply: &[u8]) -> Option<NtpTimestamp> {
+    let head = reply.first_chunk::<{ Header::LEN }>()?;
+    if Mode::from_first_byte(head[offset::LVM]) != Mode::Server {
+        return None;
+    }
+    let rx = u64::from_be_bytes(
+        head[offset::RECEIVE_TS..offset::TRANSMIT_TS]
+            .try_into()
+            .ok()?,
+    );
+    (rx & RX_MARK != 0).then_some(NtpTimestamp(rx))
+}
+
+/// One saved transmit time, under the receive timestamp of the reply it belongs to (0: empty).
+#[derive(Debug, Default)]
+struct Slot {
+    rx: AtomicU64,
+    tx: AtomicU64,
+}
+
+/// The transmit times of recent replies to interleaved clients, shared by every worker thread.
+///
+/// Writers and readers never block each other: [`TxLog::save`] empties the slot's key, writes the
+/// time, then the new key (each store ordered after the one before); [`TxLog::take`] reads the
+/// key, the time, and then claims the key with a compare-and-swap, which fails if any writer
+/// touched the slot after the key was read. A time is therefore only ever returned under the key
+/// it was saved with.
+#[derive(Debug)]
+pub struct TxLog {
+    slots: Box<[Slot]>,
+    mask: usize,
+}
+
+impl TxLog {
+    /// The most entries a log holds: 2^24 (256 MiB).
+    pub const MAX_ENTRIES: usize = 1 << 24;
+
+    /// A log of `entries` slots (rounded up to a power of two, at least 1, at most
+    /// [`Self::MAX_ENTRIES`]), 16 bytes each. A client needs its slot to survive from one request
+    /// to its next, so size it for the interleaved clients that poll within one poll interval.
+    pub fn new(entries: usize) -> Self {
+        let entries = entries.clamp(1, Self::MAX_ENTRIES).next_power_of_two();
+        Self {
+            slots: (0..entries).map(|_| Slot::default()).collect(),
+            mask: entries - 1,
+        }
+    }
+
+    /// How many transmit times the log can hold.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn slot(&self, rx: u64) -> &Slot {
+        // The fraction's low bits vary fastest; mix so that neighbouring times spread out.
+        let h = rx.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.slots[(h >> 32) as usize & self.mask]
+    }
+
+    /// Saves `tx` as the transmit time of the reply whose receive timestamp was `rx` (which has the
+    /// receive mark; a zero `rx` is ignored). A later save under the same `rx` replaces it: the
+    /// kernel's timestamp, arriving after the send, replaces the daemon's, read before.
+    pub fn save(&self, rx: NtpTimestamp, tx: NtpTimestamp) {
+        if rx.0 == 0 {
+            return;
+        }
+        let slot = self.slot(rx.0);
+        slot.rx.store(0, Ordering::Relaxed);
+        slot.tx.store(tx.0, Ordering::Release);
+        slot.rx.store(rx.0, Ordering::Release);
+    }
+
+    /// The transmit time saved for the reply whose receive timestamp was `rx`, removed so that it
+    /// is used once; `None` if it is not (or no longer) there.
+    pub fn take(&self, rx: NtpTimestamp) -> Option<NtpTimestamp> {
+        if rx.0 == 0 {
+            return None;
+        }
+        let slot = self.slot(rx.0);
+        if slot.rx.load(Ordering::Acquire) != rx.0 {
+            return None;
+        }
+        let tx = slot.tx.load(Ordering::Acquire);
+        slot.rx
+            .compare_exchange(rx.0, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| NtpTimestamp(tx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::Leap;
+    use crate::state::ServedHeader;
+    use crate::time::NtpShort;
+    use crate::{respond, stamp_transmit};
+
+    fn request(origin: u64, receive: u64, transmit: u64) -> [u8; 48] {
+        let mut h = Header::request(4, Mode::Client, NtpTimestamp(transmit));
+        h.origin_ts = NtpTimestamp(origin);
+        h.receive_ts = NtpTimestamp(receive);
+        let mut b = [0; 48];
+        h.encode(&mut b);
+        b
+    }
+
+    fn served() -> ServedHeader {
+        ServedHeader {
+            leap: Leap::NoWarning,
+            stratum: 2,
+            precision: -25,
+            reference_id: [192, 0, 2, 1],
+            reference_ts: NtpTimestamp(0xEEAC_6C47_0000_0000),
+            root_delay: NtpShort(1),
+            root_dispersion: NtpShort(2),
+        }
+    }
+
+    #[test]
+    fn interleaved_requests_are_told_from_basic_ones() {
+        // chronyd in xleave mode: origin = our last receive timestamp (odd), receive = its own.
+        assert_eq!(
+            interleaved_origin(&request(0x11_0001, 0x22_0000, 0x33_0000)),
+            Some(NtpTimestamp(0x11_0001))
+        );
+        // Basic chronyd: zero origin. Old ntpd: our transmit timestamp (even) as origin.
+        assert_eq!(interleaved_origin(&request(0, 0, 0x33_0000)), None);
+        assert_eq!(
+            interleaved_origin(&request(0x11_0002, 0x22_0000, 0x33_0000)),
+            None
+        );
+        // Receive equal to transmit: not the interleaved form.
+        assert_eq!(
+            interleaved_origin(&request(0x11_0001, 0x33_0000, 0x33_0000)),
+            None
+        );
+        // Only NTPv4 client requests.
+        let mut v3 = request(0x11_0001, 0x22_0000, 0x33_0000);
+        v3[0] = 0x1B;
+        assert_eq!(interleaved_origin(&v3), None);
+        let mut active = request(0x11_0001, 0x22_0000, 0x33_0000);
+        active[0] = 0x21;
+        assert_eq!(interleaved_origin(&active), None);
+        assert_eq!(interleaved_origin(&[0x23; 20]), None);
+    }
+
+    #[test]
+    fn replies_mark_receive_and_clear_transmit() {
+        let mut reply = [0u8; 48];
+        let rx = NtpTimestamp(0xEEAC_6C48_F557_5190); // even: respond sets the mark
+        respond(&request(0, 0, 7), 40_000, rx, &served(), &mut reply).unwrap();
+        stamp_transmit(&mut reply, NtpTimestamp(0xEEAC_6C48_F557_6001)); // odd: cleared
+        let h = Header::parse(&reply).unwrap();
+        assert_eq!(h.receive_ts, NtpTimestamp(0xEEAC_6C48_F557_5191));
+        assert_eq!(h.transmit_ts, NtpTimestamp(0xEEAC_6C48_F557_6000));
+        assert_eq!(reply_receive_timestamp(&reply), Some(h.receive_ts));
+        assert_eq!(
+            reply_receive_timestamp(&request(0, 0x11, 7)),
+            None,
+            "a request"
+        );
+    }
+
+    #[test]
+    fn an_interleaved_reply_carries_the_previous_transmit_time() {
+        let req = request(0x11_0001, 0x22_0000, 0x33_0000);
+        let mut reply = [0u8; 48];
+        respond(&req, 40_000, NtpTimestamp(0x44_0001), &served(), &mut reply).unwrap();
+        make_interleaved(&mut reply, &req, NtpTimestamp(0x55_0001));
+        let h = Header::parse(&reply).unwrap();
+        assert_eq!(
+            h.origin_ts,
+            NtpTimestamp(0x22_0000),
+            "the client's receive field"
+        );
+        assert_eq!(h.receive_ts, NtpTimestamp(0x44_0001));
+        assert_eq!(
+            h.transmit_ts,
+            NtpTimestamp(0x55_0000),
+            "saved time, mark cleared"
+        );
+    }
+
+    #[test]
+    fn saved_times_are_taken_once() {
+        let log = TxLog::new(1000);
+        assert_eq!(log.capacity(), 1024);
+        let (rx, tx) = (NtpTimestamp(0xAB_0001), NtpTimestamp(0xCD_0000));
+        assert_eq!(log.take(rx), None);
+        log.save(rx, NtpTimestamp(0xCC_0000));
+        log.save(rx, tx); // the kernel's time replaces the daemon's
+        assert_eq!(log.take(NtpTimestamp(0xAB_0003)), None);
+        assert_eq!(log.take(rx), Some(tx));
+        assert_eq!(log.take(rx), None, "a replay gets a basic reply");
+        log.save(NtpTimestamp(0), tx);
+        assert_eq!(log.take(NtpTimestamp(0)), None);
+    }
+
+    #[test]
+    fn concurrent_saves_and_takes_never_mismatch() {
+        // Writers save tx = rx + 1 under keys that collide in a tiny log; readers take whatever
+        // they can. A taken time must always belong to its key.
+        let log = TxLog::new(4);
+        std::thread::scope(|s| {
+            for w in 0..2u64 {
+                let log = &log;
+                s.spawn(move || {
+                    for i in 0..50_000u64 {
+                        let rx = ((i * 2 + w) << 1) | 1;
+                        log.save(NtpTimestamp(rx), NtpTimestamp(rx + 1));
+                    }
+                });
+            }
+            for _ in 0..2 {
+                let log = &log;
+                s.spawn(move || {
+                    for i in 0..100_000u64 {
+                        let rx = (i << 1) | 1;
+                        if let Some(tx) = log.take(NtpTimestamp(rx)) {
+                            assert_eq!(tx.0, rx + 1);
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
