@@ -118,6 +118,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N")]
     pub(crate) ratelimit_clients: Option<usize>,
 
+    /// NTP interleaved mode (RFC 9769, chronyd's `xleave`): keep the transmit times of this many
+    /// recent replies to interleaved clients, 16 bytes each, so that each client's next reply can
+    /// carry the kernel's time of the last one; 0 turns interleaved mode off [default: 65536]
+    #[arg(long, value_name = "N")]
+    pub(crate) interleaved_log: Option<usize>,
+
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
     #[arg(long, value_name = "ADDR:PORT")]

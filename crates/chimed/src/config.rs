@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use chime_ntp::{ClientTable, RateLimit};
+use chime_ntp::{ClientTable, RateLimit, TxLog};
 
 use crate::acl::Acl;
 use crate::cli::{self, Args};
@@ -42,6 +42,7 @@ struct File {
     ratelimit_leak: Option<i64>,
     ratelimit_kod: Option<i64>,
     ratelimit_clients: Option<usize>,
+    interleaved_log: Option<usize>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -76,6 +77,8 @@ pub(crate) struct Settings {
     pub(crate) acl: Acl,
     /// Per-client NTP rate limiting, if on.
     pub(crate) ratelimit: Option<RateLimiting>,
+    /// Transmit times kept for interleaved mode; 0: off.
+    pub(crate) interleaved_log: usize,
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
@@ -90,6 +93,10 @@ pub(crate) struct RateLimiting {
     /// Client addresses tracked at once.
     pub(crate) clients: usize,
 }
+
+/// --interleaved-log's default: 65536 transmit times, 1 MiB, as many interleaved clients as
+/// poll within one of their poll intervals.
+const DEFAULT_INTERLEAVED_LOG: usize = 1 << 16;
 
 /// --ratelimit-clients' default: 65536 addresses, 1 MiB.
 const DEFAULT_RATELIMIT_CLIENTS: usize = 1 << 16;
@@ -206,6 +213,12 @@ impl Settings {
             &deny_in,
         )?;
         let ratelimit = rate_limiting(args, &file, path)?;
+        let (interleaved_log, interleaved_log_in) = pick!(interleaved_log, "interleaved-log");
+        let interleaved_log = interleaved_log.unwrap_or(DEFAULT_INTERLEAVED_LOG);
+        if interleaved_log > TxLog::MAX_ENTRIES {
+            let r = format!("{interleaved_log} is more than {}", TxLog::MAX_ENTRIES);
+            return Err(invalid(&interleaved_log_in, r));
+        }
         let (log_level, log_in) = pick!(log_level, "log-level");
 
         let tz_offset = args.tz_offset || file.tz_offset.unwrap_or(false);
@@ -362,6 +375,7 @@ impl Settings {
             metrics_address,
             acl,
             ratelimit,
+            interleaved_log,
             log_level,
             tz_offset,
             roughtime,

@@ -132,6 +132,15 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
             table
         }),
         epoch: Instant::now(),
+        txlog: (settings.interleaved_log > 0).then(|| {
+            let log = chime_ntp::TxLog::new(settings.interleaved_log);
+            info!(
+                "ntp: interleaved mode on: transmit times of {} replies kept ({} KiB)",
+                log.capacity(),
+                log.capacity() * 16 / 1024
+            );
+            log
+        }),
     });
     if let Some(name) = &settings.tz_offset {
         load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;

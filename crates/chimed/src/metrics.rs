@@ -189,7 +189,7 @@ pub(crate) fn render(sources: &Sources) -> String {
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
-    let per_worker: [(&str, &str, CountOf); 5] = [
+    let per_worker: [(&str, &str, CountOf); 6] = [
         (
             "chimed_requests_received_total",
             "Datagrams received.",
@@ -215,6 +215,12 @@ pub(crate) fn render(sources: &Sources) -> String {
             "chimed_kod_sent_total",
             "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
             |c| c.kod,
+        ),
+        (
+            "chimed_interleaved_replies_total",
+            "NTP replies in interleaved mode (RFC 9769), carrying the previous reply's transmit \
+             time.",
+            |c| c.interleaved,
         ),
     ];
     for (name, help, value) in per_worker {
@@ -362,6 +368,7 @@ mod tests {
                 acl: ArcSwap::from_pointee(crate::acl::Acl::default()),
                 ratelimit: None,
                 epoch: std::time::Instant::now(),
+                txlog: None,
             }),
             roughtime: None,
             started_unix: 0,

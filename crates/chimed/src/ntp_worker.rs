@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, Verdict};
+use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, TxLog, Verdict};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::acl::Acl;
@@ -48,6 +48,30 @@ pub(crate) struct Shared {
     pub(crate) ratelimit: Option<ClientTable>,
     /// The start of the monotonic time the rate limiter counts in.
     pub(crate) epoch: Instant,
+    /// Transmit times of replies to interleaved-mode clients, shared by every NTP worker since a
+    /// client's next request may reach another thread; `None` when interleaved mode is off.
+    pub(crate) txlog: Option<TxLog>,
+}
+
+/// Per-reply marks for interleaved mode, by index in the batch being sent (batches hold at most
+/// 1024 replies).
+#[derive(Clone, Copy, Default)]
+struct Marks {
+    /// Carries the previous reply's transmit time already: not to be stamped.
+    keep_transmit: [u64; 16],
+    /// Its transmit time is to be saved for the client's next request.
+    save: [u64; 16],
+    any: bool,
+}
+
+impl Marks {
+    fn set(bits: &mut [u64; 16], i: usize) {
+        bits[i / 64] |= 1 << (i % 64);
+    }
+
+    fn get(bits: &[u64; 16], i: usize) -> bool {
+        bits[i / 64] & (1 << (i % 64)) != 0
+    }
 }
 
 pub(crate) struct NtpWorker {
@@ -59,6 +83,8 @@ pub(crate) struct NtpWorker {
     pivot_unix: i64,
     /// The rate limiter's leak and KoD draws.
     coin: Coin,
+    /// The interleaved replies of the batch in hand.
+    marks: Marks,
 }
 
 impl NtpWorker {
@@ -76,6 +102,7 @@ impl NtpWorker {
             zone: None,
             pivot_unix: now_unix,
             coin: Coin::new(rand::random()),
+            marks: Marks::default(),
         }
     }
 }
@@ -94,6 +121,10 @@ impl BatchHandler for NtpWorker {
         }
         self.stats.pending.batches += 1;
         let acl = self.shared.acl.load();
+        if self.marks.any {
+            self.marks = Marks::default();
+        }
+        let txlog = self.shared.txlog.as_ref();
         let limiter = self.shared.ratelimit.as_ref().map(|table| {
             let mono = self.shared.epoch.elapsed().as_nanos() as u64;
             (table, mono, table.limit().interval())
@@ -114,6 +145,9 @@ impl BatchHandler for NtpWorker {
             }
             let coin = &mut self.coin;
             let mut kissed = false;
+            // (reply carries the previous transmit time, reply's own is to be saved)
+            let mut interleaved = (false, false);
+            let queued_before = tx.len();
             let dropped = reply::queue(tx, meta, request, |buf| {
                 let len = chime_ntp::respond(request, meta.src.port(), t2, &served, buf)
                     .map_err(|why| why.index())?;
@@ -130,9 +164,29 @@ impl BatchHandler for NtpWorker {
                     }
                     chime_ntp::suggest_poll(buf, interval);
                 }
+                if !kissed
+                    && let Some(log) = txlog
+                    && let Some(origin) = chime_ntp::interleaved_origin(request)
+                {
+                    let previous = log.take(origin);
+                    if let Some(previous_tx) = previous {
+                        chime_ntp::make_interleaved(buf, request, previous_tx);
+                    }
+                    interleaved = (previous.is_some(), true);
+                }
                 Ok(len)
             });
             self.stats.pending.kod += u64::from(kissed);
+            if interleaved.1 && tx.len() > queued_before {
+                let i = tx.len() - 1;
+                if interleaved.0 {
+                    Marks::set(&mut self.marks.keep_transmit, i);
+                    self.stats.pending.interleaved += 1;
+                }
+                Marks::set(&mut self.marks.save, i);
+                self.marks.any = true;
+                tx.request_tx_timestamp();
+            }
             if let Some(why) = dropped {
                 self.stats.pending.drop_at(why);
             }
@@ -145,8 +199,44 @@ impl BatchHandler for NtpWorker {
         if let Some(zone) = &self.zone {
             t3 = zone.apply(t3, self.pivot_unix);
         }
-        for reply in tx.payloads_mut() {
-            chime_ntp::stamp_transmit(reply, t3);
+        if !self.marks.any {
+            for reply in tx.payloads_mut() {
+                chime_ntp::stamp_transmit(reply, t3);
+            }
+            return;
+        }
+        let log = self.shared.txlog.as_ref();
+        for (i, reply) in tx.payloads_mut().enumerate() {
+            if !Marks::get(&self.marks.keep_transmit, i) {
+                chime_ntp::stamp_transmit(reply, t3);
+            }
+            // The daemon's transmit time, in case the kernel's does not come back.
+            if Marks::get(&self.marks.save, i)
+                && let (Some(log), Some(rx)) = (log, chime_ntp::reply_receive_timestamp(reply))
+            {
+                log.save(rx, t3);
+            }
+        }
+    }
+
+    fn tx_timestamps(&mut self, looped: &RxBatch) {
+        let Some(log) = self.shared.txlog.as_ref() else {
+            return;
+        };
+        for (meta, bytes) in looped.iter() {
+            // The reply is the last 48 bytes, behind the headers the kernel loops back.
+            let reply = bytes.get(bytes.len().saturating_sub(chime_ntp::Header::LEN)..);
+            if let (Some(ts), Some(rx)) = (
+                meta.timestamp,
+                reply.and_then(chime_ntp::reply_receive_timestamp),
+            ) {
+                let mut sent = clock::from_kernel(ts);
+                if let Some(zone) = &self.zone {
+                    sent = zone.apply(sent, self.pivot_unix);
+                }
+                log.save(rx, sent);
+                self.stats.pending.kernel_tx_timestamps += 1;
+            }
         }
     }
 

@@ -25,6 +25,10 @@ pub(crate) struct Counters<const N: usize> {
     pub(crate) send_errors: u64,
     /// Replies queued as a Kiss-o'-Death RATE (NTP rate limiting); also in `answered` once sent.
     pub(crate) kod: u64,
+    /// Replies queued in NTP interleaved mode (carrying the previous reply's transmit time).
+    pub(crate) interleaved: u64,
+    /// Kernel transmit timestamps received for interleaved mode.
+    pub(crate) kernel_tx_timestamps: u64,
     pub(crate) dropped: [u64; N],
 }
 
@@ -36,6 +40,8 @@ impl<const N: usize> Default for Counters<N> {
             answered: 0,
             send_errors: 0,
             kod: 0,
+            interleaved: 0,
+            kernel_tx_timestamps: 0,
             dropped: [0; N],
         }
     }
@@ -56,6 +62,8 @@ impl<const N: usize> Counters<N> {
         self.answered += other.answered;
         self.send_errors += other.send_errors;
         self.kod += other.kod;
+        self.interleaved += other.interleaved;
+        self.kernel_tx_timestamps += other.kernel_tx_timestamps;
         for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
             *a += b;
         }
@@ -90,6 +98,13 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
         if c.kod > 0 {
             write!(f, " kod={}", c.kod)?;
         }
+        if c.interleaved + c.kernel_tx_timestamps > 0 {
+            write!(
+                f,
+                " interleaved={} kernel_tx_timestamps={}",
+                c.interleaved, c.kernel_tx_timestamps
+            )?;
+        }
         for (n, label) in c.dropped.iter().zip(self.labels) {
             if *n > 0 {
                 write!(f, " dropped.{label}={n}")?;
@@ -107,6 +122,8 @@ pub(crate) struct Totals<const N: usize> {
     answered: AtomicU64,
     send_errors: AtomicU64,
     kod: AtomicU64,
+    interleaved: AtomicU64,
+    kernel_tx_timestamps: AtomicU64,
     dropped: [AtomicU64; N],
 }
 
@@ -118,6 +135,8 @@ impl<const N: usize> Default for Totals<N> {
             answered: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
             kod: AtomicU64::new(0),
+            interleaved: AtomicU64::new(0),
+            kernel_tx_timestamps: AtomicU64::new(0),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -130,6 +149,9 @@ impl<const N: usize> Totals<N> {
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
         self.kod.fetch_add(c.kod, Relaxed);
+        self.interleaved.fetch_add(c.interleaved, Relaxed);
+        self.kernel_tx_timestamps
+            .fetch_add(c.kernel_tx_timestamps, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.fetch_add(b, Relaxed);
         }
@@ -142,6 +164,8 @@ impl<const N: usize> Totals<N> {
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             kod: self.kod.load(Relaxed),
+            interleaved: self.interleaved.load(Relaxed),
+            kernel_tx_timestamps: self.kernel_tx_timestamps.load(Relaxed),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
     }
@@ -162,6 +186,7 @@ pub(crate) struct Published {
     answered: AtomicU64,
     send_errors: AtomicU64,
     kod: AtomicU64,
+    interleaved: AtomicU64,
     dropped: Box<[AtomicU64]>,
 }
 
@@ -173,6 +198,7 @@ pub(crate) struct PublishedCounts {
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
     pub(crate) kod: u64,
+    pub(crate) interleaved: u64,
     /// One per label, in the labels' order.
     pub(crate) dropped: Vec<u64>,
 }
@@ -184,6 +210,7 @@ impl Published {
         self.answered.store(c.answered, Relaxed);
         self.send_errors.store(c.send_errors, Relaxed);
         self.kod.store(c.kod, Relaxed);
+        self.interleaved.store(c.interleaved, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.store(b, Relaxed);
         }
@@ -196,6 +223,7 @@ impl Published {
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             kod: self.kod.load(Relaxed),
+            interleaved: self.interleaved.load(Relaxed),
             dropped: self.dropped.iter().map(|d| d.load(Relaxed)).collect(),
         }
     }
@@ -227,6 +255,7 @@ impl Registry {
             answered: zero(),
             send_errors: zero(),
             kod: zero(),
+            interleaved: zero(),
             dropped: labels.iter().map(|_| zero()).collect(),
         });
         self.workers

@@ -471,3 +471,102 @@ fn chronyd_client_accepts_kod_rate() {
         "{totals}"
     );
 }
+
+/// chronyd as a client in interleaved mode (`xleave`, RFC 9769) against chimed with two threads:
+/// from its third exchange on, chimed's replies carry the kernel's transmit time of the previous
+/// reply, and chronyd's measurements log says so ("4I K K": interleaved, kernel transmit and
+/// receive timestamps). The client's requests come from a new port each, so they reach both
+/// threads and the saved times must be shared. Returns the log's measurement lines.
+fn xleave_measurements(extra: &[&str], want_interleaved: usize) -> (Vec<Vec<String>>, String) {
+    let chronyd = Chronyd::start();
+    let mut args = vec!["-4", "2"];
+    args.extend_from_slice(extra);
+    let mut chimed = chimed_v4(&chronyd, &args);
+    let dir = tempfile::tempdir().unwrap();
+    let mut client = std::process::Command::new(common::CHRONYD)
+        .args(["-x", "-d", "-u", "root"])
+        .arg(format!(
+            "server 127.0.0.1 port {} minpoll -4 maxpoll -4 xleave",
+            chimed.addr.port()
+        ))
+        .arg(format!("pidfile {}/pid", dir.path().display()))
+        .arg(format!("driftfile {}/drift", dir.path().display()))
+        .arg(format!("logdir {}", dir.path().display()))
+        .args(["log measurements", "cmdport 0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = dir.path().join("measurements.log");
+    let read = || -> Vec<Vec<String>> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    // 16 polls a second: 20 measurements take about 1.3 s. Bounded at 15 s.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut rows = read();
+    while rows.len() < want_interleaved + 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        rows = read();
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    assert!(chimed.terminate().success());
+    chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    (rows, chimed.log())
+}
+
+#[test]
+fn chronyd_xleave_client_gets_interleaved_replies_across_threads() {
+    let (rows, log) = xleave_measurements(&[], 16);
+    // Columns: ... offset (11), peer delay (12), ..., mode (17), TX source (18), RX source (19).
+    let interleaved: Vec<_> = rows.iter().filter(|r| r[17] == "4I").collect();
+    assert!(
+        interleaved.len() >= 16,
+        "{} of {} measurements interleaved: {rows:?}",
+        interleaved.len(),
+        rows.len()
+    );
+    assert!(
+        rows.iter().take(2).all(|r| r[17] == "4B"),
+        "the first two exchanges are basic: {rows:?}"
+    );
+    for r in &interleaved {
+        assert_eq!(
+            r[18], "K",
+            "the server's transmit time is the kernel's: {r:?}"
+        );
+        let offset: f64 = r[11].parse().unwrap();
+        assert!(offset.abs() < 100e-6, "offset {offset}: {r:?}");
+    }
+    let totals = log
+        .lines()
+        .find(|l| l.contains("ntp totals at exit"))
+        .unwrap();
+    assert!(
+        totals.contains(" interleaved=") && totals.contains("kernel_tx_timestamps="),
+        "{totals}"
+    );
+    for thread in ["ntp-ipv4-0", "ntp-ipv4-1"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(thread) && l.contains("stats at exit"))
+            .unwrap();
+        assert!(
+            !line.contains("received=0 "),
+            "{thread} got nothing: {line}"
+        );
+    }
+}
+
+#[test]
+fn interleaved_mode_off_answers_xleave_clients_in_basic_mode() {
+    let (rows, log) = xleave_measurements(&["--interleaved-log", "0"], 8);
+    assert!(rows.len() >= 8, "{rows:?}");
+    assert!(rows.iter().all(|r| r[17] == "4B"), "{rows:?}");
+    assert!(!log.contains("interleaved mode on"), "{log}");
+}
