@@ -48,6 +48,9 @@ What to run:
                                 chimed-rl-1 chimed-rl-2 (chimed-N / rsntp-N = N IPv4 threads;
                                 chimed-rl-N = chimed-N with RATELIMIT_ARGS); default
                                 chronyd,chimed-1,chimed-2,rsntp-1
+  --ntp-mode M        NTP_MODE    basic (ntpperf -B, the default) or interleaved (ntpperf -I:
+                                each client sends in RFC 9769's interleaved mode; the
+                                ntpperf_xleave_pct column says how many replies were)
   --ratelimit-args A  RATELIMIT_ARGS  chimed flags for chimed-rl-N (default: a limit ntpperf's
                                 clients stay under, so that the run measures the limiter's
                                 cost: ntpperf sends round robin from rate/10 clients, at most
@@ -105,6 +108,7 @@ STOP_LOSS=${STOP_LOSS:-50}
 SETTLE=${SETTLE:-3}
 MAX_OTHER=${MAX_OTHER:-30}
 RETRIES=${RETRIES:-2}
+NTP_MODE=${NTP_MODE:-basic}
 RATELIMIT_ARGS=${RATELIMIT_ARGS:---ratelimit --ratelimit-interval -6 --ratelimit-burst 16}
 SERVER_CPUS=${SERVER_CPUS:-}
 CLIENT_CPUS=${CLIENT_CPUS:-}
@@ -115,7 +119,7 @@ while [[ $# -gt 0 ]]; do
         -h | --help) usage; exit 0 ;;
         --ntpperf | --chronyd | --chimed | --rsntp | --servers | --out | --rate-start | --rate-max | \
             --rate-mult | --step-time | --stop-loss | --settle | --server-cpus | --client-cpus | \
-            --max-other | --retries | --ratelimit-args) ;;
+            --max-other | --retries | --ratelimit-args | --ntp-mode) ;;
         *) die "unknown option $opt (see --help)" ;;
     esac
     [[ $# -ge 2 ]] || die "option $opt needs a value (see --help)"
@@ -137,6 +141,7 @@ while [[ $# -gt 0 ]]; do
         --max-other) MAX_OTHER=$2 ;;
         --retries) RETRIES=$2 ;;
         --ratelimit-args) RATELIMIT_ARGS=$2 ;;
+        --ntp-mode) NTP_MODE=$2 ;;
     esac
     shift 2
 done
@@ -199,6 +204,12 @@ for s in "${server_list[@]}"; do
         *) die "unknown server '$s' (want chronyd, chimed-N, chimed-rl-N or rsntp-N)" ;;
     esac
 done
+
+case $NTP_MODE in
+    basic) NTPPERF_MODE=-B ;;
+    interleaved) NTPPERF_MODE=-I ;;
+    *) die "--ntp-mode '$NTP_MODE': want basic or interleaved" ;;
+esac
 
 # --- fixed addresses ------------------------------------------------------------------------
 
@@ -427,7 +438,7 @@ run_step() {
     if [[ -n $CLIENT_CPUS ]]; then
         cmd+=(taskset -c "$CLIENT_CPUS")
     fi
-    cmd+=("$NTPPERF" -i vc -m "$SERVER_MAC" -d "$SERVER_IP" -s "$CLIENT_NET" -B -l -r "$rate" -t "$STEP_TIME")
+    cmd+=("$NTPPERF" -i vc -m "$SERVER_MAC" -d "$SERVER_IP" -s "$CLIENT_NET" "$NTPPERF_MODE" -l -r "$rate" -t "$STEP_TIME")
 
     local s0 a b s1 rc=0
     sample
@@ -504,10 +515,10 @@ run_step() {
         ht = B[11] - A[11]
         niced = ht > 0 ? 100 * ncpu * (B[10] - A[10]) / ht : 0
         disturbed = other != "" && other + 0 > max_other + 0 ? 1 : 0
-        printf "%s,%d,%d,%.2f,%.2f,%.0f,%.0f,%.1f,%.3f,%s,%.3f,%d,%d,%.2f,%d,%d,%s,%s,%.1f,%d,%d\n",
+        printf "%s,%d,%d,%.2f,%.2f,%.0f,%.0f,%.1f,%.3f,%s,%.3f,%d,%d,%.2f,%d,%d,%s,%s,%.1f,%d,%d,%.2f\n",
             name, rate, R[2], R[3], R[4], offered, resp, 100 * cpu / dt, us, mean, dt,
             req, rep, srv_loss, S1[8] - S0[8], (S1[5] - S0[5]) + (S1[6] - S0[6]),
-            client, other, niced, attempt, disturbed
+            client, other, niced, attempt, disturbed, R[6]
     }')
     echo "$csv_row" >>"$STEPS_CSV"
     STEP_DISTURBED=${csv_row##*,}
@@ -675,7 +686,7 @@ write_setup() {
         echo "placement: server CPUs ${SERVER_CPUS:-any}, client CPUs ${CLIENT_CPUS:-any}"
         echo "disturbed: other processes > $MAX_OTHER% of a CPU in a step's window; retries $RETRIES"
         echo "network: netns $NS_S (vs $SERVER_IP, MAC $SERVER_MAC) <-> netns $NS_C (vc $CLIENT_IP);" \
-            "clients $CLIENT_NET; ntpperf -B -l"
+            "clients $CLIENT_NET; ntpperf $NTPPERF_MODE -l"
         echo "mirror chronyd conf:"
         sed 's/^/  /' "$WORK/mirror.conf"
     } >"$OUT_DIR/setup.txt"
@@ -686,7 +697,7 @@ write_setup() {
 mkdir -p "$OUT_DIR/raw"
 STEPS_CSV=$OUT_DIR/steps.csv
 SUMMARY_CSV=$OUT_DIR/summary.csv
-echo "server,nominal_rate,clients,ntpperf_lost_pct,ntpperf_invalid_pct,offered_pps,response_pps,server_cpu_pct,cpu_us_per_response,ntpperf_resp_time_mean_ns,window_s,step_requests,step_replies,step_server_loss_pct,step_udp_rcvbuf_errors,step_veth_drops,ntpperf_cpu_pct,other_cpu_pct,niced_cpu_pct,attempt,disturbed" >"$STEPS_CSV"
+echo "server,nominal_rate,clients,ntpperf_lost_pct,ntpperf_invalid_pct,offered_pps,response_pps,server_cpu_pct,cpu_us_per_response,ntpperf_resp_time_mean_ns,window_s,step_requests,step_replies,step_server_loss_pct,step_udp_rcvbuf_errors,step_veth_drops,ntpperf_cpu_pct,other_cpu_pct,niced_cpu_pct,attempt,disturbed,ntpperf_xleave_pct" >"$STEPS_CSV"
 echo "server,status,steps,peak_response_pps_lt1pct_loss,nominal_rate_at_peak,offered_pps_at_peak,cpu_us_per_response_at_peak,server_cpu_pct_at_peak,max_response_pps,ntpperf_lost_pct_at_max,cpu_us_per_response_at_max,cpu_us_per_response_whole_ladder,disturbed_steps" >"$SUMMARY_CSV"
 
 setup_network
