@@ -327,6 +327,12 @@ cmdport 0
 bindcmdaddress /
 pidfile $WORK/server-chronyd.pid
 EOF
+            if [[ $NTP_MODE == interleaved ]]; then
+                # chronyd keeps interleaved-mode timestamps in its client log, by default 512 KiB
+                # (4096 clients): far fewer than ntpperf's, which would leave it answering basic.
+                # 256 MiB holds them all; the log grows only as clients come.
+                echo "clientloglimit 268435456" >>"$WORK/server-chronyd.conf"
+            fi
             printf '%s\n' "$CHRONYD" -x -d -u root -f "$WORK/server-chronyd.conf"
             ;;
         chimed-*)
