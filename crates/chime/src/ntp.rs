@@ -21,6 +21,29 @@ pub(crate) struct Args {
     /// Print the result as one JSON object
     #[arg(long)]
     json: bool,
+    /// Ask in interleaved mode (RFC 9769, chronyd's `xleave`): --count exchanges, each after the
+    /// first carrying the previous reply's timestamps, so that a server that supports it answers
+    /// from the third on with the true transmit time of its previous reply. Prints each exchange;
+    /// the result is the last one. NTPv4 only
+    #[arg(long)]
+    interleaved: bool,
+    /// With --interleaved: how many exchanges, 3 to 64
+    #[arg(long, default_value_t = 4, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(3..=64))]
+    count: u32,
+    /// With --interleaved: seconds between exchanges
+    #[arg(long, default_value_t = 0.25, value_name = "SECS")]
+    interval: f64,
+}
+
+/// One exchange of an `--interleaved` series.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Exchange {
+    /// The reply was in interleaved mode: its transmit timestamp is the true one of the previous
+    /// reply, and offset and delay are those of the previous exchange, measured better.
+    interleaved: bool,
+    offset: f64,
+    delay: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -39,6 +62,9 @@ struct Report {
     root_dispersion: f64,
     offset: f64,
     delay: f64,
+    /// With `--interleaved`: every exchange, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exchanges: Option<Vec<Exchange>>,
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
@@ -48,12 +74,30 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             args.timeout
         );
     }
+    if args.interleaved && args.ntp_version != 4 {
+        bail!(
+            "--interleaved: interleaved mode is NTPv4 only, not --ntp-version {}",
+            args.ntp_version
+        );
+    }
+    if !(args.interval.is_finite() && (0.0..=60.0).contains(&args.interval)) {
+        bail!(
+            "--interval {}: must be between 0 and 60 seconds",
+            args.interval
+        );
+    }
     let server = resolve(&args.server)?;
-    let report = query(
-        server,
-        args.ntp_version,
-        Duration::from_secs_f64(args.timeout),
-    )?;
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let report = if args.interleaved {
+        interleaved(
+            server,
+            args.count,
+            Duration::from_secs_f64(args.interval),
+            timeout,
+        )?
+    } else {
+        query(server, args.ntp_version, timeout)?
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -81,6 +125,80 @@ fn resolve(server: &str) -> Result<SocketAddr> {
 }
 
 fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
+    let sock = connect(server, timeout)?;
+    // The transmit timestamp is random, as chrony's client does: it is the nonce the server must
+    // echo as origin, and it says nothing about our clock. T1 is kept locally.
+    let nonce = NtpTimestamp(rand::random());
+    let request = Header::request(version, Mode::Client, nonce);
+    let (reply, t1, t4) = exchange(&sock, server, &request, &[nonce], timeout)?;
+    check(server, &reply, version)?;
+    let (offset, delay) = measure(t1, reply.receive_ts, reply.transmit_ts, t4);
+    Ok(report(server, &reply, offset, delay, None))
+}
+
+/// What an interleaved series keeps of the exchange before: our send and receive times and the
+/// server's receive timestamp.
+#[derive(Clone, Copy)]
+struct Previous {
+    t1: NtpTimestamp,
+    t2: NtpTimestamp,
+    t4: NtpTimestamp,
+}
+
+/// `count` exchanges in interleaved mode (RFC 9769). Each request after the first carries, as
+/// origin, the receive timestamp of the server's previous reply and, as receive, when we got that
+/// reply. A server in interleaved mode answers with our receive field as origin and the true
+/// transmit time of its previous reply; the measurement is then of the previous exchange.
+fn interleaved(
+    server: SocketAddr,
+    count: u32,
+    interval: Duration,
+    timeout: Duration,
+) -> Result<Report> {
+    let sock = connect(server, timeout)?;
+    let mut previous: Option<Previous> = None;
+    let mut exchanges = Vec::new();
+    let mut last = None;
+    for i in 0..count {
+        if i > 0 {
+            std::thread::sleep(interval);
+        }
+        let nonce = NtpTimestamp(rand::random());
+        let mut request = Header::request(4, Mode::Client, nonce);
+        let mut expect = vec![nonce];
+        if let Some(p) = previous {
+            request.origin_ts = p.t2;
+            request.receive_ts = p.t4;
+            expect.push(p.t4);
+        }
+        let (reply, t1, t4) = exchange(&sock, server, &request, &expect, timeout)?;
+        check(server, &reply, 4)?;
+        let as_interleaved =
+            previous.filter(|p| reply.origin_ts == p.t4 && reply.origin_ts != nonce);
+        let (offset, delay) = match as_interleaved {
+            Some(p) => measure(p.t1, p.t2, reply.transmit_ts, p.t4),
+            None => measure(t1, reply.receive_ts, reply.transmit_ts, t4),
+        };
+        exchanges.push(Exchange {
+            interleaved: as_interleaved.is_some(),
+            offset,
+            delay,
+        });
+        previous = Some(Previous {
+            t1,
+            t2: reply.receive_ts,
+            t4,
+        });
+        last = Some(reply);
+    }
+    let (Some(reply), Some(e)) = (last, exchanges.last().copied()) else {
+        bail!("{server}: no exchange");
+    };
+    Ok(report(server, &reply, e.offset, e.delay, Some(exchanges)))
+}
+
+/// A socket connected to `server`, with `timeout` for each receive.
+fn connect(server: SocketAddr, timeout: Duration) -> Result<UdpSocket> {
     let local: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse()?
     } else {
@@ -90,14 +208,20 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
     sock.connect(server)
         .with_context(|| format!("{server}: cannot connect"))?;
     sock.set_read_timeout(Some(timeout))?;
+    Ok(sock)
+}
 
-    // The transmit timestamp is random, as chrony's client does: it is the nonce the server must
-    // echo as origin, and it says nothing about our clock. T1 is kept locally.
-    let nonce = NtpTimestamp(rand::random());
-    let request = Header::request(version, Mode::Client, nonce);
+/// Sends `request` and returns the first reply whose origin timestamp is one of `expect`, with
+/// our send (T1) and receive (T4) times. Replies to anything else are skipped until `timeout`.
+fn exchange(
+    sock: &UdpSocket,
+    server: SocketAddr,
+    request: &Header,
+    expect: &[NtpTimestamp],
+    timeout: Duration,
+) -> Result<(Header, NtpTimestamp, NtpTimestamp)> {
     let mut packet = [0u8; 48];
     request.encode(&mut packet);
-
     let t1 = now();
     sock.send(&packet)
         .with_context(|| format!("{server}: send failed"))?;
@@ -121,67 +245,87 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
             Ok(h) => h,
             Err(e) => bail!("{server}: bad reply ({len} bytes): {e}"),
         };
-        if reply.origin_ts != nonce {
-            // Not the answer to this request (a late reply to someone else's); keep waiting.
-            if std::time::Instant::now() >= deadline {
-                bail!(
-                    "{server}: no matching reply within {:.1} s",
-                    timeout.as_secs_f64()
-                );
-            }
-            continue;
+        if expect.contains(&reply.origin_ts) {
+            return Ok((reply, t1, t4));
         }
-        if reply.mode != Mode::Server {
+        // Not the answer to this request (a late reply to an earlier one); keep waiting.
+        if std::time::Instant::now() >= deadline {
             bail!(
-                "{server}: bad reply: mode {} instead of 4 (server)",
-                reply.mode as u8
+                "{server}: no matching reply within {:.1} s",
+                timeout.as_secs_f64()
             );
         }
-        if reply.version != version {
-            bail!(
-                "{server}: bad reply: version {} to a version {version} request",
-                reply.version
-            );
-        }
-        if let Some(code) = kiss_code(&reply) {
-            let advice = match &code[..] {
-                "RATE" => format!(
-                    ": asks this client to poll less often (suggested poll interval 2^{} s)",
-                    reply.poll
-                ),
-                "DENY" | "RSTR" => ": refuses to serve this client".into(),
-                _ => String::new(),
-            };
-            bail!("{server}: Kiss-o'-Death {code}{advice}");
-        }
-        let t2 = reply.receive_ts;
-        let t3 = reply.transmit_ts;
-        if reply.stratum != 0 && (t2 == NtpTimestamp::ZERO || t3 == NtpTimestamp::ZERO) {
-            bail!("{server}: bad reply: zero receive or transmit timestamp");
-        }
-        // Differences of NTP timestamps are era-safe as long as the clocks are within 68 years.
-        let offset = (t2.wrapping_diff_seconds(t1) + t3.wrapping_diff_seconds(t4)) / 2.0;
-        let delay = t4.wrapping_diff_seconds(t1) - t3.wrapping_diff_seconds(t2);
-        return Ok(Report {
-            server,
-            version: reply.version,
-            mode: reply.mode as u8,
-            leap: reply.leap as u8,
-            synchronised: reply.leap != Leap::Unsynchronised && reply.stratum != 0,
-            stratum: reply.stratum,
-            reference_id: refid_text(reply.stratum, reply.reference_id),
-            reference_id_hex: reply
-                .reference_id
-                .iter()
-                .map(|b| format!("{b:02X}"))
-                .collect(),
-            precision: reply.precision,
-            poll: reply.poll,
-            root_delay: reply.root_delay.seconds(),
-            root_dispersion: reply.root_dispersion.seconds(),
-            offset,
-            delay,
-        });
+    }
+}
+
+/// Refuses a reply in the wrong mode or version, a Kiss-o'-Death, or one without timestamps.
+fn check(server: SocketAddr, reply: &Header, version: u8) -> Result<()> {
+    if reply.mode != Mode::Server {
+        bail!(
+            "{server}: bad reply: mode {} instead of 4 (server)",
+            reply.mode as u8
+        );
+    }
+    if reply.version != version {
+        bail!(
+            "{server}: bad reply: version {} to a version {version} request",
+            reply.version
+        );
+    }
+    if let Some(code) = kiss_code(reply) {
+        let advice = match &code[..] {
+            "RATE" => format!(
+                ": asks this client to poll less often (suggested poll interval 2^{} s)",
+                reply.poll
+            ),
+            "DENY" | "RSTR" => ": refuses to serve this client".into(),
+            _ => String::new(),
+        };
+        bail!("{server}: Kiss-o'-Death {code}{advice}");
+    }
+    if reply.stratum != 0
+        && (reply.receive_ts == NtpTimestamp::ZERO || reply.transmit_ts == NtpTimestamp::ZERO)
+    {
+        bail!("{server}: bad reply: zero receive or transmit timestamp");
+    }
+    Ok(())
+}
+
+/// Offset and round-trip delay from the four timestamps. Differences of NTP timestamps are
+/// era-safe as long as the clocks are within 68 years.
+fn measure(t1: NtpTimestamp, t2: NtpTimestamp, t3: NtpTimestamp, t4: NtpTimestamp) -> (f64, f64) {
+    let offset = (t2.wrapping_diff_seconds(t1) + t3.wrapping_diff_seconds(t4)) / 2.0;
+    let delay = t4.wrapping_diff_seconds(t1) - t3.wrapping_diff_seconds(t2);
+    (offset, delay)
+}
+
+fn report(
+    server: SocketAddr,
+    reply: &Header,
+    offset: f64,
+    delay: f64,
+    exchanges: Option<Vec<Exchange>>,
+) -> Report {
+    Report {
+        server,
+        version: reply.version,
+        mode: reply.mode as u8,
+        leap: reply.leap as u8,
+        synchronised: reply.leap != Leap::Unsynchronised && reply.stratum != 0,
+        stratum: reply.stratum,
+        reference_id: refid_text(reply.stratum, reply.reference_id),
+        reference_id_hex: reply
+            .reference_id
+            .iter()
+            .map(|b| format!("{b:02X}"))
+            .collect(),
+        precision: reply.precision,
+        poll: reply.poll,
+        root_delay: reply.root_delay.seconds(),
+        root_dispersion: reply.root_dispersion.seconds(),
+        offset,
+        delay,
+        exchanges,
     }
 }
 
@@ -242,8 +386,30 @@ fn print(r: &Report) {
     );
     println!("Root delay      : {:.6} s", r.root_delay);
     println!("Root dispersion : {:.6} s", r.root_dispersion);
+    if let Some(exchanges) = &r.exchanges {
+        for (i, e) in exchanges.iter().enumerate() {
+            println!(
+                "Exchange {:<2}     : {:<11} offset {:+.9} s, delay {:.9} s",
+                i + 1,
+                if e.interleaved {
+                    "interleaved"
+                } else {
+                    "basic"
+                },
+                e.offset,
+                e.delay
+            );
+        }
+    }
     println!("Offset          : {:+.9} s", r.offset);
     println!("Delay           : {:.9} s", r.delay);
+    match &r.exchanges {
+        Some(e) if e.last().is_some_and(|e| e.interleaved) => {
+            println!("The server answers in interleaved mode (RFC 9769).");
+        }
+        Some(_) => println!("The server answered in basic mode only: no interleaved mode."),
+        None => {}
+    }
     if !r.synchronised {
         println!("The server says it is unsynchronised: its time must not be trusted.");
     }

@@ -464,6 +464,20 @@ fn chronyd_client_accepts_kod_rate() {
     let _ = client.wait();
     drop(guard);
     assert!(seen.is_some(), "chronyd never reported a KoD RATE");
+    // chime ntp names the kiss; a quarter of its requests get one now (a quarter are dropped).
+    let kissed = (0..40).find_map(|_| {
+        let out = common::run(
+            std::process::Command::new(common::workspace_bin("chime"))
+                .args(["ntp", "--timeout", "0.2"])
+                .arg(chimed.addr.to_string()),
+        );
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        err.contains("Kiss-o'-Death RATE")
+            .then_some((out.status.code(), err))
+    });
+    let (code, err) = kissed.expect("chime ntp never reported the kiss in 40 tries");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("suggested poll interval 2^12 s"), "{err}");
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(
@@ -569,4 +583,66 @@ fn interleaved_mode_off_answers_xleave_clients_in_basic_mode() {
     assert!(rows.len() >= 8, "{rows:?}");
     assert!(rows.iter().all(|r| r[17] == "4B"), "{rows:?}");
     assert!(!log.contains("interleaved mode on"), "{log}");
+}
+
+/// `chime ntp --interleaved --json` against a server, parsed.
+fn chime_ntp_interleaved(addr: std::net::SocketAddr) -> serde_json::Value {
+    let out = common::run(
+        std::process::Command::new(common::workspace_bin("chime"))
+            .args([
+                "ntp",
+                "--interleaved",
+                "--count",
+                "4",
+                "--interval",
+                "0.05",
+                "--json",
+            ])
+            .arg(addr.to_string()),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn interleaved_flags(r: &serde_json::Value) -> Vec<bool> {
+    r["exchanges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["interleaved"].as_bool().unwrap())
+        .collect()
+}
+
+/// `chime ntp --interleaved` as a client: chimed and chronyd itself both answer it in interleaved
+/// mode from the third exchange on (chronyd is the reference for the client side), and chimed with
+/// interleaved mode off answers it in basic mode.
+#[test]
+fn chime_ntp_interleaved_against_chimed_and_chronyd() {
+    let chronyd = Chronyd::start();
+    let chimed = chimed_v4(&chronyd, &[]);
+    for (who, addr) in [("chimed", chimed.addr), ("chronyd", chronyd.addr())] {
+        let r = chime_ntp_interleaved(addr);
+        assert_eq!(
+            interleaved_flags(&r),
+            [false, false, true, true],
+            "{who}: {r}"
+        );
+        let offset = r["offset"].as_f64().unwrap();
+        assert!(offset.abs() < 1e-3, "{who}: offset {offset}");
+    }
+    let basic_only = chimed_v4(&chronyd, &["--interleaved-log", "0"]);
+    let r = chime_ntp_interleaved(basic_only.addr);
+    assert_eq!(interleaved_flags(&r), [false; 4], "{r}");
+
+    let out = common::run(
+        std::process::Command::new(common::workspace_bin("chime"))
+            .args(["ntp", "--interleaved", "--ntp-version", "3"])
+            .arg(chimed.addr.to_string()),
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NTPv4 only"));
 }
