@@ -53,6 +53,9 @@ fn ipv6_loopback() {
     assert!(r["offset"].as_f64().unwrap().abs() < 1e-3, "{r}");
     let offset = chronyd_client_offset(chimed.addr).unwrap();
     assert!(offset.abs() < 1e-3, "chronyd -Q offset {offset}");
+    // Interleaved mode over IPv6: the looped reply comes back behind an IPv6 header.
+    let r = chime_ntp_interleaved(chimed.addr);
+    assert_eq!(interleaved_flags(&r), [false, false, true, true], "{r}");
 }
 
 #[test]
