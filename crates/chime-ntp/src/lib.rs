@@ -25,6 +25,7 @@
 
 pub mod interleave;
 pub mod mirror;
+pub mod nts;
 pub mod packet;
 pub mod ratelimit;
 pub mod responder;

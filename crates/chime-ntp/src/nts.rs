@@ -1,0 +1,805 @@
+//! Network Time Security for NTPv4 (RFC 8915), the server's part, sans-IO.
+//!
+//! NTS has two halves. In NTS-KE a client opens TLS 1.3 to the key-establishment port, both sides
+//! export two keys from the session (client-to-server and server-to-client), and the server hands
+//! out *cookies*: the two keys sealed under a master key only the server knows. [`ke_response`]
+//! answers the client's NTS-KE records; the daemon runs the TLS and exports the keys.
+//!
+//! Then each NTP request carries one cookie, a unique identifier and an authenticator: an
+//! AEAD_AES_SIV_CMAC_256 tag over the packet, under the client-to-server key. The server opens the
+//! cookie ([`CookieKeys::open`]), checks the tag ([`check_request`]), and answers with the
+//! identifier echoed and an authenticator under the server-to-client key whose ciphertext holds
+//! fresh cookies, one for each the client spent or asked for with a placeholder
+//! ([`write_response`]). The reply is exactly as long as the request (the placeholders reserve the
+//! room), never longer. A cookie that does not open (an old master key, a forgery) or a tag that
+//! does not verify gets an NTS NAK ([`write_nak`]): a Kiss-o'-Death `NTSN` with the identifier and
+//! nothing else, which tells the client to run NTS-KE again.
+//!
+//! Nothing here allocates or reads a clock; nonces come from the caller.
+
+use std::ops::Range;
+
+use aes_siv::KeyInit;
+use aes_siv::siv::Aes128Siv;
+
+use crate::packet::Header;
+use crate::responder::kiss_of_death;
+
+/// The one AEAD algorithm served: AEAD_AES_SIV_CMAC_256 (IANA 15), RFC 8915's mandatory one.
+pub const AEAD_AES_SIV_CMAC_256: u16 = 15;
+/// Its key length: two AES-128 keys.
+pub const KEY_LEN: usize = 32;
+/// The length of the nonce and of the SIV tag.
+const NONCE_LEN: usize = 16;
+const TAG_LEN: usize = 16;
+/// The TLS exporter label of RFC 8915 §5.1.
+pub const EXPORTER_LABEL: &[u8] = b"EXPORTER-network-time-security";
+/// The ALPN protocol of NTS-KE.
+pub const ALPN: &[u8] = b"ntske/1";
+/// The exporter context for NTPv4 with AEAD_AES_SIV_CMAC_256: protocol 0, algorithm 15, then 0 for
+/// the client-to-server key and 1 for the server-to-client key.
+pub const EXPORTER_C2S: [u8; 5] = [0, 0, 0, 15, 0];
+/// See [`EXPORTER_C2S`].
+pub const EXPORTER_S2C: [u8; 5] = [0, 0, 0, 15, 1];
+
+/// NTS extension field types (RFC 8915 §5.3–5.6).
+mod ef {
+    pub(super) const UNIQUE_IDENTIFIER: u16 = 0x0104;
+    pub(super) const COOKIE: u16 = 0x0204;
+    pub(super) const COOKIE_PLACEHOLDER: u16 = 0x0304;
+    pub(super) const AUTHENTICATOR: u16 = 0x0404;
+}
+
+/// The most cookies one reply carries, as chronyd.
+const MAX_COOKIES: usize = 8;
+/// The shortest unique identifier a request may carry.
+const MIN_UNIQUE_ID: usize = 32;
+
+/// A sealed cookie: key id (4), nonce (16), SIV tag (16), then the sealed algorithm (2), padding
+/// (2) and the two keys (64): 104 bytes, a multiple of 4 as clients require.
+pub const COOKIE_LEN: usize = 4 + NONCE_LEN + TAG_LEN + COOKIE_PLAIN;
+const COOKIE_PLAIN: usize = 2 + 2 + 2 * KEY_LEN;
+
+/// The two keys of one client's NTS association.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// Client to server: the requests' authenticators.
+    pub c2s: [u8; KEY_LEN],
+    /// Server to client: the replies' authenticators and the cookies in them.
+    pub s2c: [u8; KEY_LEN],
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keys { .. }")
+    }
+}
+
+/// The master keys cookies are sealed under: the current one seals, it and the one before open,
+/// so cookies handed out just before a rotation still work.
+#[derive(Clone)]
+pub struct CookieKeys {
+    current: (u32, [u8; KEY_LEN]),
+    previous: Option<(u32, [u8; KEY_LEN])>,
+}
+
+impl std::fmt::Debug for CookieKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CookieKeys")
+            .field("current_id", &self.current.0)
+            .field("previous_id", &self.previous.map(|p| p.0))
+            .finish_non_exhaustive()
+    }
+}
+
+impl CookieKeys {
+    /// Master keys with `key` (random bits) as the current one, named `id`.
+    pub fn new(id: u32, key: [u8; KEY_LEN]) -> Self {
+        Self {
+            current: (id, key),
+            previous: None,
+        }
+    }
+
+    /// The keys after a rotation: `key` seals from now on, the current one still opens.
+    pub fn rotated(&self, id: u32, key: [u8; KEY_LEN]) -> Self {
+        Self {
+            current: (id, key),
+            previous: Some(self.current),
+        }
+    }
+
+    /// The id of the key that seals.
+    pub fn current_id(&self) -> u32 {
+        self.current.0
+    }
+
+    /// Seals `keys` into a cookie with a fresh random `nonce`.
+    pub fn seal(&self, keys: &Keys, nonce: [u8; NONCE_LEN]) -> [u8; COOKIE_LEN] {
+        let (id, master) = &self.current;
+        let mut cookie = [0u8; COOKIE_LEN];
+        let (head, body) = cookie.split_at_mut(4 + NONCE_LEN + TAG_LEN);
+        head[..4].copy_from_slice(&id.to_be_bytes());
+        head[4..4 + NONCE_LEN].copy_from_slice(&nonce);
+        body[..2].copy_from_slice(&AEAD_AES_SIV_CMAC_256.to_be_bytes());
+        body[4..4 + KEY_LEN].copy_from_slice(&keys.c2s);
+        body[4 + KEY_LEN..].copy_from_slice(&keys.s2c);
+        let mut siv = Aes128Siv::new(master.into());
+        // Sealing cannot fail: two headers, and the plaintext is not empty.
+        if let Ok(tag) = siv.encrypt_in_place_detached([&head[..4], &nonce[..]], body) {
+            head[4 + NONCE_LEN..].copy_from_slice(&tag);
+        }
+        cookie
+    }
+
+    /// The keys in `cookie`, if one of our master keys sealed it and nobody changed it since.
+    pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
+        let cookie: &[u8; COOKIE_LEN] = cookie.try_into().ok()?;
+        let id = u32::from_be_bytes(cookie[..4].try_into().ok()?);
+        let master = [Some(self.current), self.previous]
+            .into_iter()
+            .flatten()
+            .find(|(k, _)| *k == id)?
+            .1;
+        let nonce = &cookie[4..4 + NONCE_LEN];
+        let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..4 + NONCE_LEN + TAG_LEN]);
+        let mut body = [0u8; COOKIE_PLAIN];
+        body.copy_from_slice(&cookie[4 + NONCE_LEN + TAG_LEN..]);
+        let mut siv = Aes128Siv::new((&master).into());
+        siv.decrypt_in_place_detached([&cookie[..4], nonce], &mut body, &tag)
+            .ok()?;
+        if u16::from_be_bytes([body[0], body[1]]) != AEAD_AES_SIV_CMAC_256 {
+            return None;
+        }
+        let mut keys = Keys {
+            c2s: [0; KEY_LEN],
+            s2c: [0; KEY_LEN],
+        };
+        keys.c2s.copy_from_slice(&body[4..4 + KEY_LEN]);
+        keys.s2c.copy_from_slice(&body[4 + KEY_LEN..]);
+        Some(keys)
+    }
+}
+
+/// One extension field of a request: its type, where its body is, and where it starts.
+#[derive(Clone, Debug)]
+struct Field {
+    ty: u16,
+    start: usize,
+    body: Range<usize>,
+}
+
+/// The extension fields after the header, as `check_extensions` accepted them: a remainder of 20
+/// or 24 bytes is a MAC, not a field.
+fn fields(packet: &[u8]) -> impl Iterator<Item = Field> + '_ {
+    let mut at = Header::LEN;
+    std::iter::from_fn(move || {
+        let remaining = packet.len().checked_sub(at)?;
+        if remaining < 16 || remaining == 20 || remaining == 24 {
+            return None;
+        }
+        let ty = u16::from_be_bytes([packet[at], packet[at + 1]]);
+        let len = usize::from(u16::from_be_bytes([packet[at + 2], packet[at + 3]]));
+        if len < 16 || len > remaining || len % 4 != 0 {
+            return None;
+        }
+        let field = Field {
+            ty,
+            start: at,
+            body: at + 4..at + len,
+        };
+        at += len;
+        Some(field)
+    })
+}
+
+/// A request that passed NTS: what the reply needs.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    /// The association's keys, from the cookie.
+    pub keys: Keys,
+    /// The unique identifier field's body, to echo.
+    unique_id: Range<usize>,
+    /// Cookies to return: the one spent plus one per placeholder, at most 8.
+    cookies: usize,
+}
+
+/// What NTS makes of a request.
+#[derive(Debug, Clone)]
+pub enum Check {
+    /// No NTS fields: an ordinary request.
+    NotNts,
+    /// Authentic: answer with [`write_response`].
+    Verified(Verified),
+    /// The cookie did not open or the authenticator did not verify: answer with [`write_nak`]
+    /// (the unique identifier's body is at this range).
+    Nak(Range<usize>),
+    /// NTS fields that are not a valid request (no identifier, two cookies, the authenticator
+    /// not last, ...): drop.
+    Malformed,
+}
+
+/// Checks the NTS fields of an NTPv4 client request that [`crate::respond`] accepted.
+pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
+    let mut unique_id = None;
+    let mut cookie = None;
+    let mut wanted = 0usize;
+    let mut cookie_len = None;
+    let mut auth = None;
+    let mut any = false;
+    for f in fields(request) {
+        match f.ty {
+            ef::UNIQUE_IDENTIFIER => {
+                any = true;
+                if unique_id.is_some() || f.body.len() < MIN_UNIQUE_ID {
+                    return Check::Malformed;
+                }
+                unique_id = Some(f.body.clone());
+            }
+            ef::COOKIE | ef::COOKIE_PLACEHOLDER => {
+                any = true;
+                if f.ty == ef::COOKIE {
+                    if cookie.is_some() {
+                        return Check::Malformed;
+                    }
+                    cookie = Some(f.body.clone());
+                }
+                // Placeholders are as long as the cookie: the room its replacement takes.
+                if *cookie_len.get_or_insert(f.body.len()) != f.body.len() {
+                    return Check::Malformed;
+                }
+                wanted += 1;
+            }
+            ef::AUTHENTICATOR => {
+                any = true;
+                if f.body.end != request.len() {
+                    return Check::Malformed;
+                }
+                auth = Some(f);
+            }
+            _ => {}
+        }
+    }
+    if !any {
+        return Check::NotNts;
+    }
+    let (Some(unique_id), Some(cookie), Some(auth)) = (unique_id, cookie, auth) else {
+        return Check::Malformed;
+    };
+    let Some(keys) = cookie_keys.open(&request[cookie]) else {
+        return Check::Nak(unique_id);
+    };
+    if !authentic(request, &auth, &keys.c2s) {
+        return Check::Nak(unique_id);
+    }
+    Check::Verified(Verified {
+        keys,
+        unique_id,
+        cookies: wanted.min(MAX_COOKIES),
+    })
+}
+
+/// Whether the authenticator field `auth` (the request's last) verifies under `c2s`, over every
+/// byte before it. Encrypted fields inside it are not used (chime needs none) but must
+/// authenticate too; at most 1 KiB of them is checked, anything longer is refused.
+fn authentic(request: &[u8], auth: &Field, c2s: &[u8; KEY_LEN]) -> bool {
+    let body = &request[auth.body.clone()];
+    if body.len() < 4 {
+        return false;
+    }
+    let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+    let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
+    let padded = |n: usize| n.div_ceil(4) * 4;
+    if nonce_len < NONCE_LEN
+        || ct_len < TAG_LEN
+        || 4 + padded(nonce_len) + padded(ct_len) > body.len()
+    {
+        return false;
+    }
+    let nonce = &body[4..4 + nonce_len];
+    let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
+    let mut plain = [0u8; 1024];
+    let Some(plain) = plain.get_mut(..ct_len - TAG_LEN) else {
+        return false;
+    };
+    plain.copy_from_slice(&ct[TAG_LEN..]);
+    let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
+    let mut siv = Aes128Siv::new(c2s.into());
+    siv.decrypt_in_place_detached([&request[..auth.start], nonce], plain, &tag)
+        .is_ok()
+}
+
+/// Completes the reply to a [`Check::Verified`] request: `reply` holds the 48-byte header made
+/// by [`crate::respond`], with its transmit timestamp already stamped (the authenticator covers
+/// it), and is as long as the request. Appends the echoed identifier and an authenticator under
+/// the server-to-client key holding fresh cookies, made by `new_cookie`, as many as were spent
+/// or asked for and fit; pads the authenticator so the reply is exactly as long as the request.
+/// `nonce` must be fresh random bits. Returns the reply's length, or `None` if not even the
+/// identifier and an authenticator without cookies fit (then drop).
+pub fn write_response(
+    reply: &mut [u8],
+    request: &[u8],
+    verified: &Verified,
+    nonce: [u8; NONCE_LEN],
+    mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
+) -> Option<usize> {
+    let target = request.len().min(reply.len());
+    let uid = &request[verified.unique_id.clone()];
+    let uid_field = 4 + uid.len();
+    let auth_start = Header::LEN + uid_field;
+    const COOKIE_FIELD: usize = 4 + COOKIE_LEN;
+    // Authenticator without cookies: header 4, lengths 4, nonce 16, tag 16.
+    let auth_min = 4 + 4 + NONCE_LEN + TAG_LEN;
+    let room = target.checked_sub(auth_start + auth_min)?;
+    let cookies = verified.cookies.min(room / COOKIE_FIELD);
+    let plain_len = cookies * COOKIE_FIELD;
+    let auth_len = target - auth_start;
+
+    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
+    reply[Header::LEN + 4..auth_start].copy_from_slice(uid);
+
+    put_field_header(reply, auth_start, ef::AUTHENTICATOR, auth_len);
+    let lengths = auth_start + 4;
+    reply[lengths..lengths + 2].copy_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    reply[lengths + 2..lengths + 4].copy_from_slice(&((TAG_LEN + plain_len) as u16).to_be_bytes());
+    let nonce_at = lengths + 4;
+    reply[nonce_at..nonce_at + NONCE_LEN].copy_from_slice(&nonce);
+    let tag_at = nonce_at + NONCE_LEN;
+    let plain_at = tag_at + TAG_LEN;
+    for i in 0..cookies {
+        let at = plain_at + i * COOKIE_FIELD;
+        put_field_header(reply, at, ef::COOKIE, COOKIE_FIELD);
+        reply[at + 4..at + COOKIE_FIELD].copy_from_slice(&new_cookie());
+    }
+    // Padding to the request's length, inside the authenticator, after the ciphertext.
+    reply[plain_at + plain_len..target].fill(0);
+
+    let (ad, rest) = reply.split_at_mut(auth_start);
+    let plain = &mut rest[plain_at - auth_start..plain_at - auth_start + plain_len];
+    let mut siv = Aes128Siv::new((&verified.keys.s2c).into());
+    let tag = siv
+        .encrypt_in_place_detached([&ad[..], &nonce[..]], plain)
+        .ok()?;
+    reply[tag_at..plain_at].copy_from_slice(&tag);
+    Some(target)
+}
+
+/// Turns `reply` (a header made by [`crate::respond`]) into an NTS NAK: a Kiss-o'-Death `NTSN`
+/// with the request's unique identifier (at `unique_id` in `request`) and nothing else. Returns
+/// its length, or `None` if the buffer cannot hold it.
+pub fn write_nak(reply: &mut [u8], request: &[u8], unique_id: Range<usize>) -> Option<usize> {
+    let uid = request.get(unique_id)?;
+    let len = Header::LEN + 4 + uid.len();
+    if len > reply.len() {
+        return None;
+    }
+    kiss_of_death(reply, *b"NTSN");
+    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, 4 + uid.len());
+    reply[Header::LEN + 4..len].copy_from_slice(uid);
+    Some(len)
+}
+
+fn put_field_header(buf: &mut [u8], at: usize, ty: u16, len: usize) {
+    buf[at..at + 2].copy_from_slice(&ty.to_be_bytes());
+    buf[at + 2..at + 4].copy_from_slice(&(len as u16).to_be_bytes());
+}
+
+// --- NTS-KE records (RFC 8915 §4) -----------------------------------------------------------
+
+/// NTS-KE record types.
+mod record {
+    pub(super) const END_OF_MESSAGE: u16 = 0;
+    pub(super) const NEXT_PROTOCOL: u16 = 1;
+    pub(super) const ERROR: u16 = 2;
+    pub(super) const AEAD_ALGORITHM: u16 = 4;
+    pub(super) const NEW_COOKIE: u16 = 5;
+    pub(super) const NTPV4_PORT: u16 = 7;
+    pub(super) const CRITICAL: u16 = 0x8000;
+}
+
+/// NTS-KE error codes.
+const ERROR_UNRECOGNIZED_CRITICAL: u16 = 0;
+const ERROR_BAD_REQUEST: u16 = 1;
+
+/// The most bytes of NTS-KE request the server reads, as chronyd.
+pub const KE_MAX_REQUEST: usize = 16384;
+
+/// Whether `buf` holds a whole NTS-KE message: records up to and including End of Message.
+/// `None` while more bytes are needed; `Some(len)` once the message ends at `len`.
+pub fn ke_message_len(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at + 4 <= buf.len() {
+        let ty = u16::from_be_bytes([buf[at], buf[at + 1]]) & !record::CRITICAL;
+        let len = usize::from(u16::from_be_bytes([buf[at + 2], buf[at + 3]]));
+        if at + 4 + len > buf.len() {
+            return None;
+        }
+        at += 4 + len;
+        if ty == record::END_OF_MESSAGE {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// What the server answers to an NTS-KE request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeOutcome {
+    /// Agreed on NTPv4 and AEAD_AES_SIV_CMAC_256: export the keys and send [`ke_response`] with
+    /// cookies.
+    Agreed,
+    /// Refused: send this error code (0 unrecognized critical record, 1 bad request).
+    Error(u16),
+}
+
+/// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides.
+pub fn ke_check(request: &[u8]) -> KeOutcome {
+    let mut at = 0;
+    let (mut ntpv4, mut siv, mut protocols_seen, mut aeads_seen, mut ended) =
+        (false, false, 0, 0, false);
+    while at + 4 <= request.len() && !ended {
+        let raw = u16::from_be_bytes([request[at], request[at + 1]]);
+        let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
+        let len = usize::from(u16::from_be_bytes([request[at + 2], request[at + 3]]));
+        let Some(body) = request.get(at + 4..at + 4 + len) else {
+            return KeOutcome::Error(ERROR_BAD_REQUEST);
+        };
+        let ids = || {
+            body.chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        };
+        match ty {
+            record::END_OF_MESSAGE => ended = true,
+            record::NEXT_PROTOCOL => {
+                protocols_seen += 1;
+                ntpv4 |= body.len() % 2 == 0 && ids().any(|p| p == 0);
+            }
+            record::AEAD_ALGORITHM => {
+                aeads_seen += 1;
+                siv |= body.len() % 2 == 0 && ids().any(|a| a == AEAD_AES_SIV_CMAC_256);
+            }
+            // Server and port negotiation from a client only state preferences: ignored.
+            6 | record::NTPV4_PORT => {}
+            _ if critical => return KeOutcome::Error(ERROR_UNRECOGNIZED_CRITICAL),
+            _ => {}
+        }
+        at += 4 + len;
+    }
+    if !ended || protocols_seen != 1 || aeads_seen > 1 || !ntpv4 || !siv {
+        return KeOutcome::Error(ERROR_BAD_REQUEST);
+    }
+    KeOutcome::Agreed
+}
+
+/// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, AEAD_AES_SIV_CMAC_256, the NTP
+/// port if `ntp_port` is given (one other than 123), `cookies` cookies from `new_cookie`, End of
+/// Message. For [`KeOutcome::Error`], the error record and End of Message.
+pub fn ke_response(
+    outcome: &KeOutcome,
+    ntp_port: Option<u16>,
+    cookies: usize,
+    mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
+    out: &mut Vec<u8>,
+) {
+    let mut put = |ty: u16, body: &[u8]| {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    };
+    match outcome {
+        KeOutcome::Error(code) => {
+            put(record::CRITICAL | record::ERROR, &code.to_be_bytes());
+        }
+        KeOutcome::Agreed => {
+            put(
+                record::CRITICAL | record::NEXT_PROTOCOL,
+                &0u16.to_be_bytes(),
+            );
+            put(
+                record::CRITICAL | record::AEAD_ALGORITHM,
+                &AEAD_AES_SIV_CMAC_256.to_be_bytes(),
+            );
+            if let Some(port) = ntp_port {
+                put(record::CRITICAL | record::NTPV4_PORT, &port.to_be_bytes());
+            }
+            for _ in 0..cookies.min(MAX_COOKIES) {
+                put(record::NEW_COOKIE, &new_cookie());
+            }
+        }
+    }
+    put(record::CRITICAL | record::END_OF_MESSAGE, &[]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::Mode;
+    use crate::time::NtpTimestamp;
+
+    const C2S: [u8; KEY_LEN] = [0x11; KEY_LEN];
+    const S2C: [u8; KEY_LEN] = [0x22; KEY_LEN];
+
+    fn keys() -> Keys {
+        Keys { c2s: C2S, s2c: S2C }
+    }
+
+    fn master() -> CookieKeys {
+        CookieKeys::new(7, [0x33; KEY_LEN])
+    }
+
+    fn field(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&((4 + body.len()) as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    }
+
+    /// A request as chronyd makes one: header, unique identifier, cookie, `placeholders`
+    /// placeholders, authenticator over all of it under `c2s`.
+    fn request(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8> {
+        let mut p = vec![0u8; 48];
+        Header::request(4, Mode::Client, NtpTimestamp(0x0102_0304_0506_0708))
+            .encode((&mut p[..48]).try_into().unwrap());
+        field(&mut p, ef::UNIQUE_IDENTIFIER, &[0xAB; 32]);
+        field(&mut p, ef::COOKIE, cookie);
+        for _ in 0..placeholders {
+            field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
+        }
+        let nonce = [0x44u8; NONCE_LEN];
+        let mut siv = Aes128Siv::new(c2s.into());
+        let tag = siv
+            .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
+            .unwrap();
+        let mut body = Vec::new();
+        body.extend_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+        body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
+        body.extend_from_slice(&nonce);
+        body.extend_from_slice(&tag);
+        field(&mut p, ef::AUTHENTICATOR, &body);
+        p
+    }
+
+    /// What a client makes of the reply: the identifier must match, the authenticator verify
+    /// under `s2c`, and the cookies come out of its ciphertext.
+    fn client_reads(reply: &[u8], uid: &[u8]) -> Vec<Vec<u8>> {
+        let fs: Vec<_> = fields(reply).collect();
+        assert_eq!(fs.len(), 2, "identifier and authenticator");
+        assert_eq!(fs[0].ty, ef::UNIQUE_IDENTIFIER);
+        assert_eq!(&reply[fs[0].body.clone()], uid);
+        let auth = &fs[1];
+        assert_eq!((auth.ty, auth.body.end), (ef::AUTHENTICATOR, reply.len()));
+        let body = &reply[auth.body.clone()];
+        let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+        let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
+        let nonce = &body[4..4 + nonce_len];
+        let ct = &body[4 + nonce_len..4 + nonce_len + ct_len];
+        let mut plain = ct[TAG_LEN..].to_vec();
+        let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
+        Aes128Siv::new((&S2C).into())
+            .decrypt_in_place_detached([&reply[..auth.start], nonce], &mut plain, &tag)
+            .expect("the reply's authenticator verifies under the server-to-client key");
+        let mut cookies = Vec::new();
+        let mut at = 0;
+        while at < plain.len() {
+            let ty = u16::from_be_bytes([plain[at], plain[at + 1]]);
+            let len = usize::from(u16::from_be_bytes([plain[at + 2], plain[at + 3]]));
+            assert_eq!(ty, ef::COOKIE);
+            cookies.push(plain[at + 4..at + len].to_vec());
+            at += len;
+        }
+        cookies
+    }
+
+    fn reply_to(req: &[u8], m: &CookieKeys) -> (Vec<u8>, usize) {
+        let Check::Verified(v) = check_request(req, m) else {
+            panic!("not verified");
+        };
+        let mut reply = vec![0u8; req.len()];
+        let mut server = Header::request(4, Mode::Server, NtpTimestamp(9));
+        server.stratum = 2;
+        server.encode((&mut reply[..48]).try_into().unwrap());
+        let mut n = 0u8;
+        let len = write_response(&mut reply, req, &v, [0x55; NONCE_LEN], || {
+            n += 1;
+            m.seal(&keys(), [n; NONCE_LEN])
+        })
+        .unwrap();
+        (reply, len)
+    }
+
+    #[test]
+    fn cookies_open_under_the_current_and_previous_key_only() {
+        let m = master();
+        let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+        assert_eq!(cookie.len() % 4, 0);
+        assert_eq!(m.open(&cookie), Some(keys()));
+        let r1 = m.rotated(8, [0x66; KEY_LEN]);
+        assert_eq!(
+            r1.open(&cookie),
+            Some(keys()),
+            "the previous key still opens"
+        );
+        assert_ne!(r1.seal(&keys(), [1; NONCE_LEN])[..4], cookie[..4]);
+        let r2 = r1.rotated(9, [0x77; KEY_LEN]);
+        assert_eq!(r2.open(&cookie), None, "two rotations later it does not");
+        for i in 0..COOKIE_LEN {
+            let mut bad = cookie;
+            bad[i] ^= 1;
+            assert_eq!(m.open(&bad), None, "flipped byte {i} still opened");
+        }
+        assert_eq!(m.open(&cookie[1..]), None);
+    }
+
+    #[test]
+    fn a_request_gets_an_authentic_reply_as_long_as_itself_with_fresh_cookies() {
+        let m = master();
+        for placeholders in [0, 1, 3, 7, 9] {
+            let req = request(&m.seal(&keys(), [2; NONCE_LEN]), placeholders, &C2S);
+            let (reply, len) = reply_to(&req, &m);
+            assert_eq!(len, req.len(), "exactly the request's length");
+            let cookies = client_reads(&reply, &[0xAB; 32]);
+            assert_eq!(cookies.len(), (1 + placeholders).min(8));
+            for c in &cookies {
+                assert_eq!(m.open(c), Some(keys()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_request_gets_fewer_cookies_never_a_longer_reply() {
+        let m = master();
+        // A request whose placeholders are shorter than the cookies: they cannot all be replaced.
+        let mut req = request(&m.seal(&keys(), [2; NONCE_LEN]), 0, &C2S);
+        let (reply, len) = reply_to(&req, &m);
+        assert_eq!(
+            (len, client_reads(&reply, &[0xAB; 32]).len()),
+            (req.len(), 1)
+        );
+        // Cut room: a reply buffer of 48 + identifier + a cookieless authenticator only.
+        req.truncate(req.len());
+        let Check::Verified(v) = check_request(&req, &m) else {
+            panic!()
+        };
+        let mut small = vec![0u8; 48 + 36 + 40];
+        let len = write_response(&mut small, &req, &v, [0; NONCE_LEN], || unreachable!()).unwrap();
+        assert_eq!(len, small.len());
+        let mut tiny = vec![0u8; 48 + 36 + 39];
+        assert_eq!(
+            write_response(&mut tiny, &req, &v, [0; NONCE_LEN], || unreachable!()),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_cookies_and_forged_authenticators_get_a_nak() {
+        let m = master();
+        let other = CookieKeys::new(99, [0x99; KEY_LEN]);
+        let req = request(&other.seal(&keys(), [2; NONCE_LEN]), 1, &C2S);
+        let Check::Nak(uid) = check_request(&req, &m) else {
+            panic!("foreign cookie")
+        };
+        let mut reply = vec![0u8; req.len()];
+        Header::request(4, Mode::Server, NtpTimestamp(9))
+            .encode((&mut reply[..48]).try_into().unwrap());
+        let len = write_nak(&mut reply, &req, uid).unwrap();
+        assert_eq!(len, 48 + 36);
+        let h = Header::parse(&reply).unwrap();
+        assert_eq!((h.stratum, h.reference_id), (0, *b"NTSN"));
+        assert_eq!(&reply[52..len], &[0xAB; 32]);
+
+        let forged = request(&m.seal(&keys(), [2; NONCE_LEN]), 1, &[0x12; KEY_LEN]);
+        assert!(matches!(check_request(&forged, &m), Check::Nak(_)));
+    }
+
+    #[test]
+    fn any_changed_byte_of_a_request_is_refused() {
+        let m = master();
+        let req = request(&m.seal(&keys(), [2; NONCE_LEN]), 1, &C2S);
+        for i in 0..req.len() {
+            for bit in [0x01, 0x80] {
+                let mut bad = req.clone();
+                bad[i] ^= bit;
+                assert!(
+                    !matches!(check_request(&bad, &m), Check::Verified(_)),
+                    "byte {i} bit {bit:#x} changed and still verified"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_nts_requests_and_plain_ones() {
+        let m = master();
+        let cookie = m.seal(&keys(), [2; NONCE_LEN]);
+        let mut plain = vec![0u8; 48];
+        Header::request(4, Mode::Client, NtpTimestamp(1))
+            .encode((&mut plain[..48]).try_into().unwrap());
+        assert!(matches!(check_request(&plain, &m), Check::NotNts));
+        // An unknown field alone is not NTS either.
+        let mut other = plain.clone();
+        field(&mut other, 0x7777, &[0; 24]);
+        assert!(matches!(check_request(&other, &m), Check::NotNts));
+        // A cookie without identifier or authenticator.
+        let mut half = plain.clone();
+        field(&mut half, ef::COOKIE, &cookie);
+        assert!(matches!(check_request(&half, &m), Check::Malformed));
+        // Two cookies.
+        let mut two = plain.clone();
+        field(&mut two, ef::UNIQUE_IDENTIFIER, &[1; 32]);
+        field(&mut two, ef::COOKIE, &cookie);
+        field(&mut two, ef::COOKIE, &cookie);
+        assert!(matches!(check_request(&two, &m), Check::Malformed));
+        // A short identifier.
+        let mut short = plain.clone();
+        field(&mut short, ef::UNIQUE_IDENTIFIER, &[1; 16]);
+        field(&mut short, ef::COOKIE, &cookie);
+        assert!(matches!(check_request(&short, &m), Check::Malformed));
+    }
+
+    fn record(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    }
+
+    #[test]
+    fn ke_agrees_on_ntpv4_and_siv_and_refuses_the_rest() {
+        // chronyd's request: next protocol NTPv4, AEADs 30 and 15, end.
+        let mut req = Vec::new();
+        record(&mut req, 0x8001, &[0, 0]);
+        record(&mut req, 0x8004, &[0, 30, 0, 15]);
+        assert_eq!(ke_message_len(&req), None, "no end yet");
+        record(&mut req, 0x8000, &[]);
+        assert_eq!(ke_message_len(&req), Some(req.len()));
+        assert_eq!(ke_message_len(&req[..req.len() - 1]), None);
+        assert_eq!(ke_check(&req), KeOutcome::Agreed);
+
+        let mut out = Vec::new();
+        let cookie = master().seal(&keys(), [3; NONCE_LEN]);
+        ke_response(&KeOutcome::Agreed, Some(12345), 8, || cookie, &mut out);
+        assert_eq!(&out[..6], &[0x80, 1, 0, 2, 0, 0]);
+        assert_eq!(&out[6..12], &[0x80, 4, 0, 2, 0, 15]);
+        assert_eq!(&out[12..18], &[0x80, 7, 0, 2, 0x30, 0x39]);
+        assert_eq!(&out[18..22], &[0, 5, 0, COOKIE_LEN as u8]);
+        assert_eq!(out.len(), 18 + 8 * (4 + COOKIE_LEN) + 4);
+        assert_eq!(&out[out.len() - 4..], &[0x80, 0, 0, 0]);
+
+        let refused = |body: &[(u16, &[u8])]| {
+            let mut r = Vec::new();
+            for (t, b) in body {
+                record(&mut r, *t, b);
+            }
+            ke_check(&r)
+        };
+        let eom: (u16, &[u8]) = (0x8000, &[]);
+        assert_eq!(
+            refused(&[(0x8004, &[0, 15]), eom]),
+            KeOutcome::Error(1),
+            "no protocol"
+        );
+        assert_eq!(
+            refused(&[(0x8001, &[0, 1]), (0x8004, &[0, 15]), eom]),
+            KeOutcome::Error(1)
+        );
+        assert_eq!(
+            refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 30]), eom]),
+            KeOutcome::Error(1)
+        );
+        assert_eq!(
+            refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x8123, &[]), eom]),
+            KeOutcome::Error(0),
+            "unknown critical record"
+        );
+        assert_eq!(
+            refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x0123, &[1]), eom]),
+            KeOutcome::Agreed,
+            "unknown non-critical record"
+        );
+        assert_eq!(
+            refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15])]),
+            KeOutcome::Error(1)
+        );
+        let mut err = Vec::new();
+        ke_response(&KeOutcome::Error(1), None, 8, || unreachable!(), &mut err);
+        assert_eq!(err, [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0]);
+    }
+}
