@@ -124,6 +124,24 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N")]
     pub(crate) interleaved_log: Option<usize>,
 
+    /// Serve NTS (RFC 8915): the TLS certificate chain (PEM) of the NTS-KE server. NTS is off
+    /// without it; needs --nts-private-key
+    #[arg(long, value_name = "FILE")]
+    pub(crate) nts_certificate: Option<PathBuf>,
+
+    /// The private key (PEM) of --nts-certificate; must not be readable by everyone
+    #[arg(long, value_name = "FILE")]
+    pub(crate) nts_private_key: Option<PathBuf>,
+
+    /// Address and port of the NTS-KE server (TLS over TCP) [default: [::]:4460]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) nts_ke_address: Option<SocketAddr>,
+
+    /// Seconds between rotations of the key NTS cookies are sealed under; cookies sealed under
+    /// the key before still work [default: 86400]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) nts_rotation: Option<f64>,
+
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
     #[arg(long, value_name = "ADDR:PORT")]

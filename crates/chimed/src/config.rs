@@ -43,6 +43,10 @@ struct File {
     ratelimit_kod: Option<i64>,
     ratelimit_clients: Option<usize>,
     interleaved_log: Option<usize>,
+    nts_certificate: Option<PathBuf>,
+    nts_private_key: Option<PathBuf>,
+    nts_ke_address: Option<SocketAddr>,
+    nts_rotation: Option<f64>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -79,11 +83,22 @@ pub(crate) struct Settings {
     pub(crate) ratelimit: Option<RateLimiting>,
     /// Transmit times kept for interleaved mode; 0: off.
     pub(crate) interleaved_log: usize,
+    /// NTS, if a certificate was given.
+    pub(crate) nts: Option<Nts>,
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
     /// Roughtime, if a key was given.
     pub(crate) roughtime: Option<Roughtime>,
+}
+
+/// The NTS settings, with the TLS configuration already loaded and checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Nts {
+    pub(crate) certificate: PathBuf,
+    pub(crate) tls: std::sync::Arc<rustls::ServerConfig>,
+    pub(crate) ke_address: SocketAddr,
+    pub(crate) rotation: Duration,
 }
 
 /// `ratelimit` and its options.
@@ -213,6 +228,48 @@ impl Settings {
             &deny_in,
         )?;
         let ratelimit = rate_limiting(args, &file, path)?;
+        let (nts_cert, nts_cert_in) = pick!(nts_certificate, "nts-certificate");
+        let (nts_key, nts_key_in) = pick!(nts_private_key, "nts-private-key");
+        let (nts_ke, nts_ke_in) = pick!(nts_ke_address, "nts-ke-address");
+        let (nts_rotation, nts_rotation_in) = pick!(nts_rotation, "nts-rotation");
+        let nts = match (nts_cert, nts_key) {
+            (None, None) => {
+                for (given, input) in [
+                    (nts_ke.is_some(), &nts_ke_in),
+                    (nts_rotation.is_some(), &nts_rotation_in),
+                ] {
+                    if given {
+                        let r = "only takes effect with nts-certificate and nts-private-key";
+                        return Err(invalid(input, r));
+                    }
+                }
+                None
+            }
+            (Some(_), None) => {
+                return Err(invalid(
+                    &nts_key_in,
+                    "missing: nts-certificate needs its private key",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    &nts_cert_in,
+                    "missing: nts-private-key needs its certificate",
+                ));
+            }
+            (Some(certificate), Some(key)) => {
+                let tls = crate::nts_ke::tls_config(&certificate, &key)
+                    .map_err(|r| invalid(&nts_cert_in, r))?;
+                let rotation = nts_rotation.unwrap_or(86_400.0);
+                check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
+                Some(Nts {
+                    certificate,
+                    tls: std::sync::Arc::new(tls),
+                    ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
+                    rotation: Duration::from_secs_f64(rotation),
+                })
+            }
+        };
         let (interleaved_log, interleaved_log_in) = pick!(interleaved_log, "interleaved-log");
         let interleaved_log = interleaved_log.unwrap_or(DEFAULT_INTERLEAVED_LOG);
         if interleaved_log > TxLog::MAX_ENTRIES {
@@ -376,6 +433,7 @@ impl Settings {
             acl,
             ratelimit,
             interleaved_log,
+            nts,
             log_level,
             tz_offset,
             roughtime,

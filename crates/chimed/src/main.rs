@@ -11,6 +11,7 @@ mod clock;
 mod config;
 mod metrics;
 mod ntp_worker;
+mod nts_ke;
 mod online_keys;
 mod privileges;
 mod reply;
@@ -132,6 +133,10 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
             table
         }),
         epoch: Instant::now(),
+        nts: settings
+            .nts
+            .as_ref()
+            .map(|_| Arc::new(ArcSwap::from_pointee(nts_ke::fresh_keys(None)))),
         txlog: (settings.interleaved_log > 0).then(|| {
             let log = chime_ntp::TxLog::new(settings.interleaved_log);
             info!(
@@ -205,6 +210,20 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
     ] {
         ntp_bound.extend(bind(&settings, Service::Ntp, family, threads, addr)?);
     }
+    let nts_listener = match &settings.nts {
+        Some(nts) => {
+            let addr = nts.ke_address;
+            let listener = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("--nts-ke-address {addr}: cannot bind"))?;
+            // NTS-KE tells clients the NTP port when it is not 123 (a port-0 bind's real one).
+            let port = ntp_bound
+                .first()
+                .map(|b: &Bound| b.workers.local_addr().port())
+                .filter(|&p| p != 123);
+            Some((listener, port))
+        }
+        None => None,
+    };
     let mut rt_bound = Vec::new();
     if let Some(rt) = &settings.roughtime {
         for (family, threads, addr) in [
@@ -248,21 +267,34 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the control-plane runtime")?;
+    let ke_counts = Arc::new(nts_ke::KeCounts::default());
     let metrics = metrics_listener.zip(registry).map(|(listener, registry)| {
         let sources = metrics::Sources {
             registry,
             ntp: ntp.clone(),
             roughtime: roughtime.as_ref().map(|(_, _, shared)| shared.clone()),
             started_unix: clock::read().unix_secs(),
+            nts_ke: settings.nts.as_ref().map(|_| ke_counts.clone()),
         };
         (listener, Arc::new(sources))
     });
+    let nts = nts_listener
+        .zip(settings.nts.clone())
+        .zip(ntp.nts.clone())
+        .map(|(((listener, port), nts), cookies)| NtsControl {
+            listener,
+            ntp_port: port,
+            settings: nts,
+            cookies,
+            counts: ke_counts.clone(),
+        });
     let result = runtime.block_on(control_plane(
         args,
         &settings,
         ntp.clone(),
         roughtime.clone(),
         metrics,
+        nts,
     ));
 
     // Stop receiving (join sets the stop flag and wakes the workers); each worker finishes the
@@ -272,6 +304,9 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
         "ntp totals at exit: {}",
         ntp.totals.snapshot().display(&ntp_worker::LABELS)
     );
+    if settings.nts.is_some() {
+        info!("nts-ke totals at exit: {}", ke_counts.line());
+    }
     if let Some((_, _, shared)) = &roughtime {
         let totals = shared.totals.snapshot();
         info!(
@@ -355,6 +390,15 @@ fn start<H: BatchHandler>(
     Ok(workers)
 }
 
+/// What the control plane needs to run NTS-KE and rotate the cookie keys.
+struct NtsControl {
+    listener: std::net::TcpListener,
+    ntp_port: Option<u16>,
+    settings: config::Nts,
+    cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
+    counts: Arc<nts_ke::KeCounts>,
+}
+
 type RoughtimeControl = (
     Arc<LongTermKey>,
     std::time::Duration,
@@ -367,6 +411,7 @@ async fn control_plane(
     ntp: Arc<ntp_worker::Shared>,
     roughtime: Option<RoughtimeControl>,
     metrics: Option<(std::net::TcpListener, Arc<metrics::Sources>)>,
+    nts: Option<NtsControl>,
 ) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
@@ -385,6 +430,26 @@ async fn control_plane(
             Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
         }
         tasks.push(tokio::spawn(metrics::serve(listener, sources)));
+    }
+    if let Some(n) = nts {
+        match n.listener.local_addr() {
+            Ok(addr) => info!(
+                "nts-ke listening on {addr} (certificate {}, NTP port {}, cookie key rotated \
+                 every {} s)",
+                n.settings.certificate.display(),
+                n.ntp_port.unwrap_or(123),
+                n.settings.rotation.as_secs()
+            ),
+            Err(e) => warn!("nts-ke: cannot tell the bound address: {e}"),
+        }
+        tasks.push(tokio::spawn(nts_ke::serve(
+            n.listener,
+            n.settings.tls.clone(),
+            n.cookies.clone(),
+            n.ntp_port,
+            n.counts,
+        )));
+        tasks.push(tokio::spawn(nts_ke::rotate(n.cookies, n.settings.rotation)));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
     info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");

@@ -29,6 +29,8 @@ pub(crate) struct Sources {
     pub(crate) roughtime: Option<Arc<roughtime_worker::Shared>>,
     /// When the daemon started, Unix seconds.
     pub(crate) started_unix: i64,
+    /// The NTS-KE server's sessions, if NTS is on.
+    pub(crate) nts_ke: Option<Arc<crate::nts_ke::KeCounts>>,
 }
 
 const MAX_HEAD: usize = 8192;
@@ -189,7 +191,7 @@ pub(crate) fn render(sources: &Sources) -> String {
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
-    let per_worker: [(&str, &str, CountOf); 6] = [
+    let per_worker: [(&str, &str, CountOf); 8] = [
         (
             "chimed_requests_received_total",
             "Datagrams received.",
@@ -222,6 +224,16 @@ pub(crate) fn render(sources: &Sources) -> String {
              time.",
             |c| c.interleaved,
         ),
+        (
+            "chimed_nts_replies_total",
+            "NTP replies authenticated with NTS.",
+            |c| c.nts,
+        ),
+        (
+            "chimed_nts_naks_total",
+            "NTS NAKs sent: a cookie that did not open or an authenticator that did not verify.",
+            |c| c.nts_nak,
+        ),
     ];
     for (name, help, value) in per_worker {
         family(&mut out, name, "counter", help);
@@ -253,6 +265,26 @@ pub(crate) fn render(sources: &Sources) -> String {
         }
     }
 
+    if let Some(ke) = &sources.nts_ke {
+        family(
+            &mut out,
+            "chimed_nts_ke_sessions_total",
+            "counter",
+            "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
+             failed (TLS or I/O error, timeout).",
+        );
+        for (outcome, n) in [
+            ("agreed", &ke.agreed),
+            ("refused", &ke.refused),
+            ("failed", &ke.failed),
+        ] {
+            let _ = writeln!(
+                out,
+                "chimed_nts_ke_sessions_total{{outcome=\"{outcome}\"}} {}",
+                n.load(std::sync::atomic::Ordering::Relaxed)
+            );
+        }
+    }
     upstream(&mut out, &sources.ntp);
     if let Some(rt) = &sources.roughtime {
         let d = rt.delegation.load();
@@ -369,9 +401,11 @@ mod tests {
                 ratelimit: None,
                 epoch: std::time::Instant::now(),
                 txlog: None,
+                nts: None,
             }),
             roughtime: None,
             started_unix: 0,
+            nts_ke: None,
         }
     }
 

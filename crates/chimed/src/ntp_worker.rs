@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, TxLog, Verdict};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
@@ -15,11 +16,13 @@ use crate::reply;
 use crate::stats::{Published, Totals, WorkerStats};
 use crate::tz::Zone;
 
-/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule) and
-/// `rate_limited` (over `--ratelimit`, neither leaked nor kissed).
-pub(crate) const REASONS: usize = Drop::COUNT + 2;
+/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
+/// `rate_limited` (over `--ratelimit`, neither leaked nor kissed) and `nts_invalid` (NTS fields
+/// that are not a valid request, or no room for the reply).
+pub(crate) const REASONS: usize = Drop::COUNT + 3;
 const DENIED: usize = Drop::COUNT;
 const RATE_LIMITED: usize = Drop::COUNT + 1;
+const NTS_INVALID: usize = Drop::COUNT + 2;
 pub(crate) const LABELS: [&str; REASONS] = {
     let mut labels = [""; REASONS];
     let mut i = 0;
@@ -29,6 +32,7 @@ pub(crate) const LABELS: [&str; REASONS] = {
     }
     labels[DENIED] = "denied";
     labels[RATE_LIMITED] = "rate_limited";
+    labels[NTS_INVALID] = "nts_invalid";
     labels
 };
 
@@ -51,6 +55,8 @@ pub(crate) struct Shared {
     /// Transmit times of replies to interleaved-mode clients, shared by every NTP worker since a
     /// client's next request may reach another thread; `None` when interleaved mode is off.
     pub(crate) txlog: Option<TxLog>,
+    /// The NTS cookie master keys (NTS-KE seals, the workers open); `None` when NTS is off.
+    pub(crate) nts: Option<Arc<ArcSwap<CookieKeys>>>,
 }
 
 /// Per-reply marks for interleaved mode, by index in the batch being sent (batches hold at most
@@ -107,6 +113,99 @@ impl NtpWorker {
     }
 }
 
+/// What every request of a batch is answered with.
+struct Batch<'a> {
+    served: &'a chime_ntp::ServedHeader,
+    limiter: Option<(&'a ClientTable, u64, i8)>,
+    txlog: Option<&'a TxLog>,
+    cookie_keys: Option<&'a CookieKeys>,
+    zone: Option<&'a Zone>,
+    now_unix: i64,
+}
+
+/// What became of one reply, for the counters and the marks.
+#[derive(Default)]
+struct Notes {
+    kissed: bool,
+    /// Carries the previous reply's transmit time (interleaved mode).
+    interleaved: bool,
+    /// Its transmit timestamp is already written (interleaved, or stamped before NTS signed it).
+    keep_transmit: bool,
+    /// Its own transmit time is to be saved for the client's next interleaved request.
+    save_transmit: bool,
+    /// NTS: `Some(true)` authenticated, `Some(false)` a NAK.
+    nts: Option<bool>,
+}
+
+/// Writes the reply to one request into `buf`: the responder's header, then rate limiting,
+/// interleaved mode and NTS, each if on. Returns the reply's length or the drop reason's slot.
+fn answer(
+    b: &Batch<'_>,
+    meta: &chime_udp::RecvMeta,
+    request: &[u8],
+    t2: chime_ntp::NtpTimestamp,
+    coin: &mut Coin,
+    buf: &mut [u8],
+    notes: &mut Notes,
+) -> Result<usize, usize> {
+    let len = chime_ntp::respond(request, meta.src.port(), t2, b.served, buf)
+        .map_err(|why| why.index())?;
+    // Only a request that would be answered costs its sender: a malformed one is dropped above
+    // without touching the table.
+    if let Some((table, mono, interval)) = b.limiter {
+        match table.check(meta.src.ip(), mono, coin) {
+            Verdict::Answer => {}
+            Verdict::Kod => {
+                chime_ntp::kiss_of_death(buf, *b"RATE");
+                notes.kissed = true;
+            }
+            Verdict::Drop => return Err(RATE_LIMITED),
+        }
+        chime_ntp::suggest_poll(buf, interval);
+    }
+    if !notes.kissed
+        && let Some(log) = b.txlog
+        && let Some(origin) = chime_ntp::interleaved_origin(request)
+    {
+        if let Some(previous_tx) = log.take(origin) {
+            chime_ntp::make_interleaved(buf, request, previous_tx);
+            notes.interleaved = true;
+            notes.keep_transmit = true;
+        }
+        notes.save_transmit = true;
+    }
+    let Some(keys) = b.cookie_keys else {
+        return Ok(len);
+    };
+    if request.len() <= chime_ntp::Header::LEN {
+        return Ok(len);
+    }
+    match nts::check_request(request, keys) {
+        nts::Check::NotNts => Ok(len),
+        nts::Check::Malformed => Err(NTS_INVALID),
+        nts::Check::Nak(uid) => {
+            notes.nts = Some(false);
+            notes.save_transmit = false;
+            notes.interleaved = false;
+            nts::write_nak(buf, request, uid).ok_or(NTS_INVALID)
+        }
+        nts::Check::Verified(v) => {
+            // The authenticator covers the transmit timestamp: stamp it now.
+            if !notes.keep_transmit {
+                let mut t3 = clock::now();
+                if let Some(zone) = b.zone {
+                    t3 = zone.apply(t3, b.now_unix);
+                }
+                chime_ntp::stamp_transmit(buf, t3);
+                notes.keep_transmit = true;
+            }
+            notes.nts = Some(true);
+            let seal = || keys.seal(&v.keys, rand::random());
+            nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NTS_INVALID)
+        }
+    }
+}
+
 impl BatchHandler for NtpWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
         // One clock read and one snapshot load per batch: the fallback receive time for a
@@ -125,10 +224,20 @@ impl BatchHandler for NtpWorker {
             self.marks = Marks::default();
         }
         let txlog = self.shared.txlog.as_ref();
+        let cookie_keys = self.shared.nts.as_ref().map(|k| k.load());
+        let zone = self.zone.clone();
         let limiter = self.shared.ratelimit.as_ref().map(|table| {
             let mono = self.shared.epoch.elapsed().as_nanos() as u64;
             (table, mono, table.limit().interval())
         });
+        let batch = Batch {
+            served: &served,
+            limiter,
+            txlog,
+            cookie_keys: cookie_keys.as_ref().map(|k| &***k),
+            zone: zone.as_deref(),
+            now_unix,
+        };
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
             if !acl.is_open() && !acl.permits(meta.src.ip()) {
@@ -144,48 +253,28 @@ impl BatchHandler for NtpWorker {
                 t2 = zone.apply(t2, now_unix);
             }
             let coin = &mut self.coin;
-            let mut kissed = false;
-            // (reply carries the previous transmit time, reply's own is to be saved)
-            let mut interleaved = (false, false);
+            let mut notes = Notes::default();
             let queued_before = tx.len();
             let dropped = reply::queue(tx, meta, request, |buf| {
-                let len = chime_ntp::respond(request, meta.src.port(), t2, &served, buf)
-                    .map_err(|why| why.index())?;
-                // Only a request that would be answered costs its sender: a malformed one is
-                // dropped above without touching the table.
-                if let Some((table, mono, interval)) = limiter {
-                    match table.check(meta.src.ip(), mono, coin) {
-                        Verdict::Answer => {}
-                        Verdict::Kod => {
-                            chime_ntp::kiss_of_death(buf, *b"RATE");
-                            kissed = true;
-                        }
-                        Verdict::Drop => return Err(RATE_LIMITED),
-                    }
-                    chime_ntp::suggest_poll(buf, interval);
-                }
-                if !kissed
-                    && let Some(log) = txlog
-                    && let Some(origin) = chime_ntp::interleaved_origin(request)
-                {
-                    let previous = log.take(origin);
-                    if let Some(previous_tx) = previous {
-                        chime_ntp::make_interleaved(buf, request, previous_tx);
-                    }
-                    interleaved = (previous.is_some(), true);
-                }
-                Ok(len)
+                answer(&batch, meta, request, t2, coin, buf, &mut notes)
             });
-            self.stats.pending.kod += u64::from(kissed);
-            if interleaved.1 && tx.len() > queued_before {
+            let queued = tx.len() > queued_before;
+            if queued {
+                let p = &mut self.stats.pending;
+                p.kod += u64::from(notes.kissed);
+                p.interleaved += u64::from(notes.interleaved);
+                p.nts += u64::from(notes.nts == Some(true));
+                p.nts_nak += u64::from(notes.nts == Some(false));
                 let i = tx.len() - 1;
-                if interleaved.0 {
+                if notes.keep_transmit {
                     Marks::set(&mut self.marks.keep_transmit, i);
-                    self.stats.pending.interleaved += 1;
+                    self.marks.any = true;
                 }
-                Marks::set(&mut self.marks.save, i);
-                self.marks.any = true;
-                tx.request_tx_timestamp();
+                if notes.save_transmit {
+                    Marks::set(&mut self.marks.save, i);
+                    self.marks.any = true;
+                    tx.request_tx_timestamp();
+                }
             }
             if let Some(why) = dropped {
                 self.stats.pending.drop_at(why);

@@ -29,6 +29,9 @@ pub(crate) struct Counters<const N: usize> {
     pub(crate) interleaved: u64,
     /// Kernel transmit timestamps received for interleaved mode.
     pub(crate) kernel_tx_timestamps: u64,
+    /// NTS replies authenticated, and NTS NAKs sent.
+    pub(crate) nts: u64,
+    pub(crate) nts_nak: u64,
     pub(crate) dropped: [u64; N],
 }
 
@@ -42,6 +45,8 @@ impl<const N: usize> Default for Counters<N> {
             kod: 0,
             interleaved: 0,
             kernel_tx_timestamps: 0,
+            nts: 0,
+            nts_nak: 0,
             dropped: [0; N],
         }
     }
@@ -64,6 +69,8 @@ impl<const N: usize> Counters<N> {
         self.kod += other.kod;
         self.interleaved += other.interleaved;
         self.kernel_tx_timestamps += other.kernel_tx_timestamps;
+        self.nts += other.nts;
+        self.nts_nak += other.nts_nak;
         for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
             *a += b;
         }
@@ -105,6 +112,9 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
                 c.interleaved, c.kernel_tx_timestamps
             )?;
         }
+        if c.nts + c.nts_nak > 0 {
+            write!(f, " nts={} nts_nak={}", c.nts, c.nts_nak)?;
+        }
         for (n, label) in c.dropped.iter().zip(self.labels) {
             if *n > 0 {
                 write!(f, " dropped.{label}={n}")?;
@@ -124,6 +134,8 @@ pub(crate) struct Totals<const N: usize> {
     kod: AtomicU64,
     interleaved: AtomicU64,
     kernel_tx_timestamps: AtomicU64,
+    nts: AtomicU64,
+    nts_nak: AtomicU64,
     dropped: [AtomicU64; N],
 }
 
@@ -137,6 +149,8 @@ impl<const N: usize> Default for Totals<N> {
             kod: AtomicU64::new(0),
             interleaved: AtomicU64::new(0),
             kernel_tx_timestamps: AtomicU64::new(0),
+            nts: AtomicU64::new(0),
+            nts_nak: AtomicU64::new(0),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -152,6 +166,8 @@ impl<const N: usize> Totals<N> {
         self.interleaved.fetch_add(c.interleaved, Relaxed);
         self.kernel_tx_timestamps
             .fetch_add(c.kernel_tx_timestamps, Relaxed);
+        self.nts.fetch_add(c.nts, Relaxed);
+        self.nts_nak.fetch_add(c.nts_nak, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.fetch_add(b, Relaxed);
         }
@@ -166,6 +182,8 @@ impl<const N: usize> Totals<N> {
             kod: self.kod.load(Relaxed),
             interleaved: self.interleaved.load(Relaxed),
             kernel_tx_timestamps: self.kernel_tx_timestamps.load(Relaxed),
+            nts: self.nts.load(Relaxed),
+            nts_nak: self.nts_nak.load(Relaxed),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
     }
@@ -187,6 +205,8 @@ pub(crate) struct Published {
     send_errors: AtomicU64,
     kod: AtomicU64,
     interleaved: AtomicU64,
+    nts: AtomicU64,
+    nts_nak: AtomicU64,
     dropped: Box<[AtomicU64]>,
 }
 
@@ -199,6 +219,8 @@ pub(crate) struct PublishedCounts {
     pub(crate) send_errors: u64,
     pub(crate) kod: u64,
     pub(crate) interleaved: u64,
+    pub(crate) nts: u64,
+    pub(crate) nts_nak: u64,
     /// One per label, in the labels' order.
     pub(crate) dropped: Vec<u64>,
 }
@@ -211,6 +233,8 @@ impl Published {
         self.send_errors.store(c.send_errors, Relaxed);
         self.kod.store(c.kod, Relaxed);
         self.interleaved.store(c.interleaved, Relaxed);
+        self.nts.store(c.nts, Relaxed);
+        self.nts_nak.store(c.nts_nak, Relaxed);
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.store(b, Relaxed);
         }
@@ -224,6 +248,8 @@ impl Published {
             send_errors: self.send_errors.load(Relaxed),
             kod: self.kod.load(Relaxed),
             interleaved: self.interleaved.load(Relaxed),
+            nts: self.nts.load(Relaxed),
+            nts_nak: self.nts_nak.load(Relaxed),
             dropped: self.dropped.iter().map(|d| d.load(Relaxed)).collect(),
         }
     }
@@ -256,6 +282,8 @@ impl Registry {
             send_errors: zero(),
             kod: zero(),
             interleaved: zero(),
+            nts: zero(),
+            nts_nak: zero(),
             dropped: labels.iter().map(|_| zero()).collect(),
         });
         self.workers

@@ -1,0 +1,278 @@
+//! NTS (RFC 8915) against a real client: chronyd with `nts` runs NTS-KE over TLS 1.3 to chimed,
+//! takes its cookies, and synchronises from chimed's authenticated replies on the NTP port that
+//! NTS-KE told it. Certificates are made with openssl for 127.0.0.1.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{CHRONYD, Chimed, Chronyd, run};
+
+/// A self-signed certificate for 127.0.0.1 and its key (mode 0600) in `dir`, named `name`.
+fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (cert, key) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    let out = run(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert));
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (cert, key)
+}
+
+/// chimed mirroring `chronyd` with NTS on, NTS-KE on a free loopback port; returns it and that
+/// port.
+fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path) -> (Chimed, u16) {
+    let mut chimed = Chimed::mirroring(
+        &chronyd.addr().to_string(),
+        &[
+            "--nts-certificate",
+            cert.to_str().unwrap(),
+            "--nts-private-key",
+            key.to_str().unwrap(),
+            "--nts-ke-address",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = chimed.wait_for("nts-ke listening on", Duration::from_secs(5));
+    let port = line
+        .split("nts-ke listening on 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    (chimed, port)
+}
+
+/// `chronyd -Q` as an NTS client of 127.0.0.1 with NTS-KE on `ke_port`, trusting `trusted`:
+/// the offset it measured, or its output if it measured nothing. It gives up after 8 s, or 3 when
+/// the test expects it to fail.
+fn chronyd_nts_offset(ke_port: u16, trusted: &Path, trusted_is_right: bool) -> Result<f64, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(Command::new(CHRONYD)
+        .args([
+            "-Q",
+            "-t",
+            if trusted_is_right { "8" } else { "3" },
+            "-u",
+            "root",
+        ])
+        .arg(format!(
+            "server 127.0.0.1 iburst nts ntsport {ke_port} maxsamples 4"
+        ))
+        .arg(format!("ntstrustedcerts {}", trusted.display()))
+        .arg(format!("pidfile {}/pid", dir.path().display()))
+        .arg(format!("driftfile {}/drift", dir.path().display()))
+        .arg("cmdport 0"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let Some(rest) = text.split("System clock wrong by ").nth(1) else {
+        return Err(text);
+    };
+    rest.split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .map_err(|e| format!("{e}: {text}"))
+}
+
+#[test]
+fn chronyd_synchronises_over_nts_from_chimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key);
+    let offset =
+        chronyd_nts_offset(ke_port, &cert, true).expect("chronyd measured nothing over NTS");
+    assert!(offset.abs() < 1e-3, "offset {offset}");
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(
+        totals.contains(" nts=") && !totals.contains(" nts=0 "),
+        "{totals}"
+    );
+    assert!(totals.contains("nts_nak=0"), "{totals}");
+    let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert!(ke.contains("agreed=1 refused=0"), "{ke}");
+}
+
+#[test]
+fn chronyd_refuses_a_server_it_does_not_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let (other, _) = certificate(dir.path(), "other");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key);
+    let result = chronyd_nts_offset(ke_port, &other, false);
+    assert!(
+        result.is_err(),
+        "chronyd trusted a certificate it was not given: {result:?}"
+    );
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(
+        !totals.contains(" nts="),
+        "NTS replies without NTS-KE: {totals}"
+    );
+    let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert!(ke.contains("agreed=0") && !ke.contains("failed=0"), "{ke}");
+}
+
+#[test]
+fn bad_nts_settings_exit_2_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let open_key = dir.path().join("open.key");
+    std::fs::copy(&key, &open_key).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (c, k, g, o) = (
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+        garbage.to_str().unwrap(),
+        open_key.to_str().unwrap(),
+    );
+    for (args, needle) in [
+        (vec!["--nts-certificate", c], "--nts-private-key: missing"),
+        (vec!["--nts-private-key", k], "--nts-certificate: missing"),
+        (
+            vec!["--nts-certificate", g, "--nts-private-key", k],
+            "garbage.pem: no certificate",
+        ),
+        (
+            vec!["--nts-certificate", c, "--nts-private-key", o],
+            "open.key: readable by everyone",
+        ),
+        (
+            vec!["--nts-ke-address", "127.0.0.1:4460"],
+            "--nts-ke-address: only takes effect",
+        ),
+    ] {
+        let mut argv = args.clone();
+        argv.push("--check-config");
+        let out = run(Command::new(common::workspace_bin("chimed")).args(&argv));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+    }
+    let out = run(Command::new(common::workspace_bin("chimed")).args([
+        "--nts-certificate",
+        c,
+        "--nts-private-key",
+        k,
+        "--check-config",
+    ]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Cookies die two key rotations after they were sealed. A chronyd polling four times a second
+/// against chimed rotating every second soon spends one that old, gets an NTS NAK, runs NTS-KE
+/// again, and goes on measuring.
+#[test]
+fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let mut chimed = Chimed::mirroring(
+        &chronyd.addr().to_string(),
+        &[
+            "--nts-certificate",
+            cert.to_str().unwrap(),
+            "--nts-private-key",
+            key.to_str().unwrap(),
+            "--nts-ke-address",
+            "127.0.0.1:0",
+            "--nts-rotation",
+            "1",
+        ],
+    );
+    let line = chimed.wait_for("nts-ke listening on", Duration::from_secs(5));
+    let ke_port = line
+        .split("nts-ke listening on 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap()
+        .to_owned();
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let logs = tempfile::tempdir().unwrap();
+    let mut client = Command::new(CHRONYD)
+        .args(["-x", "-d", "-u", "root"])
+        .arg(format!(
+            "server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"
+        ))
+        .arg(format!("ntstrustedcerts {}", cert.display()))
+        .arg(format!("pidfile {}/pid", logs.path().display()))
+        .arg(format!("driftfile {}/drift", logs.path().display()))
+        .arg(format!("logdir {}", logs.path().display()))
+        .args(["log measurements", "cmdport 0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let measured = || {
+        std::fs::read_to_string(logs.path().join("measurements.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .count()
+    };
+    // Four a second: 18 measurements take about 4.5 s, past two rotations of every cookie the
+    // client started with. Bounded at 20 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while measured() < 18 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    assert!(
+        measured() >= 18,
+        "chronyd stopped measuring: {}",
+        measured()
+    );
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(!totals.contains("nts_nak=0"), "no NAK: {totals}");
+    let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    let agreed: u32 = ke
+        .split("agreed=")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(
+        agreed >= 2,
+        "chronyd did not come back for new cookies: {ke}"
+    );
+}
