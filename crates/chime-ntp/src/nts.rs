@@ -510,6 +510,215 @@ pub fn ke_response(
     put(record::CRITICAL | record::END_OF_MESSAGE, &[]);
 }
 
+// --- the client's side, for `chime ntp --nts` ------------------------------------------------
+
+/// The NTS-KE request a client sends: NTPv4, AEAD_AES_SIV_CMAC_256, End of Message.
+pub fn ke_request() -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    for (ty, body) in [
+        (
+            record::CRITICAL | record::NEXT_PROTOCOL,
+            &0u16.to_be_bytes()[..],
+        ),
+        (
+            record::CRITICAL | record::AEAD_ALGORITHM,
+            &AEAD_AES_SIV_CMAC_256.to_be_bytes()[..],
+        ),
+        (record::CRITICAL | record::END_OF_MESSAGE, &[][..]),
+    ] {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// What an NTS-KE server answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeAnswer {
+    /// The cookies handed out.
+    pub cookies: Vec<Vec<u8>>,
+    /// The NTP server to use, if not the NTS-KE server's host.
+    pub server: Option<String>,
+    /// The NTP port to use, if not 123.
+    pub port: Option<u16>,
+}
+
+/// Why an NTS-KE response is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeAnswerError {
+    /// The server sent an Error record with this code.
+    #[error("the server refused: NTS-KE error {0}")]
+    Refused(u16),
+    /// Records that do not parse, or are missing.
+    #[error("bad NTS-KE response: {0}")]
+    Bad(&'static str),
+}
+
+/// Reads an NTS-KE response (up to End of Message).
+pub fn parse_ke_response(bytes: &[u8]) -> Result<KeAnswer, KeAnswerError> {
+    let mut answer = KeAnswer::default();
+    let (mut ntpv4, mut siv, mut ended) = (false, false, false);
+    let mut at = 0;
+    while at + 4 <= bytes.len() && !ended {
+        let raw = u16::from_be_bytes([bytes[at], bytes[at + 1]]);
+        let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
+        let len = usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
+        let body = bytes
+            .get(at + 4..at + 4 + len)
+            .ok_or(KeAnswerError::Bad("a record runs past the end"))?;
+        let u16_body = || {
+            <[u8; 2]>::try_from(body)
+                .map(u16::from_be_bytes)
+                .map_err(|_| KeAnswerError::Bad("a record is not 2 bytes long"))
+        };
+        match ty {
+            record::END_OF_MESSAGE => ended = true,
+            record::NEXT_PROTOCOL => ntpv4 = u16_body()? == 0,
+            record::AEAD_ALGORITHM => siv = u16_body()? == AEAD_AES_SIV_CMAC_256,
+            record::ERROR => return Err(KeAnswerError::Refused(u16_body().unwrap_or(u16::MAX))),
+            record::NEW_COOKIE => answer.cookies.push(body.to_vec()),
+            6 => {
+                let name = std::str::from_utf8(body)
+                    .map_err(|_| KeAnswerError::Bad("the server name is not text"))?;
+                answer.server = Some(name.to_owned());
+            }
+            record::NTPV4_PORT => answer.port = Some(u16_body()?),
+            _ if critical => return Err(KeAnswerError::Bad("an unknown critical record")),
+            _ => {}
+        }
+        at += 4 + len;
+    }
+    if !ended {
+        return Err(KeAnswerError::Bad("no End of Message"));
+    }
+    if !ntpv4 || !siv {
+        return Err(KeAnswerError::Bad("not NTPv4 with AEAD_AES_SIV_CMAC_256"));
+    }
+    if answer.cookies.is_empty() {
+        return Err(KeAnswerError::Bad("no cookies"));
+    }
+    Ok(answer)
+}
+
+/// Appends to `header` (a 48-byte client request) the NTS fields of a client request: the unique
+/// identifier, the cookie, `placeholders` placeholders as long as the cookie, and an authenticator
+/// over all of it under `c2s` with `nonce`.
+pub fn client_request(
+    header: &[u8; Header::LEN],
+    unique_id: &[u8; 32],
+    cookie: &[u8],
+    placeholders: usize,
+    c2s: &[u8; KEY_LEN],
+    nonce: [u8; NONCE_LEN],
+) -> Vec<u8> {
+    let mut p = header.to_vec();
+    let field = |p: &mut Vec<u8>, ty: u16, body: &[u8]| {
+        p.extend_from_slice(&ty.to_be_bytes());
+        p.extend_from_slice(&((4 + body.len()) as u16).to_be_bytes());
+        p.extend_from_slice(body);
+    };
+    field(&mut p, ef::UNIQUE_IDENTIFIER, unique_id);
+    field(&mut p, ef::COOKIE, cookie);
+    for _ in 0..placeholders {
+        field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
+    }
+    let mut siv = Aes128Siv::new(c2s.into());
+    // An empty plaintext cannot fail to encrypt.
+    let tag = siv
+        .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
+        .unwrap_or_default();
+    let mut body = Vec::with_capacity(4 + NONCE_LEN + TAG_LEN);
+    body.extend_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
+    body.extend_from_slice(&nonce);
+    body.extend_from_slice(&tag);
+    field(&mut p, ef::AUTHENTICATOR, &body);
+    p
+}
+
+/// What the client makes of a reply to an NTS request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientReply {
+    /// Authentic: the new cookies it carried.
+    Authentic(Vec<Vec<u8>>),
+    /// An NTS NAK for our identifier: the cookie was refused; run NTS-KE again.
+    Nak,
+}
+
+/// Why a reply to an NTS request is not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClientReplyError {
+    /// No unique identifier, or not ours.
+    #[error("the reply's unique identifier is missing or not ours")]
+    WrongIdentifier,
+    /// No authenticator (and not a NAK), or one that is malformed.
+    #[error("the reply has no usable NTS authenticator")]
+    NoAuthenticator,
+    /// The authenticator does not verify under the server-to-client key.
+    #[error("the reply's NTS authenticator does not verify")]
+    Forged,
+}
+
+/// Checks a reply to our NTS request: our identifier, then either an NTS NAK (stratum 0, `NTSN`)
+/// or an authenticator that verifies under `s2c`, whose plaintext holds new cookies.
+pub fn client_check_reply(
+    reply: &[u8],
+    unique_id: &[u8; 32],
+    s2c: &[u8; KEY_LEN],
+) -> Result<ClientReply, ClientReplyError> {
+    let fs: Vec<Field> = fields(reply).collect();
+    let ours = fs
+        .iter()
+        .any(|f| f.ty == ef::UNIQUE_IDENTIFIER && reply[f.body.clone()] == unique_id[..]);
+    if !ours {
+        return Err(ClientReplyError::WrongIdentifier);
+    }
+    let is_nak = reply.len() >= Header::LEN && reply[1] == 0 && reply[offset_refid()] == *b"NTSN";
+    let Some(auth) = fs.iter().find(|f| f.ty == ef::AUTHENTICATOR) else {
+        return if is_nak {
+            Ok(ClientReply::Nak)
+        } else {
+            Err(ClientReplyError::NoAuthenticator)
+        };
+    };
+    let body = &reply[auth.body.clone()];
+    if body.len() < 4 {
+        return Err(ClientReplyError::NoAuthenticator);
+    }
+    let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+    let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
+    let padded = |n: usize| n.div_ceil(4) * 4;
+    if ct_len < TAG_LEN || 4 + padded(nonce_len) + padded(ct_len) > body.len() {
+        return Err(ClientReplyError::NoAuthenticator);
+    }
+    let nonce = &body[4..4 + nonce_len];
+    let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
+    let mut plain = ct[TAG_LEN..].to_vec();
+    let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
+    Aes128Siv::new(s2c.into())
+        .decrypt_in_place_detached([&reply[..auth.start], nonce], &mut plain, &tag)
+        .map_err(|_| ClientReplyError::Forged)?;
+    let mut cookies = Vec::new();
+    let mut at = 0;
+    while at + 4 <= plain.len() {
+        let ty = u16::from_be_bytes([plain[at], plain[at + 1]]);
+        let len = usize::from(u16::from_be_bytes([plain[at + 2], plain[at + 3]]));
+        if len < 4 || at + len > plain.len() {
+            break;
+        }
+        if ty == ef::COOKIE {
+            cookies.push(plain[at + 4..at + len].to_vec());
+        }
+        at += len;
+    }
+    Ok(ClientReply::Authentic(cookies))
+}
+
+fn offset_refid() -> Range<usize> {
+    crate::packet::offset::REFERENCE_ID..crate::packet::offset::REFERENCE_TS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -801,5 +1010,66 @@ mod tests {
         let mut err = Vec::new();
         ke_response(&KeOutcome::Error(1), None, 8, || unreachable!(), &mut err);
         assert_eq!(err, [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_client_side_round_trips_with_the_server_side() {
+        let m = master();
+        let mut ke = Vec::new();
+        ke_response(
+            &ke_check(&ke_request()),
+            Some(4123),
+            8,
+            || m.seal(&keys(), [1; 16]),
+            &mut ke,
+        );
+        let answer = parse_ke_response(&ke).unwrap();
+        assert_eq!((answer.cookies.len(), answer.port), (8, Some(4123)));
+        let mut err = Vec::new();
+        ke_response(&KeOutcome::Error(1), None, 0, || unreachable!(), &mut err);
+        assert_eq!(parse_ke_response(&err), Err(KeAnswerError::Refused(1)));
+
+        let mut header = [0u8; 48];
+        Header::request(4, Mode::Client, NtpTimestamp(5)).encode(&mut header);
+        let uid = [0x5A; 32];
+        let req = client_request(&header, &uid, &answer.cookies[0], 2, &C2S, [8; 16]);
+        let Check::Verified(v) = check_request(&req, &m) else {
+            panic!()
+        };
+        let mut reply = vec![0u8; req.len()];
+        Header::request(4, Mode::Server, NtpTimestamp(9))
+            .encode((&mut reply[..48]).try_into().unwrap());
+        write_response(&mut reply, &req, &v, [2; 16], || m.seal(&keys(), [3; 16])).unwrap();
+        let Ok(ClientReply::Authentic(cookies)) = client_check_reply(&reply, &uid, &S2C) else {
+            panic!()
+        };
+        assert_eq!(cookies.len(), 3);
+        assert_eq!(
+            client_check_reply(&reply, &[0; 32], &S2C),
+            Err(ClientReplyError::WrongIdentifier)
+        );
+        assert_eq!(
+            client_check_reply(&reply, &uid, &C2S),
+            Err(ClientReplyError::Forged)
+        );
+        let mut bad = reply.clone();
+        bad[40] ^= 1; // the transmit timestamp is covered
+        assert_eq!(
+            client_check_reply(&bad, &uid, &S2C),
+            Err(ClientReplyError::Forged)
+        );
+
+        let foreign = client_request(&header, &uid, &[0; COOKIE_LEN], 0, &C2S, [8; 16]);
+        let Check::Nak(range) = check_request(&foreign, &m) else {
+            panic!()
+        };
+        let mut nak = vec![0u8; foreign.len()];
+        Header::request(4, Mode::Server, NtpTimestamp(9))
+            .encode((&mut nak[..48]).try_into().unwrap());
+        let len = write_nak(&mut nak, &foreign, range).unwrap();
+        assert_eq!(
+            client_check_reply(&nak[..len], &uid, &S2C),
+            Ok(ClientReply::Nak)
+        );
     }
 }

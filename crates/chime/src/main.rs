@@ -5,6 +5,7 @@
 
 mod keygen;
 mod ntp;
+mod nts;
 mod perf;
 mod roughtime;
 

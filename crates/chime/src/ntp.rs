@@ -34,6 +34,23 @@ pub(crate) struct Args {
     /// With --interleaved: seconds between exchanges
     #[arg(long, default_value_t = 0.25, value_name = "SECS")]
     interval: f64,
+    /// Authenticate with NTS (RFC 8915): run NTS-KE over TLS 1.3 with the server (then its port
+    /// is the NTS-KE port, default 4460), and query the NTP server and port NTS-KE names with a
+    /// cookie; the reply must carry our identifier and verify. NTPv4 only
+    #[arg(long, conflicts_with = "interleaved")]
+    nts: bool,
+    /// With --nts: trust the certificates in this PEM file [default: the system's store]
+    #[arg(long, value_name = "FILE", requires = "nts")]
+    nts_ca: Option<std::path::PathBuf>,
+}
+
+/// What NTS added to a query.
+#[derive(Debug, Serialize)]
+struct NtsReport {
+    /// The NTS-KE server.
+    ke_server: String,
+    /// New cookies the authenticated reply carried.
+    cookies: usize,
 }
 
 /// One exchange of an `--interleaved` series.
@@ -65,6 +82,9 @@ struct Report {
     /// With `--interleaved`: every exchange, in order.
     #[serde(skip_serializing_if = "Option::is_none")]
     exchanges: Option<Vec<Exchange>>,
+    /// With `--nts`: what the authentication showed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nts: Option<NtsReport>,
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
@@ -72,6 +92,12 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         bail!(
             "--timeout {}: must be between 0 and 60 seconds",
             args.timeout
+        );
+    }
+    if args.nts && args.ntp_version != 4 {
+        bail!(
+            "--nts: NTS is NTPv4 only, not --ntp-version {}",
+            args.ntp_version
         );
     }
     if args.interleaved && args.ntp_version != 4 {
@@ -86,8 +112,17 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             args.interval
         );
     }
-    let server = resolve(&args.server)?;
     let timeout = Duration::from_secs_f64(args.timeout);
+    if args.nts {
+        let report = query_nts(&args.server, args.nts_ca.as_deref(), timeout)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print(&report);
+        }
+        return Ok(());
+    }
+    let server = resolve(&args.server)?;
     let report = if args.interleaved {
         interleaved(
             server,
@@ -134,6 +169,43 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
     check(server, &reply, version)?;
     let (offset, delay) = measure(t1, reply.receive_ts, reply.transmit_ts, t4);
     Ok(report(server, &reply, offset, delay, None))
+}
+
+/// One query authenticated with NTS: NTS-KE with `spec` (`HOST[:KE-PORT]`), then one exchange
+/// with the NTP server it named, carrying a cookie and two placeholders.
+fn query_nts(spec: &str, ca: Option<&std::path::Path>, timeout: Duration) -> Result<Report> {
+    let (host, ke_port) = crate::nts::split_host(spec, crate::nts::KE_PORT)?;
+    let est = crate::nts::establish(&host, ke_port, ca, timeout)?;
+    let server = est.ntp;
+    let sock = connect(server, timeout)?;
+    let nonce = NtpTimestamp(rand::random());
+    let mut header = [0u8; 48];
+    Header::request(4, Mode::Client, nonce).encode(&mut header);
+    let unique_id: [u8; 32] = rand::random();
+    let packet = chime_ntp::nts::client_request(
+        &header,
+        &unique_id,
+        &est.answer.cookies[0],
+        2,
+        &est.keys.c2s,
+        rand::random(),
+    );
+    let (reply, bytes, t1, t4) = exchange_bytes(&sock, server, &packet, &[nonce], timeout)?;
+    let cookies = match chime_ntp::nts::client_check_reply(&bytes, &unique_id, &est.keys.s2c) {
+        Ok(chime_ntp::nts::ClientReply::Authentic(cookies)) => cookies.len(),
+        Ok(chime_ntp::nts::ClientReply::Nak) => {
+            bail!("{server}: NTS NAK: the server refused the cookie NTS-KE gave a moment ago")
+        }
+        Err(e) => bail!("{server}: {e}"),
+    };
+    check(server, &reply, 4)?;
+    let (offset, delay) = measure(t1, reply.receive_ts, reply.transmit_ts, t4);
+    let mut r = report(server, &reply, offset, delay, None);
+    r.nts = Some(NtsReport {
+        ke_server: format!("{host}:{ke_port}"),
+        cookies,
+    });
+    Ok(r)
 }
 
 /// What an interleaved series keeps of the exchange before: our send and receive times and the
@@ -222,8 +294,20 @@ fn exchange(
 ) -> Result<(Header, NtpTimestamp, NtpTimestamp)> {
     let mut packet = [0u8; 48];
     request.encode(&mut packet);
+    exchange_bytes(sock, server, &packet, expect, timeout).map(|(h, _, t1, t4)| (h, t1, t4))
+}
+
+/// [`exchange`] for a request already in bytes (extension fields and all); also returns the
+/// reply's bytes.
+fn exchange_bytes(
+    sock: &UdpSocket,
+    server: SocketAddr,
+    packet: &[u8],
+    expect: &[NtpTimestamp],
+    timeout: Duration,
+) -> Result<(Header, Vec<u8>, NtpTimestamp, NtpTimestamp)> {
     let t1 = now();
-    sock.send(&packet)
+    sock.send(packet)
         .with_context(|| format!("{server}: send failed"))?;
     let mut buf = [0u8; 1024];
     let deadline = std::time::Instant::now() + timeout;
@@ -246,7 +330,7 @@ fn exchange(
             Err(e) => bail!("{server}: bad reply ({len} bytes): {e}"),
         };
         if expect.contains(&reply.origin_ts) {
-            return Ok((reply, t1, t4));
+            return Ok((reply, buf[..len].to_vec(), t1, t4));
         }
         // Not the answer to this request (a late reply to an earlier one); keep waiting.
         if std::time::Instant::now() >= deadline {
@@ -326,6 +410,7 @@ fn report(
         offset,
         delay,
         exchanges,
+        nts: None,
     }
 }
 
@@ -403,6 +488,12 @@ fn print(r: &Report) {
     }
     println!("Offset          : {:+.9} s", r.offset);
     println!("Delay           : {:.9} s", r.delay);
+    if let Some(n) = &r.nts {
+        println!(
+            "Authenticated   : NTS (AEAD_AES_SIV_CMAC_256), keys from NTS-KE at {}, {} new cookies",
+            n.ke_server, n.cookies
+        );
+    }
     match &r.exchanges {
         Some(e) if e.last().is_some_and(|e| e.interleaved) => {
             println!("The server answers in interleaved mode (RFC 9769).");

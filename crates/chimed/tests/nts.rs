@@ -27,6 +27,8 @@ fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
         ])
         .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
         .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        // An end-entity certificate: rustls (chime ntp --nts) refuses a CA certificate as one.
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
         .arg("-keyout")
         .arg(&key)
         .arg("-out")
@@ -275,4 +277,87 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
         agreed >= 2,
         "chronyd did not come back for new cookies: {ke}"
     );
+}
+
+/// `chime ntp --nts --json` against `spec` (HOST:KE-PORT) trusting `ca`: the report, or the error.
+fn chime_ntp_nts(spec: &str, ca: &Path) -> Result<serde_json::Value, String> {
+    let out = run(Command::new(common::workspace_bin("chime"))
+        .args(["ntp", "--nts", "--json", "--timeout", "2", "--nts-ca"])
+        .arg(ca)
+        .arg(spec));
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// `chime ntp --nts` against chimed and against chronyd's own NTS server, the reference for the
+/// client side: both authenticate, return the cookie spent and the two asked for, and name the
+/// NTP port NTS-KE gave. An untrusted certificate is refused before any NTP is sent.
+#[test]
+fn chime_ntp_nts_against_chimed_and_chronyd() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let (other, _) = certificate(dir.path(), "other");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key);
+
+    // chronyd as an NTS server, on ports of its own.
+    let (ntp_port, chronyd_ke) = (common::free_udp_port(), common::free_udp_port());
+    let conf = dir.path().join("chrony-nts.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {ntp_port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 2\ncmdport 0\n\
+             ntsport {chronyd_ke}\nntsservercert {}\nntsserverkey {}\npidfile {d}/nts.pid\n\
+             ntsdumpdir {d}\n",
+            cert.display(),
+            key.display(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut nts_chronyd = Command::new(CHRONYD)
+        .args(["-x", "-d", "-u", "root", "-f"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let ours = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &cert).unwrap();
+    assert_eq!(ours["nts"]["cookies"], 3, "{ours}");
+    assert_eq!(ours["stratum"], 3, "{ours}");
+    assert_eq!(
+        ours["server"],
+        chimed.addr.to_string(),
+        "the port NTS-KE named: {ours}"
+    );
+    assert!(ours["offset"].as_f64().unwrap().abs() < 1e-3, "{ours}");
+
+    // chronyd's NTS-KE starts in a helper process: retry briefly until it answers.
+    let spec = format!("127.0.0.1:{chronyd_ke}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let theirs = loop {
+        match chime_ntp_nts(&spec, &cert) {
+            Ok(r) => break r,
+            Err(e) if std::time::Instant::now() > deadline => panic!("chronyd over NTS: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    let _ = nts_chronyd.kill();
+    let _ = nts_chronyd.wait();
+    assert_eq!(theirs["nts"]["cookies"], 3, "{theirs}");
+    assert_eq!(theirs["stratum"], 2, "{theirs}");
+    assert_eq!(
+        theirs["server"],
+        format!("127.0.0.1:{ntp_port}"),
+        "{theirs}"
+    );
+
+    let refused = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &other).unwrap_err();
+    assert!(refused.contains("certificate"), "{refused}");
+    assert!(chimed.terminate().success());
+    let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert!(ke.contains("agreed=1 refused=0"), "{ke}");
 }

@@ -1,0 +1,136 @@
+//! `chime ntp --nts`: NTS-KE over TLS 1.3 to the server (RFC 8915 §4), then one NTP exchange
+//! authenticated with the keys and a cookie it handed out. Blocking, one connection, bounded by
+//! the query's timeout.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use chime_ntp::nts::{self, KeAnswer, Keys};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+
+/// The NTS-KE port (RFC 8915).
+pub(crate) const KE_PORT: u16 = 4460;
+
+/// The outcome of NTS-KE: the association's keys, what the server answered, and where to send
+/// NTP.
+#[derive(Debug)]
+pub(crate) struct Established {
+    pub(crate) keys: Keys,
+    pub(crate) answer: KeAnswer,
+    pub(crate) ntp: SocketAddr,
+}
+
+/// Splits `HOST[:PORT]` / `[IPv6]:PORT` into the host (as a TLS server name) and port.
+pub(crate) fn split_host(spec: &str, default_port: u16) -> Result<(String, u16)> {
+    if let Ok(addr) = spec.parse::<SocketAddr>() {
+        return Ok((addr.ip().to_string(), addr.port()));
+    }
+    if spec.parse::<std::net::IpAddr>().is_ok() {
+        return Ok((spec.to_owned(), default_port));
+    }
+    match spec.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => {
+            let port = port
+                .parse()
+                .with_context(|| format!("{spec}: '{port}' is not a port"))?;
+            Ok((host.to_owned(), port))
+        }
+        _ => Ok((spec.to_owned(), default_port)),
+    }
+}
+
+/// Runs NTS-KE with `host` on `port`, trusting the certificates in `ca` (PEM) or else the
+/// system's store.
+pub(crate) fn establish(
+    host: &str,
+    port: u16,
+    ca: Option<&Path>,
+    timeout: Duration,
+) -> Result<Established> {
+    let mut roots = RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            for cert in CertificateDer::pem_file_iter(path)
+                .with_context(|| format!("--nts-ca {}", path.display()))?
+            {
+                let cert = cert.with_context(|| format!("--nts-ca {}", path.display()))?;
+                roots
+                    .add(cert)
+                    .with_context(|| format!("--nts-ca {}", path.display()))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                // A certificate the parser cannot use is skipped, as browsers do.
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    if roots.is_empty() {
+        bail!("no trusted certificates (give --nts-ca FILE)");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![nts::ALPN.to_vec()];
+    let name = ServerName::try_from(host.to_owned())
+        .with_context(|| format!("{host}: not a server name"))?;
+    let ke_addr = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("{host}: cannot resolve"))?
+        .next()
+        .with_context(|| format!("{host}: no address"))?;
+    let tcp = TcpStream::connect_timeout(&ke_addr, timeout)
+        .with_context(|| format!("NTS-KE {ke_addr}: cannot connect"))?;
+    tcp.set_read_timeout(Some(timeout))?;
+    tcp.set_write_timeout(Some(timeout))?;
+    let conn = ClientConnection::new(Arc::new(config), name)?;
+    let mut tls = StreamOwned::new(conn, tcp);
+    tls.write_all(&nts::ke_request())
+        .with_context(|| format!("NTS-KE {ke_addr}"))?;
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let len = loop {
+        if let Some(len) = nts::ke_message_len(&response) {
+            break len;
+        }
+        if response.len() > 65536 {
+            bail!("NTS-KE {ke_addr}: response longer than 64 KiB");
+        }
+        let n = match tls.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) => bail!("NTS-KE {ke_addr}: {e}"),
+        };
+        if n == 0 {
+            bail!("NTS-KE {ke_addr}: closed before End of Message");
+        }
+        response.extend_from_slice(&chunk[..n]);
+    };
+    let answer =
+        nts::parse_ke_response(&response[..len]).with_context(|| format!("NTS-KE {ke_addr}"))?;
+    let export = |context: &[u8]| {
+        tls.conn
+            .export_keying_material([0u8; nts::KEY_LEN], nts::EXPORTER_LABEL, Some(context))
+            .with_context(|| format!("NTS-KE {ke_addr}: key export"))
+    };
+    let keys = Keys {
+        c2s: export(&nts::EXPORTER_C2S)?,
+        s2c: export(&nts::EXPORTER_S2C)?,
+    };
+    let ntp_host = answer.server.clone().unwrap_or_else(|| host.to_owned());
+    let ntp_port = answer.port.unwrap_or(123);
+    let ntp = (ntp_host.as_str(), ntp_port)
+        .to_socket_addrs()
+        .with_context(|| format!("{ntp_host}: cannot resolve the NTP server NTS-KE named"))?
+        .next()
+        .with_context(|| format!("{ntp_host}: no address"))?;
+    Ok(Established { keys, answer, ntp })
+}
