@@ -96,6 +96,7 @@ pub(crate) struct Settings {
 #[derive(Debug, Clone)]
 pub(crate) struct Nts {
     pub(crate) certificate: PathBuf,
+    pub(crate) private_key: PathBuf,
     pub(crate) tls: std::sync::Arc<rustls::ServerConfig>,
     pub(crate) ke_address: SocketAddr,
     pub(crate) rotation: Duration,
@@ -264,6 +265,7 @@ impl Settings {
                 check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
                 Some(Nts {
                     certificate,
+                    private_key: key,
                     tls: std::sync::Arc::new(tls),
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
                     rotation: Duration::from_secs_f64(rotation),

@@ -283,6 +283,7 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
         .zip(ntp.nts.clone())
         .map(|(((listener, port), nts), cookies)| NtsControl {
             listener,
+            tls: Arc::new(ArcSwap::new(nts.tls.clone())),
             ntp_port: port,
             settings: nts,
             cookies,
@@ -393,6 +394,8 @@ fn start<H: BatchHandler>(
 /// What the control plane needs to run NTS-KE and rotate the cookie keys.
 struct NtsControl {
     listener: std::net::TcpListener,
+    /// The TLS configuration in force; SIGHUP replaces it.
+    tls: Arc<ArcSwap<rustls::ServerConfig>>,
     ntp_port: Option<u16>,
     settings: config::Nts,
     cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
@@ -431,6 +434,7 @@ async fn control_plane(
         }
         tasks.push(tokio::spawn(metrics::serve(listener, sources)));
     }
+    let mut nts_tls = None;
     if let Some(n) = nts {
         match n.listener.local_addr() {
             Ok(addr) => info!(
@@ -444,11 +448,12 @@ async fn control_plane(
         }
         tasks.push(tokio::spawn(nts_ke::serve(
             n.listener,
-            n.settings.tls.clone(),
+            n.tls.clone(),
             n.cookies.clone(),
             n.ntp_port,
             n.counts,
         )));
+        nts_tls = Some((n.tls, n.settings.clone()));
         tasks.push(tokio::spawn(nts_ke::rotate(n.cookies, n.settings.rotation)));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
@@ -457,7 +462,7 @@ async fn control_plane(
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sighup.recv() => reload(args, settings, &ntp),
+            _ = sighup.recv() => reload(args, settings, &ntp, nts_tls.as_ref()),
         }
     }
     for t in tasks {
@@ -466,9 +471,27 @@ async fn control_plane(
     Ok(())
 }
 
-/// SIGHUP: the access rules from the config file again, and the timezone in timezone-offset mode.
+/// SIGHUP: the NTS certificate and key, the access rules from the config file again, and the
+/// timezone in timezone-offset mode.
 /// Anything that fails to load is reported and the state before kept.
-fn reload(args: &Args, settings: &Settings, ntp: &ntp_worker::Shared) {
+fn reload(
+    args: &Args,
+    settings: &Settings,
+    ntp: &ntp_worker::Shared,
+    nts: Option<&(Arc<ArcSwap<rustls::ServerConfig>>, config::Nts)>,
+) {
+    if let Some((tls, nts)) = nts {
+        match nts_ke::tls_config(&nts.certificate, &nts.private_key) {
+            Ok(config) => {
+                tls.store(Arc::new(config));
+                info!(
+                    "SIGHUP: NTS certificate reloaded from {}",
+                    nts.certificate.display()
+                );
+            }
+            Err(e) => warn!("SIGHUP: NTS certificate: {e}; keeping the one in force"),
+        }
+    }
     match config::reload_acl(args) {
         Ok(Some(acl)) => {
             info!("SIGHUP: access rules reloaded: {acl:?}");

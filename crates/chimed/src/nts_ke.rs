@@ -2,7 +2,8 @@
 //! at most [`MAX_SESSIONS`] at a time, each bounded to [`SESSION_TIMEOUT`]. The session's records
 //! are answered by `chime_ntp::nts`; the two keys come from the TLS exporter; the cookies are
 //! sealed under the master keys the NTP workers open them with, which [`rotate`] replaces on a
-//! schedule (the one before still opens, so no cookie in use dies at a rotation).
+//! schedule (the one before still opens, so no cookie in use dies at a rotation). SIGHUP reloads
+//! the certificate and key, for renewals without a restart.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -103,7 +104,7 @@ pub(crate) async fn rotate(cookies: Arc<ArcSwap<CookieKeys>>, every: Duration) {
 /// Accepts NTS-KE sessions on `listener` until the task is aborted.
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
-    tls: Arc<ServerConfig>,
+    tls: Arc<ArcSwap<ServerConfig>>,
     cookies: Arc<ArcSwap<CookieKeys>>,
     ntp_port: Option<u16>,
     counts: Arc<KeCounts>,
@@ -118,7 +119,6 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let acceptor = TlsAcceptor::from(tls);
     let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
@@ -131,7 +131,9 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let (acceptor, cookies, counts) = (acceptor.clone(), cookies.clone(), counts.clone());
+        // The certificate in force now: SIGHUP may have replaced it.
+        let acceptor = TlsAcceptor::from(tls.load_full());
+        let (cookies, counts) = (cookies.clone(), counts.clone());
         tokio::spawn(async move {
             let outcome = tokio::time::timeout(
                 SESSION_TIMEOUT,

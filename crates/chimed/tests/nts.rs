@@ -361,3 +361,36 @@ fn chime_ntp_nts_against_chimed_and_chronyd() {
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert!(ke.contains("agreed=1 refused=0"), "{ke}");
 }
+
+/// SIGHUP reloads the certificate and key, so a renewal needs no restart; a file that fails to
+/// load is reported and the certificate in force is kept.
+#[test]
+fn sighup_reloads_the_nts_certificate() {
+    use nix::sys::signal::{Signal, kill};
+    let dir = tempfile::tempdir().unwrap();
+    let (a_cert, a_key) = certificate(dir.path(), "a");
+    let (b_cert, b_key) = certificate(dir.path(), "b");
+    let (cert, key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
+    std::fs::copy(&a_cert, &cert).unwrap();
+    std::fs::copy(&a_key, &key).unwrap();
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key);
+    let spec = format!("127.0.0.1:{ke_port}");
+    chime_ntp_nts(&spec, &a_cert).expect("the first certificate");
+
+    std::fs::copy(&b_cert, &cert).unwrap();
+    std::fs::copy(&b_key, &key).unwrap();
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    chimed.wait_for("SIGHUP: NTS certificate reloaded", Duration::from_secs(5));
+    chime_ntp_nts(&spec, &b_cert).expect("the renewed certificate");
+    assert!(
+        chime_ntp_nts(&spec, &a_cert).is_err(),
+        "the old certificate is still served"
+    );
+
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    let warned = chimed.wait_for("keeping the one in force", Duration::from_secs(5));
+    assert!(warned.contains("live.pem"), "{warned}");
+    chime_ntp_nts(&spec, &b_cert).expect("the certificate in force is kept");
+}
