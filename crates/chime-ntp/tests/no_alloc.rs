@@ -58,3 +58,83 @@ fn a_batch_allocates_nothing() {
     // with extension fields.
     assert_eq!(answered, 4 * 2 * 4 + 4 + 1);
 }
+
+/// What a worker adds per request when rate limiting, interleaved mode and NTS are on allocates
+/// nothing either: the limiter's lookup, the interleaved log's take and save, opening a cookie,
+/// verifying, sealing new cookies and authenticating the reply (or a NAK).
+#[test]
+fn rate_limiting_interleaving_and_nts_allocate_nothing() {
+    use chime_ntp::nts::{self, Check, CookieKeys, Keys};
+    use chime_ntp::{ClientTable, Coin, Header, Mode, RateLimit, TxLog};
+    let master = CookieKeys::new(1, [7; 32]);
+    let keys = Keys {
+        c2s: [1; 32],
+        s2c: [2; 32],
+    };
+    let mut header = [0u8; 48];
+    Header::request(4, Mode::Client, NtpTimestamp(0x1234)).encode(&mut header);
+    let cookie = master.seal(&keys, [3; 16]);
+    let good = nts::client_request(&header, &[9; 32], &cookie, 2, &keys.c2s, [4; 16]);
+    let foreign = nts::client_request(
+        &header,
+        &[9; 32],
+        &[0; nts::COOKIE_LEN],
+        0,
+        &[5; 32],
+        [4; 16],
+    );
+    let mut interleaved = header;
+    interleaved[24..32].copy_from_slice(&0xABCD_0001u64.to_be_bytes());
+    interleaved[32..40].copy_from_slice(&0x7777_0000u64.to_be_bytes());
+    let table = ClientTable::new(RateLimit::DEFAULT, 1024, [1, 2]);
+    let log = TxLog::new(1024);
+    log.save(NtpTimestamp(0xABCD_0001), NtpTimestamp(0x5555_0000));
+    let mut coin = Coin::new(9);
+    let served = ServerState::unsynchronised().served_at(NtpTimestamp(1), &StalePolicy::default());
+    let mut reply = vec![0u8; good.len()];
+    let mut outcomes = (0, 0, 0);
+
+    let count = allocations_in(|| {
+        for i in 0..64u32 {
+            let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i % 8));
+            let _ = table.check(ip, u64::from(i) * 1_000_000, &mut coin);
+        }
+        if let Some(origin) = chime_ntp::interleaved_origin(&interleaved)
+            && let Some(tx) = log.take(origin)
+        {
+            let _ = respond(
+                &interleaved,
+                40_000,
+                NtpTimestamp(2),
+                &served,
+                &mut reply[..48],
+            );
+            chime_ntp::make_interleaved(&mut reply[..48], &interleaved, tx);
+            log.save(NtpTimestamp(0x9999_0001), NtpTimestamp(0x9999_2000));
+            outcomes.0 += 1;
+        }
+        for request in [&good, &foreign] {
+            let _ = respond(
+                request,
+                40_000,
+                NtpTimestamp(2),
+                &served,
+                &mut reply[..request.len()],
+            );
+            match nts::check_request(request, &master) {
+                Check::Verified(v) => {
+                    let len = nts::write_response(&mut reply, request, &v, [6; 16], || {
+                        master.seal(&v.keys, [7; 16])
+                    });
+                    outcomes.1 += usize::from(len == Some(request.len()));
+                }
+                Check::Nak(uid) => {
+                    outcomes.2 += usize::from(nts::write_nak(&mut reply, request, uid).is_some());
+                }
+                _ => {}
+            }
+        }
+    });
+    assert_eq!(count, 0);
+    assert_eq!(outcomes, (1, 1, 1));
+}
