@@ -98,6 +98,8 @@ pub(crate) struct Nts {
     pub(crate) certificate: PathBuf,
     pub(crate) private_key: PathBuf,
     pub(crate) tls: std::sync::Arc<rustls::ServerConfig>,
+    /// When the certificate expires, Unix seconds, if it could be read.
+    pub(crate) not_after: Option<i64>,
     pub(crate) ke_address: SocketAddr,
     pub(crate) rotation: Duration,
 }
@@ -259,14 +261,15 @@ impl Settings {
                 ));
             }
             (Some(certificate), Some(key)) => {
-                let tls = crate::nts_ke::tls_config(&certificate, &key)
+                let loaded = crate::nts_ke::load(&certificate, &key)
                     .map_err(|r| invalid(&nts_cert_in, r))?;
                 let rotation = nts_rotation.unwrap_or(86_400.0);
                 check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
                 Some(Nts {
                     certificate,
                     private_key: key,
-                    tls: std::sync::Arc::new(tls),
+                    tls: loaded.config,
+                    not_after: loaded.not_after,
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
                     rotation: Duration::from_secs_f64(rotation),
                 })

@@ -391,6 +391,14 @@ fn start<H: BatchHandler>(
     Ok(workers)
 }
 
+/// What SIGHUP needs to reload the NTS certificate: where the TLS configuration in force lives,
+/// the settings that name the files, and where the expiry is published.
+type NtsReload = (
+    Arc<ArcSwap<rustls::ServerConfig>>,
+    config::Nts,
+    Arc<nts_ke::KeCounts>,
+);
+
 /// What the control plane needs to run NTS-KE and rotate the cookie keys.
 struct NtsControl {
     listener: std::net::TcpListener,
@@ -451,9 +459,15 @@ async fn control_plane(
             n.tls.clone(),
             n.cookies.clone(),
             n.ntp_port,
-            n.counts,
+            n.counts.clone(),
         )));
-        nts_tls = Some((n.tls, n.settings.clone()));
+        nts_ke::log_expiry(&n.settings.certificate, n.settings.not_after);
+        if let Some(t) = n.settings.not_after {
+            n.counts
+                .certificate_not_after
+                .store(t, std::sync::atomic::Ordering::Relaxed);
+        }
+        nts_tls = Some((n.tls, n.settings.clone(), n.counts));
         tasks.push(tokio::spawn(nts_ke::rotate(n.cookies, n.settings.rotation)));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
@@ -474,20 +488,20 @@ async fn control_plane(
 /// SIGHUP: the NTS certificate and key, the access rules from the config file again, and the
 /// timezone in timezone-offset mode.
 /// Anything that fails to load is reported and the state before kept.
-fn reload(
-    args: &Args,
-    settings: &Settings,
-    ntp: &ntp_worker::Shared,
-    nts: Option<&(Arc<ArcSwap<rustls::ServerConfig>>, config::Nts)>,
-) {
-    if let Some((tls, nts)) = nts {
-        match nts_ke::tls_config(&nts.certificate, &nts.private_key) {
-            Ok(config) => {
-                tls.store(Arc::new(config));
+fn reload(args: &Args, settings: &Settings, ntp: &ntp_worker::Shared, nts: Option<&NtsReload>) {
+    if let Some((tls, nts, counts)) = nts {
+        match nts_ke::load(&nts.certificate, &nts.private_key) {
+            Ok(loaded) => {
+                tls.store(loaded.config);
+                counts.certificate_not_after.store(
+                    loaded.not_after.unwrap_or(i64::MIN),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 info!(
                     "SIGHUP: NTS certificate reloaded from {}",
                     nts.certificate.display()
                 );
+                nts_ke::log_expiry(&nts.certificate, loaded.not_after);
             }
             Err(e) => warn!("SIGHUP: NTS certificate: {e}; keeping the one in force"),
         }

@@ -285,6 +285,20 @@ pub(crate) fn render(sources: &Sources) -> String {
             );
         }
     }
+    if let Some(ke) = &sources.nts_ke {
+        let t = ke
+            .certificate_not_after
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if t != i64::MIN {
+            family(
+                &mut out,
+                "chimed_nts_certificate_not_after_seconds",
+                "gauge",
+                "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
+            );
+            let _ = writeln!(out, "chimed_nts_certificate_not_after_seconds {t}");
+        }
+    }
     upstream(&mut out, &sources.ntp);
     if let Some(rt) = &sources.roughtime {
         let d = rt.delegation.load();

@@ -300,8 +300,37 @@ fn the_endpoint_serves_get_and_head_of_metrics_only() {
 /// configs/prometheus-alerts.yml names only metrics, and drop reasons, that chimed serves.
 #[test]
 fn the_example_alert_rules_name_what_chimed_serves() {
-    let s = serve(&[]);
+    // With NTS on, so that its metrics are there too.
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = common::certificate(dir.path(), "server");
+    let s = serve(&[
+        "--nts-certificate",
+        cert.to_str().unwrap(),
+        "--nts-private-key",
+        key.to_str().unwrap(),
+        "--nts-ke-address",
+        "127.0.0.1:0",
+    ]);
     let page = scrape(s.metrics);
+    // The certificate's expiry as openssl reads it ("notAfter=Nov 24 00:43:41 2026 GMT").
+    let out = run(Command::new("openssl")
+        .args(["x509", "-enddate", "-noout", "-in"])
+        .arg(&cert));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let end = text.trim().trim_start_matches("notAfter=");
+    let openssl = jiff::fmt::strtime::parse(
+        "%b %d %H:%M:%S %Y GMT",
+        end.split_whitespace().collect::<Vec<_>>().join(" "),
+    )
+    .and_then(|t| t.to_datetime())
+    .and_then(|d| d.to_zoned(jiff::tz::TimeZone::UTC))
+    .unwrap_or_else(|e| panic!("{end}: {e}"))
+    .timestamp()
+    .as_second();
+    assert_eq!(
+        value(&page, "chimed_nts_certificate_not_after_seconds", &[]),
+        Some(openssl as f64)
+    );
     let samples = page["samples"].as_array().unwrap();
     let names: std::collections::HashSet<&str> =
         samples.iter().filter_map(|s| s["name"].as_str()).collect();

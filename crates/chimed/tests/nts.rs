@@ -4,44 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{CHRONYD, Chimed, Chronyd, run};
-
-/// A self-signed certificate for 127.0.0.1 and its key (mode 0600) in `dir`, named `name`.
-fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let (cert, key) = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    let out = run(Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
-        // An end-entity certificate: rustls (chime ntp --nts) refuses a CA certificate as one.
-        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert));
-    assert!(
-        out.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    (cert, key)
-}
+use common::{CHRONYD, Chimed, Chronyd, certificate, run};
 
 /// chimed mirroring `chronyd` with NTS on, NTS-KE on a free loopback port; returns it and that
 /// port.
