@@ -172,6 +172,30 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// The metric of each [`crate::stats::Note`], in order, with its help text.
+const NOTE_METRICS: [(&str, &str); crate::stats::NOTES] = [
+    (
+        "chimed_kod_sent_total",
+        "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
+    ),
+    (
+        "chimed_interleaved_replies_total",
+        "NTP replies in interleaved mode (RFC 9769), carrying the previous reply's transmit time.",
+    ),
+    (
+        "chimed_kernel_tx_timestamps_total",
+        "Kernel transmit timestamps read back for interleaved mode.",
+    ),
+    (
+        "chimed_nts_replies_total",
+        "NTP replies authenticated with NTS.",
+    ),
+    (
+        "chimed_nts_naks_total",
+        "NTS NAKs sent: a cookie that did not open or an authenticator that did not verify.",
+    ),
+];
+
 /// Every metric, in Prometheus' text exposition format 0.0.4.
 pub(crate) fn render(sources: &Sources) -> String {
     let mut out = String::with_capacity(16 << 10);
@@ -191,7 +215,7 @@ pub(crate) fn render(sources: &Sources) -> String {
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
-    let per_worker: [(&str, &str, CountOf); 8] = [
+    let per_worker: [(&str, &str, CountOf); 4] = [
         (
             "chimed_requests_received_total",
             "Datagrams received.",
@@ -213,27 +237,6 @@ pub(crate) fn render(sources: &Sources) -> String {
             "Replies the kernel refused.",
             |c| c.send_errors,
         ),
-        (
-            "chimed_kod_sent_total",
-            "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
-            |c| c.kod,
-        ),
-        (
-            "chimed_interleaved_replies_total",
-            "NTP replies in interleaved mode (RFC 9769), carrying the previous reply's transmit \
-             time.",
-            |c| c.interleaved,
-        ),
-        (
-            "chimed_nts_replies_total",
-            "NTP replies authenticated with NTS.",
-            |c| c.nts,
-        ),
-        (
-            "chimed_nts_naks_total",
-            "NTS NAKs sent: a cookie that did not open or an authenticator that did not verify.",
-            |c| c.nts_nak,
-        ),
     ];
     for (name, help, value) in per_worker {
         family(&mut out, name, "counter", help);
@@ -245,6 +248,16 @@ pub(crate) fn render(sources: &Sources) -> String {
                 w.family,
                 w.thread,
                 value(c)
+            );
+        }
+    }
+    for (i, (name, help)) in NOTE_METRICS.iter().enumerate() {
+        family(&mut out, name, "counter", help);
+        for (w, c) in &counts {
+            let _ = writeln!(
+                out,
+                "{name}{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
+                w.service, w.family, w.thread, c.notes[i]
             );
         }
     }

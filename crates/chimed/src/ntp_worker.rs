@@ -13,7 +13,7 @@ use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 use crate::acl::Acl;
 use crate::clock;
 use crate::reply;
-use crate::stats::{Published, Totals, WorkerStats};
+use crate::stats::{Note, Published, Totals, WorkerStats};
 use crate::tz::Zone;
 
 /// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
@@ -261,10 +261,10 @@ impl BatchHandler for NtpWorker {
             let queued = tx.len() > queued_before;
             if queued {
                 let p = &mut self.stats.pending;
-                p.kod += u64::from(notes.kissed);
-                p.interleaved += u64::from(notes.interleaved);
-                p.nts += u64::from(notes.nts == Some(true));
-                p.nts_nak += u64::from(notes.nts == Some(false));
+                p.note(Note::Kod, notes.kissed);
+                p.note(Note::Interleaved, notes.interleaved);
+                p.note(Note::Nts, notes.nts == Some(true));
+                p.note(Note::NtsNak, notes.nts == Some(false));
                 let i = tx.len() - 1;
                 if notes.keep_transmit {
                     Marks::set(&mut self.marks.keep_transmit, i);
@@ -324,7 +324,7 @@ impl BatchHandler for NtpWorker {
                     sent = zone.apply(sent, self.pivot_unix);
                 }
                 log.save(rx, sent);
-                self.stats.pending.kernel_tx_timestamps += 1;
+                self.stats.pending.note(Note::KernelTxTimestamp, true);
             }
         }
     }

@@ -14,6 +14,32 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+/// Replies worth counting apart, beside `answered` (NTP's; Roughtime has none of these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Note {
+    /// A Kiss-o'-Death RATE from rate limiting.
+    Kod,
+    /// An interleaved-mode reply, carrying the previous reply's transmit time.
+    Interleaved,
+    /// A kernel transmit timestamp received for interleaved mode.
+    KernelTxTimestamp,
+    /// An NTS-authenticated reply.
+    Nts,
+    /// An NTS NAK.
+    NtsNak,
+}
+
+pub(crate) const NOTES: usize = 5;
+
+/// Each [`Note`]'s label in log lines, in order.
+pub(crate) const NOTE_LABELS: [&str; NOTES] = [
+    "kod",
+    "interleaved",
+    "kernel_tx_timestamps",
+    "nts",
+    "nts_nak",
+];
+
 /// What one worker has seen since it last flushed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counters<const N: usize> {
@@ -23,15 +49,8 @@ pub(crate) struct Counters<const N: usize> {
     pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
-    /// Replies queued as a Kiss-o'-Death RATE (NTP rate limiting); also in `answered` once sent.
-    pub(crate) kod: u64,
-    /// Replies queued in NTP interleaved mode (carrying the previous reply's transmit time).
-    pub(crate) interleaved: u64,
-    /// Kernel transmit timestamps received for interleaved mode.
-    pub(crate) kernel_tx_timestamps: u64,
-    /// NTS replies authenticated, and NTS NAKs sent.
-    pub(crate) nts: u64,
-    pub(crate) nts_nak: u64,
+    /// Replies of note (see [`Note`]), also in `answered` once sent.
+    pub(crate) notes: [u64; NOTES],
     pub(crate) dropped: [u64; N],
 }
 
@@ -42,11 +61,7 @@ impl<const N: usize> Default for Counters<N> {
             batches: 0,
             answered: 0,
             send_errors: 0,
-            kod: 0,
-            interleaved: 0,
-            kernel_tx_timestamps: 0,
-            nts: 0,
-            nts_nak: 0,
+            notes: [0; NOTES],
             dropped: [0; N],
         }
     }
@@ -55,6 +70,11 @@ impl<const N: usize> Default for Counters<N> {
 impl<const N: usize> Counters<N> {
     pub(crate) fn drop_at(&mut self, reason: usize) {
         self.dropped[reason] += 1;
+    }
+
+    /// Counts one reply of note if `happened`.
+    pub(crate) fn note(&mut self, note: Note, happened: bool) {
+        self.notes[note as usize] += u64::from(happened);
     }
 
     pub(crate) fn dropped_total(&self) -> u64 {
@@ -66,11 +86,9 @@ impl<const N: usize> Counters<N> {
         self.batches += other.batches;
         self.answered += other.answered;
         self.send_errors += other.send_errors;
-        self.kod += other.kod;
-        self.interleaved += other.interleaved;
-        self.kernel_tx_timestamps += other.kernel_tx_timestamps;
-        self.nts += other.nts;
-        self.nts_nak += other.nts_nak;
+        for (a, b) in self.notes.iter_mut().zip(other.notes) {
+            *a += b;
+        }
         for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
             *a += b;
         }
@@ -102,18 +120,10 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
             c.dropped_total(),
             c.send_errors
         )?;
-        if c.kod > 0 {
-            write!(f, " kod={}", c.kod)?;
-        }
-        if c.interleaved + c.kernel_tx_timestamps > 0 {
-            write!(
-                f,
-                " interleaved={} kernel_tx_timestamps={}",
-                c.interleaved, c.kernel_tx_timestamps
-            )?;
-        }
-        if c.nts + c.nts_nak > 0 {
-            write!(f, " nts={} nts_nak={}", c.nts, c.nts_nak)?;
+        for (n, label) in c.notes.iter().zip(NOTE_LABELS) {
+            if *n > 0 {
+                write!(f, " {label}={n}")?;
+            }
         }
         for (n, label) in c.dropped.iter().zip(self.labels) {
             if *n > 0 {
@@ -131,11 +141,7 @@ pub(crate) struct Totals<const N: usize> {
     batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
-    kod: AtomicU64,
-    interleaved: AtomicU64,
-    kernel_tx_timestamps: AtomicU64,
-    nts: AtomicU64,
-    nts_nak: AtomicU64,
+    notes: [AtomicU64; NOTES],
     dropped: [AtomicU64; N],
 }
 
@@ -146,11 +152,7 @@ impl<const N: usize> Default for Totals<N> {
             batches: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
-            kod: AtomicU64::new(0),
-            interleaved: AtomicU64::new(0),
-            kernel_tx_timestamps: AtomicU64::new(0),
-            nts: AtomicU64::new(0),
-            nts_nak: AtomicU64::new(0),
+            notes: std::array::from_fn(|_| AtomicU64::new(0)),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -162,12 +164,9 @@ impl<const N: usize> Totals<N> {
         self.batches.fetch_add(c.batches, Relaxed);
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
-        self.kod.fetch_add(c.kod, Relaxed);
-        self.interleaved.fetch_add(c.interleaved, Relaxed);
-        self.kernel_tx_timestamps
-            .fetch_add(c.kernel_tx_timestamps, Relaxed);
-        self.nts.fetch_add(c.nts, Relaxed);
-        self.nts_nak.fetch_add(c.nts_nak, Relaxed);
+        for (a, b) in self.notes.iter().zip(c.notes) {
+            a.fetch_add(b, Relaxed);
+        }
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.fetch_add(b, Relaxed);
         }
@@ -179,11 +178,7 @@ impl<const N: usize> Totals<N> {
             batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
-            kod: self.kod.load(Relaxed),
-            interleaved: self.interleaved.load(Relaxed),
-            kernel_tx_timestamps: self.kernel_tx_timestamps.load(Relaxed),
-            nts: self.nts.load(Relaxed),
-            nts_nak: self.nts_nak.load(Relaxed),
+            notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
     }
@@ -203,10 +198,7 @@ pub(crate) struct Published {
     batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
-    kod: AtomicU64,
-    interleaved: AtomicU64,
-    nts: AtomicU64,
-    nts_nak: AtomicU64,
+    notes: [AtomicU64; NOTES],
     dropped: Box<[AtomicU64]>,
 }
 
@@ -217,10 +209,7 @@ pub(crate) struct PublishedCounts {
     pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
-    pub(crate) kod: u64,
-    pub(crate) interleaved: u64,
-    pub(crate) nts: u64,
-    pub(crate) nts_nak: u64,
+    pub(crate) notes: [u64; NOTES],
     /// One per label, in the labels' order.
     pub(crate) dropped: Vec<u64>,
 }
@@ -231,10 +220,9 @@ impl Published {
         self.batches.store(c.batches, Relaxed);
         self.answered.store(c.answered, Relaxed);
         self.send_errors.store(c.send_errors, Relaxed);
-        self.kod.store(c.kod, Relaxed);
-        self.interleaved.store(c.interleaved, Relaxed);
-        self.nts.store(c.nts, Relaxed);
-        self.nts_nak.store(c.nts_nak, Relaxed);
+        for (a, b) in self.notes.iter().zip(c.notes) {
+            a.store(b, Relaxed);
+        }
         for (a, b) in self.dropped.iter().zip(c.dropped) {
             a.store(b, Relaxed);
         }
@@ -246,10 +234,7 @@ impl Published {
             batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
-            kod: self.kod.load(Relaxed),
-            interleaved: self.interleaved.load(Relaxed),
-            nts: self.nts.load(Relaxed),
-            nts_nak: self.nts_nak.load(Relaxed),
+            notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
             dropped: self.dropped.iter().map(|d| d.load(Relaxed)).collect(),
         }
     }
@@ -280,10 +265,7 @@ impl Registry {
             batches: zero(),
             answered: zero(),
             send_errors: zero(),
-            kod: zero(),
-            interleaved: zero(),
-            nts: zero(),
-            nts_nak: zero(),
+            notes: std::array::from_fn(|_| zero()),
             dropped: labels.iter().map(|_| zero()).collect(),
         });
         self.workers

@@ -35,13 +35,7 @@ fn serve(extra: &[&str]) -> Served {
     args.extend_from_slice(extra);
     let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
     let roughtime = chimed.roughtime_addr();
-    let line = chimed.wait_for("metrics: http://", Duration::from_secs(10));
-    let metrics = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no metrics address in {line:?}"));
+    let metrics = chimed.logged_addr("metrics: http://");
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     Served {
         ntp: chimed.addr,

@@ -172,6 +172,17 @@ impl Chimed {
         c
     }
 
+    /// Waits for the log line that gives an address right after `prefix` (such as
+    /// "nts-ke listening on " or "metrics: http://") and returns that address.
+    pub fn logged_addr(&mut self, prefix: &str) -> SocketAddr {
+        let line = self.wait_for(prefix, Duration::from_secs(10));
+        line.split(prefix)
+            .nth(1)
+            .and_then(|rest| rest.split([' ', '/']).next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address after {prefix:?} in {line:?}"))
+    }
+
     /// Waits for a log line containing `needle`, returning it; panics with the log if none comes.
     pub fn wait_for(&mut self, needle: &str, limit: Duration) -> String {
         let deadline = Instant::now() + limit;
@@ -261,17 +272,22 @@ pub fn chime_ntp(addr: SocketAddr) -> Result<serde_json::Value, String> {
 /// chronyd itself as a client: `chronyd -Q` measures the server's offset without touching the
 /// clock. Returns the offset it printed.
 pub fn chronyd_client_offset(addr: SocketAddr) -> Result<f64, String> {
-    let dir = tempfile::tempdir().unwrap();
     let host = match addr {
         SocketAddr::V4(a) => a.ip().to_string(),
         SocketAddr::V6(a) => a.ip().to_string(),
     };
+    let server = format!("server {host} port {} iburst maxsamples 4", addr.port());
+    chronyd_measure(&server, &[], 10)
+}
+
+/// `chronyd -Q` with the `server` directive and `extra` directives, giving up after `limit_s`
+/// seconds: the offset it printed, or its output if it measured nothing.
+pub fn chronyd_measure(server: &str, extra: &[String], limit_s: u32) -> Result<f64, String> {
+    let dir = tempfile::tempdir().unwrap();
     let out = run(Command::new(CHRONYD)
-        .args(["-Q", "-t", "10", "-u", "root"])
-        .arg(format!(
-            "server {host} port {} iburst maxsamples 4",
-            addr.port()
-        ))
+        .args(["-Q", "-t", &limit_s.to_string(), "-u", "root"])
+        .arg(server)
+        .args(extra)
         .arg(format!("pidfile {}/pid", dir.path().display()))
         .arg(format!("driftfile {}/drift", dir.path().display()))
         .arg("cmdport 0"));
