@@ -192,9 +192,7 @@ impl TxLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::Leap;
-    use crate::state::ServedHeader;
-    use crate::time::NtpShort;
+    use crate::responder::tests::served;
     use crate::{respond, stamp_transmit};
 
     fn request(origin: u64, receive: u64, transmit: u64) -> [u8; 48] {
@@ -204,18 +202,6 @@ mod tests {
         let mut b = [0; 48];
         h.encode(&mut b);
         b
-    }
-
-    fn served() -> ServedHeader {
-        ServedHeader {
-            leap: Leap::NoWarning,
-            stratum: 2,
-            precision: -25,
-            reference_id: [192, 0, 2, 1],
-            reference_ts: NtpTimestamp(0xEEAC_6C47_0000_0000),
-            root_delay: NtpShort(1),
-            root_dispersion: NtpShort(2),
-        }
     }
 
     #[test]

@@ -226,7 +226,7 @@ impl Drop {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::packet::Leap;
     use crate::time::NtpShort;
@@ -235,7 +235,8 @@ mod tests {
     const RX: NtpTimestamp = NtpTimestamp(0xEEAC_6C48_F557_519F);
     const CLIENT_TX: [u8; 8] = [0xA3, 0x2A, 0xB2, 0x71, 0xE6, 0xB7, 0x2D, 0x57];
 
-    fn served() -> ServedHeader {
+    /// A synchronised stratum-2 header with every field distinct, for the tests of this crate.
+    pub(crate) fn served() -> ServedHeader {
         ServedHeader {
             leap: Leap::NoWarning,
             stratum: 2,

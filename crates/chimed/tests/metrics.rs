@@ -297,14 +297,8 @@ fn the_example_alert_rules_name_what_chimed_serves() {
     // With NTS on, so that its metrics are there too.
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = common::certificate(dir.path(), "server");
-    let s = serve(&[
-        "--nts-certificate",
-        cert.to_str().unwrap(),
-        "--nts-private-key",
-        key.to_str().unwrap(),
-        "--nts-ke-address",
-        "127.0.0.1:0",
-    ]);
+    let flags = common::nts_flags(&cert, &key);
+    let s = serve(&flags.iter().map(String::as_str).collect::<Vec<_>>());
     let page = scrape(s.metrics);
     // The certificate's expiry as openssl reads it ("notAfter=Nov 24 00:43:41 2026 GMT").
     let out = run(Command::new("openssl")

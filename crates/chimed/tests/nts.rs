@@ -13,14 +13,8 @@ use common::{CHRONYD, Chimed, Chronyd, certificate, run};
 /// chimed mirroring `chronyd` with NTS on and `extra` flags, NTS-KE on a free loopback port;
 /// returns it and that port.
 fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path, extra: &[&str]) -> (Chimed, u16) {
-    let mut args = vec![
-        "--nts-certificate",
-        cert.to_str().unwrap(),
-        "--nts-private-key",
-        key.to_str().unwrap(),
-        "--nts-ke-address",
-        "127.0.0.1:0",
-    ];
+    let flags = common::nts_flags(cert, key);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);
     let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
     let port = chimed.logged_addr("nts-ke listening on ").port();

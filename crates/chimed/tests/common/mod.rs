@@ -656,3 +656,17 @@ pub fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     (cert, key)
 }
+
+/// chimed's flags for NTS with `cert` and `key`, NTS-KE on a free loopback port.
+pub fn nts_flags(cert: &Path, key: &Path) -> Vec<String> {
+    [
+        "--nts-certificate",
+        cert.to_str().unwrap(),
+        "--nts-private-key",
+        key.to_str().unwrap(),
+        "--nts-ke-address",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
