@@ -613,8 +613,13 @@ fn chime_ntp_interleaved_against_chimed_and_chronyd() {
             [false, false, true, true],
             "{who}: {r}"
         );
-        let offset = r["offset"].as_f64().unwrap();
-        assert!(offset.abs() < 1e-3, "{who}: offset {offset}");
+        // chime's own send and receive times are read in user space around blocking calls: on a
+        // loaded machine its round trip, and so the offset's uncertainty, runs to milliseconds.
+        let (offset, delay) = (r["offset"].as_f64().unwrap(), r["delay"].as_f64().unwrap());
+        assert!(
+            offset.abs() < 1e-3 + delay / 2.0,
+            "{who}: offset {offset}, delay {delay}"
+        );
     }
     let basic_only = chimed_v4(&chronyd, &["--interleaved-log", "0"]);
     let r = chime_ntp_interleaved(basic_only.addr);
