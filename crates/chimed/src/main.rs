@@ -508,8 +508,10 @@ fn reload(args: &Args, settings: &Settings, ntp: &ntp_worker::Shared, nts: Optio
     }
     match config::reload_acl(args) {
         Ok(Some(acl)) => {
-            info!("SIGHUP: access rules reloaded: {acl:?}");
+            // Logged once in force, so that whoever reads the line can rely on it.
+            let shown = format!("{acl:?}");
             ntp.acl.store(Arc::new(acl));
+            info!("SIGHUP: access rules reloaded: {shown}");
         }
         Ok(None) => info!("SIGHUP: no config file, so no access rules to reload"),
         Err(e) => warn!("SIGHUP: {e}; keeping the access rules in force"),

@@ -224,8 +224,9 @@ pub(crate) async fn rotate(cookies: Arc<ArcSwap<CookieKeys>>, every: Duration) {
     loop {
         tick.tick().await;
         let next = fresh_keys(Some(&cookies.load()));
-        info!("nts: cookie key rotated (id {:08x})", next.current_id());
+        let id = next.current_id();
         cookies.store(Arc::new(next));
+        info!("nts: cookie key rotated (id {id:08x})");
     }
 }
 

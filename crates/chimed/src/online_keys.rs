@@ -50,8 +50,10 @@ pub(crate) async fn rotate(key: Arc<LongTermKey>, rotation: Duration, shared: Ar
         ticks.tick().await;
         match delegate(&key, rotation) {
             Ok(d) => {
-                info!("roughtime: rotated to {}", describe(&d));
+                // Logged once in force, so that whoever reads the line can rely on it.
+                let shown = describe(&d);
                 shared.delegation.store(Arc::new(d));
+                info!("roughtime: rotated to {shown}");
             }
             // The old key keeps serving until it expires, then requests are dropped and counted.
             Err(e) => error!("roughtime: online key rotation failed: {e:#}"),

@@ -50,7 +50,10 @@ fn ipv6_loopback() {
         (Some(3), Some(0)),
         "{r}"
     );
-    assert!(r["offset"].as_f64().unwrap().abs() < 1e-3, "{r}");
+    // One exchange timed in user space: allow half its round trip on a loaded machine (chronyd
+    // below, which keeps the best of several, holds the millisecond).
+    let slack = 1e-3 + r["delay"].as_f64().unwrap() / 2.0;
+    assert!(r["offset"].as_f64().unwrap().abs() < slack, "{r}");
     let offset = chronyd_client_offset(chimed.addr).unwrap();
     assert!(offset.abs() < 1e-3, "chronyd -Q offset {offset}");
     // Interleaved mode over IPv6: the looped reply comes back behind an IPv6 header.
