@@ -283,30 +283,54 @@ pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
 /// byte before it. Encrypted fields inside it are not used (chime needs none) but must
 /// authenticate too; at most 1 KiB of them is checked, anything longer is refused.
 fn authentic(request: &[u8], auth: &Field, c2s: &[u8; KEY_LEN]) -> bool {
-    let body = &request[auth.body.clone()];
+    open_authenticator(request, auth, c2s, NONCE_LEN, &mut [0u8; 1024]).is_ok()
+}
+
+/// Why an authenticator field did not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unopened {
+    /// Its lengths do not fit the field, the nonce is shorter than `min_nonce`, or the plaintext
+    /// is longer than the buffer.
+    Malformed,
+    /// It does not verify under the key.
+    Forged,
+}
+
+/// Opens the authenticator field `auth` of `packet` under `key`: nonce and ciphertext lengths, the
+/// nonce and the SIV tag and ciphertext (each padded to 4 bytes), with every byte of `packet`
+/// before the field as associated data. The plaintext goes to the start of `plain`; its length
+/// is returned. Shared by the server (requests) and the client (replies).
+fn open_authenticator(
+    packet: &[u8],
+    auth: &Field,
+    key: &[u8; KEY_LEN],
+    min_nonce: usize,
+    plain: &mut [u8],
+) -> Result<usize, Unopened> {
+    let body = &packet[auth.body.clone()];
     if body.len() < 4 {
-        return false;
+        return Err(Unopened::Malformed);
     }
     let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
     let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
     let padded = |n: usize| n.div_ceil(4) * 4;
-    if nonce_len < NONCE_LEN
+    if nonce_len < min_nonce
         || ct_len < TAG_LEN
         || 4 + padded(nonce_len) + padded(ct_len) > body.len()
     {
-        return false;
+        return Err(Unopened::Malformed);
     }
     let nonce = &body[4..4 + nonce_len];
     let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
-    let mut plain = [0u8; 1024];
-    let Some(plain) = plain.get_mut(..ct_len - TAG_LEN) else {
-        return false;
-    };
+    let plain = plain
+        .get_mut(..ct_len - TAG_LEN)
+        .ok_or(Unopened::Malformed)?;
     plain.copy_from_slice(&ct[TAG_LEN..]);
     let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
-    let mut siv = Aes128Siv::new(c2s.into());
-    siv.decrypt_in_place_detached([&request[..auth.start], nonce], plain, &tag)
-        .is_ok()
+    Aes128Siv::new(key.into())
+        .decrypt_in_place_detached([&packet[..auth.start], nonce], plain, &tag)
+        .map_err(|_| Unopened::Forged)?;
+    Ok(plain.len())
 }
 
 /// Completes the reply to a [`Check::Verified`] request: `reply` holds the 48-byte header made
@@ -682,23 +706,13 @@ pub fn client_check_reply(
             Err(ClientReplyError::NoAuthenticator)
         };
     };
-    let body = &reply[auth.body.clone()];
-    if body.len() < 4 {
-        return Err(ClientReplyError::NoAuthenticator);
-    }
-    let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
-    let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
-    let padded = |n: usize| n.div_ceil(4) * 4;
-    if ct_len < TAG_LEN || 4 + padded(nonce_len) + padded(ct_len) > body.len() {
-        return Err(ClientReplyError::NoAuthenticator);
-    }
-    let nonce = &body[4..4 + nonce_len];
-    let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
-    let mut plain = ct[TAG_LEN..].to_vec();
-    let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
-    Aes128Siv::new(s2c.into())
-        .decrypt_in_place_detached([&reply[..auth.start], nonce], &mut plain, &tag)
-        .map_err(|_| ClientReplyError::Forged)?;
+    // At most eight cookies of up to 256 bytes come back: 2 KiB holds them.
+    let mut buf = [0u8; 2048];
+    let len = open_authenticator(reply, auth, s2c, 1, &mut buf).map_err(|e| match e {
+        Unopened::Malformed => ClientReplyError::NoAuthenticator,
+        Unopened::Forged => ClientReplyError::Forged,
+    })?;
+    let plain = &buf[..len];
     let mut cookies = Vec::new();
     let mut at = 0;
     while at + 4 <= plain.len() {
@@ -776,26 +790,11 @@ mod tests {
         assert_eq!(&reply[fs[0].body.clone()], uid);
         let auth = &fs[1];
         assert_eq!((auth.ty, auth.body.end), (ef::AUTHENTICATOR, reply.len()));
-        let body = &reply[auth.body.clone()];
-        let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
-        let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
-        let nonce = &body[4..4 + nonce_len];
-        let ct = &body[4 + nonce_len..4 + nonce_len + ct_len];
-        let mut plain = ct[TAG_LEN..].to_vec();
-        let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
-        Aes128Siv::new((&S2C).into())
-            .decrypt_in_place_detached([&reply[..auth.start], nonce], &mut plain, &tag)
-            .expect("the reply's authenticator verifies under the server-to-client key");
-        let mut cookies = Vec::new();
-        let mut at = 0;
-        while at < plain.len() {
-            let ty = u16::from_be_bytes([plain[at], plain[at + 1]]);
-            let len = usize::from(u16::from_be_bytes([plain[at + 2], plain[at + 3]]));
-            assert_eq!(ty, ef::COOKIE);
-            cookies.push(plain[at + 4..at + len].to_vec());
-            at += len;
+        let uid: &[u8; 32] = uid.try_into().unwrap();
+        match client_check_reply(reply, uid, &S2C) {
+            Ok(ClientReply::Authentic(cookies)) => cookies,
+            other => panic!("the reply does not verify as a client reads it: {other:?}"),
         }
-        cookies
     }
 
     fn reply_to(req: &[u8], m: &CookieKeys) -> (Vec<u8>, usize) {
