@@ -8,6 +8,7 @@ mod common;
 mod servers;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::Chronyd;
 use serde_json::Value;
@@ -85,8 +86,10 @@ fn chronyd_answers_everything_at_a_modest_rate() {
     modest_clean_run(chronyd.addr(), chronyd.pid());
 }
 
-/// Half the requests answered: about half lost, and the answered count agrees with the count the
-/// responder kept of the replies it sent.
+/// Half the requests the responder receives are answered: the loss follows, and the tool's counts
+/// agree with the counts the responder kept on the other side of the socket. A loaded machine can
+/// stall the responder's thread until its socket buffer overflows; the kernel's count of those
+/// drops (which `chime perf` reads from /proc/net/udp as `server_rx_drops`) closes the books.
 #[test]
 fn every_other_request_answered_is_half_lost() {
     let responder = Responder::start(Policy::EveryOther);
@@ -105,22 +108,36 @@ fn every_other_request_answered_is_half_lost() {
     assert_eq!(code, 0, "{err}");
     let json = json.unwrap();
     let step = only_step(&json);
-    let loss = f(&step["loss_pct"]);
-    assert!((45.0..=55.0).contains(&loss), "loss {loss}: {step:#}");
+    let sent = u(&step["sent"]);
+    let dropped = u(&step["server_rx_drops"]);
     assert_eq!(u(&step["invalid"]), 0, "{step:#}");
-    assert_eq!(u(&step["lost"]), u(&step["sent"]) - u(&step["answered"]));
+    assert_eq!(u(&step["lost"]), sent - u(&step["answered"]), "{step:#}");
 
-    // The agreement check: two counts of the same run, made on either side of the socket.
-    let answered = u(&step["answered"]) as f64;
-    let replied = responder.replied() as f64;
+    // Every request sent either reached the responder or was dropped by its kernel: exactly, once
+    // a stalled responder has drained what its socket still holds.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while responder.received() + dropped < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        responder.received() + dropped,
+        sent,
+        "chime perf sent {sent} requests; the responder received {} and its kernel dropped {dropped}",
+        responder.received()
+    );
+
+    // The responder answered every other request it received, and chime perf counted those
+    // replies: the ones that came back within the timeout, so allow for a stall's worth late.
+    let (answered, replied) = (u(&step["answered"]) as f64, responder.replied() as f64);
     assert!(
         (answered - replied).abs() <= 0.05 * replied,
         "chime perf counted {answered} answered, the responder sent {replied} replies"
     );
-    let (sent, received) = (u(&step["sent"]) as f64, responder.received() as f64);
+    let loss = f(&step["loss_pct"]);
+    let expected = 100.0 * (1.0 - replied / sent as f64);
     assert!(
-        (sent - received).abs() <= 0.05 * sent,
-        "chime perf sent {sent} requests, the responder received {received}"
+        (loss - expected).abs() <= 5.0 && loss >= 45.0,
+        "loss {loss}%, where the responder's count gives {expected}%: {step:#}"
     );
 }
 
