@@ -29,18 +29,38 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
-/// A server that answers everything at 2000/s: all answered, nothing lost or invalid, and the
-/// latency and timestamp figures present.
+/// The step scheduled exactly `n` requests and sent them, bar the few a sender stalled by a loaded
+/// machine at the very end may leave unsent (which the tool counts, and which must add up); returns
+/// how many went out.
+fn assert_sent(step: &Value, n: u64) -> u64 {
+    assert_eq!(u(&step["scheduled"]), n, "{step:#}");
+    let sent = u(&step["sent"]);
+    assert_eq!(sent + u(&step["unsent"]), n, "{step:#}");
+    assert!(sent * 50 >= n * 49, "more than 2% unsent: {step:#}");
+    sent
+}
+
+/// A server that answers everything at 2000/s: every request that reached it answered, nothing
+/// invalid, and the latency and timestamp figures present. A loaded test machine can stall even a
+/// real server long enough for its socket buffer to overflow; those few requests are lost, and the
+/// kernel's count of them at the server's socket (`server_rx_drops`) must account for every one.
 fn assert_clean_run(step: &Value) {
-    assert_eq!(u(&step["sent"]), 2000, "{step:#}");
-    assert_eq!(u(&step["answered"]), 2000, "{step:#}");
-    assert_eq!(f(&step["loss_pct"]), 0.0, "{step:#}");
-    assert_eq!(u(&step["lost"]), 0, "{step:#}");
+    let sent = assert_sent(step, 2000);
+    let answered = u(&step["answered"]);
+    let dropped = u(&step["server_rx_drops"]);
+    assert_eq!(answered + dropped, sent, "{step:#}");
+    assert!(
+        dropped * 20 <= sent,
+        "over 5% dropped at the server: {step:#}"
+    );
+    assert_eq!(u(&step["lost"]), dropped, "{step:#}");
+    let loss = 100.0 * dropped as f64 / sent as f64;
+    assert!((f(&step["loss_pct"]) - loss).abs() < 0.01, "{step:#}");
     assert_eq!(u(&step["invalid"]), 0, "{step:#}");
     assert_eq!(u(&step["refused"]), 0, "{step:#}");
     assert_eq!(u(&step["duplicate"]), 0, "{step:#}");
     assert_eq!(u(&step["client_rx_drops"]), 0, "{step:#}");
-    assert_eq!(u(&step["rtt_us"]["count"]), 2000, "{step:#}");
+    assert_eq!(u(&step["rtt_us"]["count"]), answered, "{step:#}");
     let p = &step["rtt_us"];
     assert!(f(&p["p50"]) > 0.0 && f(&p["p50"]) <= f(&p["p99"]) && f(&p["p99"]) <= f(&p["max"]));
     // Same host, same clock: the server received each request after we sent it.
@@ -108,7 +128,7 @@ fn every_other_request_answered_is_half_lost() {
     assert_eq!(code, 0, "{err}");
     let json = json.unwrap();
     let step = only_step(&json);
-    let sent = u(&step["sent"]);
+    let sent = assert_sent(step, 2000);
     let dropped = u(&step["server_rx_drops"]);
     assert_eq!(u(&step["invalid"]), 0, "{step:#}");
     assert_eq!(u(&step["lost"]), sent - u(&step["answered"]), "{step:#}");
@@ -159,9 +179,9 @@ fn wrong_mode_replies_are_invalid_not_answered() {
     assert_eq!(code, 0, "{err}");
     let json = json.unwrap();
     let step = only_step(&json);
-    assert_eq!(u(&step["sent"]), 300, "{step:#}");
+    let sent = assert_sent(step, 300);
     assert_eq!(u(&step["answered"]), 0, "{step:#}");
-    assert_eq!(u(&step["invalid"]), 300, "{step:#}");
+    assert_eq!(u(&step["invalid"]), sent, "{step:#}");
     assert_eq!(f(&step["loss_pct"]), 100.0, "{step:#}");
     assert!(step["rtt_us"].is_null(), "{step:#}");
 }
@@ -198,7 +218,7 @@ fn steps_stop_when_loss_passes_the_limit() {
     let steps = json["steps"].as_array().unwrap();
     let rates: Vec<f64> = steps.iter().map(|s| f(&s["offered_rate"])).collect();
     assert_eq!(rates, [400.0, 800.0, 1600.0], "{json:#}");
-    assert_eq!(u(&steps[1]["sent"]), 200);
+    assert_sent(&steps[1], 200);
     assert!(json["stopped_early"].is_null(), "{json:#}");
     let rows = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(rows.lines().count(), 4, "{rows}");

@@ -50,6 +50,10 @@ pub struct Responder {
 impl Responder {
     pub fn start(policy: Policy) -> Self {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // 4 MiB, as chimed gets in these tests: a loaded machine can stall this thread for a few
+        // hundred ms. Refused without CAP_NET_ADMIN; the kernel's drop count then closes the books.
+        let _ =
+            nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBufForce, &(4 << 20));
         sock.set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
         let addr = sock.local_addr().unwrap();
