@@ -269,6 +269,20 @@ pub fn chime_ntp(addr: SocketAddr) -> Result<serde_json::Value, String> {
     Ok(serde_json::from_slice(&out.stdout).unwrap())
 }
 
+/// Checks the offset of one `chime ntp` exchange (its JSON `r`) against `expected` seconds. chime
+/// reads its own send and receive times in user space around blocking calls, so on a loaded machine
+/// a stall on either side skews one exchange by up to half its round trip: the bound is a
+/// millisecond plus that half. (chronyd as a client, which keeps the best of several, holds the
+/// millisecond alone.)
+#[track_caller]
+pub fn assert_offset_near(r: &serde_json::Value, expected: f64) {
+    let (offset, delay) = (r["offset"].as_f64().unwrap(), r["delay"].as_f64().unwrap());
+    assert!(
+        (offset - expected).abs() < 1e-3 + delay / 2.0,
+        "offset {offset} s (expected {expected}), delay {delay} s: {r}"
+    );
+}
+
 /// chronyd itself as a client: `chronyd -Q` measures the server's offset without touching the
 /// clock. Returns the offset it printed.
 pub fn chronyd_client_offset(addr: SocketAddr) -> Result<f64, String> {
