@@ -51,6 +51,28 @@ impl Version {
         Self::Rfc10049,
     ];
 
+    /// Number of versions.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// A dense index, worst to best as in [`Version::ALL`], for per-version arrays.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A short, stable name for logs and metric labels: the VER number as RFC 10049 writes it
+    /// (`1`, `0x8000000b`), or `google`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Google => "google",
+            Self::Draft08 => "0x80000008",
+            Self::Draft09 => "0x80000009",
+            Self::Draft10 => "0x8000000a",
+            Self::Draft11 => "0x8000000b",
+            Self::Draft12 => "0x8000000c",
+            Self::Rfc10049 => "1",
+        }
+    }
+
     /// The number sent in VER, or `None` for Google's protocol, which has no VER.
     pub const fn number(self) -> Option<u32> {
         match self {
@@ -404,6 +426,19 @@ mod tests {
         }
         for unknown in [0, 2, 0x8000_0007, 0x8000_000d, 0x8000_000e, 0x8000_000f] {
             assert_eq!(Version::from_number(unknown), None, "{unknown:#x}");
+        }
+    }
+
+    #[test]
+    fn labels_are_the_numbers_and_indexes_dense() {
+        for (i, v) in Version::ALL.into_iter().enumerate() {
+            assert_eq!(v.index(), i);
+            let expected = match v.number() {
+                Some(1) => "1".to_owned(),
+                Some(n) => format!("{n:#010x}"),
+                None => "google".to_owned(),
+            };
+            assert_eq!(v.label(), expected);
         }
     }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chime_ntp::Leap;
+use chime_roughtime::Version;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -20,7 +21,7 @@ use tracing::warn;
 use crate::clock;
 use crate::ntp_worker;
 use crate::roughtime_worker;
-use crate::stats::{PublishedCounts, Registry};
+use crate::stats::{Note, PublishedCounts, Registry};
 
 /// What the endpoint reports on.
 pub(crate) struct Sources {
@@ -172,8 +173,9 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// The metric of each [`crate::stats::Note`], in order, with its help text.
-const NOTE_METRICS: [(&str, &str); crate::stats::NOTES] = [
+/// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
+/// `chimed_roughtime_replies_total`, labelled by version.
+const NOTE_METRICS: [(&str, &str); crate::stats::NTP_NOTES] = [
     (
         "chimed_kod_sent_total",
         "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
@@ -251,13 +253,34 @@ pub(crate) fn render(sources: &Sources) -> String {
             );
         }
     }
+    let of = |service: &'static str| counts.iter().filter(move |(w, _)| w.service == service);
     for (i, (name, help)) in NOTE_METRICS.iter().enumerate() {
         family(&mut out, name, "counter", help);
-        for (w, c) in &counts {
+        for (w, c) in of("ntp") {
             let _ = writeln!(
                 out,
                 "{name}{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
                 w.service, w.family, w.thread, c.notes[i]
+            );
+        }
+    }
+    family(
+        &mut out,
+        "chimed_roughtime_replies_total",
+        "counter",
+        "Roughtime replies by the version they speak: its VER number (1 is RFC 10049), or google.",
+    );
+    for (w, c) in of("roughtime") {
+        for v in Version::ALL {
+            let _ = writeln!(
+                out,
+                "chimed_roughtime_replies_total{{service=\"{}\",family=\"{}\",thread=\"{}\",\
+                 version=\"{}\"}} {}",
+                w.service,
+                w.family,
+                w.thread,
+                v.label(),
+                c.notes[Note::Roughtime(v).index()]
             );
         }
     }

@@ -18,7 +18,7 @@ use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 use crate::clock;
 use crate::ntp_worker;
 use crate::reply;
-use crate::stats::{Published, Totals, WorkerStats};
+use crate::stats::{Note, Published, Totals, WorkerStats};
 
 /// Drop reasons: the protocol's own, then the daemon's three.
 pub(crate) const REASONS: usize = DropReason::COUNT + 3;
@@ -134,10 +134,14 @@ impl BatchHandler for RoughtimeWorker {
             let signed = batch.sign();
             for ((meta, request), ticket) in rx.iter().zip(&self.tickets) {
                 let Some(ticket) = *ticket else { continue };
+                let queued_before = tx.len();
                 let dropped =
                     reply::queue(tx, meta, request, |buf| signed.write_reply(ticket, buf));
+                let queued = tx.len() > queued_before;
+                let pending = &mut self.stats.pending;
+                pending.note(Note::Roughtime(ticket.version()), queued);
                 if let Some(why) = dropped {
-                    self.stats.pending.drop_at(why.index());
+                    pending.drop_at(why.index());
                 }
             }
         }

@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chime_roughtime::Version;
 use tracing::{info, warn};
 
-/// Replies worth counting apart, beside `answered` (NTP's; Roughtime has none of these).
+/// Replies worth counting apart, beside `answered`: NTP's of note, and Roughtime's by the version
+/// they speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Note {
     /// A Kiss-o'-Death RATE from rate limiting.
@@ -27,17 +29,43 @@ pub(crate) enum Note {
     Nts,
     /// An NTS NAK.
     NtsNak,
+    /// A Roughtime reply in this version: an operator sees which versions clients still speak
+    /// before dropping one.
+    Roughtime(Version),
 }
 
-pub(crate) const NOTES: usize = 5;
+/// The NTP notes, which come first.
+pub(crate) const NTP_NOTES: usize = 5;
+pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT;
 
-/// Each [`Note`]'s label in log lines, in order.
+impl Note {
+    /// A dense index, for the counters' arrays and [`NOTE_LABELS`].
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Self::Kod => 0,
+            Self::Interleaved => 1,
+            Self::KernelTxTimestamp => 2,
+            Self::Nts => 3,
+            Self::NtsNak => 4,
+            Self::Roughtime(v) => NTP_NOTES + v.index(),
+        }
+    }
+}
+
+/// Each [`Note`]'s label in log lines, in [`Note::index`] order.
 pub(crate) const NOTE_LABELS: [&str; NOTES] = [
     "kod",
     "interleaved",
     "kernel_tx_timestamps",
     "nts",
     "nts_nak",
+    "version.google",
+    "version.0x80000008",
+    "version.0x80000009",
+    "version.0x8000000a",
+    "version.0x8000000b",
+    "version.0x8000000c",
+    "version.1",
 ];
 
 /// What one worker has seen since it last flushed.
@@ -74,7 +102,7 @@ impl<const N: usize> Counters<N> {
 
     /// Counts one reply of note if `happened`.
     pub(crate) fn note(&mut self, note: Note, happened: bool) {
-        self.notes[note as usize] += u64::from(happened);
+        self.notes[note.index()] += u64::from(happened);
     }
 
     pub(crate) fn dropped_total(&self) -> u64 {
@@ -377,5 +405,35 @@ impl<const N: usize> WorkerStats<N> {
         self.lifetime.add(&self.pending);
         self.pending = Counters::default();
         self.last_flush_unix = now_unix;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_roughtime_version_has_its_own_note_and_label() {
+        for v in Version::ALL {
+            let i = Note::Roughtime(v).index();
+            assert_eq!(NOTE_LABELS[i], format!("version.{}", v.label()));
+        }
+        assert_eq!(Note::Roughtime(Version::ALL[0]).index(), NTP_NOTES);
+        assert_eq!(Note::NtsNak.index(), NTP_NOTES - 1);
+    }
+
+    #[test]
+    fn the_log_line_names_the_versions_answered() {
+        let mut c = Counters::<1>::default();
+        c.answered = 3;
+        c.note(Note::Roughtime(Version::Draft11), true);
+        c.note(Note::Roughtime(Version::Draft11), true);
+        c.note(Note::Roughtime(Version::Google), true);
+        c.note(Note::Roughtime(Version::Rfc10049), false);
+        let line = c.display(&["x"]).to_string();
+        assert!(
+            line.ends_with(" version.google=1 version.0x8000000b=2"),
+            "{line}"
+        );
     }
 }

@@ -138,6 +138,11 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         l.push(("reason", reason));
         l
     };
+    let with_version = |base: &[(&'static str, &'static str)], version: &'static str| {
+        let mut l = base.to_vec();
+        l.push(("version", version));
+        l
+    };
     type Labels = Vec<(&'static str, &'static str)>;
     let expected: Vec<(&str, Labels, f64)> = vec![
         ("chimed_requests_received_total", ntp.to_vec(), 6.0),
@@ -162,6 +167,22 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         ("chimed_replies_sent_total", rt.to_vec(), 1.0),
         ("chimed_receive_batches_total", rt.to_vec(), 2.0),
         ("chimed_requests_dropped_total", with(&rt, "too_short"), 1.0),
+        // The probe speaks RFC 10049: one reply in version 1, none in the others.
+        (
+            "chimed_roughtime_replies_total",
+            with_version(&rt, "1"),
+            1.0,
+        ),
+        (
+            "chimed_roughtime_replies_total",
+            with_version(&rt, "0x8000000c"),
+            0.0,
+        ),
+        (
+            "chimed_roughtime_replies_total",
+            with_version(&rt, "google"),
+            0.0,
+        ),
     ];
     let matches = |page: &serde_json::Value| {
         expected
