@@ -424,8 +424,10 @@ mod tests {
 
     #[test]
     fn the_log_line_names_the_versions_answered() {
-        let mut c = Counters::<1>::default();
-        c.answered = 3;
+        let mut c = Counters::<1> {
+            answered: 3,
+            ..Default::default()
+        };
         c.note(Note::Roughtime(Version::Draft11), true);
         c.note(Note::Roughtime(Version::Draft11), true);
         c.note(Note::Roughtime(Version::Google), true);
