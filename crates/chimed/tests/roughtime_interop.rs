@@ -1,5 +1,5 @@
 //! Roughtime against independent implementations, installed by `scripts/setup` from the
-//! registries (crates.io, PyPI) at fixed paths, overridable by environment variables:
+//! registries (crates.io, PyPI, the Go module proxy) at fixed paths, overridable by environment variables:
 //!
 //! * roughenough-client 2.2.0 (`ROUGHENOUGH_CLIENT`) and roughly 0.3.0 (`ROUGHLY`, the `roughly`
 //!   script of its venv) query the real chimed, mirroring a real chronyd, with every protocol
@@ -13,6 +13,10 @@
 //!   10–11 and Google's protocol), and chimed itself, and refuses replies that do not verify with
 //!   the key it was given; `chime perf` verifies every reply of a load on roughly's server, whose
 //!   batches give replies with Merkle paths;
+//! * Cloudflare's Go Roughtime (github.com/cloudflare/roughtime at a pinned commit, from the Go
+//!   module proxy): its client (`CLOUDFLARE_GETROUGHTIME`) queries chimed offering drafts 11 and
+//!   08, and Google's protocol, and `chime roughtime` verifies its test server
+//!   (`CLOUDFLARE_TESTSERVER`) in drafts 11 and 08 and Google's protocol;
 //! * malfeasance reports (RFC 10049 §8.4.1) both ways: roughly's checker confirms the reports
 //!   `chime roughtime --report` writes, and `chime roughtime --check-report` checks roughly's.
 //!
@@ -26,8 +30,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{
-    Chimed, Chronyd, PeerServer, ROUGHLY, RoughtimeKey, chime_keygen, peer, run, unix_now,
-    wait_roughtime_ready, workspace_bin,
+    CLOUDFLARE_GETROUGHTIME, Chimed, Chronyd, PeerServer, ROUGHLY, RoughtimeKey, chime_keygen,
+    peer, run, unix_now, wait_roughtime_ready, workspace_bin,
 };
 
 const ROUGHENOUGH_CLIENT: &str = "/opt/chime-peers/bin/roughenough_client";
@@ -279,6 +283,113 @@ fn roughly_offering_0x8000000f_gets_no_reply() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Cloudflare's Go Roughtime (github.com/cloudflare/roughtime) → chimed. Its client offers drafts
+// 11 and 08 ("IETF-Roughtime", so chimed must pick draft 11) or Google's protocol, verifies the
+// reply with the key in its config, and prints how far the signed midpoint is from its own clock
+// ("Delta: 108ms"). chimed's exit line says which version it answered in.
+
+/// A Go duration as `time.Duration.String` prints one truncated to milliseconds ("0s", "108ms",
+/// "-1.5s"), in seconds.
+fn go_duration_secs(text: &str) -> Option<f64> {
+    let (sign, text) = match text.strip_prefix('-') {
+        Some(rest) => (-1.0, rest),
+        None => (1.0, text),
+    };
+    let value: f64 = if let Some(ms) = text.strip_suffix("ms") {
+        ms.parse::<f64>().ok()? / 1e3
+    } else {
+        text.strip_suffix('s')?.parse().ok()?
+    };
+    Some(sign * value)
+}
+
+/// Runs Cloudflare's getroughtime against `addr` with `key` in its JSON server list, speaking
+/// `version` ("IETF-Roughtime" or "Google-Roughtime"): its output and exit status.
+fn cloudflare_getroughtime(addr: SocketAddr, key: &str, version: &str) -> Output {
+    let client = peer("CLOUDFLARE_GETROUGHTIME", CLOUDFLARE_GETROUGHTIME);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("servers.json");
+    let servers = serde_json::json!({"servers": [{
+        "name": "under-test",
+        "version": version,
+        "publicKeyType": "ed25519",
+        "publicKey": key,
+        "addresses": [{"protocol": "udp", "address": addr.to_string()}],
+    }]});
+    std::fs::write(&config, servers.to_string()).unwrap();
+    run(Command::new(client)
+        .arg("-config")
+        .arg(&config)
+        .args(["-attempts", "2", "-timeout", "1s"]))
+}
+
+/// getroughtime speaking `version` accepts chimed's reply, which chimed made in `served` (a
+/// `version.*` label of its stats), and the signed time is within `within` seconds of ours.
+fn cloudflare_client_accepts(version: &str, served: &str, within: f64) {
+    let mut s = chimed_roughtime();
+    let out = cloudflare_getroughtime(s.addr, &s.key.public_base64, version);
+    let all = text(&out);
+    assert!(
+        out.status.success(),
+        "getroughtime ({version}) did not accept chimed's reply:\n{all}\nchimed log:\n{}",
+        s.chimed.log()
+    );
+    let delta = all
+        .lines()
+        .find_map(|l| go_duration_secs(l.strip_prefix("Delta: ")?.trim()))
+        .unwrap_or_else(|| panic!("no Delta in getroughtime's output:\n{all}"));
+    assert!(
+        delta.abs() < within,
+        "getroughtime ({version}): delta {delta} s"
+    );
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    // This client's one query, and the readiness probe's version 1 request.
+    let mut versions: Vec<&str> = totals
+        .split_whitespace()
+        .filter(|w| w.starts_with("version."))
+        .collect();
+    versions.sort_unstable();
+    let mut expected = [format!("{served}=1"), "version.1=1".to_owned()];
+    expected.sort_unstable();
+    assert_eq!(versions, expected, "{totals}");
+}
+
+#[test]
+fn cloudflare_client_offering_drafts_11_and_08_gets_draft_11() {
+    // Draft 11 signs whole seconds (and a radius of at least 3 s).
+    cloudflare_client_accepts("IETF-Roughtime", "version.0x8000000b", 2.0);
+}
+
+#[test]
+fn cloudflare_client_speaking_google_roughtime() {
+    cloudflare_client_accepts("Google-Roughtime", "version.google", 1.0);
+}
+
+/// With another key in the client's config: speaking draft 11, the client names that key in SRV
+/// and chimed, which holds another, drops the request (counted `unknown_server`); speaking Google's
+/// protocol, which has no SRV, the client gets chimed's reply and refuses it, as it must.
+#[test]
+fn cloudflare_client_under_another_key_gets_nothing_it_accepts() {
+    let mut s = chimed_roughtime();
+    let other = chime_keygen();
+    for version in ["IETF-Roughtime", "Google-Roughtime"] {
+        let out = cloudflare_getroughtime(s.addr, &other.public_base64, version);
+        assert!(!out.status.success(), "{version}: {}", text(&out));
+        assert!(!text(&out).contains("Delta:"), "{version}: {}", text(&out));
+    }
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(totals.contains(" dropped.unknown_server="), "{totals}");
+    assert!(totals.contains(" version.google="), "{totals}");
+    assert!(!totals.contains(" version.0x8000000b="), "{totals}");
+}
+
+// ---------------------------------------------------------------------------------------------
 // chime roughtime → roughenough-server 2.2.0 (answers version 1 only) and → chimed.
 
 /// `chime roughtime --json` against `addr` with this key; the parsed report, or why it failed.
@@ -360,6 +471,36 @@ fn chime_verifies_roughly_server_in_every_version_it_serves() {
     let err = chime_roughtime(server.addr, &key.public_base64, Some("0x80000008"))
         .expect_err("roughly's server answered draft 08");
     assert!(err.contains("no reply"), "{err}");
+}
+
+/// Cloudflare's Go test server, in each version it serves.
+#[test]
+fn chime_verifies_cloudflare_testserver_in_every_version_it_serves() {
+    let key = chime_keygen();
+    let server = PeerServer::cloudflare(&key.seed_hex);
+    for (version, mark) in [
+        ("0x8000000b", "0x8000000b"),
+        ("0x80000008", "0x80000008"),
+        ("google", "Google"),
+    ] {
+        let r =
+            chime_roughtime(server.addr, &key.public_base64, Some(version)).unwrap_or_else(|e| {
+                panic!(
+                    "--version {version}: {e}\ncloudflare testserver log:\n{}",
+                    server.log()
+                )
+            });
+        assert_verified(
+            &r,
+            mark,
+            &format!("cloudflare testserver, --version {version}"),
+        );
+    }
+    // The same seed gave the same long-term key; with another key nothing verifies.
+    let other = chime_keygen();
+    let err = chime_roughtime(server.addr, &other.public_base64, Some("0x8000000b"))
+        .expect_err("a reply verified under the wrong key");
+    assert!(!err.is_empty());
 }
 
 /// A load on roughly's server, which batches what arrives within 5 ms: every reply verified

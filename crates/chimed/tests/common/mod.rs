@@ -435,6 +435,12 @@ pub fn peer(var: &str, default: &str) -> PathBuf {
 /// A minimal RFC 10049 request (VER 1, NONC, TYPE 0, ZZZZ to 1024 bytes), built here by hand so
 /// that readiness checks depend on neither chime's code nor a peer's.
 pub fn roughtime_probe_request(nonce: [u8; 32]) -> Vec<u8> {
+    roughtime_probe_request_in(1, nonce)
+}
+
+/// [`roughtime_probe_request`] offering version `ver` instead, for a server that does not speak
+/// version 1 (a draft-11 server ignores the TYPE tag it does not know).
+pub fn roughtime_probe_request_in(ver: u32, nonce: [u8; 32]) -> Vec<u8> {
     const TAGS: [u32; 4] = [0x0052_4556, 0x434e_4f4e, 0x4550_5954, 0x5a5a_5a5a]; // VER NONC TYPE ZZZZ
     let header = 4 + 4 * 3 + 4 * 4;
     let message_len = 1024 - 12;
@@ -449,7 +455,7 @@ pub fn roughtime_probe_request(nonce: [u8; 32]) -> Vec<u8> {
     for tag in TAGS {
         p.extend_from_slice(&tag.to_le_bytes());
     }
-    p.extend_from_slice(&1u32.to_le_bytes());
+    p.extend_from_slice(&ver.to_le_bytes());
     p.extend_from_slice(&nonce);
     p.extend_from_slice(&0u32.to_le_bytes());
     p.resize(p.len() + pad, 0);
@@ -462,9 +468,19 @@ pub fn roughtime_probe_request(nonce: [u8; 32]) -> Vec<u8> {
 pub fn wait_roughtime_ready(
     addr: SocketAddr,
     limit: Duration,
+    alive: impl FnMut() -> bool,
+) -> bool {
+    wait_roughtime_ready_in(1, addr, limit, alive)
+}
+
+/// [`wait_roughtime_ready`] with a probe offering version `ver`.
+pub fn wait_roughtime_ready_in(
+    ver: u32,
+    addr: SocketAddr,
+    limit: Duration,
     mut alive: impl FnMut() -> bool,
 ) -> bool {
-    let request = roughtime_probe_request([0x5a; 32]);
+    let request = roughtime_probe_request_in(ver, [0x5a; 32]);
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if !alive() {
@@ -486,10 +502,12 @@ pub fn unix_now() -> f64 {
 }
 
 /// A real, independent Roughtime server on a free loopback port, with the long-term seed we give
-/// it: roughenough-server 2.2.0 (crates.io) or roughly 0.3.0's server (PyPI).
+/// it: roughenough-server 2.2.0 (crates.io), roughly 0.3.0's server (PyPI) or Cloudflare's Go test
+/// server (Go module proxy).
 ///
-/// Neither can bind port 0 and report the port, so each gets a port that was free a moment ago,
-/// and another if that one was taken meanwhile; it is ready once it answers an RFC 10049 request.
+/// None can bind port 0 and report the port, so each gets a port that was free a moment ago, and
+/// another if that one was taken meanwhile; it is ready once it answers a request in a version it
+/// serves (RFC 10049's, or draft 11 for Cloudflare's).
 pub struct PeerServer {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
@@ -499,6 +517,8 @@ pub struct PeerServer {
 
 pub const ROUGHENOUGH_SERVER: &str = "/opt/chime-peers/bin/roughenough_server";
 pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
+pub const CLOUDFLARE_TESTSERVER: &str = "/opt/chime-peers/cloudflare-roughtime/testserver";
+pub const CLOUDFLARE_GETROUGHTIME: &str = "/opt/chime-peers/cloudflare-roughtime/getroughtime";
 
 impl PeerServer {
     /// roughenough-server 2.2.0 with this seed (64 hex digits). 2.2.0 has no grease
@@ -557,7 +577,26 @@ impl PeerServer {
         })
     }
 
-    fn start(what: &str, mut command: impl FnMut(u16, &Path) -> Command) -> Self {
+    /// Cloudflare's Go test server (github.com/cloudflare/roughtime's cmd/testserver) with this
+    /// root seed (64 hex digits). It serves drafts 11 and 08 and Google's protocol, one request at
+    /// a time, with an online key it makes at start; a request in any other version makes it exit,
+    /// so its readiness probe offers draft 11.
+    pub fn cloudflare(seed_hex: &str) -> Self {
+        let bin = peer("CLOUDFLARE_TESTSERVER", CLOUDFLARE_TESTSERVER);
+        Self::start_probing(0x8000_000b, "cloudflare testserver", |port, _| {
+            let mut cmd = Command::new(&bin);
+            cmd.arg("-addr")
+                .arg(format!("127.0.0.1:{port}"))
+                .args(["-root-key", seed_hex]);
+            cmd
+        })
+    }
+
+    fn start(what: &str, command: impl FnMut(u16, &Path) -> Command) -> Self {
+        Self::start_probing(1, what, command)
+    }
+
+    fn start_probing(ver: u32, what: &str, mut command: impl FnMut(u16, &Path) -> Command) -> Self {
         let mut last_log = String::new();
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
@@ -586,7 +625,7 @@ impl PeerServer {
                 _dir: dir,
             };
             let addr = server.addr;
-            let ready = wait_roughtime_ready(addr, Duration::from_secs(10), || {
+            let ready = wait_roughtime_ready_in(ver, addr, Duration::from_secs(10), || {
                 matches!(server.child.try_wait(), Ok(None))
             });
             if ready {
