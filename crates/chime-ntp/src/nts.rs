@@ -114,6 +114,26 @@ impl CookieKeys {
         self.current.0
     }
 
+    /// The key that seals, with its id: what a server saves so that its cookies outlive a
+    /// restart.
+    pub fn current(&self) -> (u32, [u8; KEY_LEN]) {
+        self.current
+    }
+
+    /// The key before, which still opens, with its id.
+    pub fn previous(&self) -> Option<(u32, [u8; KEY_LEN])> {
+        self.previous
+    }
+
+    /// Master keys as [`CookieKeys::current`] and [`CookieKeys::previous`] gave them, e.g. read
+    /// back from where a server saved them.
+    pub fn from_parts(
+        current: (u32, [u8; KEY_LEN]),
+        previous: Option<(u32, [u8; KEY_LEN])>,
+    ) -> Self {
+        Self { current, previous }
+    }
+
     /// Seals `keys` into a cookie with a fresh random `nonce`.
     pub fn seal(&self, keys: &Keys, nonce: [u8; NONCE_LEN]) -> [u8; COOKIE_LEN] {
         let (id, master) = &self.current;

@@ -142,6 +142,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) nts_rotation: Option<f64>,
 
+    /// Keep the NTS cookie keys in this directory (file `nts-cookie-keys`, mode 0600), as chronyd's
+    /// `ntsdumpdir`: read at start and rewritten at every rotation, so clients' cookies outlive a
+    /// restart [default: memory only]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) nts_dump_dir: Option<PathBuf>,
+
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
     #[arg(long, value_name = "ADDR:PORT")]

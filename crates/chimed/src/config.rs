@@ -47,6 +47,7 @@ struct File {
     nts_private_key: Option<PathBuf>,
     nts_ke_address: Option<SocketAddr>,
     nts_rotation: Option<f64>,
+    nts_dump_dir: Option<PathBuf>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -102,6 +103,8 @@ pub(crate) struct Nts {
     pub(crate) not_after: Option<i64>,
     pub(crate) ke_address: SocketAddr,
     pub(crate) rotation: Duration,
+    /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
+    pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
 }
 
 /// `ratelimit` and its options.
@@ -235,11 +238,13 @@ impl Settings {
         let (nts_key, nts_key_in) = pick!(nts_private_key, "nts-private-key");
         let (nts_ke, nts_ke_in) = pick!(nts_ke_address, "nts-ke-address");
         let (nts_rotation, nts_rotation_in) = pick!(nts_rotation, "nts-rotation");
+        let (nts_dump_dir, nts_dump_dir_in) = pick!(nts_dump_dir, "nts-dump-dir");
         let nts = match (nts_cert, nts_key) {
             (None, None) => {
                 for (given, input) in [
                     (nts_ke.is_some(), &nts_ke_in),
                     (nts_rotation.is_some(), &nts_rotation_in),
+                    (nts_dump_dir.is_some(), &nts_dump_dir_in),
                 ] {
                     if given {
                         let r = "only takes effect with nts-certificate and nts-private-key";
@@ -265,6 +270,19 @@ impl Settings {
                     .map_err(|r| invalid(&nts_cert_in, r))?;
                 let rotation = nts_rotation.unwrap_or(86_400.0);
                 check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
+                let dump = match nts_dump_dir {
+                    None => None,
+                    Some(dir) => {
+                        if !dir.is_dir() {
+                            let r = format!("{}: not a directory", dir.display());
+                            return Err(invalid(&nts_dump_dir_in, r));
+                        }
+                        let file = crate::nts_keys::path_in(&dir);
+                        let saved = crate::nts_keys::load(&file)
+                            .map_err(|r| invalid(&nts_dump_dir_in, r))?;
+                        Some((file, saved))
+                    }
+                };
                 Some(Nts {
                     certificate,
                     private_key: key,
@@ -272,6 +290,7 @@ impl Settings {
                     not_after: loaded.not_after,
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
                     rotation: Duration::from_secs_f64(rotation),
+                    dump,
                 })
             }
         };

@@ -12,6 +12,7 @@ mod config;
 mod metrics;
 mod ntp_worker;
 mod nts_ke;
+mod nts_keys;
 mod online_keys;
 mod privileges;
 mod reply;
@@ -112,6 +113,7 @@ struct Bound {
 }
 
 fn run(args: &Args, settings: Settings) -> Result<()> {
+    let nts_start = settings.nts.as_ref().map(nts_ke::starting_keys);
     let ntp = Arc::new(ntp_worker::Shared {
         state: ArcSwap::from_pointee(ServerState::unsynchronised()),
         policy: StalePolicy {
@@ -133,10 +135,9 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
             table
         }),
         epoch: Instant::now(),
-        nts: settings
-            .nts
+        nts: nts_start
             .as_ref()
-            .map(|_| Arc::new(ArcSwap::from_pointee(nts_ke::fresh_keys(None)))),
+            .map(|r| Arc::new(ArcSwap::from_pointee(r.saved.keys.clone()))),
         txlog: (settings.interleaved_log > 0).then(|| {
             let log = chime_ntp::TxLog::new(settings.interleaved_log);
             info!(
@@ -287,6 +288,9 @@ fn run(args: &Args, settings: Settings) -> Result<()> {
             ntp_port: port,
             settings: nts,
             cookies,
+            first_rotation: nts_start
+                .as_ref()
+                .map_or(std::time::Duration::ZERO, |r| r.next_rotation),
             counts: ke_counts.clone(),
         });
     let result = runtime.block_on(control_plane(
@@ -407,6 +411,9 @@ struct NtsControl {
     ntp_port: Option<u16>,
     settings: config::Nts,
     cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
+    /// When the cookie key is next due to rotate: a key read back from `--nts-dump-dir` keeps its
+    /// schedule.
+    first_rotation: std::time::Duration,
     counts: Arc<nts_ke::KeCounts>,
 }
 
@@ -468,7 +475,12 @@ async fn control_plane(
                 .store(t, std::sync::atomic::Ordering::Relaxed);
         }
         nts_tls = Some((n.tls, n.settings.clone(), n.counts));
-        tasks.push(tokio::spawn(nts_ke::rotate(n.cookies, n.settings.rotation)));
+        tasks.push(tokio::spawn(nts_ke::rotate(
+            n.cookies,
+            n.first_rotation,
+            n.settings.rotation,
+            n.settings.dump.map(|(path, _)| path),
+        )));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
     info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");

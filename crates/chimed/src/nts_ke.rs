@@ -5,7 +5,7 @@
 //! schedule (the one before still opens, so no cookie in use dies at a rotation). SIGHUP reloads
 //! the certificate and key, for renewals without a restart.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -19,6 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
+
+use crate::nts_keys::{self, How};
 
 /// Sessions served at once; more wait for a slot.
 const MAX_SESSIONS: usize = 256;
@@ -217,14 +219,72 @@ pub(crate) fn fresh_keys(before: Option<&CookieKeys>) -> CookieKeys {
     }
 }
 
-/// Replaces the cookie master key every `every`.
-pub(crate) async fn rotate(cookies: Arc<ArcSwap<CookieKeys>>, every: Duration) {
+/// The master keys to start with: those saved in `--nts-dump-dir` if any (on their schedule, see
+/// [`nts_keys::resume`]), else fresh ones. What changed is saved back.
+pub(crate) fn starting_keys(nts: &crate::config::Nts) -> nts_keys::Resumed {
+    let now = crate::clock::read().unix_secs();
+    let saved = nts.dump.as_ref().and_then(|(_, saved)| saved.clone());
+    let r = nts_keys::resume(saved, now, nts.rotation, || {
+        (rand::random(), rand::random())
+    });
+    if let Some((path, _)) = &nts.dump {
+        let (shown, id) = (path.display(), r.saved.keys.current_id());
+        let next = r.next_rotation.as_secs();
+        match r.how {
+            How::Fresh => info!("nts: no cookie keys in {shown} yet: new key (id {id:08x})"),
+            How::Kept => info!(
+                "nts: cookie keys read from {shown}: clients' cookies still open (id {id:08x}, \
+                 next rotation in {next} s)"
+            ),
+            How::Rotated => info!(
+                "nts: cookie keys read from {shown} and rotated, as was due: clients' cookies \
+                 still open (id {id:08x})"
+            ),
+            How::Expired => info!(
+                "nts: the cookie keys in {shown} are more than two rotations old: new key \
+                 (id {id:08x})"
+            ),
+        }
+        if r.how != How::Kept {
+            save_keys(path, &r.saved);
+        }
+    }
+    r
+}
+
+/// Saves the keys, or says why it could not: serving goes on, but the next restart will cost
+/// every client a NAK and a new handshake.
+fn save_keys(path: &Path, saved: &nts_keys::Saved) {
+    if let Err(e) = nts_keys::save(path, saved) {
+        warn!(
+            "nts: cannot save the cookie keys to {}: {e}; clients' cookies will not survive a \
+             restart",
+            path.display()
+        );
+    }
+}
+
+/// Replaces the cookie master key `first` from now, then every `every`, saving each new set to
+/// `dump` (before it is used, so a saved file always opens every cookie handed out).
+pub(crate) async fn rotate(
+    cookies: Arc<ArcSwap<CookieKeys>>,
+    first: Duration,
+    every: Duration,
+    dump: Option<PathBuf>,
+) {
+    tokio::time::sleep(first).await;
     let mut tick = tokio::time::interval(every);
-    tick.tick().await;
     loop {
         tick.tick().await;
         let next = fresh_keys(Some(&cookies.load()));
         let id = next.current_id();
+        if let Some(path) = &dump {
+            let saved = nts_keys::Saved {
+                keys: next.clone(),
+                made_unix: crate::clock::read().unix_secs(),
+            };
+            save_keys(path, &saved);
+        }
         cookies.store(Arc::new(next));
         info!("nts: cookie key rotated (id {id:08x})");
     }

@@ -83,12 +83,19 @@ fn bad_nts_settings_exit_2_naming_them() {
     std::fs::copy(&key, &open_key).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // A dump directory whose key file others may read.
+    let open_dump = dir.path().join("open-dump");
+    std::fs::create_dir(&open_dump).unwrap();
+    let keys = open_dump.join("nts-cookie-keys");
+    std::fs::write(&keys, "made 1\n").unwrap();
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (c, k, g, o) = (
         cert.to_str().unwrap(),
         key.to_str().unwrap(),
         garbage.to_str().unwrap(),
         open_key.to_str().unwrap(),
     );
+    let (od, nd) = (open_dump.to_str().unwrap(), garbage.to_str().unwrap());
     for (args, needle) in [
         (vec!["--nts-certificate", c], "--nts-private-key: missing"),
         (vec!["--nts-private-key", k], "--nts-certificate: missing"),
@@ -103,6 +110,32 @@ fn bad_nts_settings_exit_2_naming_them() {
         (
             vec!["--nts-ke-address", "127.0.0.1:4460"],
             "--nts-ke-address: only takes effect",
+        ),
+        (
+            vec!["--nts-dump-dir", od],
+            "--nts-dump-dir: only takes effect",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-dump-dir",
+                nd,
+            ],
+            "garbage.pem: not a directory",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-dump-dir",
+                od,
+            ],
+            "nts-cookie-keys: group or others may read it (mode 644)",
         ),
     ] {
         let mut argv = args.clone();
@@ -135,7 +168,13 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path(), "server");
     let chronyd = Chronyd::start();
-    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &["--nts-rotation", "1"]);
+    let dump = dir.path().to_str().unwrap();
+    let (mut chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &["--nts-rotation", "1", "--nts-dump-dir", dump],
+    );
     let logs = tempfile::tempdir().unwrap();
     let mut client = Command::new(CHRONYD)
         .args(["-x", "-d", "-u", "root"])
@@ -184,6 +223,19 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
     assert!(
         agreed >= 2,
         "chronyd did not come back for new cookies: {ke}"
+    );
+    // Every rotation was saved (--nts-dump-dir): the file holds the last key logged.
+    let log = chimed.log();
+    let last = log
+        .lines()
+        .rev()
+        .find_map(|l| l.split("cookie key rotated (id ").nth(1))
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no rotation logged: {log}"));
+    let saved = std::fs::read_to_string(dir.path().join("nts-cookie-keys")).unwrap();
+    assert!(
+        saved.contains(&format!("\ncurrent {last} ")),
+        "the log's last rotation was to {last}, the saved file's current key is another"
     );
 }
 
@@ -301,4 +353,117 @@ fn sighup_reloads_the_nts_certificate() {
     let warned = chimed.wait_for("keeping the one in force", Duration::from_secs(5));
     assert!(warned.contains("live.pem"), "{warned}");
     chime_ntp_nts(&spec, &b_cert).expect("the certificate in force is kept");
+}
+
+/// The count after `key=` in a log line, or 0 if the line has none.
+fn count_in(line: &str, key: &str) -> u64 {
+    line.split(&format!(" {key}="))
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// With `--nts-dump-dir`, a restarted chimed opens the cookies its predecessor handed out: a
+/// chronyd polling four times a second across the restart gets authenticated replies from the
+/// new process with no NAK and no new NTS-KE session. The same restart without the directory
+/// costs it a NAK and a new session, which is what the directory is for.
+#[test]
+fn cookies_outlive_a_restart_with_nts_dump_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let dump = dir.path().join("state");
+    std::fs::create_dir(&dump).unwrap();
+    let chronyd = Chronyd::start();
+    let dump_flags = ["--nts-dump-dir", dump.to_str().unwrap()];
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &dump_flags);
+    let ntp_port = chimed.addr.port();
+    use std::os::unix::fs::PermissionsExt;
+    let saved = dump.join("nts-cookie-keys");
+    let mode = std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", saved.display());
+
+    let logs = tempfile::tempdir().unwrap();
+    let mut client = Command::new(CHRONYD)
+        .args(["-x", "-d", "-u", "root"])
+        .arg(format!(
+            "server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"
+        ))
+        .arg(format!("ntstrustedcerts {}", cert.display()))
+        .arg(format!("pidfile {}/pid", logs.path().display()))
+        .arg(format!("driftfile {}/drift", logs.path().display()))
+        .arg(format!("logdir {}", logs.path().display()))
+        .args(["log measurements", "cmdport 0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let measured = || {
+        std::fs::read_to_string(logs.path().join("measurements.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .count()
+    };
+    // Four measurements more than `from`, within 15 s.
+    let measure_past = |from: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while measured() < from + 4 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(measured() >= from + 4, "chronyd stopped measuring");
+        measured()
+    };
+    // A new chimed on the same ports, once the one before has exited: the client keeps the NTP
+    // port NTS-KE named, and the address.
+    let start_again = |extra: &[&str]| -> Chimed {
+        let ntp_addr = format!("127.0.0.1:{ntp_port}");
+        let ke_addr = format!("127.0.0.1:{ke_port}");
+        let mut args = vec![
+            "-a",
+            &ntp_addr,
+            "--nts-certificate",
+            cert.to_str().unwrap(),
+            "--nts-private-key",
+            key.to_str().unwrap(),
+            "--nts-ke-address",
+            &ke_addr,
+        ];
+        args.extend_from_slice(extra);
+        let mut next = Chimed::mirroring(&chronyd.addr().to_string(), &args);
+        next.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+        next
+    };
+    let exit_totals = |chimed: &mut Chimed| {
+        assert!(chimed.terminate().success());
+        (
+            chimed.wait_for("ntp totals at exit", Duration::from_secs(1)),
+            chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1)),
+        )
+    };
+
+    let n = measure_past(0);
+    let (_, ke) = exit_totals(&mut chimed);
+    assert_eq!(count_in(&ke, "agreed"), 1, "{ke}");
+    let mut chimed = start_again(&dump_flags);
+    let log = chimed.log();
+    assert!(log.contains("cookie keys read from"), "{log}");
+    let n = measure_past(n);
+    let (ntp, ke) = exit_totals(&mut chimed);
+    assert!(count_in(&ntp, "nts") >= 4, "{ntp}");
+    assert_eq!(count_in(&ntp, "nts_nak"), 0, "a cookie did not open: {ntp}");
+    assert_eq!(
+        count_in(&ke, "agreed"),
+        0,
+        "chronyd came back for cookies: {ke}"
+    );
+
+    // Without the directory, the next process has new keys: a NAK, and a new session.
+    let mut chimed = start_again(&[]);
+    measure_past(n);
+    let (ntp, ke) = exit_totals(&mut chimed);
+    let _ = client.kill();
+    let _ = client.wait();
+    assert!(count_in(&ntp, "nts_nak") >= 1, "{ntp}");
+    assert_eq!(count_in(&ke, "agreed"), 1, "{ke}");
 }

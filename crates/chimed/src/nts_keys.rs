@@ -1,0 +1,314 @@
+//! NTS cookie master keys saved across restarts (`--nts-dump-dir`, chronyd's `ntsdumpdir`).
+//!
+//! A cookie is sealed under a master key that only this server holds. Kept in memory alone, the
+//! keys die with the process: after a restart every client's cookies fail, every client gets a
+//! NAK at its next poll and comes back for a TLS handshake at once. With a dump directory the keys
+//! are written to [`FILE`] whenever they change and read back at start, so a restart (an upgrade, a
+//! new configuration) costs the clients nothing.
+//!
+//! The file holds secrets: it is written mode 0600 beside its final name and renamed over it, so
+//! it is never seen half written or readable by others, and a file that group or others may read
+//! is refused at start. Its text:
+//!
+//! ```text
+//! # chimed NTS cookie keys ...
+//! made 1795312345
+//! current 1a2b3c4d <64 hex digits>
+//! previous 5e6f7a8b <64 hex digits>
+//! ```
+//!
+//! `made` is when the current key was made, Unix seconds; it places the next rotation on the
+//! schedule it had, so restarts neither skip nor postpone one.
+
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chime_ntp::nts::{CookieKeys, KEY_LEN};
+
+/// The file's name in the dump directory.
+pub(crate) const FILE: &str = "nts-cookie-keys";
+
+/// The keys and when the current one was made.
+#[derive(Clone, Debug)]
+pub(crate) struct Saved {
+    pub(crate) keys: CookieKeys,
+    pub(crate) made_unix: i64,
+}
+
+/// Where the keys live in `dir`.
+pub(crate) fn path_in(dir: &Path) -> PathBuf {
+    dir.join(FILE)
+}
+
+/// Reads the saved keys; `Ok(None)` if there is no file yet. An error names the file and, for a
+/// bad line, its number.
+pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{shown}: {e}")),
+    };
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{shown}: group or others may read it (mode {:o}); it holds the NTS cookie keys, \
+             chmod 600 it",
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    parse(&text).map(Some).map_err(|e| format!("{shown}: {e}"))
+}
+
+fn parse(text: &str) -> Result<Saved, String> {
+    let (mut made, mut current, mut previous) = (None, None, None);
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |what: &str| format!("line {}: {what}", n + 1);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["made", secs] => made = Some(secs.parse::<i64>().map_err(|_| bad("bad time"))?),
+            ["current", id, key] => current = Some(parse_key(id, key).map_err(|e| bad(&e))?),
+            ["previous", id, key] => previous = Some(parse_key(id, key).map_err(|e| bad(&e))?),
+            _ => {
+                return Err(bad(
+                    "expected `made SECS`, `current ID KEY` or `previous ID KEY`",
+                ));
+            }
+        }
+    }
+    let made_unix = made.ok_or("no `made` line")?;
+    let current = current.ok_or("no `current` key")?;
+    Ok(Saved {
+        keys: CookieKeys::from_parts(current, previous),
+        made_unix,
+    })
+}
+
+fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
+    let id = u32::from_str_radix(id, 16).map_err(|_| format!("bad key id {id:?}"))?;
+    if key.len() != 2 * KEY_LEN || !key.is_ascii() {
+        return Err(format!("a key is {} hex digits", 2 * KEY_LEN));
+    }
+    let mut bytes = [0u8; KEY_LEN];
+    for (b, pair) in bytes.iter_mut().zip(key.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).map_err(|_| "not hex".to_owned())?;
+        *b = u8::from_str_radix(pair, 16).map_err(|_| "a key is hex digits".to_owned())?;
+    }
+    Ok((id, bytes))
+}
+
+fn render(saved: &Saved) -> String {
+    let hex = |k: &[u8; KEY_LEN]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut text = String::from(
+        "# chimed NTS cookie keys (--nts-dump-dir): secret, rewritten whenever the keys rotate\n",
+    );
+    text.push_str(&format!("made {}\n", saved.made_unix));
+    let (id, key) = saved.keys.current();
+    text.push_str(&format!("current {id:08x} {}\n", hex(&key)));
+    if let Some((id, key)) = saved.keys.previous() {
+        text.push_str(&format!("previous {id:08x} {}\n", hex(&key)));
+    }
+    text
+}
+
+/// Writes the keys to `path`: a new file, mode 0600, synced, then renamed over the old one.
+pub(crate) fn save(path: &Path, saved: &Saved) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(render(saved).as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// What to serve with at start, given what was saved (if anything), the time now and the rotation
+/// interval: the keys, when the current one counts as made, and how long until the next rotation.
+///
+/// Saved keys keep their schedule: a current key younger than one interval stays current; one
+/// between one and two intervals old is rotated now and still opens as the previous key; an older
+/// one (or none) gives fresh keys. `fresh` makes a key with its id.
+pub(crate) fn resume(
+    saved: Option<Saved>,
+    now_unix: i64,
+    rotation: Duration,
+    mut fresh: impl FnMut() -> (u32, [u8; KEY_LEN]),
+) -> Resumed {
+    let every = rotation.as_secs_f64();
+    let brand_new = |fresh: &mut dyn FnMut() -> (u32, [u8; KEY_LEN])| {
+        let (id, key) = fresh();
+        Resumed {
+            saved: Saved {
+                keys: CookieKeys::new(id, key),
+                made_unix: now_unix,
+            },
+            next_rotation: rotation,
+            how: How::Fresh,
+        }
+    };
+    let Some(saved) = saved else {
+        return brand_new(&mut fresh);
+    };
+    // A clock that went back makes a key look younger than it is, never older than now.
+    let age = (now_unix - saved.made_unix).max(0) as f64;
+    if age < every {
+        Resumed {
+            next_rotation: Duration::from_secs_f64(every - age),
+            saved,
+            how: How::Kept,
+        }
+    } else if age < 2.0 * every {
+        let (id, key) = fresh();
+        Resumed {
+            saved: Saved {
+                keys: saved.keys.rotated(id, key),
+                made_unix: now_unix,
+            },
+            next_rotation: rotation,
+            how: How::Rotated,
+        }
+    } else {
+        Resumed {
+            how: How::Expired,
+            ..brand_new(&mut fresh)
+        }
+    }
+}
+
+/// [`resume`]'s answer.
+#[derive(Debug)]
+pub(crate) struct Resumed {
+    pub(crate) saved: Saved,
+    pub(crate) next_rotation: Duration,
+    pub(crate) how: How,
+}
+
+/// What [`resume`] did with the saved keys, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum How {
+    /// Nothing saved: fresh keys.
+    Fresh,
+    /// The saved keys, as they were.
+    Kept,
+    /// The saved current key, now the previous one, under a fresh current one.
+    Rotated,
+    /// Saved keys too old to open anything still valid: fresh keys.
+    Expired,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn counter() -> impl FnMut() -> (u32, [u8; KEY_LEN]) {
+        let mut n = 0u8;
+        move || {
+            n += 1;
+            (u32::from(n), [n; KEY_LEN])
+        }
+    }
+
+    fn saved(made_unix: i64) -> Saved {
+        Saved {
+            keys: CookieKeys::from_parts((0xaa, [0xaa; KEY_LEN]), Some((0xbb, [0xbb; KEY_LEN]))),
+            made_unix,
+        }
+    }
+
+    #[test]
+    fn saved_keys_round_trip_through_a_private_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = path_in(dir.path());
+        assert!(load(&path).unwrap().is_none());
+        save(&path, &saved(1_795_000_000)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let back = load(&path).unwrap().unwrap();
+        assert_eq!(back.made_unix, 1_795_000_000);
+        assert_eq!(back.keys.current(), (0xaa, [0xaa; KEY_LEN]));
+        assert_eq!(back.keys.previous(), Some((0xbb, [0xbb; KEY_LEN])));
+        // Saving again replaces it, and leaves nothing else behind.
+        save(&path, &saved(1_795_000_001)).unwrap();
+        assert_eq!(load(&path).unwrap().unwrap().made_unix, 1_795_000_001);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_readable_or_damaged_file_is_refused_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = path_in(dir.path());
+        save(&path, &saved(1)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(
+            e.starts_with(&path.display().to_string()) && e.contains("644"),
+            "{e}"
+        );
+
+        for (text, why) in [
+            ("made 1\n", "no `current` key"),
+            ("current 01 00\n", "line 1: a key is 64 hex digits"),
+            ("made x\n", "line 1: bad time"),
+            ("made 1\ncurrent zz 00\n", "line 2: bad key id"),
+            ("made 1\nlater 1\n", "line 2: expected"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let e = load(&path).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn saved_keys_keep_their_schedule() {
+        let now = 1_795_000_000;
+        let day = DAY.as_secs() as i64;
+
+        let r = resume(None, now, DAY, counter());
+        assert_eq!(r.how, How::Fresh);
+        assert_eq!(r.saved.keys.current().0, 1);
+        assert_eq!(r.saved.keys.previous(), None);
+        assert_eq!(r.next_rotation, DAY);
+
+        // Made 10 hours ago: kept, rotated 14 hours from now as it would have been.
+        let r = resume(Some(saved(now - 36_000)), now, DAY, counter());
+        assert_eq!(r.how, How::Kept);
+        assert_eq!(r.saved.keys.current().0, 0xaa);
+        assert_eq!(r.saved.keys.previous().unwrap().0, 0xbb);
+        assert_eq!(r.next_rotation, Duration::from_secs(50_400));
+
+        // Made 30 hours ago: due; the saved key still opens, as the previous one.
+        let r = resume(Some(saved(now - day - 21_600)), now, DAY, counter());
+        assert_eq!(r.how, How::Rotated);
+        assert_eq!(r.saved.keys.current().0, 1);
+        assert_eq!(r.saved.keys.previous().unwrap().0, 0xaa);
+        assert_eq!(r.saved.made_unix, now);
+
+        // Two intervals old: nothing it sealed is still valid.
+        let r = resume(Some(saved(now - 2 * day)), now, DAY, counter());
+        assert_eq!(r.how, How::Expired);
+        assert_eq!(r.saved.keys.previous(), None);
+
+        // Made "in the future" (the clock went back): kept, never rotated later than one interval.
+        let r = resume(Some(saved(now + 3_600)), now, DAY, counter());
+        assert_eq!(r.how, How::Kept);
+        assert_eq!(r.next_rotation, DAY);
+    }
+}
