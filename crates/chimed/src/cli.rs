@@ -142,6 +142,28 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) nts_rotation: Option<f64>,
 
+    /// Limit NTS-KE connections per client address, as chronyd's `ntsratelimit`: each address
+    /// earns one connection per 2^interval seconds and may save up a burst; over the limit one in
+    /// 2^leak is served anyway and the others are closed before the TLS handshake, counted as
+    /// `rate_limited` [default: off]
+    #[arg(long)]
+    pub(crate) nts_ratelimit: bool,
+
+    /// --nts-ratelimit: log2 of the seconds between connections from one address, -19 to 12
+    /// [default: 6, one per 64 s]
+    #[arg(long, value_name = "LOG2", allow_negative_numbers = true)]
+    pub(crate) nts_ratelimit_interval: Option<i64>,
+
+    /// --nts-ratelimit: connections an address may make back to back after being quiet, 1 to 255
+    /// [default: 8]
+    #[arg(long, value_name = "N")]
+    pub(crate) nts_ratelimit_burst: Option<i64>,
+
+    /// --nts-ratelimit: serve one in 2^LOG2 connections over the limit anyway; 1 to 4
+    /// [default: 2, one in four]
+    #[arg(long, value_name = "LOG2")]
+    pub(crate) nts_ratelimit_leak: Option<i64>,
+
     /// Keep the NTS cookie keys in this directory (file `nts-cookie-keys`, mode 0600), as chronyd's
     /// `ntsdumpdir`: read at start and rewritten at every rotation, so clients' cookies outlive a
     /// restart [default: memory only]

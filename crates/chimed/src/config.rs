@@ -42,6 +42,10 @@ struct File {
     ratelimit_leak: Option<i64>,
     ratelimit_kod: Option<i64>,
     ratelimit_clients: Option<usize>,
+    nts_ratelimit: Option<bool>,
+    nts_ratelimit_interval: Option<i64>,
+    nts_ratelimit_burst: Option<i64>,
+    nts_ratelimit_leak: Option<i64>,
     interleaved_log: Option<usize>,
     nts_certificate: Option<PathBuf>,
     nts_private_key: Option<PathBuf>,
@@ -105,6 +109,8 @@ pub(crate) struct Nts {
     pub(crate) rotation: Duration,
     /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
     pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
+    /// `--nts-ratelimit`: NTS-KE connections per client address.
+    pub(crate) ratelimit: Option<RateLimiting>,
 }
 
 /// `ratelimit` and its options.
@@ -121,6 +127,9 @@ const DEFAULT_INTERLEAVED_LOG: usize = 1 << 16;
 
 /// --ratelimit-clients' default: 65536 addresses, 1 MiB.
 const DEFAULT_RATELIMIT_CLIENTS: usize = 1 << 16;
+/// How many addresses NTS-KE rate limiting tracks: 16384, 256 KiB. A client runs NTS-KE once
+/// per association, so these are the addresses that connected in the last minutes.
+const DEFAULT_NTS_RATELIMIT_CLIENTS: usize = 16_384;
 
 /// The Roughtime service's settings, with the long-term key already loaded and checked.
 #[derive(Clone)]
@@ -239,12 +248,15 @@ impl Settings {
         let (nts_ke, nts_ke_in) = pick!(nts_ke_address, "nts-ke-address");
         let (nts_rotation, nts_rotation_in) = pick!(nts_rotation, "nts-rotation");
         let (nts_dump_dir, nts_dump_dir_in) = pick!(nts_dump_dir, "nts-dump-dir");
+        let nts_ratelimit = nts_rate_limiting(args, &file, path)?;
+        let nts_ratelimit_in = input("nts-ratelimit", path.filter(|_| !args.nts_ratelimit));
         let nts = match (nts_cert, nts_key) {
             (None, None) => {
                 for (given, input) in [
                     (nts_ke.is_some(), &nts_ke_in),
                     (nts_rotation.is_some(), &nts_rotation_in),
                     (nts_dump_dir.is_some(), &nts_dump_dir_in),
+                    (nts_ratelimit.is_some(), &nts_ratelimit_in),
                 ] {
                     if given {
                         let r = "only takes effect with nts-certificate and nts-private-key";
@@ -291,6 +303,7 @@ impl Settings {
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
                     rotation: Duration::from_secs_f64(rotation),
                     dump,
+                    ratelimit: nts_ratelimit,
                 })
             }
         };
@@ -491,41 +504,107 @@ fn rate_limiting(
     file: &File,
     path: Option<&Path>,
 ) -> Result<Option<RateLimiting>, ConfigError> {
-    let on = args.ratelimit || file.ratelimit.unwrap_or(false);
-    let opt = |flag: Option<i64>, from_file: Option<i64>, key| match (flag, from_file) {
+    rate_limit(
+        LimitInputs {
+            prefix: "ratelimit",
+            on: args.ratelimit || file.ratelimit.unwrap_or(false),
+            options: [
+                (
+                    args.ratelimit_interval,
+                    file.ratelimit_interval,
+                    "ratelimit-interval",
+                ),
+                (
+                    args.ratelimit_burst,
+                    file.ratelimit_burst,
+                    "ratelimit-burst",
+                ),
+                (args.ratelimit_leak, file.ratelimit_leak, "ratelimit-leak"),
+                (args.ratelimit_kod, file.ratelimit_kod, "ratelimit-kod"),
+            ],
+            clients: (
+                args.ratelimit_clients.map(|n| n as i64),
+                file.ratelimit_clients.map(|n| n as i64),
+                "ratelimit-clients",
+            ),
+            default: RateLimit::DEFAULT,
+            default_clients: DEFAULT_RATELIMIT_CLIENTS,
+        },
+        path,
+    )
+}
+
+/// `nts-ratelimit` and its options: chronyd's `ntsratelimit`, a limit on NTS-KE connections per
+/// client address (interval 6, one per 64 s, by default; no Kiss-o'-Death).
+fn nts_rate_limiting(
+    args: &Args,
+    file: &File,
+    path: Option<&Path>,
+) -> Result<Option<RateLimiting>, ConfigError> {
+    let default = RateLimit::new(6, 8, 2, 0).expect("in range");
+    rate_limit(
+        LimitInputs {
+            prefix: "nts-ratelimit",
+            on: args.nts_ratelimit || file.nts_ratelimit.unwrap_or(false),
+            options: [
+                (
+                    args.nts_ratelimit_interval,
+                    file.nts_ratelimit_interval,
+                    "nts-ratelimit-interval",
+                ),
+                (
+                    args.nts_ratelimit_burst,
+                    file.nts_ratelimit_burst,
+                    "nts-ratelimit-burst",
+                ),
+                (
+                    args.nts_ratelimit_leak,
+                    file.nts_ratelimit_leak,
+                    "nts-ratelimit-leak",
+                ),
+                (None, None, "nts-ratelimit-kod"),
+            ],
+            clients: (None, None, "nts-ratelimit-clients"),
+            default,
+            default_clients: DEFAULT_NTS_RATELIMIT_CLIENTS,
+        },
+        path,
+    )
+}
+
+/// One rate limit's options as the command line and the file gave them (flag, file, key).
+struct LimitInputs {
+    prefix: &'static str,
+    on: bool,
+    /// interval, burst, leak, kod.
+    options: [(Option<i64>, Option<i64>, &'static str); 4],
+    clients: (Option<i64>, Option<i64>, &'static str),
+    default: RateLimit,
+    default_clients: usize,
+}
+
+/// A rate limit from its options. An option without the limit itself is an error rather than
+/// silently ignored; an out-of-range value names its option and the range.
+fn rate_limit(spec: LimitInputs, path: Option<&Path>) -> Result<Option<RateLimiting>, ConfigError> {
+    let pick = |(flag, from_file, key): (Option<i64>, Option<i64>, &'static str)| match (
+        flag, from_file,
+    ) {
         (Some(v), _) => (Some(v), input(key, None)),
         (None, Some(v)) => (Some(v), input(key, path)),
         (None, None) => (None, input(key, None)),
     };
-    let clients = opt(
-        args.ratelimit_clients.map(|n| n as i64),
-        file.ratelimit_clients.map(|n| n as i64),
-        "ratelimit-clients",
-    );
-    let options = [
-        opt(
-            args.ratelimit_interval,
-            file.ratelimit_interval,
-            "ratelimit-interval",
-        ),
-        opt(
-            args.ratelimit_burst,
-            file.ratelimit_burst,
-            "ratelimit-burst",
-        ),
-        opt(args.ratelimit_leak, file.ratelimit_leak, "ratelimit-leak"),
-        opt(args.ratelimit_kod, file.ratelimit_kod, "ratelimit-kod"),
-    ];
-    if !on {
+    let clients = pick(spec.clients);
+    let options = spec.options.map(pick);
+    if !spec.on {
         return match options.iter().chain([&clients]).find(|(v, _)| v.is_some()) {
             Some((_, given_in)) => Err(invalid(
                 given_in,
-                "only takes effect with ratelimit; set both",
+                format!("only takes effect with {}; set both", spec.prefix),
             )),
             None => Ok(None),
         };
     }
-    let d = RateLimit::DEFAULT;
+    let d = spec.default;
     let [interval, burst, leak, kod] = &options;
     let limit = RateLimit::new(
         interval.0.unwrap_or(d.interval().into()),
@@ -536,14 +615,19 @@ fn rate_limiting(
     .map_err(|e| {
         let at = options
             .iter()
-            .find(|(_, i)| i.key.strip_prefix("ratelimit-") == Some(e.option))
+            .find(|(_, i)| {
+                i.key
+                    .strip_prefix(spec.prefix)
+                    .and_then(|k| k.strip_prefix('-'))
+                    == Some(e.option)
+            })
             .map_or(&interval.1, |(_, i)| i);
         invalid(
             at,
             format!("must be {} to {}, not {}", e.min, e.max, e.value),
         )
     })?;
-    let n = clients.0.unwrap_or(DEFAULT_RATELIMIT_CLIENTS as i64);
+    let n = clients.0.unwrap_or(spec.default_clients as i64);
     let max = ClientTable::MAX_CLIENTS as i64;
     if !(4..=max).contains(&n) {
         return Err(invalid(

@@ -467,6 +467,15 @@ async fn control_plane(
             n.cookies.clone(),
             n.ntp_port,
             n.counts.clone(),
+            n.settings.ratelimit.map(|r| {
+                let table = ClientTable::new(r.limit, r.clients, rand::random());
+                info!(
+                    "nts-ke: rate limiting on: ntsratelimit {}, {} client addresses tracked",
+                    r.limit,
+                    table.capacity()
+                );
+                table
+            }),
         )));
         nts_ke::log_expiry(&n.settings.certificate, n.settings.not_after);
         if let Some(t) = n.settings.not_after {

@@ -307,12 +307,13 @@ pub(crate) fn render(sources: &Sources) -> String {
             "chimed_nts_ke_sessions_total",
             "counter",
             "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
-             failed (TLS or I/O error, timeout).",
+             failed (TLS or I/O error, timeout), rate_limited (closed unserved, --nts-ratelimit).",
         );
         for (outcome, n) in [
             ("agreed", &ke.agreed),
             ("refused", &ke.refused),
             ("failed", &ke.failed),
+            ("rate_limited", &ke.rate_limited),
         ] {
             let _ = writeln!(
                 out,

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use chime_ntp::nts::{self, CookieKeys, KeOutcome, Keys};
+use chime_ntp::ratelimit::{ClientTable, Coin, Verdict};
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -36,6 +37,8 @@ pub(crate) struct KeCounts {
     pub(crate) agreed: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) failed: AtomicU64,
+    /// Connections closed unserved by `--nts-ratelimit`.
+    pub(crate) rate_limited: AtomicU64,
     pub(crate) certificate_not_after: AtomicI64,
 }
 
@@ -45,6 +48,7 @@ impl Default for KeCounts {
             agreed: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            rate_limited: AtomicU64::new(0),
             certificate_not_after: AtomicI64::new(i64::MIN),
         }
     }
@@ -53,10 +57,11 @@ impl Default for KeCounts {
 impl KeCounts {
     pub(crate) fn line(&self) -> String {
         format!(
-            "agreed={} refused={} failed={}",
+            "agreed={} refused={} failed={} rate_limited={}",
             self.agreed.load(Relaxed),
             self.refused.load(Relaxed),
-            self.failed.load(Relaxed)
+            self.failed.load(Relaxed),
+            self.rate_limited.load(Relaxed)
         )
     }
 }
@@ -290,14 +295,19 @@ pub(crate) async fn rotate(
     }
 }
 
-/// Accepts NTS-KE sessions on `listener` until the task is aborted.
+/// Accepts NTS-KE sessions on `listener` until the task is aborted. With `limiter`
+/// (`--nts-ratelimit`), a connection from an address over its limit is closed at once, before
+/// the TLS handshake it would cost.
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
     tls: Arc<ArcSwap<ServerConfig>>,
     cookies: Arc<ArcSwap<CookieKeys>>,
     ntp_port: Option<u16>,
     counts: Arc<KeCounts>,
+    limiter: Option<ClientTable>,
 ) {
+    let epoch = std::time::Instant::now();
+    let mut coin = Coin::new(rand::random());
     let listener = match listener
         .set_nonblocking(true)
         .and_then(|()| tokio::net::TcpListener::from_std(listener))
@@ -320,6 +330,14 @@ pub(crate) async fn serve(
                 continue;
             }
         };
+        if let Some(table) = &limiter {
+            let now_ns = epoch.elapsed().as_nanos() as u64;
+            if !matches!(table.check(peer.ip(), now_ns, &mut coin), Verdict::Answer) {
+                counts.rate_limited.fetch_add(1, Relaxed);
+                debug!("nts-ke: {peer}: over its rate limit, closed");
+                continue;
+            }
+        }
         // The certificate in force now: SIGHUP may have replaced it.
         let acceptor = TlsAcceptor::from(tls.load_full());
         let (cookies, counts) = (cookies.clone(), counts.clone());

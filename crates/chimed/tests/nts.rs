@@ -116,6 +116,26 @@ fn bad_nts_settings_exit_2_naming_them() {
             "--nts-dump-dir: only takes effect",
         ),
         (
+            vec!["--nts-ratelimit"],
+            "--nts-ratelimit: only takes effect",
+        ),
+        (
+            vec!["--nts-ratelimit-burst", "3"],
+            "--nts-ratelimit-burst: only takes effect with nts-ratelimit",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-ratelimit",
+                "--nts-ratelimit-interval",
+                "13",
+            ],
+            "--nts-ratelimit-interval: must be -19 to 12, not 13",
+        ),
+        (
             vec![
                 "--nts-certificate",
                 c,
@@ -466,4 +486,89 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
     let _ = client.wait();
     assert!(count_in(&ntp, "nts_nak") >= 1, "{ntp}");
     assert_eq!(count_in(&ke, "agreed"), 1, "{ke}");
+}
+
+/// Whether chimed's NTS-KE server kept a TCP connection from `local` open for a TLS handshake
+/// (`true`), or closed it at once unserved (`false`), as `--nts-ratelimit` does over the limit.
+fn ke_connection_served(ke: std::net::SocketAddr, local: std::net::IpAddr) -> bool {
+    use std::io::Read as _;
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&std::net::SocketAddr::new(local, 0).into())
+        .unwrap();
+    sock.connect(&ke.into()).unwrap();
+    let mut stream: std::net::TcpStream = sock.into();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    match stream.read(&mut buf) {
+        // Closed (or reset) before we said a word: turned away.
+        Ok(0) => false,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => false,
+        // Still waiting for our ClientHello.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            true
+        }
+        other => panic!("unexpected from NTS-KE: {other:?}"),
+    }
+}
+
+/// `--nts-ratelimit` (chronyd's `ntsratelimit`): a real client is served within its burst; a
+/// flood of connections from one address is closed before any TLS, bar the few leaked; another
+/// address keeps its own burst; chimed's count of what it turned away is ours exactly.
+#[test]
+fn nts_ke_rate_limit_turns_a_flood_away_before_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &[
+            "--nts-ratelimit",
+            "--nts-ratelimit-burst",
+            "3",
+            "--nts-ratelimit-leak",
+            "4",
+        ],
+    );
+    chimed.wait_for(
+        "nts-ke: rate limiting on: ntsratelimit interval 6 burst 3 leak 4",
+        Duration::from_secs(1),
+    );
+    let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
+    // The first connection of 127.0.0.1: a whole NTS exchange.
+    let r = chime_ntp_nts(&ke.to_string(), &cert).expect("chime ntp --nts within the burst");
+    assert_eq!(r["nts"]["cookies"], 3, "{r}");
+
+    let flood: Vec<bool> = (0..30)
+        .map(|_| ke_connection_served(ke, [127, 0, 0, 1].into()))
+        .collect();
+    let served = flood.iter().filter(|s| **s).count();
+    let turned_away = flood.len() - served;
+    // Two left of the burst, then one in 16 of the 28 after it leaked: far fewer than half.
+    assert!(flood[0] && flood[1], "{flood:?}");
+    assert!(
+        (2..=10).contains(&served),
+        "{served} of 30 served: {flood:?}"
+    );
+    assert!(
+        ke_connection_served(ke, [127, 0, 0, 2].into()),
+        "127.0.0.2 was turned away with 127.0.0.1's limit"
+    );
+
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(
+        count_in(&totals, "rate_limited"),
+        turned_away as u64,
+        "{totals}"
+    );
+    assert_eq!(count_in(&totals, "agreed"), 1, "{totals}");
 }
