@@ -47,6 +47,6 @@ pub use crate::{
     batch::{RxBatch, TxBatch},
     error::ConfigError,
     meta::{RecvMeta, Timestamp},
-    runner::{BatchHandler, BoundWorkers, WorkerConfig, Workers},
+    runner::{BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers},
     socket::{Capabilities, SendOutcome, SocketConfig, UdpSocket},
 };

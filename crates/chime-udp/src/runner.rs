@@ -53,9 +53,19 @@ pub trait BatchHandler: Send + 'static {
     /// already logged it (at most once per interval) and will back off briefly.
     fn recv_error(&mut self, _error: &io::Error) {}
 
+    /// Called now and then (every [`DROPS_EVERY`] batches, when idle, and before
+    /// [`BatchHandler::finish`]) with the kernel's count of datagrams dropped at this worker's
+    /// socket before they could be received ([`crate::UdpSocket::receive_drops`]: cumulative,
+    /// 32 bits, wrapping).
+    fn receive_drops(&mut self, _total: u32) {}
+
     /// Called once when the worker stops, after its last batch.
     fn finish(&mut self) {}
 }
+
+/// Batches between two reads of the socket's drop count: under load (thousands of batches a
+/// second) a few dozen `getsockopt` calls a second, nothing against the batches themselves.
+pub const DROPS_EVERY: u32 = 64;
 
 /// How to bind and run one group of workers: one protocol on one address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -451,6 +461,12 @@ impl Worker {
 
         let mut recv_errors = ErrorLog::new("receive");
         let mut backoff = MIN_BACKOFF;
+        let mut batches_since_drops = 0u32;
+        let report_drops = |handler: &mut H| {
+            if let Ok(total) = self.socket.receive_drops() {
+                handler.receive_drops(total);
+            }
+        };
         let mut gatherer = self
             .gather
             .map(|wait| Gatherer::new(wait, gather_below(rx.capacity()), Instant::now()));
@@ -459,6 +475,7 @@ impl Worker {
         while !self.stop.load(Ordering::Acquire) {
             match self.socket.recv_batch(&mut rx) {
                 Ok(0) => {
+                    report_drops(&mut handler);
                     handler.idle();
                     continue;
                 }
@@ -501,7 +518,13 @@ impl Worker {
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
                 g.handled(rx.len(), started.elapsed(), Instant::now());
             }
+            batches_since_drops += 1;
+            if batches_since_drops >= DROPS_EVERY {
+                batches_since_drops = 0;
+                report_drops(&mut handler);
+            }
         }
+        report_drops(&mut handler);
         handler.finish();
         recv_errors.flush();
         tracing::debug!("worker stopped");

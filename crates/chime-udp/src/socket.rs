@@ -23,7 +23,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::{
     RxBatch, TxBatch,
     error::ConfigError,
-    sys::{getsockopt_int, retry_eintr, setsockopt_int},
+    sys::{getsockopt_int, retry_eintr, setsockopt_int, socket_drops},
 };
 
 /// How to bind one [`UdpSocket`].
@@ -207,6 +207,13 @@ impl UdpSocket {
     /// What the kernel granted when the socket was bound.
     pub fn capabilities(&self) -> Capabilities {
         self.caps
+    }
+
+    /// How many datagrams the kernel has dropped at this socket since it was bound, before anyone
+    /// could receive them (its receive buffer was full): the load a server did not see. A 32-bit
+    /// count that wraps; one `getsockopt`, so read it now and then, not per batch.
+    pub fn receive_drops(&self) -> io::Result<u32> {
+        socket_drops(self.socket.as_raw_fd())
     }
 
     /// Shuts the socket down for reading: a thread blocked in [`Self::recv_batch`] wakes, and

@@ -72,6 +72,36 @@ pub(crate) fn getsockopt_int(
     cvt(ret).map(|_| value)
 }
 
+/// How many datagrams the kernel dropped at this socket since it was made, mostly because its
+/// receive buffer was full: `SO_MEMINFO`'s `SK_MEMINFO_DROPS`, a 32-bit count that wraps.
+pub(crate) fn socket_drops(fd: RawFd) -> io::Result<u32> {
+    // include/uapi/linux/sock_diag.h: SK_MEMINFO_RMEM_ALLOC .. SK_MEMINFO_DROPS (8), and
+    // SK_MEMINFO_VARS (9). Newer kernels may add more; the kernel copies at most `len` bytes.
+    const SK_MEMINFO_DROPS: usize = 8;
+    const SK_MEMINFO_VARS: usize = 9;
+    let mut info = [0u32; SK_MEMINFO_VARS];
+    let mut len = socklen_of::<[u32; SK_MEMINFO_VARS]>();
+    // SAFETY: `info` and `len` are live locals; `len` is the size of `info`, and the kernel
+    // writes at most `len` bytes into it (sock_getsockopt copies min(len, its own size)).
+    let ret = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            ptr::from_mut(&mut info).cast(),
+            &mut len,
+        )
+    };
+    cvt(ret)?;
+    if (len as usize) < (SK_MEMINFO_DROPS + 1) * mem::size_of::<u32>() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "SO_MEMINFO without a drop count",
+        ));
+    }
+    Ok(info[SK_MEMINFO_DROPS])
+}
+
 /// The size of `T` as the `socklen_t` that socket calls take.
 pub(crate) const fn socklen_of<T>() -> libc::socklen_t {
     // Every type passed here is a small C struct; the assertion makes the cast provably lossless.

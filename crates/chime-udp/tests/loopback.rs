@@ -301,3 +301,36 @@ fn shutdown_read_wakes_a_receive_blocked_without_a_timeout() {
         "later receives return at once"
     );
 }
+
+/// A socket whose small buffer overflows: every datagram sent was either received or counted
+/// by `receive_drops`, the kernel's own count, which starts at zero.
+#[test]
+fn datagrams_the_buffer_had_no_room_for_are_counted_as_drops() {
+    let mut cfg = SocketConfig::new(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0));
+    cfg.read_timeout = Some(Duration::from_millis(50));
+    cfg.recv_buffer = Some(4096);
+    let sock = UdpSocket::bind(&cfg).unwrap();
+    assert_eq!(sock.receive_drops().unwrap(), 0);
+    let to = sock.local_addr().unwrap();
+    let c = client(Ipv4Addr::LOCALHOST.into());
+    const SENT: u32 = 200;
+    for i in 0..SENT {
+        c.send_to(&[i as u8; 100], to).unwrap();
+    }
+    let mut rx = RxBatch::new(64, 2048);
+    let mut received = 0;
+    loop {
+        let n = sock.recv_batch(&mut rx).unwrap();
+        if n == 0 {
+            break;
+        }
+        received += n as u32;
+    }
+    let dropped = sock.receive_drops().unwrap();
+    assert!(
+        dropped > 0,
+        "a {} byte buffer held all {SENT}",
+        sock.capabilities().recv_buffer
+    );
+    assert_eq!(received + dropped, SENT);
+}

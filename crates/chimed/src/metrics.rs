@@ -217,7 +217,7 @@ pub(crate) fn render(sources: &Sources) -> String {
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
-    let per_worker: [(&str, &str, CountOf); 4] = [
+    let per_worker: [(&str, &str, CountOf); 5] = [
         (
             "chimed_requests_received_total",
             "Datagrams received.",
@@ -238,6 +238,12 @@ pub(crate) fn render(sources: &Sources) -> String {
             "chimed_send_errors_total",
             "Replies the kernel refused.",
             |c| c.send_errors,
+        ),
+        (
+            "chimed_kernel_receive_drops_total",
+            "Requests the kernel dropped at the socket before chimed could receive them (its \
+             receive buffer was full): load the other counters never saw. Read every 64 batches.",
+            |c| c.kernel_drops,
         ),
     ];
     for (name, help, value) in per_worker {

@@ -337,6 +337,10 @@ impl BatchHandler for NtpWorker {
         self.stats.tick(clock::read().unix_secs());
     }
 
+    fn receive_drops(&mut self, total: u32) {
+        self.stats.receive_drops(total);
+    }
+
     fn finish(&mut self) {
         self.stats.finish();
     }

@@ -77,6 +77,9 @@ pub(crate) struct Counters<const N: usize> {
     pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
+    /// Requests the kernel dropped at the socket before the worker could receive them (its
+    /// receive buffer was full): load the other counts never saw.
+    pub(crate) kernel_drops: u64,
     /// Replies of note (see [`Note`]), also in `answered` once sent.
     pub(crate) notes: [u64; NOTES],
     pub(crate) dropped: [u64; N],
@@ -89,6 +92,7 @@ impl<const N: usize> Default for Counters<N> {
             batches: 0,
             answered: 0,
             send_errors: 0,
+            kernel_drops: 0,
             notes: [0; NOTES],
             dropped: [0; N],
         }
@@ -114,6 +118,7 @@ impl<const N: usize> Counters<N> {
         self.batches += other.batches;
         self.answered += other.answered;
         self.send_errors += other.send_errors;
+        self.kernel_drops += other.kernel_drops;
         for (a, b) in self.notes.iter_mut().zip(other.notes) {
             *a += b;
         }
@@ -141,12 +146,13 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
         let c = self.counters;
         write!(
             f,
-            "received={} batches={} answered={} dropped={} send_errors={}",
+            "received={} batches={} answered={} dropped={} send_errors={} kernel_drops={}",
             c.received,
             c.batches,
             c.answered,
             c.dropped_total(),
-            c.send_errors
+            c.send_errors,
+            c.kernel_drops
         )?;
         for (n, label) in c.notes.iter().zip(NOTE_LABELS) {
             if *n > 0 {
@@ -169,6 +175,7 @@ pub(crate) struct Totals<const N: usize> {
     batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
+    kernel_drops: AtomicU64,
     notes: [AtomicU64; NOTES],
     dropped: [AtomicU64; N],
 }
@@ -180,6 +187,7 @@ impl<const N: usize> Default for Totals<N> {
             batches: AtomicU64::new(0),
             answered: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
+            kernel_drops: AtomicU64::new(0),
             notes: std::array::from_fn(|_| AtomicU64::new(0)),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -192,6 +200,7 @@ impl<const N: usize> Totals<N> {
         self.batches.fetch_add(c.batches, Relaxed);
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
+        self.kernel_drops.fetch_add(c.kernel_drops, Relaxed);
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.fetch_add(b, Relaxed);
         }
@@ -206,6 +215,7 @@ impl<const N: usize> Totals<N> {
             batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
+            kernel_drops: self.kernel_drops.load(Relaxed),
             notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
@@ -226,6 +236,7 @@ pub(crate) struct Published {
     batches: AtomicU64,
     answered: AtomicU64,
     send_errors: AtomicU64,
+    kernel_drops: AtomicU64,
     notes: [AtomicU64; NOTES],
     dropped: Box<[AtomicU64]>,
 }
@@ -237,6 +248,7 @@ pub(crate) struct PublishedCounts {
     pub(crate) batches: u64,
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
+    pub(crate) kernel_drops: u64,
     pub(crate) notes: [u64; NOTES],
     /// One per label, in the labels' order.
     pub(crate) dropped: Vec<u64>,
@@ -248,6 +260,7 @@ impl Published {
         self.batches.store(c.batches, Relaxed);
         self.answered.store(c.answered, Relaxed);
         self.send_errors.store(c.send_errors, Relaxed);
+        self.kernel_drops.store(c.kernel_drops, Relaxed);
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.store(b, Relaxed);
         }
@@ -262,6 +275,7 @@ impl Published {
             batches: self.batches.load(Relaxed),
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
+            kernel_drops: self.kernel_drops.load(Relaxed),
             notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
             dropped: self.dropped.iter().map(|d| d.load(Relaxed)).collect(),
         }
@@ -293,6 +307,7 @@ impl Registry {
             batches: zero(),
             answered: zero(),
             send_errors: zero(),
+            kernel_drops: zero(),
             notes: std::array::from_fn(|_| zero()),
             dropped: labels.iter().map(|_| zero()).collect(),
         });
@@ -324,6 +339,8 @@ pub(crate) struct WorkerStats<const N: usize> {
     interval: Option<Duration>,
     totals: Arc<Totals<N>>,
     published: Option<Arc<Published>>,
+    /// The socket's drop count when last read (the kernel's, cumulative, wrapping).
+    kernel_drops_seen: u32,
 }
 
 impl<const N: usize> WorkerStats<N> {
@@ -344,6 +361,7 @@ impl<const N: usize> WorkerStats<N> {
             interval,
             totals,
             published,
+            kernel_drops_seen: 0,
         }
     }
 
@@ -375,6 +393,18 @@ impl<const N: usize> WorkerStats<N> {
     }
 
     /// Counts a send outcome; the first error of an interval is logged, the rest only counted.
+    /// Takes the socket's cumulative drop count (see `BatchHandler::receive_drops`) into the
+    /// counters as the drops since the last reading. A socket's count starts at zero when it is
+    /// bound, before the worker starts.
+    pub(crate) fn receive_drops(&mut self, total: u32) {
+        let new = total.wrapping_sub(self.kernel_drops_seen);
+        self.kernel_drops_seen = total;
+        if new > 0 {
+            self.pending.kernel_drops += u64::from(new);
+            self.publish();
+        }
+    }
+
     pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {
         self.pending.answered += outcome.sent as u64;
         self.pending.send_errors += outcome.errors as u64;

@@ -163,6 +163,7 @@ fn counters_and_upstream_follow_what_chimed_saw() {
             0.0,
         ),
         ("chimed_send_errors_total", ntp.to_vec(), 0.0),
+        ("chimed_kernel_receive_drops_total", ntp.to_vec(), 0.0),
         ("chimed_requests_received_total", rt.to_vec(), 2.0),
         ("chimed_replies_sent_total", rt.to_vec(), 1.0),
         ("chimed_receive_batches_total", rt.to_vec(), 2.0),

@@ -4,7 +4,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Chimed, Chronyd, assert_offset_near, chime_ntp, chronyd_client_offset, exchange};
+use common::{
+    Chimed, Chronyd, assert_offset_near, chime_ntp, chronyd_client_offset, count_in, exchange,
+};
 
 /// chimed on 127.0.0.1 port 0 mirroring `chronyd`, with 2 IPv4 threads unless `extra` says.
 fn chimed_v4(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
@@ -625,4 +627,41 @@ fn chime_ntp_interleaved_against_chimed_and_chronyd() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("NTPv4 only"));
+}
+
+/// Requests the kernel drops at chimed's socket because its receive buffer is full are counted,
+/// not lost from view: chimed stopped (SIGSTOP) behind a small buffer, a burst of 300 requests
+/// overflows it, and every request is either answered once chimed runs again or counted in
+/// `kernel_drops` (also `chimed_kernel_receive_drops_total` in the metrics).
+#[test]
+fn requests_the_kernel_dropped_are_counted() {
+    use nix::sys::signal::{Signal, kill};
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed_v4(&chronyd, &["-4", "1", "--recv-buffer", "8192"]);
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut request = [0u8; 48];
+    request[0] = 0x23;
+    const SENT: u64 = 300;
+    kill(chimed.pid(), Signal::SIGSTOP).unwrap();
+    for i in 0..SENT {
+        request[40..48].copy_from_slice(&(i + 1).to_be_bytes());
+        sock.send_to(&request, chimed.addr).unwrap();
+    }
+    kill(chimed.pid(), Signal::SIGCONT).unwrap();
+    let mut answered = 0;
+    let mut buf = [0u8; 128];
+    while sock.recv_from(&mut buf).is_ok() {
+        answered += 1;
+    }
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    let dropped = count_in(&totals, "kernel_drops");
+    assert!(
+        dropped > 0,
+        "an 8 KiB buffer held {SENT} requests: {totals}"
+    );
+    assert_eq!(count_in(&totals, "received"), answered, "{totals}");
+    assert_eq!(answered + dropped, SENT, "{totals}");
 }

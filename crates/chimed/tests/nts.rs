@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{CHRONYD, Chimed, Chronyd, certificate, run};
+use common::{CHRONYD, Chimed, Chronyd, certificate, count_in, run};
 
 /// chimed mirroring `chronyd` with NTS on and `extra` flags, NTS-KE on a free loopback port;
 /// returns it and that port.
@@ -373,15 +373,6 @@ fn sighup_reloads_the_nts_certificate() {
     let warned = chimed.wait_for("keeping the one in force", Duration::from_secs(5));
     assert!(warned.contains("live.pem"), "{warned}");
     chime_ntp_nts(&spec, &b_cert).expect("the certificate in force is kept");
-}
-
-/// The count after `key=` in a log line, or 0 if the line has none.
-fn count_in(line: &str, key: &str) -> u64 {
-    line.split(&format!(" {key}="))
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// With `--nts-dump-dir`, a restarted chimed opens the cookies its predecessor handed out: a

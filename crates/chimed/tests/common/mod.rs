@@ -269,6 +269,16 @@ pub fn chime_ntp(addr: SocketAddr) -> Result<serde_json::Value, String> {
     Ok(serde_json::from_slice(&out.stdout).unwrap())
 }
 
+/// The count after ` key=` in one of chimed's counter lines, or 0 if the line has none (chimed
+/// leaves out the notes and drop reasons that are zero).
+pub fn count_in(line: &str, key: &str) -> u64 {
+    line.split(&format!(" {key}="))
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Checks the offset of one `chime ntp` exchange (its JSON `r`) against `expected` seconds. chime
 /// reads its own send and receive times in user space around blocking calls, so on a loaded machine
 /// a stall on either side skews one exchange by up to half its round trip: the bound is a
