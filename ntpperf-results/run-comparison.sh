@@ -58,6 +58,10 @@ What to run:
                                 req/s, 61/s at 1M; --ratelimit --ratelimit-interval -6
                                 --ratelimit-burst 16 allows 64/s)
   --out DIR           OUT_DIR   where results go (default: this script's directory)
+  --rmem BYTES        RMEM      set net.core.rmem_default to BYTES for the run (put back on
+                                exit), so that every server's socket gets the same receive
+                                buffer: ntpperf's bursts overflow the usual 208 KiB below
+                                saturation (step_udp_rcvbuf_errors). Default: leave it as it is
 
 Rate ladder (one ntpperf run per step; rate_{n+1} = int(rate_n * mult), as ntpperf does):
   --rate-start N      RATE_START  first request rate, req/s (default 10000)
@@ -112,6 +116,8 @@ NTP_MODE=${NTP_MODE:-basic}
 RATELIMIT_ARGS=${RATELIMIT_ARGS:---ratelimit --ratelimit-interval -6 --ratelimit-burst 16}
 SERVER_CPUS=${SERVER_CPUS:-}
 CLIENT_CPUS=${CLIENT_CPUS:-}
+RMEM=${RMEM:-}
+OLD_RMEM=
 
 while [[ $# -gt 0 ]]; do
     opt=$1
@@ -119,7 +125,7 @@ while [[ $# -gt 0 ]]; do
         -h | --help) usage; exit 0 ;;
         --ntpperf | --chronyd | --chimed | --rsntp | --servers | --out | --rate-start | --rate-max | \
             --rate-mult | --step-time | --stop-loss | --settle | --server-cpus | --client-cpus | \
-            --max-other | --retries | --ratelimit-args | --ntp-mode) ;;
+            --max-other | --retries | --ratelimit-args | --ntp-mode | --rmem) ;;
         *) die "unknown option $opt (see --help)" ;;
     esac
     [[ $# -ge 2 ]] || die "option $opt needs a value (see --help)"
@@ -142,6 +148,7 @@ while [[ $# -gt 0 ]]; do
         --retries) RETRIES=$2 ;;
         --ratelimit-args) RATELIMIT_ARGS=$2 ;;
         --ntp-mode) NTP_MODE=$2 ;;
+        --rmem) RMEM=$2 ;;
     esac
     shift 2
 done
@@ -158,6 +165,7 @@ num_gt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > b) }'; }
 [[ -x $NTPPERF ]] || die "ntpperf binary '$NTPPERF' is not an executable file"
 [[ -x $CHRONYD ]] || die "chronyd binary '$CHRONYD' is not an executable file (it runs the mirror)"
 [[ -z $RSNTP || -x $RSNTP ]] || die "rsntp binary '$RSNTP' is not an executable file"
+[[ -z $RMEM ]] || { is_uint "$RMEM" && ((RMEM >= 4096)); } || die "--rmem must be a byte count >= 4096, not '$RMEM'"
 if ! is_uint "$RATE_START" || ((RATE_START < 1000)); then
     die "--rate-start '$RATE_START': want an integer >= 1000"
 fi
@@ -254,11 +262,20 @@ cleanup() {
     stop_pid "$MIRROR_PID"
     ip netns del "$NS_C" 2>/dev/null
     ip netns del "$NS_S" 2>/dev/null
+    [[ -n $OLD_RMEM ]] && sysctl -qw net.core.rmem_default="$OLD_RMEM"
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+# net.core.rmem_default is one value for every network namespace (a child namespace may not set
+# it): set here, it applies to the servers' sockets in theirs.
+set_rmem() {
+    [[ -n $RMEM ]] || return 0
+    OLD_RMEM=$(sysctl -n net.core.rmem_default)
+    sysctl -qw net.core.rmem_default="$RMEM"
+}
 
 setup_network() {
     ip netns add "$NS_S"
@@ -706,6 +723,7 @@ SUMMARY_CSV=$OUT_DIR/summary.csv
 echo "server,nominal_rate,clients,ntpperf_lost_pct,ntpperf_invalid_pct,offered_pps,response_pps,server_cpu_pct,cpu_us_per_response,ntpperf_resp_time_mean_ns,window_s,step_requests,step_replies,step_server_loss_pct,step_udp_rcvbuf_errors,step_veth_drops,ntpperf_cpu_pct,other_cpu_pct,niced_cpu_pct,attempt,disturbed,ntpperf_xleave_pct" >"$STEPS_CSV"
 echo "server,status,steps,peak_response_pps_lt1pct_loss,nominal_rate_at_peak,offered_pps_at_peak,cpu_us_per_response_at_peak,server_cpu_pct_at_peak,max_response_pps,ntpperf_lost_pct_at_max,cpu_us_per_response_at_max,cpu_us_per_response_whole_ladder,disturbed_steps" >"$SUMMARY_CSV"
 
+set_rmem
 setup_network
 start_mirror
 write_setup
