@@ -23,9 +23,11 @@
 # This script fetches and builds nothing: it is given the binaries.
 #
 # --chimed-args "FLAGS" adds flags to chimed's command line (e.g. "--roughtime-gather 0.0005").
+# --batch-size N is chimed's (default 64, roughenough's -b 64 stays): the most requests one
+# signature covers.
 #
 # Usage: run-roughtime.sh [--rounds N] [--steps START:FACTOR:COUNT] [--duration S] [--out DIR]
-#                         [--verify-every N] [--rmem BYTES] [--chimed-args FLAGS]
+#                         [--verify-every N] [--rmem BYTES] [--chimed-args FLAGS] [--batch-size N]
 #                         [--chimed PATH] [--chime PATH] [--roughenough PATH]
 # Outputs in --out (default: this script's directory /roughtime): <server>-round<N>.json (chime
 # perf's JSON for each ladder) and summary.txt.
@@ -41,6 +43,7 @@ verify_every=1000
 rmem=4194304
 out="$here/roughtime"
 chimed_args=""
+batch=64
 chimed="$repo/target/release/chimed"
 chime="$repo/target/release/chime"
 roughenough=/opt/chime-peers/bin/roughenough_server
@@ -53,6 +56,7 @@ while [ $# -gt 0 ]; do
         --verify-every) verify_every=$2; shift 2 ;;
         --rmem) rmem=$2; shift 2 ;;
         --chimed-args) chimed_args=$2; shift 2 ;;
+        --batch-size) batch=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --chimed) chimed=$2; shift 2 ;;
         --chime) chime=$2; shift 2 ;;
@@ -102,7 +106,7 @@ start_server() {
         chimed)
             taskset -c 0 "$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s "127.0.0.1:$chrony_port" --stats-interval 0 \
                 --roughtime-key "$work/key" --roughtime-ipv4-address "127.0.0.1:$port" \
-                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --batch-size 64 \
+                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --batch-size "$batch" \
                 $chimed_args > "$work/$name.log" 2>&1 &
             ;;
         roughenough-server)
