@@ -180,6 +180,50 @@ fn bad_nts_settings_exit_2_naming_them() {
     );
 }
 
+/// chronyd as a long-running NTS client of 127.0.0.1 with NTS-KE on `ke_port`, trusting
+/// `cert`, polling four times a second and logging its measurements; killed when dropped.
+struct NtsClient {
+    child: std::process::Child,
+    logs: tempfile::TempDir,
+}
+
+impl NtsClient {
+    fn start(ke_port: u16, cert: &Path) -> Self {
+        let logs = tempfile::tempdir().unwrap();
+        let child = Command::new(CHRONYD)
+            .args(["-x", "-d", "-u", "root"])
+            .arg(format!(
+                "server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"
+            ))
+            .arg(format!("ntstrustedcerts {}", cert.display()))
+            .arg(format!("pidfile {}/pid", logs.path().display()))
+            .arg(format!("driftfile {}/drift", logs.path().display()))
+            .arg(format!("logdir {}", logs.path().display()))
+            .args(["log measurements", "cmdport 0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self { child, logs }
+    }
+
+    /// The measurements it has logged so far.
+    fn measured(&self) -> usize {
+        std::fs::read_to_string(self.logs.path().join("measurements.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .count()
+    }
+}
+
+impl Drop for NtsClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Cookies die two key rotations after they were sealed. A chronyd polling four times a second
 /// against chimed rotating every second soon spends one that old, gets an NTS NAK, runs NTS-KE
 /// again, and goes on measuring.
@@ -195,41 +239,16 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
         &key,
         &["--nts-rotation", "1", "--nts-dump-dir", dump],
     );
-    let logs = tempfile::tempdir().unwrap();
-    let mut client = Command::new(CHRONYD)
-        .args(["-x", "-d", "-u", "root"])
-        .arg(format!(
-            "server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"
-        ))
-        .arg(format!("ntstrustedcerts {}", cert.display()))
-        .arg(format!("pidfile {}/pid", logs.path().display()))
-        .arg(format!("driftfile {}/drift", logs.path().display()))
-        .arg(format!("logdir {}", logs.path().display()))
-        .args(["log measurements", "cmdport 0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let measured = || {
-        std::fs::read_to_string(logs.path().join("measurements.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
-            .count()
-    };
+    let client = NtsClient::start(ke_port, &cert);
     // Four a second: 18 measurements take about 4.5 s, past two rotations of every cookie the
     // client started with. Bounded at 20 s.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while measured() < 18 && std::time::Instant::now() < deadline {
+    while client.measured() < 18 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let _ = client.kill();
-    let _ = client.wait();
-    assert!(
-        measured() >= 18,
-        "chronyd stopped measuring: {}",
-        measured()
-    );
+    let measured = client.measured();
+    drop(client);
+    assert!(measured >= 18, "chronyd stopped measuring: {measured}");
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(totals.contains("nts_nak="), "no NAK: {totals}");
@@ -394,36 +413,15 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
     let mode = std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{}", saved.display());
 
-    let logs = tempfile::tempdir().unwrap();
-    let mut client = Command::new(CHRONYD)
-        .args(["-x", "-d", "-u", "root"])
-        .arg(format!(
-            "server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"
-        ))
-        .arg(format!("ntstrustedcerts {}", cert.display()))
-        .arg(format!("pidfile {}/pid", logs.path().display()))
-        .arg(format!("driftfile {}/drift", logs.path().display()))
-        .arg(format!("logdir {}", logs.path().display()))
-        .args(["log measurements", "cmdport 0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let measured = || {
-        std::fs::read_to_string(logs.path().join("measurements.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
-            .count()
-    };
+    let client = NtsClient::start(ke_port, &cert);
     // Four measurements more than `from`, within 15 s.
     let measure_past = |from: usize| {
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        while measured() < from + 4 && std::time::Instant::now() < deadline {
+        while client.measured() < from + 4 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(measured() >= from + 4, "chronyd stopped measuring");
-        measured()
+        assert!(client.measured() >= from + 4, "chronyd stopped measuring");
+        client.measured()
     };
     // A new chimed on the same ports, once the one before has exited: the client keeps the NTP
     // port NTS-KE named, and the address.
@@ -473,8 +471,7 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
     let mut chimed = start_again(&[]);
     measure_past(n);
     let (ntp, ke) = exit_totals(&mut chimed);
-    let _ = client.kill();
-    let _ = client.wait();
+    drop(client);
     assert!(count_in(&ntp, "nts_nak") >= 1, "{ntp}");
     assert_eq!(count_in(&ke, "agreed"), 1, "{ke}");
 }
