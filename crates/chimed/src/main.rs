@@ -112,8 +112,8 @@ struct Bound {
     workers: BoundWorkers,
 }
 
-fn run(args: &Args, settings: Settings) -> Result<()> {
-    let nts_start = settings.nts.as_ref().map(nts_ke::starting_keys);
+fn run(args: &Args, mut settings: Settings) -> Result<()> {
+    let nts_start = settings.nts.as_mut().map(nts_ke::starting_keys);
     let ntp = Arc::new(ntp_worker::Shared {
         state: ArcSwap::from_pointee(ServerState::unsynchronised()),
         policy: StalePolicy {

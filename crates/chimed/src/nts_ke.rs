@@ -225,10 +225,12 @@ pub(crate) fn fresh_keys(before: Option<&CookieKeys>) -> CookieKeys {
 }
 
 /// The master keys to start with: those saved in `--nts-dump-dir` if any (on their schedule, see
-/// [`nts_keys::resume`]), else fresh ones. What changed is saved back.
-pub(crate) fn starting_keys(nts: &crate::config::Nts) -> nts_keys::Resumed {
+/// [`nts_keys::resume`]), else fresh ones. What changed is saved back. The keys read at start are
+/// taken out of the settings, which live as long as the process: no copy of a master key outlives
+/// its rotations.
+pub(crate) fn starting_keys(nts: &mut crate::config::Nts) -> nts_keys::Resumed {
     let now = crate::clock::read().unix_secs();
-    let saved = nts.dump.as_ref().and_then(|(_, saved)| saved.clone());
+    let saved = nts.dump.as_mut().and_then(|(_, saved)| saved.take());
     let r = nts_keys::resume(saved, now, nts.rotation, || {
         (rand::random(), rand::random())
     });
