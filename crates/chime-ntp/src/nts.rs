@@ -437,6 +437,7 @@ mod record {
     pub(super) const ERROR: u16 = 2;
     pub(super) const AEAD_ALGORITHM: u16 = 4;
     pub(super) const NEW_COOKIE: u16 = 5;
+    pub(super) const NTPV4_SERVER: u16 = 6;
     pub(super) const NTPV4_PORT: u16 = 7;
     pub(super) const CRITICAL: u16 = 0x8000;
 }
@@ -515,12 +516,44 @@ pub fn ke_check(request: &[u8]) -> KeOutcome {
     KeOutcome::Agreed
 }
 
+/// Where an NTS-KE server sends its clients for NTP when that is not its own address and port
+/// 123 (RFC 8915 §4.1.7, §4.1.8): the NTPv4 Server and Port Negotiation records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NtpNegotiation {
+    /// The NTP server, an IP address or a fully qualified domain name (see [`valid_ntp_server`]).
+    pub server: Option<String>,
+    /// The NTP port.
+    pub port: Option<u16>,
+}
+
+/// Whether `name` may go in an NTPv4 Server Negotiation record: an IPv4 address in dotted decimal,
+/// an IPv6 address in its text form without a zone, or a domain name (letters, digits and hyphens
+/// in dot-separated labels of 1 to 63, at most 253 in all, a label neither starting nor ending
+/// with a hyphen).
+pub fn valid_ntp_server(name: &str) -> bool {
+    if name.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && !name.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
 /// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, AEAD_AES_SIV_CMAC_256, the NTP
 /// port if `ntp_port` is given (one other than 123), `cookies` cookies from `new_cookie`, End of
 /// Message. For [`KeOutcome::Error`], the error record and End of Message.
 pub fn ke_response(
     outcome: &KeOutcome,
-    ntp_port: Option<u16>,
+    ntp: &NtpNegotiation,
     cookies: usize,
     mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
     out: &mut Vec<u8>,
@@ -543,7 +576,10 @@ pub fn ke_response(
                 record::CRITICAL | record::AEAD_ALGORITHM,
                 &AEAD_AES_SIV_CMAC_256.to_be_bytes(),
             );
-            if let Some(port) = ntp_port {
+            if let Some(server) = &ntp.server {
+                put(record::CRITICAL | record::NTPV4_SERVER, server.as_bytes());
+            }
+            if let Some(port) = ntp.port {
                 put(record::CRITICAL | record::NTPV4_PORT, &port.to_be_bytes());
             }
             for _ in 0..cookies.min(MAX_COOKIES) {
@@ -983,7 +1019,11 @@ mod tests {
 
         let mut out = Vec::new();
         let cookie = master().seal(&keys(), [3; NONCE_LEN]);
-        ke_response(&KeOutcome::Agreed, Some(12345), 8, || cookie, &mut out);
+        let port_only = NtpNegotiation {
+            server: None,
+            port: Some(12345),
+        };
+        ke_response(&KeOutcome::Agreed, &port_only, 8, || cookie, &mut out);
         assert_eq!(&out[..6], &[0x80, 1, 0, 2, 0, 0]);
         assert_eq!(&out[6..12], &[0x80, 4, 0, 2, 0, 15]);
         assert_eq!(&out[12..18], &[0x80, 7, 0, 2, 0x30, 0x39]);
@@ -1027,25 +1067,73 @@ mod tests {
             KeOutcome::Error(1)
         );
         let mut err = Vec::new();
-        ke_response(&KeOutcome::Error(1), None, 8, || unreachable!(), &mut err);
+        ke_response(
+            &KeOutcome::Error(1),
+            &port_only,
+            8,
+            || unreachable!(),
+            &mut err,
+        );
         assert_eq!(err, [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn server_names_for_the_negotiation_record() {
+        for good in [
+            "192.0.2.1",
+            "2001:db8::1",
+            "ntp.example.net",
+            "ntp.example.net.",
+            "a-b.c0",
+        ] {
+            assert!(valid_ntp_server(good), "{good}");
+        }
+        let long = ["a"; 130].join(".");
+        for bad in [
+            "",
+            "fe80::1%eth0",
+            "[2001:db8::1]",
+            "ntp example",
+            "-ntp.example",
+            "ntp-.example",
+            "ntp..example",
+            "192.0.2.300",
+            "ntp.example.net:123",
+            long.as_str(),
+        ] {
+            assert!(!valid_ntp_server(bad), "{bad}");
+        }
     }
 
     #[test]
     fn the_client_side_round_trips_with_the_server_side() {
         let m = master();
         let mut ke = Vec::new();
+        let elsewhere = NtpNegotiation {
+            server: Some("ntp.example.net".to_owned()),
+            port: Some(4123),
+        };
         ke_response(
             &ke_check(&ke_request()),
-            Some(4123),
+            &elsewhere,
             8,
             || m.seal(&keys(), [1; 16]),
             &mut ke,
         );
         let answer = parse_ke_response(&ke).unwrap();
-        assert_eq!((answer.cookies.len(), answer.port), (8, Some(4123)));
+        assert_eq!(
+            (answer.cookies.len(), answer.server.as_deref(), answer.port),
+            (8, Some("ntp.example.net"), Some(4123))
+        );
         let mut err = Vec::new();
-        ke_response(&KeOutcome::Error(1), None, 0, || unreachable!(), &mut err);
+        let nowhere = NtpNegotiation::default();
+        ke_response(
+            &KeOutcome::Error(1),
+            &nowhere,
+            0,
+            || unreachable!(),
+            &mut err,
+        );
         assert_eq!(parse_ke_response(&err), Err(KeAnswerError::Refused(1)));
 
         let mut header = [0u8; 48];

@@ -142,6 +142,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) nts_rotation: Option<f64>,
 
+    /// The NTP server NTS-KE sends clients to (an IP address or a domain name), as chronyd's
+    /// `ntsntpserver`, when it is not the NTS-KE server's own address [default: the same]
+    #[arg(long, value_name = "NAME")]
+    pub(crate) nts_ntp_server: Option<String>,
+
     /// Limit NTS-KE connections per client address, as chronyd's `ntsratelimit`: each address
     /// earns one connection per 2^interval seconds and may save up a burst; over the limit one in
     /// 2^leak is served anyway and the others are closed before the TLS handshake, counted as

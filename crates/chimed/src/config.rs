@@ -52,6 +52,7 @@ struct File {
     nts_ke_address: Option<SocketAddr>,
     nts_rotation: Option<f64>,
     nts_dump_dir: Option<PathBuf>,
+    nts_ntp_server: Option<String>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
     timezone: Option<String>,
@@ -111,6 +112,8 @@ pub(crate) struct Nts {
     pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
     /// `--nts-ratelimit`: NTS-KE connections per client address.
     pub(crate) ratelimit: Option<RateLimiting>,
+    /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address.
+    pub(crate) ntp_server: Option<String>,
 }
 
 /// `ratelimit` and its options.
@@ -248,6 +251,7 @@ impl Settings {
         let (nts_ke, nts_ke_in) = pick!(nts_ke_address, "nts-ke-address");
         let (nts_rotation, nts_rotation_in) = pick!(nts_rotation, "nts-rotation");
         let (nts_dump_dir, nts_dump_dir_in) = pick!(nts_dump_dir, "nts-dump-dir");
+        let (nts_ntp_server, nts_ntp_server_in) = pick!(nts_ntp_server, "nts-ntp-server");
         let nts_ratelimit = nts_rate_limiting(args, &file, path)?;
         let nts_ratelimit_in = input("nts-ratelimit", path.filter(|_| !args.nts_ratelimit));
         let nts = match (nts_cert, nts_key) {
@@ -256,6 +260,7 @@ impl Settings {
                     (nts_ke.is_some(), &nts_ke_in),
                     (nts_rotation.is_some(), &nts_rotation_in),
                     (nts_dump_dir.is_some(), &nts_dump_dir_in),
+                    (nts_ntp_server.is_some(), &nts_ntp_server_in),
                     (nts_ratelimit.is_some(), &nts_ratelimit_in),
                 ] {
                     if given {
@@ -304,6 +309,16 @@ impl Settings {
                     rotation: Duration::from_secs_f64(rotation),
                     dump,
                     ratelimit: nts_ratelimit,
+                    ntp_server: match nts_ntp_server {
+                        Some(name) if !chime_ntp::nts::valid_ntp_server(&name) => {
+                            let r = format!(
+                                "{name:?} is not an IP address or a domain name (letters, digits, \
+                                 hyphens and dots)"
+                            );
+                            return Err(invalid(&nts_ntp_server_in, r));
+                        }
+                        other => other,
+                    },
                 })
             }
         };

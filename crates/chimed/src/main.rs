@@ -285,7 +285,10 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         .map(|(((listener, port), nts), cookies)| NtsControl {
             listener,
             tls: Arc::new(ArcSwap::new(nts.tls.clone())),
-            ntp_port: port,
+            ntp: Arc::new(chime_ntp::nts::NtpNegotiation {
+                server: nts.ntp_server.clone(),
+                port,
+            }),
             settings: nts,
             cookies,
             first_rotation: nts_start
@@ -408,7 +411,8 @@ struct NtsControl {
     listener: std::net::TcpListener,
     /// The TLS configuration in force; SIGHUP replaces it.
     tls: Arc<ArcSwap<rustls::ServerConfig>>,
-    ntp_port: Option<u16>,
+    /// What NTS-KE tells clients about the NTP server: its name and port, when not its own.
+    ntp: Arc<chime_ntp::nts::NtpNegotiation>,
     settings: config::Nts,
     cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
     /// When the cookie key is next due to rotate: a key read back from `--nts-dump-dir` keeps its
@@ -453,10 +457,11 @@ async fn control_plane(
     if let Some(n) = nts {
         match n.listener.local_addr() {
             Ok(addr) => info!(
-                "nts-ke listening on {addr} (certificate {}, NTP port {}, cookie key rotated \
-                 every {} s)",
+                "nts-ke listening on {addr} (certificate {}, NTP server {}, NTP port {}, cookie \
+                 key rotated every {} s)",
                 n.settings.certificate.display(),
-                n.ntp_port.unwrap_or(123),
+                n.ntp.server.as_deref().unwrap_or("this one"),
+                n.ntp.port.unwrap_or(123),
                 n.settings.rotation.as_secs()
             ),
             Err(e) => warn!("nts-ke: cannot tell the bound address: {e}"),
@@ -465,7 +470,7 @@ async fn control_plane(
             n.listener,
             n.tls.clone(),
             n.cookies.clone(),
-            n.ntp_port,
+            n.ntp.clone(),
             n.counts.clone(),
             n.settings.ratelimit.map(|r| {
                 let table = ClientTable::new(r.limit, r.clients, rand::random());

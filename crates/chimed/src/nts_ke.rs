@@ -304,7 +304,7 @@ pub(crate) async fn serve(
     listener: std::net::TcpListener,
     tls: Arc<ArcSwap<ServerConfig>>,
     cookies: Arc<ArcSwap<CookieKeys>>,
-    ntp_port: Option<u16>,
+    ntp: Arc<nts::NtpNegotiation>,
     counts: Arc<KeCounts>,
     limiter: Option<ClientTable>,
 ) {
@@ -342,13 +342,11 @@ pub(crate) async fn serve(
         }
         // The certificate in force now: SIGHUP may have replaced it.
         let acceptor = TlsAcceptor::from(tls.load_full());
-        let (cookies, counts) = (cookies.clone(), counts.clone());
+        let (cookies, counts, ntp) = (cookies.clone(), counts.clone(), ntp.clone());
         tokio::spawn(async move {
-            let outcome = tokio::time::timeout(
-                SESSION_TIMEOUT,
-                session(stream, acceptor, &cookies, ntp_port),
-            )
-            .await;
+            let outcome =
+                tokio::time::timeout(SESSION_TIMEOUT, session(stream, acceptor, &cookies, &ntp))
+                    .await;
             match outcome {
                 Ok(Ok(true)) => counts.agreed.fetch_add(1, Relaxed),
                 Ok(Ok(false)) => counts.refused.fetch_add(1, Relaxed),
@@ -373,7 +371,7 @@ async fn session(
     stream: tokio::net::TcpStream,
     acceptor: TlsAcceptor,
     cookies: &ArcSwap<CookieKeys>,
-    ntp_port: Option<u16>,
+    ntp: &nts::NtpNegotiation,
 ) -> Result<bool, String> {
     let mut tls = acceptor
         .accept(stream)
@@ -410,13 +408,13 @@ async fn session(
         let master = cookies.load();
         nts::ke_response(
             &outcome,
-            ntp_port,
+            ntp,
             COOKIES,
             || master.seal(&keys, rand::random()),
             &mut response,
         );
     } else {
-        nts::ke_response(&outcome, None, 0, || [0; nts::COOKIE_LEN], &mut response);
+        nts::ke_response(&outcome, ntp, 0, || [0; nts::COOKIE_LEN], &mut response);
     }
     tls.write_all(&response).await.map_err(|e| e.to_string())?;
     tls.shutdown().await.map_err(|e| e.to_string())?;

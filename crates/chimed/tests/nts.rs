@@ -560,3 +560,41 @@ fn nts_ke_rate_limit_turns_a_flood_away_before_tls() {
     );
     assert_eq!(count_in(&totals, "agreed"), 1, "{totals}");
 }
+
+/// `--nts-ntp-server` (chronyd's `ntsntpserver`): NTS-KE on 127.0.0.1 sends clients to NTP on
+/// 127.0.0.2, where alone chimed listens; chronyd and `chime ntp --nts` follow the record there.
+#[test]
+fn nts_ke_names_another_ntp_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &["-a", "127.0.0.2:0", "--nts-ntp-server", "127.0.0.2"],
+    );
+    assert_eq!(chimed.addr.ip(), std::net::IpAddr::from([127, 0, 0, 2]));
+    let r = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &cert).unwrap();
+    assert_eq!(r["server"], chimed.addr.to_string(), "{r}");
+    assert_eq!(r["nts"]["cookies"], 3, "{r}");
+    let offset = chronyd_nts_offset(ke_port, &cert, true)
+        .expect("chronyd measured nothing: it did not follow the server record");
+    assert!(offset.abs() < 1e-3, "offset {offset}");
+
+    let out = run(Command::new(common::workspace_bin("chimed")).args([
+        "--nts-certificate",
+        cert.to_str().unwrap(),
+        "--nts-private-key",
+        key.to_str().unwrap(),
+        "--nts-ntp-server",
+        "ntp example",
+        "--check-config",
+    ]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--nts-ntp-server: \"ntp example\" is not"),
+        "{err}"
+    );
+}
