@@ -537,8 +537,13 @@ fn chronyd_xleave_client_gets_interleaved_replies_across_threads() {
             r[18], "K",
             "the server's transmit time is the kernel's: {r:?}"
         );
-        let offset: f64 = r[11].parse().unwrap();
-        assert!(offset.abs() < 100e-6, "offset {offset}: {r:?}");
+        // Kernel times at both ends: within 100 µs, plus half the round trip, which bounds any
+        // exchange's error and which a loaded machine stretches to a millisecond now and then.
+        let (offset, delay): (f64, f64) = (r[11].parse().unwrap(), r[12].parse().unwrap());
+        assert!(
+            offset.abs() < 100e-6 + delay / 2.0,
+            "offset {offset}, delay {delay}: {r:?}"
+        );
     }
     let totals = log
         .lines()
@@ -656,6 +661,12 @@ fn requests_the_kernel_dropped_are_counted() {
         answered += 1;
     }
     assert!(chimed.terminate().success());
+    // Whatever a stalled machine delayed past that silence is in our socket by now.
+    sock.set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    while sock.recv_from(&mut buf).is_ok() {
+        answered += 1;
+    }
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     let dropped = count_in(&totals, "kernel_drops");
     assert!(
