@@ -479,30 +479,11 @@ fn xleave_measurements(extra: &[&str], want_interleaved: usize) -> (Vec<Vec<Stri
     let mut args = vec!["-4", "2"];
     args.extend_from_slice(extra);
     let mut chimed = chimed_v4(&chronyd, &args);
-    let dir = tempfile::tempdir().unwrap();
-    let mut client = std::process::Command::new(common::CHRONYD)
-        .args(["-x", "-d", "-u", "root"])
-        .arg(format!(
-            "server 127.0.0.1 port {} minpoll -4 maxpoll -4 xleave",
-            chimed.addr.port()
-        ))
-        .arg(format!("pidfile {}/pid", dir.path().display()))
-        .arg(format!("driftfile {}/drift", dir.path().display()))
-        .arg(format!("logdir {}", dir.path().display()))
-        .args(["log measurements", "cmdport 0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let log = dir.path().join("measurements.log");
-    let read = || -> Vec<Vec<String>> {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
-            .map(|l| l.split_whitespace().map(str::to_owned).collect())
-            .collect()
-    };
+    let client = common::ChronydClient::start(&[format!(
+        "server 127.0.0.1 port {} minpoll -4 maxpoll -4 xleave",
+        chimed.addr.port()
+    )]);
+    let read = || client.measurements();
     // 16 polls a second: 20 measurements take about 1.3 s. Bounded at 15 s.
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut rows = read();
@@ -510,8 +491,7 @@ fn xleave_measurements(extra: &[&str], want_interleaved: usize) -> (Vec<Vec<Stri
         std::thread::sleep(Duration::from_millis(50));
         rows = read();
     }
-    let _ = client.kill();
-    let _ = client.wait();
+    drop(client);
     assert!(chimed.terminate().success());
     chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     (rows, chimed.log())

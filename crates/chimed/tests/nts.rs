@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{CHRONYD, Chimed, Chronyd, certificate, count_in, run};
+use common::{CHRONYD, Chimed, Chronyd, ChronydClient, certificate, count_in, run};
 
 /// chimed mirroring `chronyd` with NTS on and `extra` flags, NTS-KE on a free loopback port;
 /// returns it and that port.
@@ -181,47 +181,12 @@ fn bad_nts_settings_exit_2_naming_them() {
 }
 
 /// chronyd as a long-running NTS client of 127.0.0.1 with NTS-KE on `ke_port`, trusting
-/// `cert`, polling four times a second and logging its measurements; killed when dropped.
-struct NtsClient {
-    child: std::process::Child,
-    logs: tempfile::TempDir,
-}
-
-impl NtsClient {
-    fn start(ke_port: u16, cert: &Path) -> Self {
-        let logs = tempfile::tempdir().unwrap();
-        let child = Command::new(CHRONYD)
-            .args(["-x", "-d", "-u", "root"])
-            .arg(format!(
-                "server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"
-            ))
-            .arg(format!("ntstrustedcerts {}", cert.display()))
-            .arg(format!("pidfile {}/pid", logs.path().display()))
-            .arg(format!("driftfile {}/drift", logs.path().display()))
-            .arg(format!("logdir {}", logs.path().display()))
-            .args(["log measurements", "cmdport 0"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        Self { child, logs }
-    }
-
-    /// The measurements it has logged so far.
-    fn measured(&self) -> usize {
-        std::fs::read_to_string(self.logs.path().join("measurements.log"))
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
-            .count()
-    }
-}
-
-impl Drop for NtsClient {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `cert`, polling four times a second.
+fn nts_client(ke_port: u16, cert: &Path) -> ChronydClient {
+    ChronydClient::start(&[
+        format!("server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"),
+        format!("ntstrustedcerts {}", cert.display()),
+    ])
 }
 
 /// Cookies die two key rotations after they were sealed. A chronyd polling four times a second
@@ -239,7 +204,7 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
         &key,
         &["--nts-rotation", "1", "--nts-dump-dir", dump],
     );
-    let client = NtsClient::start(ke_port, &cert);
+    let client = nts_client(ke_port, &cert);
     // Four a second: 18 measurements take about 4.5 s, past two rotations of every cookie the
     // client started with. Bounded at 20 s.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -413,7 +378,7 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
     let mode = std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{}", saved.display());
 
-    let client = NtsClient::start(ke_port, &cert);
+    let client = nts_client(ke_port, &cert);
     // Four measurements more than `from`, within 15 s.
     let measure_past = |from: usize| {
         let deadline = std::time::Instant::now() + Duration::from_secs(15);

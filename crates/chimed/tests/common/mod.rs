@@ -114,6 +114,55 @@ impl Drop for Chronyd {
     }
 }
 
+/// chronyd as a long-running NTP client (`-x`: it never touches the clock) with these
+/// directives (its `server` line and any more), logging its measurements; killed when dropped.
+pub struct ChronydClient {
+    child: Child,
+    logs: tempfile::TempDir,
+}
+
+impl ChronydClient {
+    pub fn start(directives: &[String]) -> Self {
+        let logs = tempfile::tempdir().unwrap();
+        let d = logs.path().display();
+        let child = Command::new(CHRONYD)
+            .args(["-x", "-d", "-u", "root"])
+            .args(directives)
+            .arg(format!("pidfile {d}/pid"))
+            .arg(format!("driftfile {d}/drift"))
+            .arg(format!("logdir {d}"))
+            .args(["log measurements", "cmdport 0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self { child, logs }
+    }
+
+    /// The lines of measurements.log so far, split into columns (offset is 11, peer delay 12,
+    /// mode 17, transmit and receive timestamp sources 18 and 19).
+    pub fn measurements(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(self.logs.path().join("measurements.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    }
+
+    /// How many measurements it has logged so far.
+    pub fn measured(&self) -> usize {
+        self.measurements().len()
+    }
+}
+
+impl Drop for ChronydClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub struct Chimed {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
