@@ -133,14 +133,10 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         ("family", "ipv4"),
         ("thread", "0"),
     ];
-    let with = |base: &[(&'static str, &'static str)], reason: &'static str| {
+    // A worker's labels and one more: a drop's reason or a reply's version.
+    let with = |base: &[(&'static str, &'static str)], label: (&'static str, &'static str)| {
         let mut l = base.to_vec();
-        l.push(("reason", reason));
-        l
-    };
-    let with_version = |base: &[(&'static str, &'static str)], version: &'static str| {
-        let mut l = base.to_vec();
-        l.push(("version", version));
+        l.push(label);
         l
     };
     type Labels = Vec<(&'static str, &'static str)>;
@@ -149,17 +145,17 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         ("chimed_replies_sent_total", ntp.to_vec(), 3.0),
         (
             "chimed_requests_dropped_total",
-            with(&ntp, "mode_control"),
+            with(&ntp, ("reason", "mode_control")),
             2.0,
         ),
         (
             "chimed_requests_dropped_total",
-            with(&ntp, "too_short"),
+            with(&ntp, ("reason", "too_short")),
             1.0,
         ),
         (
             "chimed_requests_dropped_total",
-            with(&ntp, "mode_private"),
+            with(&ntp, ("reason", "mode_private")),
             0.0,
         ),
         ("chimed_send_errors_total", ntp.to_vec(), 0.0),
@@ -167,21 +163,25 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         ("chimed_requests_received_total", rt.to_vec(), 2.0),
         ("chimed_replies_sent_total", rt.to_vec(), 1.0),
         ("chimed_receive_batches_total", rt.to_vec(), 2.0),
-        ("chimed_requests_dropped_total", with(&rt, "too_short"), 1.0),
+        (
+            "chimed_requests_dropped_total",
+            with(&rt, ("reason", "too_short")),
+            1.0,
+        ),
         // The probe speaks RFC 10049: one reply in version 1, none in the others.
         (
             "chimed_roughtime_replies_total",
-            with_version(&rt, "1"),
+            with(&rt, ("version", "1")),
             1.0,
         ),
         (
             "chimed_roughtime_replies_total",
-            with_version(&rt, "0x8000000c"),
+            with(&rt, ("version", "0x8000000c")),
             0.0,
         ),
         (
             "chimed_roughtime_replies_total",
-            with_version(&rt, "google"),
+            with(&rt, ("version", "google")),
             0.0,
         ),
     ];
