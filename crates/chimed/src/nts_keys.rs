@@ -92,19 +92,20 @@ fn parse(text: &str) -> Result<Saved, String> {
 
 fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
     let id = u32::from_str_radix(id, 16).map_err(|_| format!("bad key id {id:?}"))?;
-    if key.len() != 2 * KEY_LEN || !key.is_ascii() {
+    let digits = key.as_bytes();
+    if digits.len() != 2 * KEY_LEN {
         return Err(format!("a key is {} hex digits", 2 * KEY_LEN));
     }
     let mut bytes = [0u8; KEY_LEN];
-    for (b, pair) in bytes.iter_mut().zip(key.as_bytes().chunks(2)) {
-        let pair = std::str::from_utf8(pair).map_err(|_| "not hex".to_owned())?;
-        *b = u8::from_str_radix(pair, 16).map_err(|_| "a key is hex digits".to_owned())?;
+    for (b, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        let digit = |d: u8| char::from(d).to_digit(16).ok_or("a key is hex digits");
+        *b = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
     }
     Ok((id, bytes))
 }
 
 fn render(saved: &Saved) -> String {
-    let hex = |k: &[u8; KEY_LEN]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    use crate::hex;
     let mut text = String::from(
         "# chimed NTS cookie keys (--nts-dump-dir): secret, rewritten whenever the keys rotate\n",
     );
