@@ -215,13 +215,9 @@ pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<Serve
     Ok(config)
 }
 
-/// Master keys from fresh random bits.
-pub(crate) fn fresh_keys(before: Option<&CookieKeys>) -> CookieKeys {
-    let (id, key) = (rand::random(), rand::random());
-    match before {
-        Some(b) => b.rotated(id, key),
-        None => CookieKeys::new(id, key),
-    }
+/// A new master key and its id, from fresh random bits.
+fn fresh_key() -> (u32, [u8; nts::KEY_LEN]) {
+    (rand::random(), rand::random())
 }
 
 /// The master keys to start with: those saved in `--nts-dump-dir` if any (on their schedule, see
@@ -231,9 +227,7 @@ pub(crate) fn fresh_keys(before: Option<&CookieKeys>) -> CookieKeys {
 pub(crate) fn starting_keys(nts: &mut crate::config::Nts) -> nts_keys::Resumed {
     let now = crate::clock::read().unix_secs();
     let saved = nts.dump.as_mut().and_then(|(_, saved)| saved.take());
-    let r = nts_keys::resume(saved, now, nts.rotation, || {
-        (rand::random(), rand::random())
-    });
+    let r = nts_keys::resume(saved, now, nts.rotation, fresh_key);
     if let Some((path, _)) = &nts.dump {
         let (shown, id) = (path.display(), r.saved.keys.current_id());
         let next = r.next_rotation.as_secs();
@@ -283,8 +277,8 @@ pub(crate) async fn rotate(
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        let next = fresh_keys(Some(&cookies.load()));
-        let id = next.current_id();
+        let (id, key) = fresh_key();
+        let next = cookies.load().rotated(id, key);
         if let Some(path) = &dump {
             let saved = nts_keys::Saved {
                 keys: next.clone(),
