@@ -254,12 +254,10 @@ impl BatchHandler for NtpWorker {
             }
             let coin = &mut self.coin;
             let mut notes = Notes::default();
-            let queued_before = tx.len();
-            let dropped = reply::queue(tx, meta, request, |buf| {
+            let queued = reply::queue(tx, meta, request, |buf| {
                 answer(&batch, meta, request, t2, coin, buf, &mut notes)
             });
-            let queued = tx.len() > queued_before;
-            if queued {
+            if queued.is_ok() {
                 let p = &mut self.stats.pending;
                 p.note(Note::Kod, notes.kissed);
                 p.note(Note::Interleaved, notes.interleaved);
@@ -276,7 +274,7 @@ impl BatchHandler for NtpWorker {
                     tx.request_tx_timestamp();
                 }
             }
-            if let Some(why) = dropped {
+            if let Err(Some(why)) = queued {
                 self.stats.pending.drop_at(why);
             }
         }

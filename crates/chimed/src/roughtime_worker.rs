@@ -134,13 +134,10 @@ impl BatchHandler for RoughtimeWorker {
             let signed = batch.sign();
             for ((meta, request), ticket) in rx.iter().zip(&self.tickets) {
                 let Some(ticket) = *ticket else { continue };
-                let queued_before = tx.len();
-                let dropped =
-                    reply::queue(tx, meta, request, |buf| signed.write_reply(ticket, buf));
-                let queued = tx.len() > queued_before;
+                let queued = reply::queue(tx, meta, request, |buf| signed.write_reply(ticket, buf));
                 let pending = &mut self.stats.pending;
-                pending.note(Note::Roughtime(ticket.version()), queued);
-                if let Some(why) = dropped {
+                pending.note(Note::Roughtime(ticket.version()), queued.is_ok());
+                if let Err(Some(why)) = queued {
                     pending.drop_at(why.index());
                 }
             }
