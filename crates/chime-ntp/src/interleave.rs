@@ -79,12 +79,17 @@ pub fn reply_receive_timestamp(reply: &[u8]) -> Option<NtpTimestamp> {
     (rx & RX_MARK != 0).then_some(NtpTimestamp(rx))
 }
 
-/// One saved transmit time, under the receive timestamp of the reply it belongs to (0: empty).
+/// One saved transmit time, under the receive timestamp of the reply it belongs to: 0 for an
+/// empty slot, [`BUSY`] while one thread has it to itself.
 #[derive(Debug, Default)]
 struct Slot {
     rx: AtomicU64,
     tx: AtomicU64,
 }
+
+/// The key of a slot that one thread is writing or taking from. Never a receive timestamp: those
+/// all carry [`RX_MARK`], so they are odd.
+const BUSY: u64 = 2;
 
 const WAYS: usize = 4;
 
@@ -100,12 +105,13 @@ struct Set([Slot; WAYS]);
 /// clients as a quarter of the entries, each polling once in the time the others all do, about
 /// 2% are.
 ///
-/// Writers and readers never block each other: [`TxLog::save`] empties the slot's key, writes the
-/// time, then the new key (each store ordered after the one before); [`TxLog::take`] reads the
-/// key, the time, and then claims the key with a compare-and-swap, which fails if any writer
-/// touched the slot after the key was read. A time is therefore only ever returned under the key
-/// it was saved with. Two writers that pick the same slot at once lose one of the times, which
-/// costs its client one basic reply.
+/// No thread ever waits: a save or a take first claims its slot by swapping the key it saw for
+/// [`BUSY`] (compare-and-swap), touches the time only while it holds the slot, and releases it
+/// with the new key (a save) or empty (a take). So a time is only ever written, and read, by the
+/// one thread holding its slot, and returned only under the key it was saved with. A thread that
+/// loses the race for a slot gives up: a save is lost, which costs its client one basic reply, and
+/// a take finds nothing, the same. (An earlier version without the claim on saves could, with two
+/// writers in one slot at once, publish one key with the other's time.)
 #[derive(Debug)]
 pub struct TxLog {
     sets: Box<[Set]>,
@@ -140,52 +146,60 @@ impl TxLog {
     }
 
     /// Saves `tx` as the transmit time of the reply whose receive timestamp was `rx` (which has the
-    /// receive mark; a zero `rx` is ignored). A later save under the same `rx` replaces it: the
-    /// kernel's timestamp, arriving after the send, replaces the daemon's, read before.
+    /// receive mark; an `rx` without it is ignored). A later save under the same `rx` replaces it:
+    /// the kernel's timestamp, arriving after the send, replaces the daemon's, read before.
     pub fn save(&self, rx: NtpTimestamp, tx: NtpTimestamp) {
-        if rx.0 == 0 {
+        if rx.0 & RX_MARK == 0 {
             return;
         }
         let set = self.set(rx.0);
-        let mut victim = &set[0];
+        let mut victim = None;
         let mut oldest = u64::MAX;
         for slot in set {
             let key = slot.rx.load(Ordering::Relaxed);
             if key == rx.0 {
-                victim = slot;
+                victim = Some((slot, key));
                 break;
             }
-            // An empty slot counts as the oldest of all.
-            let age = if key == 0 {
-                0
-            } else {
-                slot.tx.load(Ordering::Relaxed)
+            // An empty slot counts as the oldest of all; a busy one is someone else's.
+            let age = match key {
+                0 => 0,
+                BUSY => continue,
+                _ => slot.tx.load(Ordering::Relaxed),
             };
             if age < oldest {
                 oldest = age;
-                victim = slot;
+                victim = Some((slot, key));
             }
         }
-        victim.rx.store(0, Ordering::Relaxed);
-        victim.tx.store(tx.0, Ordering::Release);
-        victim.rx.store(rx.0, Ordering::Release);
+        let Some((slot, seen)) = victim else { return };
+        if slot
+            .rx
+            .compare_exchange(seen, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        slot.tx.store(tx.0, Ordering::Relaxed);
+        slot.rx.store(rx.0, Ordering::Release);
     }
 
     /// The transmit time saved for the reply whose receive timestamp was `rx`, removed so that it
     /// is used once; `None` if it is not (or no longer) there.
     pub fn take(&self, rx: NtpTimestamp) -> Option<NtpTimestamp> {
-        if rx.0 == 0 {
+        if rx.0 & RX_MARK == 0 {
             return None;
         }
         let slot = self
             .set(rx.0)
             .iter()
-            .find(|s| s.rx.load(Ordering::Acquire) == rx.0)?;
-        let tx = slot.tx.load(Ordering::Acquire);
+            .find(|s| s.rx.load(Ordering::Relaxed) == rx.0)?;
         slot.rx
-            .compare_exchange(rx.0, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .ok()
-            .map(|_| NtpTimestamp(tx))
+            .compare_exchange(rx.0, BUSY, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        let tx = slot.tx.load(Ordering::Relaxed);
+        slot.rx.store(0, Ordering::Release);
+        Some(NtpTimestamp(tx))
     }
 }
 
@@ -333,11 +347,11 @@ mod tests {
         // they can. A taken time must always belong to its key.
         let log = TxLog::new(4);
         std::thread::scope(|s| {
-            for w in 0..2u64 {
+            for w in 0..4u64 {
                 let log = &log;
                 s.spawn(move || {
-                    for i in 0..50_000u64 {
-                        let rx = ((i * 2 + w) << 1) | 1;
+                    for i in 0..200_000u64 {
+                        let rx = ((i * 4 + w) << 1) | 1;
                         log.save(NtpTimestamp(rx), NtpTimestamp(rx + 1));
                     }
                 });
@@ -345,7 +359,7 @@ mod tests {
             for _ in 0..2 {
                 let log = &log;
                 s.spawn(move || {
-                    for i in 0..100_000u64 {
+                    for i in 0..800_000u64 {
                         let rx = (i << 1) | 1;
                         if let Some(tx) = log.take(NtpTimestamp(rx)) {
                             assert_eq!(tx.0, rx + 1);
