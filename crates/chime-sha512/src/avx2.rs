@@ -87,6 +87,17 @@ fn gather(word: impl Fn(usize) -> u64) -> V {
 
 #[target_feature(enable = "avx2")]
 #[inline]
+fn load_block(stage: &[[u8; crate::STAGE_BYTES]; WIDTH], at: usize) -> [V; 16] {
+    std::array::from_fn(|t| {
+        gather(|j| {
+            let word = &stage[j][at + 8 * t..at + 8 * t + 8];
+            u64::from_be_bytes(word.try_into().unwrap_or([0; 8]))
+        })
+    })
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
 fn scatter(v: V) -> [u64; WIDTH] {
     [
         _mm256_extract_epi64::<0>(v) as u64,

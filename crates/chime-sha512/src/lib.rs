@@ -7,7 +7,7 @@
 //!
 //! [`Lanes`] stages up to [`LANES`] messages, each given as the concatenation of a few parts (a
 //! Merkle leaf is `0x00 ‖ request`), pads them as FIPS 180-4 says, and [`Lanes::finish`] hashes
-//! them together. On a CPU without AVX-512F (checked at run time) four lanes go through AVX2 at a
+//! them together. On a CPU without AVX-512F and BW (checked at run time) four lanes go through AVX2 at a
 //! time, and without AVX2 the same staged blocks go one lane at a time through the `sha2` crate's
 //! compression function; all paths share the staging and padding, and every test runs on every
 //! backend the CPU has.
@@ -50,7 +50,7 @@ pub const MAX_MESSAGE_LEN: usize = STAGE_BYTES - 17;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Backend {
-    /// Eight lanes in AVX-512F registers.
+    /// Eight lanes in AVX-512 registers (AVX-512F and AVX-512BW).
     Avx512,
     /// Four lanes at a time in AVX2 registers.
     Avx2,
@@ -68,7 +68,7 @@ impl Backend {
     pub fn available() -> &'static [Backend] {
         #[cfg(target_arch = "x86_64")]
         match (
-            std::is_x86_feature_detected!("avx512f"),
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw"),
             std::is_x86_feature_detected!("avx2"),
         ) {
             (true, true) => return &[Backend::Avx512, Backend::Avx2, Backend::Portable],
@@ -211,8 +211,8 @@ impl Lanes {
             match self.backend {
                 // SAFETY: `backend` is only ever set by `new` or `with_backend`, both of which take
                 // it from `Backend::available`, which offers `Avx512` only after
-                // `is_x86_feature_detected!("avx512f")` saw the CPU has AVX-512F, the one target
-                // feature `avx512::compress` is compiled with.
+                // `is_x86_feature_detected!` saw the CPU has AVX-512F and AVX-512BW, the two target
+                // features `avx512::compress` is compiled with.
                 Backend::Avx512 => return unsafe { avx512::compress(states, &self.stage, blocks) },
                 // SAFETY: as above, `Avx2` is offered only after
                 // `is_x86_feature_detected!("avx2")`, the one feature `avx2::compress` needs.
