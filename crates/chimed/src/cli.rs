@@ -63,7 +63,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "BYTES")]
     pub(crate) recv_buffer: Option<usize>,
 
-    /// Datagrams received and answered per system call [default: 64]
+    /// NTP datagrams received and answered per system call [default: 64]
     #[arg(long, value_name = "N", value_parser = parse_batch)]
     pub(crate) batch_size: Option<usize>,
 
@@ -206,6 +206,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) roughtime_rotation: Option<f64>,
 
+    /// Roughtime requests received per system call, and the most one signature covers (up to
+    /// 256). A full batch comes only under load, where a larger one costs less CPU per reply
+    /// [default: 256]
+    #[arg(long, value_name = "N", value_parser = parse_roughtime_batch)]
+    pub(crate) roughtime_batch_size: Option<usize>,
+
     /// Under light load, gather Roughtime requests for this long before signing: when a receive
     /// returns two or more but under a quarter of a batch, wait and add what arrived meanwhile.
     /// A lone request is never held back, nor anything once the load nears the thread's
@@ -257,6 +263,22 @@ fn parse_batch(s: &str) -> Result<usize, String> {
 pub(crate) fn check_batch(n: usize) -> Result<(), String> {
     if !(1..=1024).contains(&n) {
         return Err(format!("batch size {n} is outside 1..=1024"));
+    }
+    Ok(())
+}
+
+fn parse_roughtime_batch(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a batch size"))?;
+    check_roughtime_batch(n)?;
+    Ok(n)
+}
+
+pub(crate) fn check_roughtime_batch(n: usize) -> Result<(), String> {
+    let max = chime_roughtime::MAX_BATCH_SIZE;
+    if !(1..=max).contains(&n) {
+        return Err(format!("batch size {n} is outside 1..={max}"));
     }
     Ok(())
 }

@@ -62,6 +62,7 @@ struct File {
     roughtime_ipv4_address: Option<SocketAddr>,
     roughtime_ipv6_address: Option<SocketAddr>,
     roughtime_rotation: Option<f64>,
+    roughtime_batch_size: Option<usize>,
     roughtime_gather: Option<f64>,
 }
 
@@ -144,6 +145,8 @@ pub(crate) struct Roughtime {
     pub(crate) ipv4_address: SocketAddr,
     pub(crate) ipv6_address: SocketAddr,
     pub(crate) rotation: Duration,
+    /// Requests per receive, and the most one signature covers.
+    pub(crate) batch_size: usize,
     /// How long to gather requests under load before signing; `None`: sign at once.
     pub(crate) gather: Option<Duration>,
 }
@@ -158,6 +161,7 @@ impl fmt::Debug for Roughtime {
             .field("ipv4_address", &self.ipv4_address)
             .field("ipv6_address", &self.ipv6_address)
             .field("rotation", &self.rotation)
+            .field("batch_size", &self.batch_size)
             .field("gather", &self.gather)
             .finish_non_exhaustive()
     }
@@ -197,6 +201,11 @@ impl fmt::Display for Input {
 pub(crate) const DEFAULT_POLL_INTERVAL: f64 = 1.0;
 pub(crate) const DEFAULT_STALE_AFTER: f64 = 8.0;
 const DEFAULT_BATCH: usize = 64;
+/// --roughtime-batch-size's default: the most a tree may hold. Batches fill only under load,
+/// where one signature over 256 requests instead of 64 saves about a seventh of the CPU per reply
+/// (loopback, one core, 130k requests/s); a full batch is about 1.5 ms of work, nothing beside a
+/// radius of seconds.
+const DEFAULT_ROUGHTIME_BATCH: usize = chime_roughtime::MAX_BATCH_SIZE;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
 /// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
 const MAX_GATHER: f64 = 0.1;
@@ -354,6 +363,7 @@ impl Settings {
         let (rt_v4_addr, rt_v4_addr_in) = pick!(roughtime_ipv4_address, "roughtime-ipv4-address");
         let (rt_v6_addr, rt_v6_addr_in) = pick!(roughtime_ipv6_address, "roughtime-ipv6-address");
         let (rt_rotation, rt_rotation_in) = pick!(roughtime_rotation, "roughtime-rotation");
+        let (rt_batch, rt_batch_in) = pick!(roughtime_batch_size, "roughtime-batch-size");
         let (rt_gather, rt_gather_in) = pick!(roughtime_gather, "roughtime-gather");
         let roughtime = match rt_key {
             None => None,
@@ -378,6 +388,8 @@ impl Settings {
                 }
                 let rotation = rt_rotation.unwrap_or(86_400.0);
                 check_positive(rotation).map_err(|r| invalid(&rt_rotation_in, r))?;
+                let batch_size = rt_batch.unwrap_or(DEFAULT_ROUGHTIME_BATCH);
+                cli::check_roughtime_batch(batch_size).map_err(|r| invalid(&rt_batch_in, r))?;
                 let gather = rt_gather.unwrap_or(DEFAULT_GATHER);
                 if !gather.is_finite() || !(0.0..=MAX_GATHER).contains(&gather) {
                     let r = format!("{gather} seconds is outside 0..={MAX_GATHER}");
@@ -391,6 +403,7 @@ impl Settings {
                     ipv4_address,
                     ipv6_address,
                     rotation: Duration::from_secs_f64(rotation),
+                    batch_size,
                     gather: (gather > 0.0).then(|| Duration::from_secs_f64(gather)),
                 })
             }

@@ -247,9 +247,9 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                 NtpWorker::new(shared.clone(), published)
             })?);
         }
-        if let Some((_, _, shared)) = &roughtime {
+        if let (Some((_, _, shared)), Some(rt)) = (&roughtime, &settings.roughtime) {
             for b in rt_bound {
-                let batch = settings.batch_size;
+                let batch = rt.batch_size;
                 let family = b.family;
                 running.push(start(b, &stop, |i| {
                     let published = register("roughtime", family, i, &roughtime_worker::LABELS);
@@ -348,8 +348,9 @@ fn bind(
     });
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
-    if service == Service::Roughtime {
-        cfg.gather = settings.roughtime.as_ref().and_then(|rt| rt.gather);
+    if let (Service::Roughtime, Some(rt)) = (service, &settings.roughtime) {
+        cfg.batch_size = rt.batch_size;
+        cfg.gather = rt.gather;
     }
     // Roughtime signs the time read once per batch; per-datagram kernel timestamps would only cost.
     cfg.socket.rx_timestamps = service == Service::Ntp;

@@ -23,6 +23,11 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["-b", "127.0.0.1:123"][..], "--ipv6-address"),
         (&["--stale-after", "0.5"][..], "--stale-after"),
         (&["--batch-size", "0"][..], "batch-size"),
+        (
+            &["--roughtime-batch-size", "0"][..],
+            "--roughtime-batch-size",
+        ),
+        (&["--roughtime-batch-size", "257"][..], "outside 1..=256"),
         (&["--log-level", "loud=="][..], "--log-level"),
         (&["--no-such-flag"][..], "--no-such-flag"),
         (&["-u", "no-such-user-here"][..], "--user"),

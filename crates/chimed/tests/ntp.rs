@@ -620,7 +620,6 @@ fn chime_ntp_interleaved_against_chimed_and_chronyd() {
 /// `kernel_drops` (also `chimed_kernel_receive_drops_total` in the metrics).
 #[test]
 fn requests_the_kernel_dropped_are_counted() {
-    use nix::sys::signal::{Signal, kill};
     let chronyd = Chronyd::start();
     let mut chimed = chimed_v4(&chronyd, &["-4", "1", "--recv-buffer", "8192"]);
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -629,12 +628,12 @@ fn requests_the_kernel_dropped_are_counted() {
     let mut request = [0u8; 48];
     request[0] = 0x23;
     const SENT: u64 = 300;
-    kill(chimed.pid(), Signal::SIGSTOP).unwrap();
+    chimed.pause();
     for i in 0..SENT {
         request[40..48].copy_from_slice(&(i + 1).to_be_bytes());
         sock.send_to(&request, chimed.addr).unwrap();
     }
-    kill(chimed.pid(), Signal::SIGCONT).unwrap();
+    chimed.resume();
     let mut answered = 0;
     let mut buf = [0u8; 128];
     while sock.recv_from(&mut buf).is_ok() {

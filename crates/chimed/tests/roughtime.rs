@@ -38,7 +38,7 @@ fn serve(upstream_alive: bool, extra: &[&str]) -> Server {
     );
     let hashing = chimed.wait_for("roughtime: Merkle hashing on", Duration::from_secs(1));
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
         assert!(hashing.contains("AVX-512, eight"), "{hashing}");
     }
     if upstream_alive {
@@ -175,18 +175,17 @@ fn gathering_batches_a_burst_and_never_holds_a_lone_request() {
     // group is sent, so that its worker takes the eight in one receive however busy the machine
     // (a receive of one is never held back, and a loaded machine could otherwise deliver them
     // one at a time).
-    use nix::sys::signal::{Signal, kill};
     const BURST: u8 = 48;
     let requests: Vec<Vec<u8>> = (0..BURST).map(request).collect();
     for (i, group) in requests.chunks(8).enumerate() {
         if i == 0 {
-            kill(s.chimed.pid(), Signal::SIGSTOP).unwrap();
+            s.chimed.pause();
         }
         for r in group {
             sock.send_to(r, s.roughtime).unwrap();
         }
         if i == 0 {
-            kill(s.chimed.pid(), Signal::SIGCONT).unwrap();
+            s.chimed.resume();
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -215,6 +214,66 @@ fn gathering_batches_a_burst_and_never_holds_a_lone_request() {
         "{totals}"
     );
     assert!((2..=4).contains(&batches), "{totals}");
+}
+
+/// A queue of 200 requests is taken in one receive and signed once: one tree of 256 leaves (so
+/// paths of eight hashes), one signature in every reply, every reply verified. With
+/// `--roughtime-batch-size 64` the same queue takes four signatures.
+#[test]
+fn a_queue_is_one_tree_up_to_the_roughtime_batch_size() {
+    const QUEUED: usize = 200;
+    for (flags, signatures) in [(&[][..], 1), (&["--roughtime-batch-size", "64"][..], 4)] {
+        let mut args = vec!["--roughtime-gather", "0"];
+        args.extend_from_slice(flags);
+        let s = serve(true, &args);
+        let key: [u8; 32] = base64_decode(&s.public_key);
+        // 200 replies take ~460 KB of socket buffer, more than the kernel's usual default.
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+        sock.set_recv_buffer_size(4 << 20).unwrap();
+        sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let sock = UdpSocket::from(sock);
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut by_nonce = std::collections::HashMap::new();
+        let requests: Vec<Vec<u8>> = (0..QUEUED)
+            .map(|i| {
+                let mut nonce = [0xa5; 32];
+                nonce[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                by_nonce.insert(nonce, i);
+                let mut req = vec![0u8; 1024];
+                let n = build_request(&mut req, &[Version::Rfc10049], &nonce, None).unwrap();
+                req.truncate(n);
+                req
+            })
+            .collect();
+        // Stopped while they are sent, so that the worker finds all of them queued.
+        s.chimed.pause();
+        for r in &requests {
+            sock.send_to(r, s.roughtime).unwrap();
+        }
+        s.chimed.resume();
+        let policy = VerifyPolicy::new(10_000_000);
+        let mut sigs = std::collections::HashSet::new();
+        let mut deepest = 0;
+        let mut buf = [0u8; 2048];
+        for _ in 0..QUEUED {
+            let (n, _) = sock.recv_from(&mut buf).expect("a reply for every request");
+            let reply = &buf[..n];
+            assert!(n <= 1024, "reply larger than its request");
+            let parsed = chime_roughtime::Reply::parse(reply).unwrap();
+            let i = parsed
+                .nonce
+                .and_then(|n| by_nonce.get(n))
+                .copied()
+                .expect("a reply names one of our nonces");
+            verify_reply(&requests[i], reply, &key, &policy).expect("verifies");
+            sigs.insert(*parsed.signature);
+            deepest = deepest.max(parsed.path.len() / 32);
+        }
+        assert_eq!(sigs.len(), signatures, "{flags:?}");
+        let depth = if signatures == 1 { 8 } else { 6 };
+        assert_eq!(deepest, depth, "{flags:?}: hashes in the longest PATH");
+    }
 }
 
 /// A burst far larger than the kernel's default receive buffer holds (1000 requests of 1 KiB take

@@ -265,6 +265,35 @@ impl Chimed {
         Pid::from_raw(self.child.id() as i32)
     }
 
+    /// Stops chimed with SIGSTOP and returns once every one of its threads is stopped (the
+    /// signal only asks: a worker could otherwise still take a datagram sent right after it), so
+    /// that what is sent next waits queued in the sockets until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        signal::kill(self.pid(), Signal::SIGSTOP).unwrap();
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let stopped = || {
+            std::fs::read_dir(&tasks).unwrap().all(|t| {
+                let stat = std::fs::read_to_string(t.unwrap().path().join("stat"));
+                // The state follows the parenthesised command name: "T" is stopped.
+                stat.is_ok_and(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('T'))
+                })
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stopped() {
+            assert!(Instant::now() < deadline, "chimed did not stop within 5 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Continues chimed after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        signal::kill(self.pid(), Signal::SIGCONT).unwrap();
+    }
+
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         signal::kill(self.pid(), Signal::SIGTERM).unwrap();
