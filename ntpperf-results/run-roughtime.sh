@@ -4,7 +4,8 @@
 # report per run the highest rate with < 1% loss and the server's CPU time per reply there.
 #
 # Both servers sign with the same long-term key (chime keygen's seed is the hex line roughenough
-# reads), serve RFC 10049 version 1 with batches of up to 64, and get the same ladder. The order
+# reads), serve RFC 10049 version 1 with their default batch sizes (chimed 256, roughenough 64;
+# see --batch-size and --roughenough-batch-size), and get the same ladder. The order
 # alternates between rounds, so neither always runs on a warmer or quieter machine. chimed mirrors
 # a chronyd -x started here on a free loopback port (it signs nothing while unsynchronised); its
 # one NTP thread, idle, listens on a loopback port of its own.
@@ -20,14 +21,22 @@
 # for nothing, so for the run this script raises net.core.rmem_default to --rmem (default 4 MiB,
 # put back on exit) and both servers get the same buffer. --rmem 0 leaves the system default.
 #
+# --cpu-share PCT gives each server only PCT% of CPU 0 (a CPU cgroup whose period is as short as
+# the kernel's 1 ms minimum quota allows, 2 ms at 50%, so a server is held back about a millisecond
+# at a time; the 4 MiB buffers absorb that). On two cores the load generator, whose kernel path for a request and its reply costs
+# about what the server's does, runs out near 210k/s; a server faster than that measures as the
+# generator's ceiling on a whole core, but its true capacity on a share of one.
+#
 # This script fetches and builds nothing: it is given the binaries.
 #
 # --chimed-args "FLAGS" adds flags to chimed's command line (e.g. "--roughtime-gather 0.0005").
-# --batch-size N is chimed's (default 64, roughenough's -b 64 stays): the most requests one
+# --batch-size N is chimed's --roughtime-batch-size (default: chimed's, 256) and
+# --roughenough-batch-size N roughenough's -b (default: its own, 64): the most requests one
 # signature covers.
 #
 # Usage: run-roughtime.sh [--rounds N] [--steps START:FACTOR:COUNT] [--duration S] [--out DIR]
 #                         [--verify-every N] [--rmem BYTES] [--chimed-args FLAGS] [--batch-size N]
+#                         [--roughenough-batch-size N] [--cpu-share PCT]
 #                         [--chimed PATH] [--chime PATH] [--roughenough PATH]
 # Outputs in --out (default: this script's directory /roughtime): <server>-round<N>.json (chime
 # perf's JSON for each ladder) and summary.txt.
@@ -43,7 +52,9 @@ verify_every=1000
 rmem=4194304
 out="$here/roughtime"
 chimed_args=""
-batch=64
+batch=256
+rbatch=64
+share=100
 chimed="$repo/target/release/chimed"
 chime="$repo/target/release/chime"
 roughenough=/opt/chime-peers/bin/roughenough_server
@@ -57,6 +68,8 @@ while [ $# -gt 0 ]; do
         --rmem) rmem=$2; shift 2 ;;
         --chimed-args) chimed_args=$2; shift 2 ;;
         --batch-size) batch=$2; shift 2 ;;
+        --roughenough-batch-size) rbatch=$2; shift 2 ;;
+        --cpu-share) share=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --chimed) chimed=$2; shift 2 ;;
         --chime) chime=$2; shift 2 ;;
@@ -72,16 +85,37 @@ mkdir -p "$out"
 work=$(mktemp -d)
 pids=()
 old_rmem=$(sysctl -n net.core.rmem_default)
+cgroup=""
 cleanup() {
     sysctl -q -w net.core.rmem_default="$old_rmem" || true
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    [ -z "$cgroup" ] || rmdir "$cgroup" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
 
 if [ "$rmem" != 0 ]; then
     sysctl -q -w net.core.rmem_default="$rmem"
+fi
+
+# The servers' CPU cgroup, if --cpu-share is under 100: cgroup v2's cpu.max, else v1's CFS quota.
+if [ "$share" -lt 100 ]; then
+    [ "$share" -ge 10 ] || { echo "run-roughtime.sh: --cpu-share $share is under 10" >&2; exit 2; }
+    # The shortest period whose quota is still the 1 ms minimum: 2 ms at 50%.
+    period=$(( (100000 + share - 1) / share ))
+    [ "$period" -ge 1000 ] || period=1000
+    quota=$((period * share / 100))
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        cgroup=/sys/fs/cgroup/chime-bench.$$
+        mkdir "$cgroup"
+        echo "$quota $period" > "$cgroup/cpu.max"
+    else
+        cgroup=/sys/fs/cgroup/cpu/chime-bench.$$
+        mkdir "$cgroup"
+        echo "$period" > "$cgroup/cpu.cfs_period_us"
+        echo "$quota" > "$cgroup/cpu.cfs_quota_us"
+    fi
 fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -106,16 +140,17 @@ start_server() {
         chimed)
             taskset -c 0 "$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s "127.0.0.1:$chrony_port" --stats-interval 0 \
                 --roughtime-key "$work/key" --roughtime-ipv4-address "127.0.0.1:$port" \
-                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --batch-size "$batch" \
+                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --roughtime-batch-size "$batch" \
                 $chimed_args > "$work/$name.log" 2>&1 &
             ;;
         roughenough-server)
-            NO_COLOR=1 taskset -c 0 "$roughenough" -i 127.0.0.1 -p "$port" -j 1 -b 64 -q \
+            NO_COLOR=1 taskset -c 0 "$roughenough" -i 127.0.0.1 -p "$port" -j 1 -b "$rbatch" -q \
                 --metrics-interval 86400 --seed-file "$work/seed" > "$work/$name.log" 2>&1 &
             ;;
     esac
     pid=$!
     pids+=("$pid")
+    [ -z "$cgroup" ] || echo "$pid" > "$cgroup/cgroup.procs"
     # Ready when a verified query succeeds (bounded: 10 s).
     for _ in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || break
@@ -146,9 +181,11 @@ for round in $(seq "$rounds"); do
     done
 done
 
-python3 - "$out" "$rounds" <<'PY' | tee "$out/summary.txt"
+python3 - "$out" "$rounds" "$share" <<'PY' | tee "$out/summary.txt"
 import json, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, share = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if share < 100:
+    print(f"each server given {share}% of CPU 0 (CPU cgroup quota)")
 print("round  server              highest rate <1% loss   CPU µs/reply there   most answered/s")
 best = {}
 for r in range(1, rounds + 1):

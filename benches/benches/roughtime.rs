@@ -24,7 +24,7 @@ fn bench(c: &mut Criterion) {
     };
 
     let mut g = c.benchmark_group("roughtime_batch");
-    for &size in &[1usize, 8, 64, 128] {
+    for &size in &[1usize, 8, 64, 128, 256] {
         let requests: Vec<Vec<u8>> = (0..size)
             .map(|i| {
                 let mut r = vec![0u8; 1024];
