@@ -544,7 +544,8 @@ run_step() {
             client, other, niced, attempt, disturbed, R[6]
     }')
     echo "$csv_row" >>"$STEPS_CSV"
-    STEP_DISTURBED=${csv_row##*,}
+    # Column 21 (disturbed); ntpperf_xleave_pct came after it and is last.
+    STEP_DISTURBED=$(cut -d, -f21 <<<"$csv_row")
 }
 
 # Per-server summary row from its step rows, taking the last attempt at each rate. The peak is
