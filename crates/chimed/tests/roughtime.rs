@@ -216,6 +216,18 @@ fn gathering_batches_a_burst_and_never_holds_a_lone_request() {
     assert!((2..=4).contains(&batches), "{totals}");
 }
 
+/// A client socket on 127.0.0.1 with a 4 MiB receive buffer. One batch of 256 replies (~900 bytes
+/// each) takes ~590 KB of socket buffer, more than the kernel's usual 208 KiB default: a client
+/// reading replies one at a time lost some of a burst's with the default.
+fn roomy_client_socket() -> UdpSocket {
+    use nix::sys::socket::{setsockopt, sockopt::RcvBufForce};
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // SO_RCVBUFFORCE: past net.core.rmem_max, which is 208 KiB on a fresh machine. The tests run
+    // as root, which may.
+    setsockopt(&sock, RcvBufForce, &(4 << 20)).expect("SO_RCVBUFFORCE (run as root)");
+    sock
+}
+
 /// A queue of 200 requests is taken in one receive and signed once: one tree of 256 leaves (so
 /// paths of eight hashes), one signature in every reply, every reply verified. With
 /// `--roughtime-batch-size 64` the same queue takes four signatures.
@@ -227,12 +239,7 @@ fn a_queue_is_one_tree_up_to_the_roughtime_batch_size() {
         args.extend_from_slice(flags);
         let s = serve(true, &args);
         let key: [u8; 32] = base64_decode(&s.public_key);
-        // 200 replies take ~460 KB of socket buffer, more than the kernel's usual default.
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
-        sock.set_recv_buffer_size(4 << 20).unwrap();
-        sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-            .unwrap();
-        let sock = UdpSocket::from(sock);
+        let sock = roomy_client_socket();
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut by_nonce = std::collections::HashMap::new();
         let requests: Vec<Vec<u8>> = (0..QUEUED)
@@ -299,9 +306,10 @@ fn a_burst_beyond_the_kernel_default_buffer_is_absorbed() {
         by_nonce.insert(nonce, i);
         requests.push(req);
     }
-    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = roomy_client_socket();
     sock.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    // Replies are read as they come, so only the server's buffer is put to the test.
+    // Replies are read as they come, and the client's buffer holds a whole batch of them, so only
+    // the server's buffer is put to the test.
     let reader = {
         let sock = sock.try_clone().unwrap();
         std::thread::spawn(move || {
