@@ -252,31 +252,34 @@ pub(crate) fn check_threads(n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The most NTP datagrams per receive and send.
+const MAX_NTP_BATCH: usize = 1024;
+
 fn parse_batch(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a batch size"))?;
-    check_batch(n)?;
-    Ok(n)
+    parse_batch_up_to(s, MAX_NTP_BATCH)
 }
 
 pub(crate) fn check_batch(n: usize) -> Result<(), String> {
-    if !(1..=1024).contains(&n) {
-        return Err(format!("batch size {n} is outside 1..=1024"));
-    }
-    Ok(())
+    check_batch_up_to(n, MAX_NTP_BATCH)
 }
 
 fn parse_roughtime_batch(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a batch size"))?;
-    check_roughtime_batch(n)?;
-    Ok(n)
+    parse_batch_up_to(s, chime_roughtime::MAX_BATCH_SIZE)
 }
 
 pub(crate) fn check_roughtime_batch(n: usize) -> Result<(), String> {
-    let max = chime_roughtime::MAX_BATCH_SIZE;
+    check_batch_up_to(n, chime_roughtime::MAX_BATCH_SIZE)
+}
+
+fn parse_batch_up_to(s: &str, max: usize) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a batch size"))?;
+    check_batch_up_to(n, max)?;
+    Ok(n)
+}
+
+fn check_batch_up_to(n: usize, max: usize) -> Result<(), String> {
     if !(1..=max).contains(&n) {
         return Err(format!("batch size {n} is outside 1..={max}"));
     }
