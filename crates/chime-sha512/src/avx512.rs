@@ -149,7 +149,7 @@ fn load_block(stage: &[[u8; crate::STAGE_BYTES]; WIDTH], at: usize) -> [V; 16] {
 /// Element `t` of `rows[j]` becomes element `j` of vector `t`.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-fn transpose(r: [V; 8]) -> [V; 8] {
+fn transpose(rows: [V; 8]) -> [V; 8] {
     // `_mm512_set_epi64` lists elements from the highest; as index lists, element 0 first:
     // [0,1,8,9,4,5,12,13], [2,3,10,11,6,7,14,15], [0,1,2,3,8,9,10,11], [4,5,6,7,12,13,14,15].
     let even = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
@@ -160,7 +160,7 @@ fn transpose(r: [V; 8]) -> [V; 8] {
     // Pairs of rows: t[2p] has words 0, 2, 4, 6 of rows 2p and 2p+1 interleaved, t[2p+1] the
     // odd words.
     let t: [V; 8] = std::array::from_fn(|i| {
-        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        let (a, b) = (rows[i / 2 * 2], rows[i / 2 * 2 + 1]);
         if i % 2 == 0 {
             _mm512_unpacklo_epi64(a, b)
         } else {
