@@ -325,11 +325,6 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     result
 }
 
-/// The receive buffer Roughtime sockets ask for unless `--recv-buffer` says otherwise. A 1 KiB
-/// request takes about 2.3 KiB of socket buffer, so the kernel's usual 208 KiB holds some 90
-/// requests, under two batches: bursts overflowed it at half of one core's capacity.
-const ROUGHTIME_RECV_BUFFER: usize = 4 << 20;
-
 fn bind(
     settings: &Settings,
     service: Service,
@@ -342,13 +337,11 @@ fn bind(
     }
     let name = format!("{}-{family}", service.name());
     let mut cfg = WorkerConfig::new(name.clone(), addr, threads);
-    cfg.socket.recv_buffer = settings.recv_buffer.or(match service {
-        Service::Ntp => None,
-        Service::Roughtime => Some(ROUGHTIME_RECV_BUFFER),
-    });
+    cfg.socket.recv_buffer = settings.recv_buffer;
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
     if let (Service::Roughtime, Some(rt)) = (service, &settings.roughtime) {
+        cfg.socket.recv_buffer = Some(rt.recv_buffer);
         cfg.batch_size = rt.batch_size;
         cfg.gather = rt.gather;
     }

@@ -28,6 +28,11 @@ fn bad_flags_exit_2_naming_the_flag() {
             "--roughtime-batch-size",
         ),
         (&["--roughtime-batch-size", "257"][..], "outside 1..=256"),
+        (&["--recv-buffer", "100"][..], "outside 4096..="),
+        (
+            &["--roughtime-recv-buffer", "16M"][..],
+            "--roughtime-recv-buffer",
+        ),
         (&["--log-level", "loud=="][..], "--log-level"),
         (&["--no-such-flag"][..], "--no-such-flag"),
         (&["-u", "no-such-user-here"][..], "--user"),

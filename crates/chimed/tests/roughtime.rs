@@ -284,9 +284,9 @@ fn a_queue_is_one_tree_up_to_the_roughtime_batch_size() {
 }
 
 /// A burst far larger than the kernel's default receive buffer holds (1000 requests of 1 KiB take
-/// ~2.3 MB of socket buffer against the usual 208 KiB): chimed's own 4 MiB default for Roughtime
+/// ~2.3 MB of socket buffer against the usual 208 KiB): chimed's own 16 MiB default for Roughtime
 /// sockets absorbs it, and every reply verifies. As root (CI) chimed gets the buffer whatever
-/// net.core.rmem_max says.
+/// net.core.rmem_max says, and the kernel counts twice what was asked for.
 #[test]
 fn a_burst_beyond_the_kernel_default_buffer_is_absorbed() {
     const BURST: usize = 1000;
@@ -294,6 +294,10 @@ fn a_burst_beyond_the_kernel_default_buffer_is_absorbed() {
     let listening = s
         .chimed
         .wait_for("roughtime listening on", Duration::from_secs(1));
+    assert!(
+        listening.contains(&format!("receive buffer {} bytes", 32 << 20)),
+        "{listening}"
+    );
     let key: [u8; 32] = base64_decode(&s.public_key);
     let mut requests = Vec::new();
     let mut by_nonce = std::collections::HashMap::new();
