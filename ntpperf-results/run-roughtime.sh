@@ -17,9 +17,16 @@
 #
 # Receive buffers: a 1 KiB request takes ~2.3 KiB of socket buffer, so the usual default of 208 KiB
 # (net.core.rmem_default) holds about 90 requests, less than two batches, and bursts overflow it
-# well below saturation. chimed asks for 4 MiB for its Roughtime sockets; roughenough-server asks
-# for nothing, so for the run this script raises net.core.rmem_default to --rmem (default 4 MiB,
-# put back on exit) and both servers get the same buffer. --rmem 0 leaves the system default.
+# well below saturation; and on a shared machine a server is held up for tens of milliseconds now
+# and then, which only a deep buffer rides out. --rmem BYTES (default 32 MiB, what chimed's
+# default --roughtime-recv-buffer of 16 MiB gives) is the buffer both servers get, as the kernel
+# counts it (`ss -m`'s rb): roughenough-server, which asks for nothing, through
+# net.core.rmem_default (set for the run, put back on exit), and chimed through
+# --roughtime-recv-buffer BYTES/2, since the kernel doubles what a program asks for. Each server's
+# rb is read back with ss once it answers, printed, and must be BYTES. --rmem 0 runs both as
+# shipped: chimed's default, the system's for roughenough.
+# (Before this was checked, sessions 2 to 6 gave roughenough rmem_default = 4 MiB and chimed
+# --recv-buffer 4 MiB, which the kernel made 8: chimed had twice roughenough's buffer.)
 #
 # --cpu-share PCT gives each server only PCT% of CPU 0 (a CPU cgroup whose period is as short as
 # the kernel's 1 ms minimum quota allows, 2 ms at 50%, so a server is held back about a millisecond
@@ -49,7 +56,7 @@ rounds=2
 steps=100000:1.12:10
 duration=2
 verify_every=1000
-rmem=4194304
+rmem=33554432
 out="$here/roughtime"
 chimed_args=""
 batch=256
@@ -95,8 +102,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+chimed_rcvbuf=()
 if [ "$rmem" != 0 ]; then
+    [ $((rmem % 2)) -eq 0 ] || { echo "run-roughtime.sh: --rmem $rmem is odd" >&2; exit 2; }
     sysctl -q -w net.core.rmem_default="$rmem"
+    chimed_rcvbuf=(--roughtime-recv-buffer $((rmem / 2)))
 fi
 
 # The servers' CPU cgroup, if --cpu-share is under 100: cgroup v2's cpu.max, else v1's CFS quota.
@@ -141,7 +151,7 @@ start_server() {
             taskset -c 0 "$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s "127.0.0.1:$chrony_port" --stats-interval 0 \
                 --roughtime-key "$work/key" --roughtime-ipv4-address "127.0.0.1:$port" \
                 --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 --roughtime-batch-size "$batch" \
-                $chimed_args > "$work/$name.log" 2>&1 &
+                "${chimed_rcvbuf[@]}" $chimed_args > "$work/$name.log" 2>&1 &
             ;;
         roughenough-server)
             NO_COLOR=1 taskset -c 0 "$roughenough" -i 127.0.0.1 -p "$port" -j 1 -b "$rbatch" -q \
@@ -172,7 +182,14 @@ for round in $(seq "$rounds"); do
     for name in $order; do
         port=$(free_port)
         pid=$(start_server "$name" "$port")
-        echo "round $round: $name (pid $pid) on 127.0.0.1:$port" >&2
+        # The receive buffer the kernel gave the server's socket (ss -m's rb).
+        rb=$(ss -uamn "sport = :$port" | sed -n 's/.*skmem:([^)]*rb\([0-9]*\).*/\1/p' | head -n 1)
+        echo "round $round: $name (pid $pid) on 127.0.0.1:$port, receive buffer ${rb:-unknown} bytes" >&2
+        echo "$rb" > "$out/$name-round$round.rcvbuf"
+        if [ "$rmem" != 0 ] && [ "$rb" != "$rmem" ]; then
+            echo "run-roughtime.sh: $name's receive buffer is ${rb:-unknown}, not --rmem $rmem" >&2
+            exit 1
+        fi
         taskset -c 1 "$chime" perf roughtime --target "127.0.0.1:$port" --public-key "$public" \
             --version 1 --steps "$steps" --duration "$duration" --warmup 0.5 --verify-every "$verify_every" \
             --server-pid "$pid" --json "$out/$name-round$round.json" | tail -n 3 >&2
@@ -186,6 +203,8 @@ import json, sys
 out, rounds, share = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if share < 100:
     print(f"each server given {share}% of CPU 0 (CPU cgroup quota)")
+bufs = sorted({open(f"{out}/{n}-round{r}.rcvbuf").read().strip() for r in range(1, rounds + 1) for n in ("chimed", "roughenough-server")})
+print(f"receive buffers (ss rb): {', '.join(bufs)} bytes")
 print("round  server              highest rate <1% loss   CPU µs/reply there   most answered/s")
 best = {}
 for r in range(1, rounds + 1):
