@@ -125,6 +125,7 @@ pub(crate) fn run<P: LoadProtocol>(
         report.client_cpu_percent = delta.client_cpu_percent;
         report.client_rx_drops = delta.client_rx_drops;
         report.server_rx_drops = delta.server_rx_drops;
+        report.steal_pct = delta.steal_pct;
         line.end(&report);
         if let Some(e) = &stats.first_error {
             eprintln!("chime: step {}: {e}", i + 1);

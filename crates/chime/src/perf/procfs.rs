@@ -1,5 +1,6 @@
-//! What /proc says about a step: the server's CPU time (and its busiest thread's), our own, and
-//! the datagrams the kernel dropped on full receive queues, ours and the server's.
+//! What /proc says about a step: the server's CPU time (and its busiest thread's), our own, the
+//! datagrams the kernel dropped on full receive queues, ours and the server's, and the time the
+//! hypervisor took from each CPU (steal).
 //!
 //! Read before and after each step; the differences are the step's.
 
@@ -18,6 +19,8 @@ pub(crate) struct Snapshot {
     /// The server's utime + stime, and each of its threads'.
     server: Option<(u64, HashMap<u32, u64>)>,
     drops: Option<Drops>,
+    /// Per CPU, from /proc/stat: (steal, all ticks).
+    cpus: Option<Vec<(u64, u64)>>,
 }
 
 /// Receive-queue drops summed over sockets.
@@ -42,6 +45,7 @@ pub(crate) struct Delta {
     pub(crate) client_cpu_percent: f64,
     pub(crate) client_rx_drops: Option<u64>,
     pub(crate) server_rx_drops: Option<u64>,
+    pub(crate) steal_pct: Option<Vec<f64>>,
 }
 
 impl Watch {
@@ -55,6 +59,9 @@ impl Watch {
             own_ticks: process_ticks("self").ok(),
             server,
             drops: self.drops().ok(),
+            cpus: std::fs::read_to_string("/proc/stat")
+                .ok()
+                .map(|t| cpu_steal(&t)),
         }
     }
 
@@ -103,11 +110,28 @@ impl Watch {
             ),
             _ => (None, None),
         };
+        let steal_pct = match (&before.cpus, &after.cpus) {
+            (Some(b), Some(a)) if a.len() == b.len() => Some(
+                b.iter()
+                    .zip(a)
+                    .map(|(&(bs, bt), &(a_s, at))| {
+                        let total = at.saturating_sub(bt);
+                        if total == 0 {
+                            0.0
+                        } else {
+                            a_s.saturating_sub(bs) as f64 / total as f64 * 100.0
+                        }
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
         Delta {
             server_cpu,
             client_cpu_percent,
             client_rx_drops,
             server_rx_drops,
+            steal_pct,
         }
     }
 
@@ -166,6 +190,24 @@ fn stat_ticks(text: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Each CPU's steal ticks (the time the hypervisor ran something else while this virtual CPU
+/// had work) and its ticks of every kind, from the `cpuN` lines of /proc/stat: user nice system
+/// idle iowait irq softirq steal (guest time is already inside user).
+fn cpu_steal(stat: &str) -> Vec<(u64, u64)> {
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            let ticks: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .take(8)
+                .map(|f| f.parse().unwrap_or(0))
+                .collect();
+            (ticks.get(7).copied().unwrap_or(0), ticks.iter().sum())
+        })
+        .collect()
+}
+
 /// Sums the `drops` column of /proc/net/udp{,6} over our sockets and over the server's (its
 /// SO_REUSEPORT group: every socket on its port).
 fn udp_drops(table: &str, client_ports: &[u16], server_port: Option<u16>) -> Drops {
@@ -213,6 +255,17 @@ mod tests {
         assert_eq!(stat_ticks(line), Some(325));
         assert_eq!(stat_ticks("garbage"), None);
         assert!(process_ticks("self").is_ok());
+    }
+
+    #[test]
+    fn steal_per_cpu() {
+        let stat = "cpu  10 0 10 80 0 0 0 4 0 0\n\
+                    cpu0 5 0 5 38 0 0 0 2 0 0\n\
+                    cpu1 5 0 5 42 0 0 0 2 0 0\n\
+                    intr 12345\n\
+                    cpufreq_line_that_is_not_a_cpu 1 2 3\n";
+        assert_eq!(cpu_steal(stat), vec![(2, 50), (2, 54)]);
+        assert!(!cpu_steal(&std::fs::read_to_string("/proc/stat").unwrap()).is_empty());
     }
 
     #[test]

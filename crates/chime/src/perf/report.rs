@@ -134,6 +134,10 @@ pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option
     text
 }
 
+/// Steal on one CPU from which a lossy step is called out: a few percent of a two-second step
+/// is one stall of tens of milliseconds, about what a deep receive buffer still rides out.
+const STEAL_WARNING_PCT: f64 = 2.0;
+
 fn warnings(s: &StepReport) -> Vec<String> {
     let mut w = Vec::new();
     if let Some(drops) = s.client_rx_drops.filter(|&d| d > 0) {
@@ -155,6 +159,20 @@ fn warnings(s: &StepReport) -> Vec<String> {
     if s.recv_errors > 0 {
         w.push(format!("{} receive errors", s.recv_errors));
     }
+    if let Some(steal) = &s.steal_pct
+        && let Some((cpu, pct)) = steal
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .filter(|&(_, &p)| p >= STEAL_WARNING_PCT)
+        && s.loss_pct > 0.0
+    {
+        w.push(format!(
+            "the hypervisor took {pct:.1}% of CPU {cpu} (steal) during a step that lost {:.3}%: \
+             a virtual CPU stalled by its host drops requests however fast the server is",
+            s.loss_pct
+        ));
+    }
     if s.t2_before_t1 > 0 {
         w.push(format!(
             "{} replies had T2 before T1: T2 − T1 means nothing unless the server shares this \
@@ -172,7 +190,8 @@ rtt_p50_us,rtt_p90_us,rtt_p99_us,rtt_p999_us,rtt_max_us,\
 t2_t1_p50_us,t2_t1_p90_us,t2_t1_p99_us,t2_t1_p999_us,t2_t1_max_us,\
 t3_t2_p50_us,t3_t2_p90_us,t3_t2_p99_us,t3_t2_p999_us,t3_t2_max_us,\
 send_lag_p99_us,server_cpu_us_per_reply,server_cpu_pct,server_busiest_thread_pct,\
-client_cpu_pct,client_rx_drops,server_rx_drops,verified,merkle_path_mean,merkle_path_max";
+client_cpu_pct,client_rx_drops,server_rx_drops,verified,merkle_path_mean,merkle_path_max,\
+max_cpu_steal_pct";
 
 /// Writes the steps as CSV: numbers only, an empty field where there is no value.
 pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
@@ -217,6 +236,9 @@ pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> 
             Some(s.verified as f64),
             s.merkle_path.map(|m| m.mean),
             s.merkle_path.map(|m| f64::from(m.max)),
+            s.steal_pct
+                .as_ref()
+                .and_then(|v| v.iter().copied().reduce(f64::max)),
         ];
         for f in fields {
             row.push(',');
@@ -282,5 +304,37 @@ mod tests {
         table(&mut table_out, &steps).unwrap();
         let table_text = String::from_utf8(table_out).unwrap();
         assert_eq!(table_text.lines().count(), 5, "{table_text}");
+    }
+
+    #[test]
+    fn steal_during_a_lossy_step_is_called_out() {
+        let mut lossy = step(1, 1000.0, 1900);
+        lossy.steal_pct = Some(vec![0.5, 3.25]);
+        let mut clean = step(2, 1000.0, 2000);
+        clean.steal_pct = Some(vec![9.0, 9.0]);
+        let mut calm = step(3, 1000.0, 1900);
+        calm.steal_pct = Some(vec![1.0, 1.5]);
+        let text = summary(&[lossy, clean, calm], 10.0, None);
+        let warned: Vec<&str> = text.lines().filter(|l| l.contains("steal")).collect();
+        assert_eq!(warned.len(), 1, "{text}");
+        assert!(
+            warned[0].starts_with("warning: step 1: the hypervisor took 3.2% of CPU 1"),
+            "{text}"
+        );
+
+        let mut out = Vec::new();
+        csv(&mut out, &[step(1, 1000.0, 1900)]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.lines().next().unwrap().ends_with(",max_cpu_steal_pct"));
+        let mut with = step(1, 1000.0, 1900);
+        with.steal_pct = Some(vec![0.5, 3.25]);
+        let mut out = Vec::new();
+        csv(&mut out, &[with]).unwrap();
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .trim_end()
+                .ends_with(",3.25")
+        );
     }
 }

@@ -247,6 +247,9 @@ pub(crate) struct StepReport {
     pub(crate) client_rx_drops: Option<u64>,
     /// Datagrams dropped on the receive queues of this host's sockets bound to the target port.
     pub(crate) server_rx_drops: Option<u64>,
+    /// Per CPU of this host, the share of the step's ticks the hypervisor took (steal), percent.
+    /// On a shared virtual machine a server can lose requests to a stall that is not its own.
+    pub(crate) steal_pct: Option<Vec<f64>>,
 }
 
 impl StepReport {
@@ -292,6 +295,7 @@ impl StepReport {
             client_cpu_percent: 0.0,
             client_rx_drops: None,
             server_rx_drops: None,
+            steal_pct: None,
         }
     }
 }
