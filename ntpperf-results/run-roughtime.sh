@@ -217,6 +217,16 @@ for r in range(1, rounds + 1):
         rate = top["answered_rate"] if top else 0
         best.setdefault(name, []).append(rate)
         print(f"{r:>5}  {name:<18}  {rate:>20.0f}   {cpu.get('us_per_reply', float('nan')):>18.2f}   {most:>15.0f}")
+# Losses before a server's peak: at such a step the server still had capacity to spare, so the
+# loss came from a stall; steal says whether the hypervisor's.
+print("steps losing >= 1% below the server's most answered rate (CPU 0 steal during each, %):")
+for r in range(1, rounds + 1):
+    for name in ("chimed", "roughenough-server"):
+        steps = json.load(open(f"{out}/{name}-round{r}.json"))["steps"]
+        peak = max(range(len(steps)), key=lambda i: steps[i]["answered_rate"])
+        early = [s for s in steps[:peak] if s["loss_pct"] >= 1.0]
+        steal = ", ".join(f"{(s.get('steal_pct') or [float('nan')])[0]:.1f}" for s in early)
+        print(f"{r:>5}  {name:<18}  {len(early)}" + (f" ({steal})" if early else ""))
 for r, (a, b) in enumerate(zip(best["chimed"], best["roughenough-server"]), 1):
     print(f"round {r}: chimed / roughenough-server = {a / b:.2f}" if b else f"round {r}: roughenough-server had no step under 1% loss")
 PY
