@@ -20,7 +20,7 @@ use std::{
 
 use crate::{
     Capabilities, RxBatch, SendOutcome, SocketConfig, TxBatch, UdpSocket, affinity,
-    error::ConfigError,
+    error::ConfigError, sys,
 };
 
 /// The protocol side of a worker: turns each received batch into replies.
@@ -366,11 +366,20 @@ const RATE_WINDOW: Duration = Duration::from_millis(100);
 /// least this busy: near saturation a wait leaves the core idle when it has no time to spare.
 const MAX_GATHER_LOAD: f64 = 0.75;
 
+/// How long a cost estimate lasts without a new large batch to refresh it. Only large batches
+/// measure the cost, and at a load where gathering is off they may stop coming; an estimate that
+/// came out too high (the first sample alone sets it) would then keep gathering off for good, the
+/// thread answering in small batches at up to twice the CPU. Forgetting it after a second lets
+/// gathering resume, and if the load is high, large batches measure it again at once.
+const COST_MAX_AGE: Duration = Duration::from_secs(1);
+
 /// Decides receive by receive whether to wait for more datagrams ([`WorkerConfig::gather`]): for
 /// a receive of two or more but under a quarter of a batch, unless the load would keep the thread
 /// busy even in large batches. It measures both sides itself: the arrival rate over the last
-/// 100 ms, and the time per datagram of batches of half a batch or more (handling and sending;
-/// the receive is not in it, so the load it gives is a little low).
+/// 100 ms, and the thread's CPU time per datagram in batches of half a batch or more (handling
+/// and sending; the receive is not in it, so the load it gives is a little low). CPU time, not
+/// wall time: a batch during which the thread was preempted or its CPU taken by the hypervisor
+/// would otherwise count the stall as cost.
 #[derive(Debug)]
 struct Gatherer {
     wait: Duration,
@@ -380,8 +389,11 @@ struct Gatherer {
     arrived: u64,
     /// Datagrams per second over the last full window.
     rate: f64,
-    /// Seconds of handling per datagram in large batches, smoothed; zero until one was seen.
+    /// Seconds of handling per datagram in large batches, smoothed; zero until one was seen, and
+    /// again once [`COST_MAX_AGE`] passed without one.
     cost: f64,
+    /// When `cost` was last measured.
+    cost_at: Instant,
 }
 
 impl Gatherer {
@@ -393,6 +405,7 @@ impl Gatherer {
             arrived: 0,
             rate: 0.0,
             cost: 0.0,
+            cost_at: now,
         }
     }
 
@@ -401,9 +414,9 @@ impl Gatherer {
         (2..self.below).contains(&n) && self.rate * self.cost < MAX_GATHER_LOAD
     }
 
-    /// Counts a batch of `n` whose handling and sending took `took`, done at `now`. The rate
-    /// is refreshed once a window has passed, so after a quiet spell the first decision may
-    /// still go by the busier window before it.
+    /// Counts a batch of `n` whose handling and sending took `took` of the thread's CPU time,
+    /// done at `now`. The rate is refreshed once a window has passed, so after a quiet spell the
+    /// first decision may still go by the busier window before it.
     fn handled(&mut self, n: usize, took: Duration, now: Instant) {
         self.arrived += n as u64;
         let window = now.saturating_duration_since(self.window_start);
@@ -419,6 +432,9 @@ impl Gatherer {
             } else {
                 0.9 * self.cost + 0.1 * per
             };
+            self.cost_at = now;
+        } else if now.saturating_duration_since(self.cost_at) >= COST_MAX_AGE {
+            self.cost = 0.0;
         }
     }
 }
@@ -500,7 +516,7 @@ impl Worker {
                     continue;
                 }
             }
-            let started = gatherer.as_ref().map(|_| Instant::now());
+            let started = gatherer.as_ref().map(|_| sys::thread_cpu_time());
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
                 handler.before_send(&mut tx);
@@ -516,7 +532,8 @@ impl Worker {
                 }
             }
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
-                g.handled(rx.len(), started.elapsed(), Instant::now());
+                let took = sys::thread_cpu_time().saturating_sub(started);
+                g.handled(rx.len(), took, Instant::now());
             }
             batches_since_drops += 1;
             if batches_since_drops >= DROPS_EVERY {
@@ -688,5 +705,35 @@ mod tests {
         }
         assert!((g.rate - 200_000.0).abs() < 2_000.0, "{}", g.rate);
         assert!(!g.should_wait(4), "rate {} cost {}", g.rate, g.cost);
+    }
+
+    #[test]
+    fn gatherer_forgets_a_cost_no_large_batch_renews() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let mut g = Gatherer::new(Duration::from_millis(1), 16, t0);
+        // One large batch with an inflated cost (100 µs a datagram), then 70k/s in small batches
+        // of 7: a load of 7 by that cost, so no gathering.
+        g.handled(40, us(4000), t0);
+        let mut t = t0;
+        for _ in 0..1000 {
+            t += us(100);
+            g.handled(7, us(200), t);
+        }
+        assert!(!g.should_wait(7), "rate {} cost {}", g.rate, g.cost);
+        // A second after the large batch, with no other, the estimate is gone: gathering resumes.
+        for _ in 0..10_001 {
+            t += us(100);
+            g.handled(7, us(200), t);
+        }
+        assert!(
+            g.cost == 0.0 && g.should_wait(7),
+            "rate {} cost {}",
+            g.rate,
+            g.cost
+        );
+        // And a large batch measures it again.
+        g.handled(40, us(200), t + us(100));
+        assert!((g.cost - 5e-6).abs() < 1e-9, "{}", g.cost);
     }
 }
