@@ -58,10 +58,14 @@ What to run:
                                 req/s, 61/s at 1M; --ratelimit --ratelimit-interval -6
                                 --ratelimit-burst 16 allows 64/s)
   --out DIR           OUT_DIR   where results go (default: this script's directory)
-  --rmem BYTES        RMEM      set net.core.rmem_default to BYTES for the run (put back on
-                                exit), so that every server's socket gets the same receive
-                                buffer: ntpperf's bursts overflow the usual 208 KiB below
-                                saturation (step_udp_rcvbuf_errors). Default: leave it as it is
+  --rmem BYTES        RMEM      the receive buffer every server's socket gets, as the kernel
+                                counts it (ss -m's rb): chronyd and rsntp through
+                                net.core.rmem_default (set for the run, put back on exit),
+                                chimed through --recv-buffer BYTES/2, since the kernel doubles
+                                what a program asks for; each server's rb is read back with ss
+                                and must match. ntpperf's bursts overflow the usual 208 KiB
+                                below saturation (step_udp_rcvbuf_errors). Default: leave both
+                                as they are (chimed then asks for its own 4 MiB, i.e. 8)
 
 Rate ladder (one ntpperf run per step; rate_{n+1} = int(rate_n * mult), as ntpperf does):
   --rate-start N      RATE_START  first request rate, req/s (default 10000)
@@ -354,6 +358,9 @@ EOF
             ;;
         chimed-*)
             printf '%s\n' "$CHIMED" -4 "$threads" -6 0 -a "$SERVER_IP:123" -s "127.0.0.1:$MIRROR_PORT"
+            if [[ -n $RMEM ]]; then
+                printf '%s\n' --recv-buffer $((RMEM / 2))
+            fi
             if [[ $name == chimed-rl-* ]]; then
                 local -a extra
                 read -r -a extra <<<"$RATELIMIT_ARGS"
@@ -613,6 +620,15 @@ run_server() {
     else
         sleep "$SETTLE"
         kill -0 "$SERVER_PID" 2>/dev/null || status="died during settle"
+    fi
+    # The receive buffer the kernel gave each of the server's sockets on port 123 (ss -m's rb).
+    local rb
+    rb=$(ip netns exec "$NS_S" ss -uamn "sport = :123" |
+        sed -n 's/.*skmem:([^)]*rb\([0-9]*\).*/\1/p' | sort -u | paste -sd/)
+    echo "# receive buffer (ss rb): ${rb:-unknown}" >>"$raw"
+    note "$name: receive buffer ${rb:-unknown} bytes"
+    if [[ $status == ok && -n $RMEM && $rb != "$RMEM" ]]; then
+        status="receive buffer ${rb:-unknown}, not --rmem $RMEM"
     fi
 
     local ladder_us=

@@ -59,7 +59,8 @@ pub(crate) struct Args {
     pub(crate) stale_after: Option<f64>,
 
     /// NTP sockets' receive buffer in bytes (SO_RCVBUFFORCE, else SO_RCVBUF; the kernel counts
-    /// twice this against it) [default: the kernel's, net.core.rmem_default]
+    /// twice this against it). Queued requests lose no accuracy: their receive time is the
+    /// kernel's timestamp [default: 4 MiB]
     #[arg(long, value_name = "BYTES", value_parser = parse_recv_buffer)]
     pub(crate) recv_buffer: Option<usize>,
 

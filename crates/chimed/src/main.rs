@@ -337,7 +337,7 @@ fn bind(
     }
     let name = format!("{}-{family}", service.name());
     let mut cfg = WorkerConfig::new(name.clone(), addr, threads);
-    cfg.socket.recv_buffer = settings.recv_buffer;
+    cfg.socket.recv_buffer = Some(settings.recv_buffer);
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
     if let (Service::Roughtime, Some(rt)) = (service, &settings.roughtime) {

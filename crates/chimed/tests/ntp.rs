@@ -22,7 +22,14 @@ fn chimed_v4(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
 #[test]
 fn clients_accept_mirrored_replies() {
     let chronyd = Chronyd::start();
-    let chimed = chimed_v4(&chronyd, &[]);
+    let mut chimed = chimed_v4(&chronyd, &[]);
+    // The default receive buffer, 4 MiB, which the kernel counts twice (as root, whatever
+    // net.core.rmem_max says).
+    let listening = chimed.wait_for("ntp listening on", Duration::from_secs(1));
+    assert!(
+        listening.contains(&format!("receive buffer {} bytes", 8 << 20)),
+        "{listening}"
+    );
 
     let r = chime_ntp(chimed.addr).unwrap();
     assert_eq!(r["synchronised"], true, "{r}");
