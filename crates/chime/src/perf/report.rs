@@ -169,7 +169,7 @@ fn warnings(s: &StepReport) -> Vec<String> {
     {
         w.push(format!(
             "the hypervisor took {pct:.1}% of CPU {cpu} (steal) during a step that lost {:.3}%: \
-             a virtual CPU stalled by its host drops requests however fast the server is",
+             some of that loss may be the host's stalls, not the server's",
             s.loss_pct
         ));
     }
