@@ -242,12 +242,20 @@ pub(crate) struct Args {
 
 pub(crate) const MAX_THREADS: usize = 1024;
 
-fn parse_threads(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a thread count"))?;
-    check_threads(n)?;
+/// Parses a count for a flag: `what` names it in the error ("a thread count"), and `check` is the
+/// same bound the config file's value gets.
+fn parse_count(
+    s: &str,
+    what: &str,
+    check: impl FnOnce(usize) -> Result<(), String>,
+) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("'{s}' is not {what}"))?;
+    check(n)?;
     Ok(n)
+}
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    parse_count(s, "a thread count", check_threads)
 }
 
 pub(crate) fn check_threads(n: usize) -> Result<(), String> {
@@ -266,11 +274,7 @@ const MIN_RECV_BUFFER: usize = 4096;
 const MAX_RECV_BUFFER: usize = 1 << 30;
 
 fn parse_recv_buffer(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size in bytes"))?;
-    check_recv_buffer(n)?;
-    Ok(n)
+    parse_count(s, "a size in bytes", check_recv_buffer)
 }
 
 pub(crate) fn check_recv_buffer(n: usize) -> Result<(), String> {
@@ -302,11 +306,7 @@ pub(crate) fn check_roughtime_batch(n: usize) -> Result<(), String> {
 }
 
 fn parse_batch_up_to(s: &str, max: usize) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a batch size"))?;
-    check_batch_up_to(n, max)?;
-    Ok(n)
+    parse_count(s, "a batch size", |n| check_batch_up_to(n, max))
 }
 
 fn check_batch_up_to(n: usize, max: usize) -> Result<(), String> {

@@ -829,13 +829,20 @@ mod tests {
         assert!(e.to_string().contains("Nowhere/Atlantis"), "{e}");
     }
 
+    /// A Roughtime key file of seed [7; 32] in `dir`, with this mode.
+    fn key_file(dir: &tempfile::TempDir, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let key = dir.path().join("key");
+        std::fs::write(&key, chime_roughtime::encode_key_file(&[7; 32])).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        key
+    }
+
     #[test]
     fn roughtime_key_file_is_checked() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("key");
-        std::fs::write(&key, chime_roughtime::encode_key_file(&[7; 32])).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let key = key_file(&dir, 0o644);
         let flag = ["--roughtime-key", key.to_str().unwrap()];
         let e = resolve_with("", &flag).unwrap_err().to_string();
         assert!(e.contains("--roughtime-key") && e.contains("0644"), "{e}");
@@ -859,11 +866,8 @@ mod tests {
 
     #[test]
     fn each_service_has_its_own_receive_buffer() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("key");
-        std::fs::write(&key, chime_roughtime::encode_key_file(&[7; 32])).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let key = key_file(&dir, 0o600);
         let flag = ["--roughtime-key", key.to_str().unwrap()];
 
         let s = resolve_with("", &flag).unwrap();
