@@ -211,11 +211,12 @@ const DEFAULT_BATCH: usize = 64;
 /// (7.31 against 6.13-6.15 µs, loopback, one core, 130k requests/s); a full batch is about 1.5 ms
 /// of work, nothing beside a radius of seconds.
 const DEFAULT_ROUGHTIME_BATCH: usize = chime_roughtime::MAX_BATCH_SIZE;
-/// --recv-buffer's default, 4 MiB (the kernel counts 8 against it): some 10,000 NTP requests,
-/// 40 ms at 250k/s, where the kernel's usual 208 KiB holds about 270, a millisecond. A request
-/// that waits in the queue loses no accuracy: its receive time is the kernel's timestamp, taken
-/// on arrival, and the client takes the wait out as the server's T3 - T2. A dropped one costs the
-/// client a poll. (rsntp reads the clock after the queue, so a queue there would be an error.)
+/// --recv-buffer's default, 4 MiB (the kernel counts 8 against it). A 48-byte request takes
+/// 832 bytes of socket buffer on loopback, so this holds some 10,000: 40 ms at 250k/s, where the
+/// kernel's usual 208 KiB holds about 250, a millisecond. A request that waits in the queue loses
+/// no accuracy: its receive time is the kernel's timestamp, taken on arrival, and the client takes
+/// the wait out as the server's T3 - T2. A dropped one costs the client a poll. (rsntp reads the
+/// clock after the queue, so a queue there would be an error.)
 const DEFAULT_NTP_RECV_BUFFER: usize = 4 << 20;
 /// --roughtime-recv-buffer's default, 16 MiB (the kernel counts 32 against it). A 1 KiB request
 /// takes about 2.3 KiB of socket buffer, so this holds some 14,000 requests: 70 ms at 200k/s,
