@@ -222,8 +222,8 @@ const DEFAULT_NTP_RECV_BUFFER: usize = 4 << 20;
 /// takes about 2.3 KiB of socket buffer, so this holds some 14,000 requests: 70 ms at 200k/s,
 /// 150 ms at 100k/s. On a shared machine a thread falls behind for tens of milliseconds now and
 /// then, even at half load: at 4 MiB chimed dropped 0.4-1.9% in 4 of 12 two-second steps at
-/// 92-108k/s on a whole core it used only half of (the queue full for 35-60 ms each time); at
-/// 16 MiB, in none. A queued request waits, which costs a Roughtime client nothing beside a
+/// 92-112k/s on a whole core it used only 50-70% of (p99 round trip 30-55 ms in those steps: the
+/// queue at its limit); at 16 MiB, in none. A queued request waits, which costs a Roughtime client nothing beside a
 /// radius of seconds; a dropped one costs it a retry. Under sustained overload the deeper queue
 /// adds latency (replies ~130 ms late at half a core), not throughput: 78-95k/s answered either way.
 const DEFAULT_ROUGHTIME_RECV_BUFFER: usize = 16 << 20;
