@@ -389,48 +389,50 @@ impl Settings {
         let (rt_batch, rt_batch_in) = pick!(roughtime_batch_size, "roughtime-batch-size");
         let (rt_gather, rt_gather_in) = pick!(roughtime_gather, "roughtime-gather");
         let (rt_rcvbuf, rt_rcvbuf_in) = pick!(roughtime_recv_buffer, "roughtime-recv-buffer");
+        // Every Roughtime value is checked even while Roughtime is off (no key), so that a bad one
+        // is found when the config is written, not the day the key is added.
+        let rt_ipv4_threads = rt_v4_threads.unwrap_or(1);
+        cli::check_threads(rt_ipv4_threads).map_err(|r| invalid(&rt_v4_threads_in, r))?;
+        let rt_ipv6_threads = rt_v6_threads.unwrap_or(1);
+        cli::check_threads(rt_ipv6_threads).map_err(|r| invalid(&rt_v6_threads_in, r))?;
+        let rt_ipv4_address = rt_v4_addr.unwrap_or((Ipv4Addr::UNSPECIFIED, 5319).into());
+        if !rt_ipv4_address.is_ipv4() {
+            let r = format!("{rt_ipv4_address} is not an IPv4 address");
+            return Err(invalid(&rt_v4_addr_in, r));
+        }
+        let rt_ipv6_address = rt_v6_addr.unwrap_or((Ipv6Addr::UNSPECIFIED, 5319).into());
+        if !rt_ipv6_address.is_ipv6() {
+            let r = format!("{rt_ipv6_address} is not an IPv6 address");
+            return Err(invalid(&rt_v6_addr_in, r));
+        }
+        let rotation = rt_rotation.unwrap_or(86_400.0);
+        check_positive(rotation).map_err(|r| invalid(&rt_rotation_in, r))?;
+        let rt_batch_size = rt_batch.unwrap_or(DEFAULT_ROUGHTIME_BATCH);
+        cli::check_roughtime_batch(rt_batch_size).map_err(|r| invalid(&rt_batch_in, r))?;
+        let rt_recv_buffer = rt_rcvbuf.unwrap_or(DEFAULT_ROUGHTIME_RECV_BUFFER);
+        cli::check_recv_buffer(rt_recv_buffer).map_err(|r| invalid(&rt_rcvbuf_in, r))?;
+        let gather = rt_gather.unwrap_or(DEFAULT_GATHER);
+        if !gather.is_finite() || !(0.0..=MAX_GATHER).contains(&gather) {
+            let r = format!("{gather} seconds is outside 0..={MAX_GATHER}");
+            return Err(invalid(&rt_gather_in, r));
+        }
         let roughtime = match rt_key {
             None => None,
             Some(key_file) => {
                 let seed = load_key(&key_file).map_err(|r| invalid(&rt_key_in, r))?;
-                let ipv4_threads = rt_v4_threads.unwrap_or(1);
-                cli::check_threads(ipv4_threads).map_err(|r| invalid(&rt_v4_threads_in, r))?;
-                let ipv6_threads = rt_v6_threads.unwrap_or(1);
-                cli::check_threads(ipv6_threads).map_err(|r| invalid(&rt_v6_threads_in, r))?;
-                if ipv4_threads + ipv6_threads == 0 {
+                if rt_ipv4_threads + rt_ipv6_threads == 0 {
                     return Err(invalid(&rt_v4_threads_in, "no Roughtime threads"));
-                }
-                let ipv4_address = rt_v4_addr.unwrap_or((Ipv4Addr::UNSPECIFIED, 5319).into());
-                if !ipv4_address.is_ipv4() {
-                    let r = format!("{ipv4_address} is not an IPv4 address");
-                    return Err(invalid(&rt_v4_addr_in, r));
-                }
-                let ipv6_address = rt_v6_addr.unwrap_or((Ipv6Addr::UNSPECIFIED, 5319).into());
-                if !ipv6_address.is_ipv6() {
-                    let r = format!("{ipv6_address} is not an IPv6 address");
-                    return Err(invalid(&rt_v6_addr_in, r));
-                }
-                let rotation = rt_rotation.unwrap_or(86_400.0);
-                check_positive(rotation).map_err(|r| invalid(&rt_rotation_in, r))?;
-                let batch_size = rt_batch.unwrap_or(DEFAULT_ROUGHTIME_BATCH);
-                cli::check_roughtime_batch(batch_size).map_err(|r| invalid(&rt_batch_in, r))?;
-                let recv_buffer = rt_rcvbuf.unwrap_or(DEFAULT_ROUGHTIME_RECV_BUFFER);
-                cli::check_recv_buffer(recv_buffer).map_err(|r| invalid(&rt_rcvbuf_in, r))?;
-                let gather = rt_gather.unwrap_or(DEFAULT_GATHER);
-                if !gather.is_finite() || !(0.0..=MAX_GATHER).contains(&gather) {
-                    let r = format!("{gather} seconds is outside 0..={MAX_GATHER}");
-                    return Err(invalid(&rt_gather_in, r));
                 }
                 Some(Roughtime {
                     key_file,
                     seed,
-                    ipv4_threads,
-                    ipv6_threads,
-                    ipv4_address,
-                    ipv6_address,
+                    ipv4_threads: rt_ipv4_threads,
+                    ipv6_threads: rt_ipv6_threads,
+                    ipv4_address: rt_ipv4_address,
+                    ipv6_address: rt_ipv6_address,
                     rotation: Duration::from_secs_f64(rotation),
-                    batch_size,
-                    recv_buffer,
+                    batch_size: rt_batch_size,
+                    recv_buffer: rt_recv_buffer,
                     gather: (gather > 0.0).then(|| Duration::from_secs_f64(gather)),
                 })
             }
@@ -890,6 +892,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("recv-buffer") && e.contains("outside"), "{e}");
+    }
+
+    #[test]
+    fn roughtime_values_are_checked_while_roughtime_is_off() {
+        for (file, key) in [
+            ("roughtime-recv-buffer = 100\n", "roughtime-recv-buffer"),
+            ("roughtime-batch-size = 300\n", "roughtime-batch-size"),
+            ("roughtime-gather = 1.0\n", "roughtime-gather"),
+            (
+                "roughtime-ipv4-address = \"[::1]:5319\"\n",
+                "roughtime-ipv4-address",
+            ),
+            ("roughtime-rotation = 0.0\n", "roughtime-rotation"),
+        ] {
+            let e = resolve_with(file, &[]).unwrap_err().to_string();
+            assert!(e.contains("chimed.toml") && e.contains(key), "{file}: {e}");
+        }
+        // Good values without a key are fine, and Roughtime stays off.
+        let file =
+            "roughtime-batch-size = 64\nroughtime-ipv4-threads = 0\nroughtime-ipv6-threads = 0\n";
+        assert!(resolve_with(file, &[]).unwrap().roughtime.is_none());
     }
 
     #[test]
