@@ -47,8 +47,23 @@ use crate::roughtime_worker::RoughtimeWorker;
 /// Exit status for bad input (a flag, the config file, the key file), as clap uses for bad flags.
 const EXIT_BAD_INPUT: u8 = 2;
 
+/// A bad command line in one line, as a bad config file gets (clap's own message adds usage and
+/// a hint on further lines); --help and --version print as clap prints them.
+fn bad_flags(e: &clap::Error) -> ExitCode {
+    if !e.use_stderr() {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or("bad arguments");
+    eprintln!("chimed: {}", first.trim_start_matches("error: "));
+    ExitCode::from(EXIT_BAD_INPUT)
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => return bad_flags(&e),
+    };
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,
         Err(e) => {

@@ -45,6 +45,7 @@ fn bad_flags_exit_2_naming_the_flag() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {args:?}: {err}");
     }
 }
 
