@@ -15,6 +15,12 @@
 //! busy one stays tracked. Threads that update the same slot at the same instant may lose one
 //! update between them; the worst that does is answer one request too many.
 //!
+//! For NTP ([`ClientTable::relenting`]) the table also keeps chronyd's defence against clients
+//! that poll faster when they are not answered: per client, the rate of requests that follow an
+//! answer and the rate of those that follow a drop. When the second is more than twice the first,
+//! limiting only makes such a client send more, so the leak is inverted for it: most of its
+//! requests over the limit are answered, and the rates keep being measured.
+//!
 //! Sans-IO like the rest of the crate: the caller passes the time (monotonic nanoseconds from any
 //! fixed start) and a [`Coin`] per thread for the random leak and KoD draws.
 
@@ -168,20 +174,119 @@ impl Coin {
     }
 }
 
-/// One client: a key derived from its address (0 is an empty slot) and its theoretical arrival
-/// time, when its saved responses will have grown back to a full burst minus one.
+/// One client: a key derived from its address (0 is an empty slot), its theoretical arrival
+/// time, when its saved responses will have grown back to a full burst minus one, and its
+/// [`History`], packed.
 #[derive(Debug, Default)]
 struct Slot {
     key: AtomicU64,
     tat: AtomicU64,
+    history: AtomicU64,
 }
 
 const WAYS: usize = 4;
 
-/// Four slots in one cache line: the address picks the set, any slot of it may hold the client.
+/// Four slots in two cache lines: the address picks the set, any slot of it may hold the client.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Set([Slot; WAYS]);
+
+/// A rate not measured yet, as chronyd's `INVALID_RATE`.
+const NO_RATE: i8 = i8::MIN;
+/// Rates are log2 of requests per second in quarters (chronyd's `RATE_SCALE`), measured in whole
+/// octaves of the interval between two requests.
+const RATE_SCALE: i16 = 4;
+/// The unit of [`History::last`]: 2^20 ns, about a millisecond.
+const HISTORY_SHIFT: u32 = 20;
+/// The rate of two requests in the same unit: one octave above a millisecond apart.
+const MAX_RATE: i16 = 44;
+/// The slowest rate kept: one request in 2^20 s.
+const MIN_RATE: i16 = -80;
+
+/// What the retry heuristic remembers of a client, in 58 bits: when its last request came (in
+/// units of 2^20 ns, 40 bits, so it wraps after 36 years), the rate of its requests after an
+/// answered one and after a dropped one, and whether the last was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct History {
+    last: u64,
+    rate: i8,
+    timeout_rate: i8,
+    dropped: bool,
+}
+
+impl History {
+    const LAST_BITS: u32 = 40;
+
+    /// A client's first request, at `now_ns`: nothing measured yet.
+    fn first(now_ns: u64) -> Self {
+        Self {
+            last: (now_ns >> HISTORY_SHIFT) & ((1 << Self::LAST_BITS) - 1),
+            rate: NO_RATE,
+            timeout_rate: NO_RATE,
+            dropped: false,
+        }
+    }
+
+    fn pack(self) -> u64 {
+        self.last
+            | u64::from(self.rate.to_ne_bytes()[0]) << 40
+            | u64::from(self.timeout_rate.to_ne_bytes()[0]) << 48
+            | u64::from(self.dropped) << 56
+    }
+
+    fn unpack(bits: u64) -> Self {
+        let byte = |shift: u32| i8::from_ne_bytes([(bits >> shift) as u8]);
+        Self {
+            last: bits & ((1 << Self::LAST_BITS) - 1),
+            rate: byte(40),
+            timeout_rate: byte(48),
+            dropped: bits >> 56 & 1 == 1,
+        }
+    }
+
+    /// Counts a request at `now_ns` into the rate its predecessor's fate picks, as chronyd's
+    /// `update_record`: the interval in whole octaves (rounded at 1.5×), the rate moving up a
+    /// quarter octave per request and down halfway at once, at most 2.5 octaves above the latest
+    /// interval's.
+    fn count(&mut self, now_ns: u64) {
+        let now = (now_ns >> HISTORY_SHIFT) & ((1 << Self::LAST_BITS) - 1);
+        let interval = now.wrapping_sub(self.last) & ((1 << Self::LAST_BITS) - 1);
+        self.last = now;
+        if interval >= 1 << (Self::LAST_BITS - 1) {
+            return; // the clock went back, or a wrap: skip, as chronyd does
+        }
+        let latest = if interval == 0 {
+            MAX_RATE
+        } else {
+            let octave = i16::try_from((interval + (interval >> 1)).ilog2()).unwrap_or(i16::MAX);
+            (MAX_RATE - RATE_SCALE - RATE_SCALE * octave).max(MIN_RATE)
+        };
+        let rate = if self.dropped {
+            &mut self.timeout_rate
+        } else {
+            &mut self.rate
+        };
+        let old = i16::from(*rate);
+        let new = if *rate == NO_RATE {
+            latest
+        } else if old < latest {
+            old + 1
+        } else if old > latest + RATE_SCALE * 5 / 2 {
+            latest + RATE_SCALE * 5 / 2
+        } else if old > latest {
+            (old + latest - 1) / 2
+        } else {
+            old
+        };
+        *rate = i8::try_from(new).unwrap_or(i8::MAX);
+    }
+
+    /// chronyd's test: the client polls more than twice as fast after a drop as after an answer.
+    fn retries_faster(&self) -> bool {
+        self.timeout_rate != NO_RATE
+            && i16::from(self.timeout_rate) > i16::from(self.rate) + RATE_SCALE
+    }
+}
 
 /// The shared per-client state. See the module's documentation.
 #[derive(Debug)]
@@ -194,6 +299,9 @@ pub struct ClientTable {
     sets: Box<[Set]>,
     mask: usize,
     seed: [u64; 2],
+    /// Whether the leak is inverted for clients that retry faster when dropped
+    /// ([`Self::relenting`]).
+    relent: bool,
 }
 
 impl ClientTable {
@@ -201,7 +309,7 @@ impl ClientTable {
     pub const MAX_CLIENTS: usize = 1 << 24;
 
     /// A table for `clients` addresses (rounded up to a power of two, at least 4, at most
-    /// [`Self::MAX_CLIENTS`]), 16 bytes each. `seed` keys the address hash: pass random bits, so
+    /// [`Self::MAX_CLIENTS`]), 32 bytes each. `seed` keys the address hash: pass random bits, so
     /// that no one can pick addresses that crowd one set.
     pub fn new(limit: RateLimit, clients: usize, seed: [u64; 2]) -> Self {
         let clients = clients.clamp(WAYS, Self::MAX_CLIENTS).next_power_of_two();
@@ -214,7 +322,22 @@ impl ClientTable {
             sets: (0..sets).map(|_| Set::default()).collect(),
             mask: sets - 1,
             seed,
+            relent: false,
         }
+    }
+
+    /// The same table with chronyd's NTP-only defence on: for a client whose requests come more
+    /// than twice as fast after a drop as after an answer, most requests over the limit are
+    /// answered (the leak inverted), since dropping them only brings more. See the module's
+    /// documentation.
+    pub fn relenting(mut self) -> Self {
+        self.relent = true;
+        self
+    }
+
+    /// The memory the table takes, in bytes.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.sets)
     }
 
     /// The limits the table applies.
@@ -237,7 +360,15 @@ impl ClientTable {
         let mut earliest = u64::MAX;
         for slot in set {
             if slot.key.load(Relaxed) == key {
-                return self.spend(&slot.tat, now_ns, coin);
+                if !self.relent {
+                    return self.spend(&slot.tat, now_ns, coin, false);
+                }
+                let mut history = History::unpack(slot.history.load(Relaxed));
+                history.count(now_ns);
+                let verdict = self.spend(&slot.tat, now_ns, coin, history.retries_faster());
+                history.dropped = verdict == Verdict::Drop;
+                slot.history.store(history.pack(), Relaxed);
+                return verdict;
             }
             let tat = slot.tat.load(Relaxed);
             if tat < earliest {
@@ -251,15 +382,18 @@ impl ClientTable {
         victim
             .tat
             .store(now_ns.saturating_add(self.period), Relaxed);
+        if self.relent {
+            victim.history.store(History::first(now_ns).pack(), Relaxed);
+        }
         Verdict::Answer
     }
 
-    fn spend(&self, tat: &AtomicU64, now: u64, coin: &mut Coin) -> Verdict {
+    fn spend(&self, tat: &AtomicU64, now: u64, coin: &mut Coin, relent: bool) -> Verdict {
         let mut seen = tat.load(Relaxed);
         loop {
             let from = seen.max(now);
             if from - now > self.tolerance {
-                return self.over_limit(coin);
+                return self.over_limit(coin, relent);
             }
             match tat.compare_exchange_weak(seen, from + self.period, Relaxed, Relaxed) {
                 Ok(_) => return Verdict::Answer,
@@ -268,8 +402,9 @@ impl ClientTable {
         }
     }
 
-    fn over_limit(&self, coin: &mut Coin) -> Verdict {
-        if coin.one_in(self.limit.leak) {
+    /// A request over the limit: leaked once in 2^leak, or with `relent` all but once in 2^leak.
+    fn over_limit(&self, coin: &mut Coin, relent: bool) -> Verdict {
+        if coin.one_in(self.limit.leak) != relent {
             Verdict::Answer
         } else if self.limit.kod > 0 && coin.one_in(self.limit.kod) {
             Verdict::Kod
@@ -491,7 +626,8 @@ mod tests {
         assert_eq!(ClientTable::new(l, 0, SEED).capacity(), 4);
         assert_eq!(ClientTable::new(l, 1000, SEED).capacity(), 1024);
         assert_eq!(ClientTable::new(l, 4096, SEED).capacity(), 4096);
-        assert_eq!(std::mem::size_of::<Set>(), 64);
+        assert_eq!(std::mem::size_of::<Set>(), 128);
+        assert_eq!(ClientTable::new(l, 4096, SEED).bytes(), 4096 * 32);
     }
 
     #[test]
@@ -512,5 +648,95 @@ mod tests {
         });
         let expect = 100 + 1900 / 16;
         assert!(answered.abs_diff(expect) < 60, "answered {answered}");
+    }
+
+    #[test]
+    fn history_packs_and_measures_rates_as_chronyd() {
+        let h = History {
+            last: (1 << 40) - 1,
+            rate: -12,
+            timeout_rate: NO_RATE,
+            dropped: true,
+        };
+        assert_eq!(History::unpack(h.pack()), h);
+        let u = 1u64 << HISTORY_SHIFT;
+        // One request a second settles at rate 0; every 8 s at -12 (log2 in quarters).
+        for (every, settled) in [(SEC, 0), (8 * SEC, -12), (SEC / 4, 8)] {
+            let mut h = History::first(0);
+            for i in 1..=60 {
+                h.count(i * every);
+            }
+            assert_eq!(h.rate, settled, "every {every} ns");
+            assert_eq!(h.timeout_rate, NO_RATE);
+        }
+        // Up a quarter octave a request, down halfway at once, never 2.5 octaves above the last.
+        let mut h = History::first(0);
+        h.count(8 * SEC);
+        assert_eq!(h.rate, -12);
+        h.count(9 * SEC);
+        assert_eq!(h.rate, -11);
+        h.count(9 * SEC + 8 * SEC);
+        assert_eq!(h.rate, -12);
+        // 16,000,000 units (4.7 hours) later: the latest is -56, and the rate drops at once to
+        // 2.5 octaves above it, not halfway.
+        h.count(9 * SEC + 8 * SEC + 16 * u * 1000 * 1000);
+        assert_eq!(h.rate, -46);
+        // After a drop, the next interval counts towards the timeout rate instead.
+        let mut h = History::first(0);
+        h.count(8 * SEC);
+        h.dropped = true;
+        h.count(9 * SEC);
+        assert_eq!((h.rate, h.timeout_rate), (-12, 0));
+        assert!(h.retries_faster());
+    }
+
+    /// A client that waits `answered` after an answer and `dropped` after a drop, for an hour
+    /// against one response per 64 s, burst 1, leak 2: the share of its requests answered, and
+    /// how many it sent.
+    fn retrying_client(t: &ClientTable, answered: u64, dropped: u64) -> (f64, u64) {
+        let mut coin = Coin::new(21);
+        let (mut now, mut sent, mut ok) = (SEC, 0u64, 0u64);
+        while now < 3600 * SEC {
+            sent += 1;
+            if t.check(v4(50), now, &mut coin) == Verdict::Drop {
+                now += dropped;
+            } else {
+                ok += 1;
+                now += answered;
+            }
+        }
+        (ok as f64 / sent as f64, sent)
+    }
+
+    #[test]
+    fn a_client_that_retries_faster_when_dropped_is_mostly_answered() {
+        let limit = RateLimit::new(6, 1, 2, 0).unwrap();
+        // Every 16 s when answered, every 2 s when not: more than twice as fast after a drop.
+        let (plain, plain_sent) =
+            retrying_client(&ClientTable::new(limit, 64, SEED), 16 * SEC, 2 * SEC);
+        let relenting = ClientTable::new(limit, 64, SEED).relenting();
+        let (relented, relented_sent) = retrying_client(&relenting, 16 * SEC, 2 * SEC);
+        // Limited as usual, under two in five are answered (31%, of 566 requests, with this
+        // seed); relenting, most are (84%), and the client sends under half as many (263).
+        assert!(plain < 0.4, "plain: {plain} of {plain_sent}");
+        assert!(relented > 0.6, "relenting: {relented} of {relented_sent}");
+        assert!(
+            relented_sent * 2 < plain_sent,
+            "{relented_sent} against {plain_sent}"
+        );
+    }
+
+    #[test]
+    fn a_client_that_keeps_its_pace_stays_limited_when_relenting() {
+        // Every 2 s whatever happens: the two rates are equal, so nothing is inverted.
+        let limit = RateLimit::new(6, 1, 2, 0).unwrap();
+        let relenting = ClientTable::new(limit, 64, SEED).relenting();
+        let (share, sent) = retrying_client(&relenting, 2 * SEC, 2 * SEC);
+        assert!(share < 0.4, "{share} of {sent}");
+        // Nor does relenting change anything for a flood at one instant or a steady 100/s.
+        let t = ClientTable::new(RateLimit::new(0, 5, 4, 0).unwrap(), 64, SEED).relenting();
+        let mut coin = Coin::new(1);
+        let [answered, ..] = tally(&t, v4(1), 10 * SEC, 16_000, &mut coin);
+        assert!((800..1300).contains(&answered), "leaked {answered}");
     }
 }

@@ -114,7 +114,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "LOG2")]
     pub(crate) ratelimit_kod: Option<i64>,
 
-    /// --ratelimit: client addresses tracked at once, rounded up to a power of two, 16 bytes
+    /// --ratelimit: client addresses tracked at once, rounded up to a power of two, 32 bytes
     /// each; 4 to 16777216 [default: 65536]
     #[arg(long, value_name = "N")]
     pub(crate) ratelimit_clients: Option<usize>,

@@ -131,7 +131,7 @@ pub(crate) struct RateLimiting {
 /// poll within one of their poll intervals.
 const DEFAULT_INTERLEAVED_LOG: usize = 1 << 16;
 
-/// --ratelimit-clients' default: 65536 addresses, 1 MiB.
+/// --ratelimit-clients' default: 65536 addresses, 2 MiB.
 const DEFAULT_RATELIMIT_CLIENTS: usize = 1 << 16;
 /// How many addresses NTS-KE rate limiting tracks: 16384, 256 KiB. A client runs NTS-KE once
 /// per association, so these are the addresses that connected in the last minutes.

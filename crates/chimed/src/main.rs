@@ -140,12 +140,12 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         zone: ArcSwapOption::empty(),
         acl: ArcSwap::from_pointee(settings.acl.clone()),
         ratelimit: settings.ratelimit.map(|r| {
-            let table = ClientTable::new(r.limit, r.clients, rand::random());
+            let table = ClientTable::new(r.limit, r.clients, rand::random()).relenting();
             info!(
                 "ntp: rate limiting on: ratelimit {}, {} client addresses tracked ({} KiB)",
                 r.limit,
                 table.capacity(),
-                table.capacity() * 16 / 1024
+                table.bytes() / 1024
             );
             table
         }),

@@ -304,6 +304,76 @@ fn ratelimited(chronyd: &Chronyd, threads: &str, options: &[(&str, &str)]) -> Ch
     chimed_v4(chronyd, &args)
 }
 
+/// A client at `from` that, for `run`, sends a request, waits up to `wait` for its reply, and then
+/// pauses `after_answer` if it came, or goes again at once if not. Returns (answered, sent).
+fn pacing_client(
+    from: &str,
+    to: std::net::SocketAddr,
+    wait: Duration,
+    after_answer: Duration,
+    run: Duration,
+) -> (u64, u64) {
+    let sock = std::net::UdpSocket::bind(from).unwrap();
+    let start = Instant::now();
+    let (mut answered, mut sent) = (0u64, 0u64);
+    while start.elapsed() < run {
+        sent += 1;
+        let mut p = [0u8; 48];
+        p[0] = 0x23; // NTPv4, client
+        p[40..48].copy_from_slice(&sent.to_be_bytes());
+        sock.send_to(&p, to).unwrap();
+        let deadline = Instant::now() + wait;
+        let mut got = false;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            sock.set_read_timeout(Some(left.max(Duration::from_micros(100))))
+                .unwrap();
+            let mut buf = [0u8; 48];
+            match sock.recv(&mut buf) {
+                // Only the reply to this request counts; a late one to an earlier is skipped.
+                Ok(48) if buf[24..32] == sent.to_be_bytes() => {
+                    got = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        if got {
+            answered += 1;
+            std::thread::sleep(after_answer);
+        }
+    }
+    (answered, sent)
+}
+
+/// chronyd's defence against clients that poll faster when they are not answered: one that
+/// waits 30 ms after an answer but retries after 8 ms when dropped (a limit of one reply per
+/// 62.5 ms, burst 1, leak 2) has most of its requests answered, while one that keeps an 8 ms pace
+/// whatever happens is held to the limit. The two run at once from different addresses.
+#[test]
+fn a_client_retrying_faster_when_dropped_is_relented_to() {
+    let chronyd = Chronyd::start();
+    let chimed = ratelimited(&chronyd, "1", &[("interval", "-4"), ("burst", "1")]);
+    let to = chimed.addr;
+    let run = Duration::from_millis(2500);
+    let ms = Duration::from_millis;
+    let retrier = std::thread::spawn(move || pacing_client("127.0.0.1:0", to, ms(8), ms(30), run));
+    let steady = std::thread::spawn(move || pacing_client("127.0.0.2:0", to, ms(8), ms(8), run));
+    let (r_answered, r_sent) = retrier.join().unwrap();
+    let (s_answered, s_sent) = steady.join().unwrap();
+    let share = |a: u64, n: u64| a as f64 / n as f64;
+    // Limited as usual, a client over the limit gets a quarter leaked plus what it earns; the
+    // retrier, once its two rates are measured, gets three quarters of the rest.
+    assert!(
+        share(r_answered, r_sent) > 0.6,
+        "retrier: {r_answered} of {r_sent}; steady: {s_answered} of {s_sent}"
+    );
+    assert!(
+        share(s_answered, s_sent) < 0.5,
+        "steady: {s_answered} of {s_sent}; retrier: {r_answered} of {r_sent}"
+    );
+}
+
 /// `--ratelimit`: a client gets its burst, then only the leaked share (one in four by default);
 /// the rest are dropped and counted, every reply suggests the limit's interval as poll, and
 /// another address is not held back by the first one's flood.
