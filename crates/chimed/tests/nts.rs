@@ -559,15 +559,9 @@ fn nts_ke_names_another_ntp_server() {
         .expect("chronyd measured nothing: it did not follow the server record");
     assert!(offset.abs() < 1e-3, "offset {offset}");
 
-    let out = run(Command::new(common::workspace_bin("chimed")).args([
-        "--nts-certificate",
-        cert.to_str().unwrap(),
-        "--nts-private-key",
-        key.to_str().unwrap(),
-        "--nts-ntp-server",
-        "ntp example",
-        "--check-config",
-    ]));
+    let out = run(Command::new(common::workspace_bin("chimed"))
+        .args(common::nts_flags(&cert, &key))
+        .args(["--nts-ntp-server", "ntp example", "--check-config"]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
