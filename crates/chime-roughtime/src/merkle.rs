@@ -2,7 +2,10 @@
 //!
 //! `H(x)` is SHA-512 truncated to the tree's hash size (32 bytes; Google uses all 64). A leaf is
 //! `H(0x00 ‖ data)`, an inner node `H(0x01 ‖ left ‖ right)` (RFC 10049 §5.3). A level of odd width
-//! pairs its last node with itself, so every leaf's path has the same length, ⌈log₂ n⌉.
+//! pairs its last node with an all-zero hash (as roughenough-server does), so every leaf's path
+//! has the same length, ⌈log₂ n⌉. Not with itself: `H(0x01 ‖ h ‖ h)` is the same whichever side
+//! `h` is on, so that leaf's INDX bit at that level could be flipped and the reply would still
+//! verify.
 //!
 //! Paths follow the rule of draft 16 and the RFC (drafts 10–15 printed it backwards; every
 //! implementation follows the fixed rule): for each INDX bit, least significant first, bit 0
@@ -207,10 +210,10 @@ impl<const H: usize> MerkleTree<H> {
             let next_width = width.div_ceil(2);
             for j in 0..next_width {
                 let left = self.nodes[start + 2 * j];
-                // An odd level's last node is paired with itself.
+                // An odd level's last node is paired with the zero hash.
                 let right = match 2 * j + 1 < width {
                     true => self.nodes[start + 2 * j + 1],
-                    false => left,
+                    false => [0; H],
                 };
                 self.stage(next + j, &[&[0x01], &left, &right]);
             }
@@ -286,11 +289,11 @@ impl<const H: usize> MerkleTree<H> {
             .zip(out.chunks_exact_mut(H))
         {
             let (start, width) = *level;
-            let sibling = match (i ^ 1) < width {
-                true => i ^ 1,
-                false => i,
-            };
-            chunk.copy_from_slice(&self.nodes[start + sibling]);
+            match (i ^ 1) < width {
+                true => chunk.copy_from_slice(&self.nodes[start + (i ^ 1)]),
+                // The last node of an odd level, whose sibling is the zero hash.
+                false => chunk.fill(0),
+            }
             i /= 2;
         }
         Some(self.path_len())
@@ -323,6 +326,30 @@ mod tests {
                 hashes: 0
             })
         );
+    }
+
+    #[test]
+    fn an_odd_level_pads_with_the_zero_hash_so_indx_cannot_be_flipped() {
+        let mut t = MerkleTree::<32>::with_capacity(4);
+        for i in 0..3 {
+            t.push(&leaf_data(i)).unwrap();
+        }
+        let root = t.build().unwrap();
+        let (a, b, c) = (
+            hash_leaf::<32>(&leaf_data(0)),
+            hash_leaf::<32>(&leaf_data(1)),
+            hash_leaf::<32>(&leaf_data(2)),
+        );
+        assert_eq!(
+            root,
+            hash_node(&hash_node(&a, &b), &hash_node(&c, &[0; 32]))
+        );
+        let mut path = [0u8; 64];
+        assert_eq!(t.write_path(2, &mut path), Some(64));
+        assert_eq!(path[..32], [0; 32]);
+        assert_eq!(root_from_path(c, 2, &path), Ok(root));
+        // INDX 3 walks the same path with c on the right: another root.
+        assert_ne!(root_from_path(c, 3, &path), Ok(root));
     }
 
     #[test]

@@ -152,25 +152,29 @@ const SINGLE_OFFERS: [Version; 7] = [
     Version::Google,
 ];
 
-/// Every bit of one reply per version, flipped in turn, fails verification.
+/// Every bit of two replies per version, flipped in turn, fails verification: the middle one of
+/// a batch of three, and the last, whose sibling at the first level is the padding of an odd
+/// level (paired with itself, it let INDX's low bit flip unnoticed).
 #[test]
 fn every_flipped_bit_of_a_reply_fails() {
     let s = server();
     let mut responder = Responder::new(ResponderConfig::default());
     let pk = s.long.public_key();
     for version in SINGLE_OFFERS {
-        // Three requests so that PATH is not empty.
+        // Three requests so that PATH is not empty and the first level is odd.
         let requests: Vec<Vec<u8>> = (0..3).map(|i| request(&[version], i, None)).collect();
         let replies = answer(&mut responder, &s, &requests);
-        let reply = replies[1].as_ref().unwrap();
-        verify_reply(&requests[1], reply, &pk, &policy()).unwrap();
-        for bit in 0..reply.len() * 8 {
-            let mut flipped = reply.clone();
-            flipped[bit / 8] ^= 1 << (bit % 8);
-            assert!(
-                verify_reply(&requests[1], &flipped, &pk, &policy()).is_err(),
-                "{version}: flipping bit {bit} still verifies"
-            );
+        for i in [1, 2] {
+            let reply = replies[i].as_ref().unwrap();
+            verify_reply(&requests[i], reply, &pk, &policy()).unwrap();
+            for bit in 0..reply.len() * 8 {
+                let mut flipped = reply.clone();
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                assert!(
+                    verify_reply(&requests[i], &flipped, &pk, &policy()).is_err(),
+                    "{version}, reply {i}: flipping bit {bit} still verifies"
+                );
+            }
         }
     }
 }

@@ -209,9 +209,10 @@ fn reproduces_roughtimed_byte_for_byte() {
         u64_field(entry, "midp"),
         u64_field(entry, "radi"),
     )];
-    // The first reply of the burst was signed alone, so it is reproducible too (the other 15
-    // share a tree whose odd level roughtimed pads with a zero hash, see testdata/README.md).
-    let burst = &json("roughtimed-batch16-0x8000000c.json")[0];
+    // The first reply of the burst was signed alone, so it is reproducible too.
+    let burst_json = json("roughtimed-batch16-0x8000000c.json");
+    let burst_all = burst_json.as_array().unwrap();
+    let burst = &burst_all[0];
     exchanges.push((
         hex(str_field(burst, "request_hex")),
         hex(str_field(burst, "response_hex")),
@@ -236,6 +237,40 @@ fn reproduces_roughtimed_byte_for_byte() {
             &mut ex,
         );
         assert_eq!(ex[0].reply_bytes(), Some(&expected[..]));
+    }
+
+    // The other 15 share one tree of 15 leaves, whose odd levels roughtimed pads with the zero
+    // hash as we do: answered in one batch, in capture order, every reply is roughtimed's.
+    let requests: Vec<Vec<u8>> = burst_all[1..]
+        .iter()
+        .map(|e| hex(str_field(e, "request_hex")))
+        .collect();
+    let mut buffers = vec![[0u8; 1024]; requests.len()];
+    let mut batch: Vec<Exchange<'_>> = requests
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|(r, b)| Exchange::new(r, b))
+        .collect();
+    let mut responder = Responder::new(ResponderConfig {
+        versions: VersionSet::EMPTY.with(Version::Draft12),
+        capacity: 16,
+    });
+    responder.respond(
+        BatchParams {
+            now_unix_us: 0x6b01_e0e5 * 1_000_000,
+            radius_us: u64::from(u32::MAX) * 1_000_000,
+            delegation: &delegation,
+        },
+        &mut batch,
+    );
+    for (i, (ex, entry)) in batch.iter().zip(&burst_all[1..]).enumerate() {
+        let expected = hex(str_field(entry, "response_hex"));
+        assert_eq!(
+            ex.reply_bytes(),
+            Some(&expected[..]),
+            "burst reply {}",
+            i + 1
+        );
     }
 }
 
