@@ -308,6 +308,16 @@ mod tests {
         (i as u32).to_le_bytes()
     }
 
+    /// A tree of `n` leaves (`leaf_data(0..n)`) with room for `capacity`, built, and its root.
+    fn built(n: usize, capacity: usize) -> (MerkleTree<32>, [u8; 32]) {
+        let mut t = MerkleTree::<32>::with_capacity(capacity);
+        for i in 0..n {
+            t.push(&leaf_data(i)).unwrap();
+        }
+        let root = t.build().unwrap();
+        (t, root)
+    }
+
     #[test]
     fn single_leaf_is_the_root() {
         let mut t = MerkleTree::<32>::with_capacity(4);
@@ -330,11 +340,7 @@ mod tests {
 
     #[test]
     fn an_odd_level_pads_with_the_zero_hash_so_indx_cannot_be_flipped() {
-        let mut t = MerkleTree::<32>::with_capacity(4);
-        for i in 0..3 {
-            t.push(&leaf_data(i)).unwrap();
-        }
-        let root = t.build().unwrap();
+        let (t, root) = built(3, 4);
         let (a, b, c) = (
             hash_leaf::<32>(&leaf_data(0)),
             hash_leaf::<32>(&leaf_data(1)),
@@ -412,11 +418,7 @@ mod tests {
 
     #[test]
     fn wrong_index_or_path_fails() {
-        let mut t = MerkleTree::<32>::with_capacity(8);
-        for i in 0..5 {
-            t.push(&leaf_data(i)).unwrap();
-        }
-        let root = t.build().unwrap();
+        let (t, root) = built(5, 8);
         let mut path = [0u8; 96];
         t.write_path(2, &mut path).unwrap();
         let leaf = hash_leaf(&leaf_data(2));
