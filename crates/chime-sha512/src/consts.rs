@@ -8,6 +8,14 @@ pub(crate) const IV: [u64; 8] = [
     0x510e527fade682d1, 0x9b05688c2b3e6c1f, 0x1f83d9abfb41bd6b, 0x5be0cd19137e2179,
 ];
 
+/// SHA-512/256's initial hash value (FIPS 180-4 §5.3.6.2), which is all that tells it apart from
+/// SHA-512 before the output is cut to 32 bytes.
+#[rustfmt::skip]
+pub(crate) const IV_512_256: [u64; 8] = [
+    0x22312194fc2bf72c, 0x9f555fa3c84c64c2, 0x2393b86b6f53b151, 0x963877195940eabd,
+    0x96283ee2a88effe3, 0xbe5e1e2553863992, 0x2b0199fc2c85b8aa, 0x0eb72ddc81c52ca2,
+];
+
 /// The round constants: the first 64 bits of the fractional parts of the cube roots of the first
 /// eighty primes.
 #[rustfmt::skip]

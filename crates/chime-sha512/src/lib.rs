@@ -46,6 +46,27 @@ const STAGE_BYTES: usize = STAGE_BLOCKS * BLOCK;
 /// The longest message a lane takes: its padding (0x80 and a 16-byte length) must fit too.
 pub const MAX_MESSAGE_LEN: usize = STAGE_BYTES - 17;
 
+/// Which member of the SHA-512 family a [`Lanes`] computes. They share everything but the initial
+/// hash value; SHA-512/256's digest is the first 32 bytes of what [`Lanes::finish`] hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Variant {
+    /// SHA-512.
+    #[default]
+    Sha512,
+    /// SHA-512/256 (FIPS 180-4 §5.3.6.2), which Roughtime's draft 07 hashes its tree with.
+    Sha512_256,
+}
+
+impl Variant {
+    const fn iv(self) -> [u64; 8] {
+        match self {
+            Self::Sha512 => consts::IV,
+            Self::Sha512_256 => consts::IV_512_256,
+        }
+    }
+}
+
 /// How [`Lanes::finish`] computes the digests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -90,6 +111,7 @@ pub struct Lanes {
     blocks: [usize; LANES],
     used: usize,
     backend: Backend,
+    variant: Variant,
 }
 
 impl std::fmt::Debug for Lanes {
@@ -98,6 +120,7 @@ impl std::fmt::Debug for Lanes {
             .field("used", &self.used)
             .field("blocks", &&self.blocks[..self.used])
             .field("backend", &self.backend)
+            .field("variant", &self.variant)
             .finish_non_exhaustive()
     }
 }
@@ -116,7 +139,18 @@ impl Lanes {
             blocks: [0; LANES],
             used: 0,
             backend: Backend::detect(),
+            variant: Variant::Sha512,
         }
+    }
+
+    /// These lanes, computing `variant` from now on.
+    pub fn with_variant(self, variant: Variant) -> Self {
+        Self { variant, ..self }
+    }
+
+    /// What [`finish`](Self::finish) computes.
+    pub fn variant(&self) -> Variant {
+        self.variant
     }
 
     /// Empty lanes on `backend`, or `None` if this CPU cannot run it.
@@ -179,14 +213,15 @@ impl Lanes {
         self.used = 0;
     }
 
-    /// Hashes every staged message, calls `digest(lane, &sha512)` for each in lane order, and
-    /// empties the lanes.
+    /// Hashes every staged message, calls `digest(lane, &output)` for each in lane order, and
+    /// empties the lanes. The output is the SHA-512 digest, or for [`Variant::Sha512_256`] the
+    /// final state whose first 32 bytes are the digest.
     pub fn finish(&mut self, mut digest: impl FnMut(usize, &[u8; 64])) {
         let used = std::mem::take(&mut self.used);
         if used == 0 {
             return;
         }
-        let mut states = [consts::IV; LANES];
+        let mut states = [self.variant.iv(); LANES];
         let mut blocks = self.blocks;
         // Lanes past `used` hold stale bytes; zero blocks means none of them is hashed.
         blocks[used..].fill(0);
@@ -238,6 +273,16 @@ pub fn digest(parts: &[&[u8]]) -> [u8; 64] {
     sha.finalize().into()
 }
 
+/// SHA-512/256 of the concatenation of `parts`, one message on its own (through `sha2`).
+pub fn digest_512_256(parts: &[&[u8]]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut sha = sha2::Sha512_256::new();
+    for part in parts {
+        sha.update(part);
+    }
+    sha.finalize().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +319,48 @@ mod tests {
                 .map(|(i, c)| (i, c.1.into()))
                 .collect();
             assert_eq!(got, want, "{backend:?}");
+        }
+    }
+
+    /// SHA-512/256: NIST's "abc" and the empty message, then lengths across a block edge against
+    /// `sha2`, in lanes on every backend.
+    #[test]
+    fn sha512_256_on_every_backend() {
+        let known: [(&[u8], &str); 2] = [
+            (
+                b"abc",
+                "53048e2681941ef99b2e29b76b4c7dabe4c2d0c634fc6d46e0e2f13107e7af23",
+            ),
+            (
+                b"",
+                "c672b8d1ef56ed28ab87c3622c5114069bdd3ad7b8f9737498d0c01ecef0967a",
+            ),
+        ];
+        for (message, want) in known {
+            assert_eq!(hex(&digest_512_256(&[message])), want);
+        }
+        let data: Vec<u8> = (0..300).map(|i| (i * 5 + 1) as u8).collect();
+        for &backend in Backend::available() {
+            let mut lanes = Lanes::with_backend(backend)
+                .unwrap()
+                .with_variant(Variant::Sha512_256);
+            assert_eq!(lanes.variant(), Variant::Sha512_256);
+            for lens in [
+                &[3, 0][..],
+                &[33, 65, 100, 111, 112, 113, 128, 240, 256][..8],
+            ] {
+                for &len in lens {
+                    lanes.push(&[&data[..len]]).unwrap();
+                }
+                lanes.finish(|lane, out| {
+                    assert_eq!(
+                        out[..32],
+                        digest_512_256(&[&data[..lens[lane]]]),
+                        "{backend:?} len {}",
+                        lens[lane]
+                    );
+                });
+            }
         }
     }
 
@@ -367,7 +454,7 @@ mod tests {
         (a.min(b), a.max(b))
     }
 
-    fn hex(d: &[u8; 64]) -> String {
+    fn hex(d: &[u8]) -> String {
         d.iter().map(|b| format!("{b:02x}")).collect()
     }
 }
