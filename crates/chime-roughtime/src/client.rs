@@ -16,7 +16,7 @@ use ed25519_dalek::{Signature, VerifyingKey};
 
 use crate::error::DecodeError;
 use crate::keys::KEY_LEN;
-use crate::merkle::{PathError, hash_leaf, root_from_path};
+use crate::merkle::{PathError, hash_leaf_with, root_from_path_with};
 use crate::message::Message;
 use crate::packet::Framing;
 use crate::request::{Request, version_list};
@@ -226,14 +226,27 @@ pub enum VerifyError {
         which: Signed,
     },
     /// MIDP is outside the online key's validity.
-    #[error("MIDP {midpoint} is outside the delegation's [{mint}, {maxt}] (version units)")]
+    #[error(
+        "MIDP {midpoint_unix_us} is outside the delegation's [{mint_unix_us}, {maxt_unix_us}] (Unix µs)"
+    )]
     OutsideDelegation {
-        /// MIDP.
-        midpoint: u64,
-        /// MINT.
-        mint: u64,
-        /// MAXT.
-        maxt: u64,
+        /// MIDP, in microseconds since the Unix epoch.
+        midpoint_unix_us: u64,
+        /// MINT, likewise.
+        mint_unix_us: u64,
+        /// MAXT, likewise.
+        maxt_unix_us: u64,
+    },
+    /// A draft 07 MJD timestamp that is not a time: more microseconds than a day has, or a day
+    /// before 1970.
+    #[error("{tag} {value:#018x} is not a time in {version}'s format")]
+    BadTimestamp {
+        /// MIDP, MINT or MAXT.
+        tag: Tag,
+        /// What it held.
+        value: u64,
+        /// The reply's version.
+        version: Version,
     },
     /// ROOT has the wrong size for the version.
     #[error("ROOT of {len} bytes, {version} uses {expected}")]
@@ -276,7 +289,13 @@ pub fn verify_reply(
 ) -> Result<Verified, VerifyError> {
     let req = Request::parse(request).map_err(VerifyError::Request)?;
     let rep = Reply::parse(reply).map_err(VerifyError::Reply)?;
-    if req.framing != rep.framing {
+    // pyroughtime 1.0.1's server answers draft 07 without the ROUGHTIM header (roughtimed and
+    // tannerryan's roughtime send it); pyroughtime's client takes either, and so does this one,
+    // for draft 07 alone. The version then comes from the top-level VER, as it would framed.
+    let headerless_draft07 = req.framing == Framing::Ietf
+        && rep.framing == Framing::Google
+        && rep.top_version == Some(&0x8000_0007u32.to_le_bytes()[..]);
+    if req.framing != rep.framing && !headerless_draft07 {
         return Err(VerifyError::FramingMismatch {
             request: req.framing,
             reply: rep.framing,
@@ -333,12 +352,22 @@ pub fn verify_reply(
         }
     }
 
-    let (midpoint, mint, maxt) = (rep.srep.midpoint, rep.cert.mint, rep.cert.maxt);
-    if !(mint..=maxt).contains(&midpoint) {
+    let format = family.time_format();
+    let unix_us = |tag, value| {
+        format.decode_us(value).ok_or(VerifyError::BadTimestamp {
+            tag,
+            value,
+            version,
+        })
+    };
+    let midpoint_unix_us = unix_us(Tag::MIDP, rep.srep.midpoint)?;
+    let mint_unix_us = unix_us(Tag::MINT, rep.cert.mint)?;
+    let maxt_unix_us = unix_us(Tag::MAXT, rep.cert.maxt)?;
+    if !(mint_unix_us..=maxt_unix_us).contains(&midpoint_unix_us) {
         return Err(VerifyError::OutsideDelegation {
-            midpoint,
-            mint,
-            maxt,
+            midpoint_unix_us,
+            mint_unix_us,
+            maxt_unix_us,
         });
     }
 
@@ -357,8 +386,7 @@ pub fn verify_reply(
     if rep.srep.radius == 0 {
         return Err(VerifyError::ZeroRadius);
     }
-    let to_us = 1_000_000 / family.ticks_per_second();
-    let radius_us = u64::from(rep.srep.radius) * to_us;
+    let radius_us = u64::from(rep.srep.radius) * (1_000_000 / format.radius_ticks_per_second());
     if radius_us > policy.max_radius_us {
         return Err(VerifyError::RadiusTooLarge {
             radius_us,
@@ -368,10 +396,10 @@ pub fn verify_reply(
 
     Ok(Verified {
         version,
-        midpoint_unix_us: midpoint.saturating_mul(to_us),
+        midpoint_unix_us,
         radius_us,
-        mint_unix_us: mint.saturating_mul(to_us),
-        maxt_unix_us: maxt.saturating_mul(to_us),
+        mint_unix_us,
+        maxt_unix_us,
         online_key: *rep.cert.online_key,
         cert_spelling,
         srep_spelling,
@@ -379,15 +407,16 @@ pub fn verify_reply(
     })
 }
 
-/// The reply's version: Google by framing; from draft 12 on VER inside SREP (signed); drafts
-/// 08–11 a top-level VER. It must have been offered.
+/// The reply's version: Google by the request's framing (the reply's matches it, bar a draft 07
+/// reply without header); from draft 12 on VER inside SREP (signed); drafts 07–11 a top-level
+/// VER. It must have been offered.
 ///
 /// A reply may carry VER in both places: roughly 0.3.0's server signs one in SREP for drafts
 /// 10–11 too, beside the top-level one those drafts have. The signed one is then the version, and
 /// the two must agree. A version that signs VER is never taken from the top level alone, where it
 /// could have been changed on the way.
 fn reply_version(req: &Request<'_>, rep: &Reply<'_>) -> Result<Version, VerifyError> {
-    if rep.framing == Framing::Google {
+    if req.framing == Framing::Google {
         return Ok(Version::Google);
     }
     let number = |bytes: &[u8]| {
@@ -472,7 +501,9 @@ fn check_root<const H: usize>(
             expected: H,
             version,
         })?;
-    let computed = root_from_path::<H>(hash_leaf(leaf_data), rep.index, rep.path)?;
+    let tree_hash = version.family().tree_hash();
+    let leaf = hash_leaf_with(tree_hash, leaf_data);
+    let computed = root_from_path_with::<H>(tree_hash, leaf, rep.index, rep.path)?;
     Ok(&computed == root)
 }
 

@@ -74,12 +74,12 @@ impl LongTermKey {
         }
         let online_public = online.public_key();
         let certs = Family::ALL.map(|family| {
-            let ticks = family.ticks_per_second();
-            // Only Google counts microseconds; a MAXT of "forever" (u64::MAX seconds) stays
-            // "forever" when it saturates.
+            // Google counts microseconds and draft 07 writes MJD dates; a MAXT of "forever"
+            // (u64::MAX seconds) saturates at the largest time each format holds.
+            let format = family.time_format();
             let (mint, maxt) = (
-                mint_unix_s.saturating_mul(ticks),
-                maxt_unix_s.saturating_mul(ticks),
+                format.encode_seconds(mint_unix_s),
+                format.encode_seconds(maxt_unix_s),
             );
             self.certificate(family, &online_public, mint, maxt)
         });
@@ -335,9 +335,13 @@ mod tests {
             vk.verify_strict(&msg, &sig).unwrap();
             let dele = cert.nested(Tag::DELE).unwrap();
             assert_eq!(dele.fixed::<32>(Tag::PUBK).unwrap(), &online.public_key());
-            let ticks = family.ticks_per_second();
-            assert_eq!(dele.u64(Tag::MINT).unwrap(), 1000 * ticks);
-            assert_eq!(dele.u64(Tag::MAXT).unwrap(), 2000 * ticks);
+            let format = family.time_format();
+            assert_eq!(dele.u64(Tag::MINT).unwrap(), format.encode_seconds(1000));
+            assert_eq!(dele.u64(Tag::MAXT).unwrap(), format.encode_seconds(2000));
+            assert_eq!(
+                format.decode_us(format.encode_seconds(2000)),
+                Some(2_000_000_000)
+            );
         }
         assert!(d.covers(1000) && d.covers(2000) && !d.covers(999) && !d.covers(2001));
         assert_eq!(d.srv(), &long.srv());

@@ -7,9 +7,9 @@
 //!
 //! # Versions
 //!
-//! RFC 10049 (version 1), 0x8000000c (drafts 12–19), drafts 08–11 and Google's original, chosen
-//! per request as the best the client offers and the server has enabled; see [`version`] for
-//! what differs between them.
+//! RFC 10049 (version 1), 0x8000000c (drafts 12–19), drafts 08–11, draft 07 and Google's
+//! original, chosen per request as the best the client offers and the server has enabled; see
+//! [`version`] for what differs between them.
 //!
 //! # Server
 //!

@@ -1,11 +1,12 @@
 //! The Merkle tree that lets one signature cover a batch of requests.
 //!
-//! `H(x)` is SHA-512 truncated to the tree's hash size (32 bytes; Google uses all 64). A leaf is
-//! `H(0x00 ‖ data)`, an inner node `H(0x01 ‖ left ‖ right)` (RFC 10049 §5.3). A level of odd width
-//! pairs its last node with an all-zero hash (as roughenough-server does), so every leaf's path
-//! has the same length, ⌈log₂ n⌉. Not with itself: `H(0x01 ‖ h ‖ h)` is the same whichever side
-//! `h` is on, so that leaf's INDX bit at that level could be flipped and the reply would still
-//! verify.
+//! `H(x)` is SHA-512 truncated to the tree's hash size (32 bytes; Google uses all 64), or for
+//! draft 07 SHA-512/256, which differs from truncated SHA-512 in its initial value
+//! ([`TreeHash`]). A leaf is `H(0x00 ‖ data)`, an inner node `H(0x01 ‖ left ‖ right)` (RFC
+//! 10049 §5.3). A level of odd width pairs its last node with an all-zero hash (as
+//! roughenough-server does), so every leaf's path has the same length, ⌈log₂ n⌉. Not with
+//! itself: `H(0x01 ‖ h ‖ h)` is the same whichever side `h` is on, so that leaf's INDX bit at
+//! that level could be flipped and the reply would still verify.
 //!
 //! Paths follow the rule of draft 16 and the RFC (drafts 10–15 printed it backwards; every
 //! implementation follows the fixed rule): for each INDX bit, least significant first, bit 0
@@ -20,31 +21,57 @@
 
 use chime_sha512::{LANES, Lanes};
 
+/// The hash a tree is built with: SHA-512 (cut to the tree's hash size) for every version but
+/// draft 07, which uses SHA-512/256.
+pub use chime_sha512::Variant as TreeHash;
+
 /// Most hashes a PATH may hold (RFC 10049 §5.2.4).
 pub const MAX_PATH_HASHES: usize = 32;
 
 /// SHA-512 of the concatenation of `parts`, truncated to `H` bytes.
 pub fn hash<const H: usize>(parts: &[&[u8]]) -> [u8; H] {
-    truncate(&chime_sha512::digest(parts))
+    hash_with(TreeHash::Sha512, parts)
 }
 
-/// The first `H` bytes of a SHA-512 digest. H is 32 or 64 in this crate; a larger H would leave
-/// zeros rather than panic.
-fn truncate<const H: usize>(full: &[u8; 64]) -> [u8; H] {
+/// `tree_hash` of the concatenation of `parts`, truncated to `H` bytes (SHA-512/256 has 32).
+pub fn hash_with<const H: usize>(tree_hash: TreeHash, parts: &[&[u8]]) -> [u8; H] {
+    match tree_hash {
+        TreeHash::Sha512_256 => truncate(&chime_sha512::digest_512_256(parts)),
+        _ => truncate(&chime_sha512::digest(parts)),
+    }
+}
+
+/// The first `H` bytes of a digest. H is 32 or 64 in this crate; an H larger than the digest
+/// would leave zeros rather than panic.
+fn truncate<const H: usize, const N: usize>(full: &[u8; N]) -> [u8; H] {
     let mut out = [0u8; H];
-    let n = H.min(full.len());
+    let n = H.min(N);
     out[..n].copy_from_slice(&full[..n]);
     out
 }
 
-/// A leaf: `H(0x00 ‖ data)`.
+/// A leaf: `H(0x00 ‖ data)`, with SHA-512.
 pub fn hash_leaf<const H: usize>(data: &[u8]) -> [u8; H] {
-    hash(&[&[0x00], data])
+    hash_leaf_with(TreeHash::Sha512, data)
 }
 
-/// An inner node: `H(0x01 ‖ left ‖ right)`.
+/// A leaf: `H(0x00 ‖ data)`, with `tree_hash`.
+pub fn hash_leaf_with<const H: usize>(tree_hash: TreeHash, data: &[u8]) -> [u8; H] {
+    hash_with(tree_hash, &[&[0x00], data])
+}
+
+/// An inner node: `H(0x01 ‖ left ‖ right)`, with `tree_hash`.
+pub fn hash_node_with<const H: usize>(
+    tree_hash: TreeHash,
+    left: &[u8; H],
+    right: &[u8; H],
+) -> [u8; H] {
+    hash_with(tree_hash, &[&[0x01], left, right])
+}
+
+/// An inner node: `H(0x01 ‖ left ‖ right)`, with SHA-512.
 pub fn hash_node<const H: usize>(left: &[u8; H], right: &[u8; H]) -> [u8; H] {
-    hash(&[&[0x01], left, right])
+    hash_node_with(TreeHash::Sha512, left, right)
 }
 
 /// Why a PATH and INDX do not lead anywhere.
@@ -79,8 +106,19 @@ pub enum PathError {
 /// reply must stay smaller than its request), small enough that sizes cannot overflow.
 pub const MAX_LEAVES: usize = 1 << 20;
 
-/// Walks `path` up from `leaf` as INDX `index` directs and returns the root it arrives at.
+/// Walks `path` up from `leaf` as INDX `index` directs and returns the root it arrives at, with
+/// SHA-512.
 pub fn root_from_path<const H: usize>(
+    leaf: [u8; H],
+    index: u32,
+    path: &[u8],
+) -> Result<[u8; H], PathError> {
+    root_from_path_with(TreeHash::Sha512, leaf, index, path)
+}
+
+/// [`root_from_path`] for a tree built with `tree_hash`.
+pub fn root_from_path_with<const H: usize>(
+    tree_hash: TreeHash,
     leaf: [u8; H],
     index: u32,
     path: &[u8],
@@ -100,8 +138,8 @@ pub fn root_from_path<const H: usize>(
     for node in path.chunks_exact(H) {
         let node: &[u8; H] = node.try_into().unwrap_or(&[0; H]);
         h = match bits & 1 {
-            0 => hash_node(&h, node),
-            _ => hash_node(node, &h),
+            0 => hash_node_with(tree_hash, &h, node),
+            _ => hash_node_with(tree_hash, node, &h),
         };
         bits >>= 1;
     }
@@ -120,6 +158,7 @@ pub struct MerkleTree<const H: usize> {
     /// Leaves or nodes waiting to be hashed together, and the slot in `nodes` each one's hash
     /// goes to.
     lanes: Lanes,
+    tree_hash: TreeHash,
     pending: [usize; LANES],
     capacity: usize,
     leaves: usize,
@@ -130,14 +169,21 @@ pub struct MerkleTree<const H: usize> {
 }
 
 impl<const H: usize> MerkleTree<H> {
-    /// A tree for up to `capacity` leaves, clamped to 1..=[`MAX_LEAVES`].
+    /// A SHA-512 tree for up to `capacity` leaves, clamped to 1..=[`MAX_LEAVES`].
     pub fn with_capacity(capacity: usize) -> Self {
+        Self::with_capacity_and_hash(capacity, TreeHash::Sha512)
+    }
+
+    /// A tree for up to `capacity` leaves (clamped to 1..=[`MAX_LEAVES`]) hashed with
+    /// `tree_hash`.
+    pub fn with_capacity_and_hash(capacity: usize, tree_hash: TreeHash) -> Self {
         let capacity = capacity.clamp(1, MAX_LEAVES);
         // Level widths are ⌈n/2^k⌉, which sum to less than 2n + depth.
         let slots = 2 * capacity + MAX_PATH_HASHES;
         Self {
             nodes: vec![[0; H]; slots],
-            lanes: Lanes::new(),
+            lanes: Lanes::new().with_variant(tree_hash),
+            tree_hash,
             pending: [0; LANES],
             capacity,
             leaves: 0,
@@ -239,7 +285,7 @@ impl<const H: usize> MerkleTree<H> {
                     self.flush();
                 }
             }
-            None => self.nodes[slot] = hash(parts),
+            None => self.nodes[slot] = hash_with(self.tree_hash, parts),
         }
     }
 
@@ -398,6 +444,45 @@ mod tests {
                 assert_eq!(got, Ok(r64), "n={n} i={i}");
             }
             assert_eq!(t32.write_path(n as u32, &mut path), None);
+        }
+    }
+
+    /// Draft 07's SHA-512/256 tree: built in lanes, it matches the hash worked by hand, differs
+    /// from the SHA-512 tree, and every path leads to its root only with SHA-512/256.
+    #[test]
+    fn sha512_256_tree() {
+        let sha = TreeHash::Sha512_256;
+        let mut t = MerkleTree::<32>::with_capacity_and_hash(20, sha);
+        for i in 0..3 {
+            t.push(&leaf_data(i)).unwrap();
+        }
+        let leaf = |i| hash_leaf_with::<32>(sha, &leaf_data(i));
+        let want = hash_node_with(
+            sha,
+            &hash_node_with(sha, &leaf(0), &leaf(1)),
+            &hash_node_with(sha, &leaf(2), &[0; 32]),
+        );
+        assert_eq!(t.build(), Some(want));
+        assert_ne!(Some(want), built(3, 4).0.root());
+        assert_eq!(
+            leaf(0),
+            chime_sha512::digest_512_256(&[&[0], &leaf_data(0)])
+        );
+        for n in [1, 8, 9, 20] {
+            t.clear();
+            for i in 0..n {
+                t.push(&leaf_data(i)).unwrap();
+            }
+            let root = t.build().unwrap();
+            let mut path = [0u8; 32 * 5];
+            for i in 0..n {
+                let len = t.write_path(i as u32, &mut path).unwrap();
+                let walk = |h| root_from_path_with(h, leaf(i), i as u32, &path[..len]);
+                assert_eq!(walk(sha), Ok(root), "n={n} i={i}");
+                if n > 1 {
+                    assert_ne!(walk(TreeHash::Sha512), Ok(root), "n={n} i={i}");
+                }
+            }
         }
     }
 

@@ -120,7 +120,8 @@ impl From<BufferTooSmall> for BuildError {
 ///
 /// VER lists the versions ascending without repeats (RFC 10049 §5.1.1). TYPE = 0 is sent when a
 /// version from draft 12 on is offered; SRV when `srv` is given and the packet is framed.
-/// Padding is ZZZZ, or `PAD\xff` for Google.
+/// Padding is ZZZZ, `PAD\0` when draft 07 is the newest version offered, or `PAD\xff` for
+/// Google.
 pub fn build_request(
     out: &mut [u8],
     versions: &[Version],
@@ -161,28 +162,43 @@ pub fn build_request(
     let numbers = &mut numbers[..count];
     numbers.sort_unstable();
     let with_type = versions.iter().any(|v| v.family().has_type());
+    // Drafts up to 07 pad with `PAD\0`, which sorts first and which a draft 07 server such as
+    // pyroughtime's requires (it refuses tags it does not know, ZZZZ among them); drafts 08 on
+    // pad with ZZZZ, last.
+    let pad_first = versions.iter().max() == Some(&Version::Draft07);
 
-    // Tags in increasing order: VER < SRV < NONC < TYPE < ZZZZ.
-    let mut spec = [(Tag::VER, 4 * count); 5];
-    let mut n = 1;
-    if srv.is_some() {
-        spec[n] = (Tag::SRV, KEY_LEN);
+    // Tags in increasing order: [PAD\0] < VER < SRV < NONC < TYPE < [ZZZZ].
+    let mut spec = [(Tag::VER, 0); 5];
+    let mut n = 0;
+    let mut push = |tag, len| {
+        spec[n] = (tag, len);
         n += 1;
+    };
+    if pad_first {
+        push(Tag::PAD_DRAFT, 0);
     }
-    spec[n] = (Tag::NONC, nonce.len());
-    n += 1;
+    push(Tag::VER, 4 * count);
+    if srv.is_some() {
+        push(Tag::SRV, KEY_LEN);
+    }
+    push(Tag::NONC, nonce.len());
     if with_type {
-        spec[n] = (Tag::TYPE, 4);
-        n += 1;
+        push(Tag::TYPE, 4);
+    }
+    if !pad_first {
+        push(Tag::ZZZZ, 0);
     }
     let values: usize = spec[..n].iter().map(|(_, len)| len).sum();
     // At most 92 bytes of values and a 40-byte header: the subtraction cannot underflow.
-    let pad = REQUEST_LEN - FRAME_HEADER_LEN - header_len(n + 1) - values;
-    spec[n] = (Tag::ZZZZ, pad);
-    n += 1;
+    let pad = REQUEST_LEN - FRAME_HEADER_LEN - header_len(n) - values;
+    let pad_at = if pad_first { 0 } else { n - 1 };
+    spec[pad_at].1 = pad;
 
     write_frame_header(&mut w, REQUEST_LEN - FRAME_HEADER_LEN)?;
     write_header(&mut w, &spec[..n])?;
+    if pad_first {
+        w.put_zeros(pad)?;
+    }
     for number in numbers.iter() {
         w.put_u32(*number)?;
     }
@@ -193,7 +209,9 @@ pub fn build_request(
     if with_type {
         w.put_u32(0)?;
     }
-    w.put_zeros(pad)?;
+    if !pad_first {
+        w.put_zeros(pad)?;
+    }
     Ok(w.position())
 }
 
@@ -239,6 +257,41 @@ mod tests {
         let offered: Vec<u32> = r.versions.unwrap().iter().collect();
         assert_eq!(offered, [0x8000_0008, 0x8000_000b]);
         assert_eq!(r.type_value, None, "drafts before 12 have no TYPE");
+    }
+
+    /// Draft 07 alone pads with `PAD\0`, first, as pyroughtime does; offered with a later
+    /// draft it pads with ZZZZ.
+    #[test]
+    fn builds_a_draft07_request() {
+        let mut out = [0u8; REQUEST_LEN];
+        let n = build_request(&mut out, &[Version::Draft07], &[4; 32], None).unwrap();
+        assert_eq!(n, REQUEST_LEN);
+        let r = Request::parse(&out).unwrap();
+        let tags: Vec<Tag> = r.message.iter().map(|(t, _)| t).collect();
+        assert_eq!(tags, [Tag::PAD_DRAFT, Tag::VER, Tag::NONC]);
+        assert_eq!(
+            r.versions.unwrap().iter().collect::<Vec<_>>(),
+            [0x8000_0007]
+        );
+        assert_eq!(r.nonce, &[4; 32]);
+        assert!(
+            r.message
+                .get(Tag::PAD_DRAFT)
+                .unwrap()
+                .iter()
+                .all(|b| *b == 0)
+        );
+
+        build_request(
+            &mut out,
+            &[Version::Draft07, Version::Draft08],
+            &[4; 32],
+            None,
+        )
+        .unwrap();
+        let r = Request::parse(&out).unwrap();
+        let tags: Vec<Tag> = r.message.iter().map(|(t, _)| t).collect();
+        assert_eq!(tags, [Tag::VER, Tag::NONC, Tag::ZZZZ]);
     }
 
     #[test]

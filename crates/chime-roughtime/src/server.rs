@@ -29,7 +29,7 @@ use crate::message::{header_len, write_header};
 use crate::packet::{FRAME_HEADER_LEN, Framing, write_frame_header};
 use crate::request::{REQUEST_LEN, Request};
 use crate::tag::Tag;
-use crate::version::{Family, LeafData, Version, VersionSet};
+use crate::version::{Family, LeafData, TimeFormat, Version, VersionSet};
 
 /// Requests shorter than this (the whole datagram) are dropped (RFC 10049 §5.1).
 pub const MIN_REQUEST_LEN: usize = REQUEST_LEN;
@@ -216,9 +216,9 @@ struct FamilySignature {
     signature: [u8; SIGNATURE_LEN],
 }
 
-/// Longest SREP: five tags, VER, RADI, MIDP, six VERS entries and a 32-byte ROOT; Google's
+/// Longest SREP: five tags, VER, RADI, MIDP, seven VERS entries and a 32-byte ROOT; Google's
 /// three tags with a 64-byte ROOT are shorter.
-const MAX_SREP_LEN: usize = 40 + 4 + 4 + 8 + 6 * 4 + 32;
+const MAX_SREP_LEN: usize = 40 + 4 + 4 + 8 + 7 * 4 + 32;
 
 /// A worker's signer: Merkle trees and per-request state, allocated once.
 #[derive(Debug)]
@@ -226,10 +226,11 @@ pub struct Responder {
     versions: VersionSet,
     capacity: usize,
     /// VERS: the enabled numbered versions, ascending.
-    vers: [u32; 6],
+    vers: [u32; 7],
     vers_len: usize,
-    /// Trees for the 32-byte-hash families, indexed by `Family::index() - 1`.
-    trees: [MerkleTree<32>; 3],
+    /// Trees for the 32-byte-hash families, indexed by `Family::index() - 1`, each with its
+    /// family's hash.
+    trees: [MerkleTree<32>; Family::COUNT - 1],
     /// Google's tree, with 64-byte hashes.
     google_tree: MerkleTree<64>,
     slots: Vec<Slot>,
@@ -243,7 +244,7 @@ impl Responder {
     /// requests. All memory is allocated here.
     pub fn new(config: ResponderConfig) -> Self {
         let capacity = config.capacity.clamp(1, MAX_BATCH_SIZE);
-        let mut vers = [0; 6];
+        let mut vers = [0; 7];
         let vers_len = config.versions.numbers_ascending(&mut vers);
         let empty_slot = Slot {
             version: Version::Rfc10049,
@@ -262,7 +263,9 @@ impl Responder {
             capacity,
             vers,
             vers_len,
-            trees: core::array::from_fn(|_| MerkleTree::with_capacity(capacity)),
+            trees: core::array::from_fn(|i| {
+                MerkleTree::with_capacity_and_hash(capacity, Family::ALL[i + 1].tree_hash())
+            }),
             google_tree: MerkleTree::with_capacity(capacity),
             slots: vec![empty_slot; capacity],
             used: 0,
@@ -480,8 +483,10 @@ impl Root {
 /// MIDP and RADI as `family` sends them, or why the time cannot be served.
 fn served_time(family: Family, params: &BatchParams<'_>) -> Result<(u64, u32), DropReason> {
     let d = params.delegation;
-    match family {
-        Family::Google => {
+    let format = family.time_format();
+    match format {
+        // Google and draft 07 count microseconds.
+        TimeFormat::UnixMicros | TimeFormat::MjdMicros => {
             let (mint, maxt) = (
                 d.mint_unix_s().saturating_mul(1_000_000),
                 d.maxt_unix_s().saturating_mul(1_000_000),
@@ -491,9 +496,9 @@ fn served_time(family: Family, params: &BatchParams<'_>) -> Result<(u64, u32), D
             }
             let radius =
                 u32::try_from(params.radius_us.max(1)).map_err(|_| DropReason::RadiusTooLarge)?;
-            Ok((params.now_unix_us, radius))
+            Ok((format.encode(params.now_unix_us), radius))
         }
-        _ => {
+        TimeFormat::UnixSeconds => {
             let midp = params.now_unix_us.saturating_add(500_000) / 1_000_000;
             if !d.covers(midp) {
                 return Err(DropReason::OutsideDelegation);
@@ -631,7 +636,7 @@ pub(crate) const fn reply_len(family: Family, path_len: usize, srep_len: usize) 
         // SIG PATH SREP CERT INDX
         Family::Google => header_len(5) + common,
         // SIG VER NONC PATH SREP CERT INDX
-        Family::Draft08 => FRAME_HEADER_LEN + header_len(7) + common + 4 + 32,
+        Family::Draft07 | Family::Draft08 => FRAME_HEADER_LEN + header_len(7) + common + 4 + 32,
         // SIG NONC TYPE PATH SREP CERT INDX
         Family::Draft12 | Family::Rfc => FRAME_HEADER_LEN + header_len(7) + common + 32 + 4,
     }
@@ -662,7 +667,7 @@ fn encode_reply(
                 (Tag::INDX, 4),
             ],
         )?,
-        Family::Draft08 => {
+        Family::Draft07 | Family::Draft08 => {
             write_frame_header(&mut w, total - FRAME_HEADER_LEN)?;
             write_header(
                 &mut w,
@@ -696,7 +701,7 @@ fn encode_reply(
     w.put(signature)?;
     match family {
         Family::Google => {}
-        Family::Draft08 => {
+        Family::Draft07 | Family::Draft08 => {
             w.put_u32(slot.version.number().unwrap_or(0))?;
             w.put(nonce)?;
         }
@@ -764,7 +769,7 @@ mod tests {
             let path = family.hash_len() * MAX_BATCH_SIZE.ilog2() as usize;
             let srep = match family {
                 Family::Google => header_len(3) + 4 + 8 + 64,
-                Family::Draft08 => header_len(3) + 4 + 8 + 32,
+                Family::Draft07 | Family::Draft08 => header_len(3) + 4 + 8 + 32,
                 _ => MAX_SREP_LEN,
             };
             assert!(

@@ -49,6 +49,8 @@ impl Tag {
     pub const ZZZZ: Self = Self(0x5a5a_5a5a);
     /// Zero padding of Google requests, spelled `PAD\xff`.
     pub const PAD: Self = Self(0xff44_4150);
+    /// Zero padding of drafts 01–07 requests, spelled `PAD\0`: it sorts before every other tag.
+    pub const PAD_DRAFT: Self = Self(0x0044_4150);
 
     /// The tag with this `u32` value.
     pub const fn from_u32(value: u32) -> Self {
@@ -113,6 +115,7 @@ mod tests {
             (Tag::INDX, *b"INDX"),
             (Tag::ZZZZ, *b"ZZZZ"),
             (Tag::PAD, *b"PAD\xff"),
+            (Tag::PAD_DRAFT, *b"PAD\0"),
         ];
         for (tag, bytes) in cases {
             assert_eq!(tag.to_bytes(), bytes, "{tag}");
@@ -125,6 +128,7 @@ mod tests {
         assert!(Tag::SIG < Tag::NONC);
         assert!(Tag::VER < Tag::NONC);
         assert!(Tag::NONC < Tag::PAD);
+        assert!(Tag::PAD_DRAFT < Tag::SIG && Tag::SIG < Tag::VER);
     }
 
     #[test]

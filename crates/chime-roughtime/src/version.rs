@@ -8,14 +8,21 @@
 //! | family | VER | nonce | leaf data | hash | times | SREP context | DELE context |
 //! |---|---|---|---|---|---|---|---|
 //! | [`Family::Google`] | none | 64 | nonce | 64 | µs | `RoughTime …` | `RoughTime …--` |
+//! | [`Family::Draft07`] | 0x80000007 | 32 | nonce | 32 (SHA-512/256) | MJD + µs | `RoughTime …` | `RoughTime …` |
 //! | [`Family::Draft08`] | 0x80000008–b | 32 | nonce | 32 | s | `RoughTime …` | `RoughTime …--` |
 //! | [`Family::Draft12`] | 0x8000000c | 32 | packet | 32 | s | `RoughTime …` | `RoughTime …` |
 //! | [`Family::Rfc`] | 1 | 32 | packet | 32 | s | `Roughtime …` | `Roughtime …` |
 //!
-//! "packet" is the whole request datagram, `ROUGHTIM` header included.
+//! "packet" is the whole request datagram, `ROUGHTIM` header included. Every family but draft 07
+//! hashes with SHA-512 cut to the hash size; draft 07 uses SHA-512/256, a different function.
+//! Draft 07 is as pyroughtime 1.0.1's default client, roughtimed of 2022 and tannerryan's
+//! roughtime have it: drafts 08–11's layout, with times as a Modified Julian Date and
+//! microseconds ([`TimeFormat::MjdMicros`]) and the DELE context of drafts 12 on, without
+//! the `--` that Google's and drafts 08–11's have.
 
 use core::fmt;
 
+pub use crate::merkle::TreeHash;
 use crate::packet::Framing;
 
 /// A protocol version this crate speaks.
@@ -25,6 +32,8 @@ use crate::packet::Framing;
 pub enum Version {
     /// Google's original protocol: no header, no version number.
     Google,
+    /// draft-ietf-ntp-roughtime-07 (0x80000007), which pyroughtime 1.0.1 sends by default.
+    Draft07,
     /// draft-ietf-ntp-roughtime-08 (0x80000008).
     Draft08,
     /// draft-ietf-ntp-roughtime-09 (0x80000009).
@@ -41,8 +50,9 @@ pub enum Version {
 
 impl Version {
     /// Every version, worst to best.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Google,
+        Self::Draft07,
         Self::Draft08,
         Self::Draft09,
         Self::Draft10,
@@ -64,6 +74,7 @@ impl Version {
     pub const fn label(self) -> &'static str {
         match self {
             Self::Google => "google",
+            Self::Draft07 => "0x80000007",
             Self::Draft08 => "0x80000008",
             Self::Draft09 => "0x80000009",
             Self::Draft10 => "0x8000000a",
@@ -77,6 +88,7 @@ impl Version {
     pub const fn number(self) -> Option<u32> {
         match self {
             Self::Google => None,
+            Self::Draft07 => Some(0x8000_0007),
             Self::Draft08 => Some(0x8000_0008),
             Self::Draft09 => Some(0x8000_0009),
             Self::Draft10 => Some(0x8000_000a),
@@ -90,6 +102,7 @@ impl Version {
     /// it offers as if they were drafts 13–15), are `None`: the server ignores them.
     pub const fn from_number(number: u32) -> Option<Self> {
         match number {
+            0x8000_0007 => Some(Self::Draft07),
             0x8000_0008 => Some(Self::Draft08),
             0x8000_0009 => Some(Self::Draft09),
             0x8000_000a => Some(Self::Draft10),
@@ -101,15 +114,19 @@ impl Version {
     }
 
     /// Whether a client speaking this version names the server's key with SRV (draft 10 on);
-    /// Google's protocol and drafts 08–09 predate it.
+    /// Google's protocol and drafts 07–09 predate it.
     pub const fn has_srv(self) -> bool {
-        !matches!(self, Self::Google | Self::Draft08 | Self::Draft09)
+        !matches!(
+            self,
+            Self::Google | Self::Draft07 | Self::Draft08 | Self::Draft09
+        )
     }
 
     /// The family that fixes this version's wire layout and signing.
     pub const fn family(self) -> Family {
         match self {
             Self::Google => Family::Google,
+            Self::Draft07 => Family::Draft07,
             Self::Draft08 | Self::Draft09 | Self::Draft10 | Self::Draft11 => Family::Draft08,
             Self::Draft12 => Family::Draft12,
             Self::Rfc10049 => Family::Rfc,
@@ -127,7 +144,7 @@ impl fmt::Display for Version {
             Self::Google => f.write_str("Google-Roughtime"),
             Self::Draft12 => f.write_str("draft-ietf-ntp-roughtime-12..19 (0x8000000c)"),
             Self::Rfc10049 => f.write_str("RFC 10049 (version 1)"),
-            Self::Draft08 | Self::Draft09 | Self::Draft10 | Self::Draft11 => {
+            Self::Draft07 | Self::Draft08 | Self::Draft09 | Self::Draft10 | Self::Draft11 => {
                 let n = self.number().unwrap_or(0) & 0xff;
                 write!(
                     f,
@@ -164,7 +181,7 @@ impl fmt::Display for ContextSpelling {
 /// What a family hashes into its Merkle leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeafData {
-    /// The request's nonce (Google, drafts 08–11).
+    /// The request's nonce (Google, drafts 07–11).
     Nonce,
     /// The whole request packet, `ROUGHTIM` header included (draft 12 on).
     Packet,
@@ -176,6 +193,8 @@ pub enum LeafData {
 pub enum Family {
     /// Google's original.
     Google,
+    /// Draft 07.
+    Draft07,
     /// Drafts 08–11.
     Draft08,
     /// 0x8000000c (drafts 12–19).
@@ -190,14 +209,20 @@ const SREP_ROUGHTIME: &[u8] = b"Roughtime v1 response signature\x00";
 const SREP_ROUGHTIME_DRAFT: &[u8] = b"RoughTime v1 response signature\x00";
 /// DELE context of RFC 10049's body.
 const DELE_ROUGHTIME: &[u8] = b"Roughtime v1 delegation signature\x00";
-/// DELE context of drafts 12–19 (and of the RFC's Appendix B).
+/// DELE context of draft 07 and drafts 12–19 (and of the RFC's Appendix B).
 const DELE_ROUGHTIME_DRAFT12: &[u8] = b"RoughTime v1 delegation signature\x00";
 /// DELE context of Google and drafts up to 11.
 const DELE_ROUGHTIME_OLD: &[u8] = b"RoughTime v1 delegation signature--\x00";
 
 impl Family {
     /// Every family, in [`Family::index`] order.
-    pub const ALL: [Self; 4] = [Self::Google, Self::Draft08, Self::Draft12, Self::Rfc];
+    pub const ALL: [Self; 5] = [
+        Self::Google,
+        Self::Draft07,
+        Self::Draft08,
+        Self::Draft12,
+        Self::Rfc,
+    ];
     /// Number of families.
     pub const COUNT: usize = Self::ALL.len();
 
@@ -233,16 +258,26 @@ impl Family {
     /// What a leaf hashes.
     pub const fn leaf_data(self) -> LeafData {
         match self {
-            Self::Google | Self::Draft08 => LeafData::Nonce,
+            Self::Google | Self::Draft07 | Self::Draft08 => LeafData::Nonce,
             Self::Draft12 | Self::Rfc => LeafData::Packet,
         }
     }
 
-    /// Units of MIDP, MINT, MAXT and RADI per second: Google counts microseconds.
-    pub const fn ticks_per_second(self) -> u64 {
+    /// The hash of the Merkle tree: SHA-512/256 for draft 07, SHA-512 (cut to
+    /// [`hash_len`](Self::hash_len)) for the rest.
+    pub const fn tree_hash(self) -> TreeHash {
         match self {
-            Self::Google => 1_000_000,
-            _ => 1,
+            Self::Draft07 => TreeHash::Sha512_256,
+            _ => TreeHash::Sha512,
+        }
+    }
+
+    /// How MIDP, MINT and MAXT are written, and RADI's unit.
+    pub const fn time_format(self) -> TimeFormat {
+        match self {
+            Self::Google => TimeFormat::UnixMicros,
+            Self::Draft07 => TimeFormat::MjdMicros,
+            _ => TimeFormat::UnixSeconds,
         }
     }
 
@@ -280,6 +315,78 @@ impl Family {
             (Self::Google | Self::Draft08, _) => DELE_ROUGHTIME_OLD,
             (_, ContextSpelling::Roughtime) => DELE_ROUGHTIME,
             (_, ContextSpelling::RoughTime) => DELE_ROUGHTIME_DRAFT12,
+        }
+    }
+}
+
+/// How a family writes MIDP, MINT and MAXT, and what RADI counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeFormat {
+    /// Unix seconds, RADI in seconds (drafts 08 on and RFC 10049).
+    UnixSeconds,
+    /// Unix microseconds, RADI in microseconds (Google).
+    UnixMicros,
+    /// The Modified Julian Date in the top 24 bits and microseconds since that UTC midnight in
+    /// the low 40, RADI in microseconds (drafts 01–07). The Unix epoch is MJD 40587; a day is
+    /// 86,400 s, as in Unix time.
+    MjdMicros,
+}
+
+/// Microseconds in a day.
+const DAY_US: u64 = 86_400_000_000;
+/// The Modified Julian Date of 1970-01-01.
+const MJD_UNIX_EPOCH: u64 = 40_587;
+/// The last MJD the 24-bit day field holds.
+const MJD_MAX: u64 = (1 << 24) - 1;
+
+impl TimeFormat {
+    /// RADI units per second.
+    pub const fn radius_ticks_per_second(self) -> u64 {
+        match self {
+            Self::UnixSeconds => 1,
+            Self::UnixMicros | Self::MjdMicros => 1_000_000,
+        }
+    }
+
+    /// A timestamp of `unix_us` microseconds since the Unix epoch, truncated to whole seconds
+    /// for [`UnixSeconds`](Self::UnixSeconds); a time beyond what the format holds saturates
+    /// at the largest it does.
+    pub const fn encode(self, unix_us: u64) -> u64 {
+        match self {
+            Self::UnixSeconds => unix_us / 1_000_000,
+            Self::UnixMicros => unix_us,
+            Self::MjdMicros => {
+                let mjd = MJD_UNIX_EPOCH + unix_us / DAY_US;
+                if mjd > MJD_MAX {
+                    (MJD_MAX << 40) | (DAY_US - 1)
+                } else {
+                    (mjd << 40) | (unix_us % DAY_US)
+                }
+            }
+        }
+    }
+
+    /// The timestamp `unix_s` seconds after the Unix epoch (saturating), e.g. a MINT or MAXT.
+    pub const fn encode_seconds(self, unix_s: u64) -> u64 {
+        match self {
+            Self::UnixSeconds => unix_s,
+            _ => self.encode(unix_s.saturating_mul(1_000_000)),
+        }
+    }
+
+    /// Microseconds since the Unix epoch of a timestamp, saturating; `None` for an MJD timestamp
+    /// whose microseconds do not fit in a day or whose day is before 1970.
+    pub const fn decode_us(self, wire: u64) -> Option<u64> {
+        match self {
+            Self::UnixSeconds => Some(wire.saturating_mul(1_000_000)),
+            Self::UnixMicros => Some(wire),
+            Self::MjdMicros => {
+                let (mjd, us) = (wire >> 40, wire & ((1 << 40) - 1));
+                if us >= DAY_US || mjd < MJD_UNIX_EPOCH {
+                    return None;
+                }
+                Some((mjd - MJD_UNIX_EPOCH) * DAY_US + us)
+            }
         }
     }
 }
@@ -342,11 +449,12 @@ impl VersionSet {
 
     /// The members' VER numbers in ascending numeric order, as VERS lists them; returns the count
     /// written into `out`.
-    pub fn numbers_ascending(self, out: &mut [u32; 6]) -> usize {
+    pub fn numbers_ascending(self, out: &mut [u32; 7]) -> usize {
         let mut n = 0;
         // Version 1 sorts below the experimental 0x8000_00xx numbers.
         for v in [
             Version::Rfc10049,
+            Version::Draft07,
             Version::Draft08,
             Version::Draft09,
             Version::Draft10,
@@ -424,7 +532,7 @@ mod tests {
                 None => assert_eq!(v, Version::Google),
             }
         }
-        for unknown in [0, 2, 0x8000_0007, 0x8000_000d, 0x8000_000e, 0x8000_000f] {
+        for unknown in [0, 2, 0x8000_0006, 0x8000_000d, 0x8000_000e, 0x8000_000f] {
             assert_eq!(Version::from_number(unknown), None, "{unknown:#x}");
         }
     }
@@ -466,12 +574,13 @@ mod tests {
 
     #[test]
     fn vers_lists_ascending() {
-        let mut out = [0; 6];
+        let mut out = [0; 7];
         let n = VersionSet::ALL.numbers_ascending(&mut out);
         assert_eq!(
             &out[..n],
             &[
                 1,
+                0x8000_0007,
                 0x8000_0008,
                 0x8000_0009,
                 0x8000_000a,
@@ -523,10 +632,57 @@ mod tests {
     }
 
     #[test]
+    fn draft07_contexts_have_no_dashes() {
+        let f = Version::Draft07.family();
+        assert_eq!(
+            f.dele_context(f.spelling()),
+            b"RoughTime v1 delegation signature\0"
+        );
+        assert_eq!(
+            f.srep_context(f.spelling()),
+            b"RoughTime v1 response signature\0"
+        );
+        assert_eq!(f.tree_hash(), TreeHash::Sha512_256);
+        assert_eq!(f.leaf_data(), LeafData::Nonce);
+        assert!(!f.signs_version() && !f.has_type());
+    }
+
+    /// MJD timestamps: the Unix epoch is MJD 40587, 2026-11-22 (20,779 days later) is MJD 61366,
+    /// and out-of-range values are refused or saturate.
+    #[test]
+    fn mjd_timestamps() {
+        let f = TimeFormat::MjdMicros;
+        assert_eq!(f.encode(0), 40_587 << 40);
+        let noon = 20_779 * 86_400_000_000 + 43_200_000_001;
+        assert_eq!(f.encode(noon), (61_366 << 40) | 43_200_000_001);
+        assert_eq!(f.decode_us(f.encode(noon)), Some(noon));
+        assert_eq!(f.encode_seconds(20_779 * 86_400), 61_366 << 40);
+        // The last microsecond of a day, then the next day.
+        let last = 86_400_000_000 - 1;
+        assert_eq!(f.encode(last), (40_587 << 40) | last);
+        assert_eq!(f.encode(last + 1), 40_588 << 40);
+        // Not a time: a day of more than 86,400 s, a day before 1970.
+        assert_eq!(f.decode_us((61_001 << 40) | 86_400_000_000), None);
+        assert_eq!(f.decode_us(40_586 << 40), None);
+        // "Forever" saturates at the last representable microsecond, which decodes.
+        let forever = f.encode_seconds(u64::MAX);
+        assert_eq!(forever, ((1 << 24) - 1) << 40 | last);
+        assert!(f.decode_us(forever).is_some());
+        assert_eq!(TimeFormat::UnixSeconds.encode(1_999_999), 1);
+        assert_eq!(TimeFormat::UnixSeconds.decode_us(2), Some(2_000_000));
+        assert_eq!(TimeFormat::UnixMicros.encode_seconds(3), 3_000_000);
+        assert_eq!(f.radius_ticks_per_second(), 1_000_000);
+    }
+
+    #[test]
     fn display() {
         assert_eq!(
             Version::Draft08.to_string(),
             "draft-ietf-ntp-roughtime-08 (0x80000008)"
+        );
+        assert_eq!(
+            Version::Draft07.to_string(),
+            "draft-ietf-ntp-roughtime-07 (0x80000007)"
         );
         assert_eq!(
             Version::Draft11.to_string(),

@@ -24,12 +24,13 @@ fn batch_path_does_not_allocate() {
     let delegation = long
         .delegate(OnlineKey::from_seed(&[6; 32]), NOW_S - 60, NOW_S + 60)
         .unwrap();
-    let offers: [&[Version]; 5] = [
+    let offers: [&[Version]; 6] = [
         &[Version::Rfc10049],
         &[Version::Draft12],
         &[Version::Draft11, Version::Draft08],
         &[Version::Google],
         &[Version::Rfc10049, Version::Draft12],
+        &[Version::Draft07],
     ];
     let requests: Vec<Vec<u8>> = (0..64)
         .map(|i| {

@@ -110,13 +110,14 @@ fn mixed_batches_sign_once_per_family() {
         versions: VersionSet::ALL,
         capacity: 64,
     });
-    let offers: [&[Version]; 6] = [
+    let offers: [&[Version]; 7] = [
         &[Version::Rfc10049],
         &[Version::Draft12],
         &[Version::Draft11, Version::Draft08],
         &[Version::Google],
         &[Version::Draft09],
         &[Version::Rfc10049, Version::Draft12],
+        &[Version::Draft07],
     ];
     let pk = s.long.public_key();
     for n in 1..=64u32 {
@@ -142,13 +143,14 @@ fn mixed_batches_sign_once_per_family() {
 /// Offers with one version each, so that the unsigned top-level VER of drafts 08–11 cannot be
 /// flipped into another offered version: that field is malleable by design of those drafts, and
 /// the only thing a client can check is that it was offered.
-const SINGLE_OFFERS: [Version; 7] = [
+const SINGLE_OFFERS: [Version; 8] = [
     Version::Rfc10049,
     Version::Draft12,
     Version::Draft11,
     Version::Draft10,
     Version::Draft09,
     Version::Draft08,
+    Version::Draft07,
     Version::Google,
 ];
 

@@ -30,7 +30,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "KEY")]
     public_key: Option<String>,
     /// Protocol version to offer: 1 (RFC 10049), 0x8000000c (drafts 12-19), 0x80000008 to
-    /// 0x8000000b (drafts 08-11), or google [default: offer 1 and 0x8000000c]
+    /// 0x8000000b (drafts 08-11), 0x80000007 (draft 07), or google [default: offer 1 and
+    /// 0x8000000c]
     #[arg(long = "version", value_name = "V", value_parser = parse_version)]
     version: Option<Version>,
     /// Seconds to wait for each reply
@@ -510,7 +511,7 @@ pub(crate) fn parse_version(s: &str) -> Result<Version, String> {
         None => lower.parse(),
     }
     .map_err(|_| {
-        format!("'{s}' is not a version (1, 0x8000000c, 0x80000008..0x8000000b, google)")
+        format!("'{s}' is not a version (1, 0x8000000c, 0x80000007..0x8000000b, google)")
     })?;
     Version::from_number(number).ok_or_else(|| format!("{s}: not a version chime speaks"))
 }

@@ -60,6 +60,7 @@ pub(crate) const NOTE_LABELS: [&str; NOTES] = [
     "nts",
     "nts_nak",
     "version.google",
+    "version.0x80000007",
     "version.0x80000008",
     "version.0x80000009",
     "version.0x8000000a",

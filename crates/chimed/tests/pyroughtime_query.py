@@ -8,14 +8,15 @@ this script. Run it with the python of pyroughtime's venv:
 * google (`newver=False`): Google's original protocol, no header, a 64-byte nonce, full SHA-512
   hashes and the "--" delegation context. pyroughtime still puts a VER tag (0x80000007) in the
   headerless request, a quirk a Google-protocol server has to tolerate.
-* draft07 (`newver=True`, its default): a ROUGHTIM header, VER 0x80000007, a 32-byte nonce and
-  SHA-512/256 hashes.
+* draft07 (`newver=True`, its default): a ROUGHTIM header, VER 0x80000007, a 32-byte nonce,
+  SHA-512/256 hashes and MJD timestamps.
 
 Prints one JSON object on stdout and exits 0 when a reply arrived and verified:
     {"ok": true, "midpoint_us": 1795299081287234, "radius_us": 16, "pathlen": 0}
 otherwise exits 1 with {"ok": false, "error": "timeout" | "verification", "detail": "..."}.
 """
 
+import datetime
 import json
 import sys
 
@@ -35,7 +36,11 @@ def main() -> int:
         kind = "timeout" if "Timeout" in str(e) else "verification"
         out = {"ok": False, "error": kind, "detail": str(e)}
     else:
-        out = {"ok": True, "midpoint_us": r["midp"], "radius_us": r["radi"], "pathlen": r["pathlen"]}
+        # MIDP is Unix microseconds in Google mode and an MJD timestamp in draft 07; pyroughtime
+        # turns either into a naive UTC datetime.
+        since_epoch = r["datetime"] - datetime.datetime(1970, 1, 1)
+        midpoint_us = since_epoch // datetime.timedelta(microseconds=1)
+        out = {"ok": True, "midpoint_us": midpoint_us, "radius_us": r["radi"], "pathlen": r["pathlen"]}
     print(json.dumps(out))
     return 0 if out["ok"] else 1
 

@@ -8,6 +8,8 @@
 //!   (Debian's `botan` package; `BOTAN`), a C++ client that also chains its queries and re-checks
 //!   the chain with `botan roughtime_check`, and pyroughtime 1.0.1 (PyPI; `PYROUGHTIME_PYTHON`, the
 //!   python of its venv), whose headerless request carries a stray VER tag;
+//! * draft 07 both ways with pyroughtime 1.0.1: its default client queries chimed, and
+//!   `chime roughtime --version 0x80000007` verifies its server (which sends no ROUGHTIM header);
 //! * `chime roughtime` verifies real independent servers, roughenough-server 2.2.0
 //!   (`ROUGHENOUGH_SERVER`; version 1) and roughly 0.3.0's server (version 1, 0x8000000c, drafts
 //!   10–11 and Google's protocol), and chimed itself, and refuses replies that do not verify with
@@ -260,9 +262,10 @@ fn roughly_offering_0x80000008() {
     roughly_accepts(0x8000_0008);
 }
 
+/// Draft 07: SHA-512/256 tree, MJD timestamps, RADI in microseconds.
 #[test]
-fn roughly_offering_0x80000007_gets_no_reply() {
-    roughly_gets_no_reply(0x8000_0007);
+fn roughly_offering_0x80000007() {
+    roughly_accepts(0x8000_0007);
 }
 
 /// roughly numbers 0x8000000d..=0x8000000f as drafts 13–15; the drafts froze 0x8000000c from 12
@@ -701,8 +704,7 @@ fn botan_refuses_chimed_reply_with_another_key() {
 // ---------------------------------------------------------------------------------------------
 // pyroughtime 1.0.1 → chimed, through tests/pyroughtime_query.py. Its Google mode sends a
 // headerless request that still carries VER 0x80000007: chimed serves it as Google's protocol.
-// Its default mode is draft 07 (SHA-512/256 hashes), which chimed does not serve: no reply, and
-// the request is counted.
+// Its default mode is draft 07 (SHA-512/256 hashes, MJD timestamps, RADI in microseconds).
 
 fn pyroughtime_query(addr: SocketAddr, key_base64: &str, mode: &str) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyroughtime_query.py");
@@ -738,15 +740,89 @@ fn pyroughtime_accepts_chimed_google() {
 }
 
 #[test]
-fn pyroughtime_draft07_gets_no_reply_and_is_counted() {
+fn pyroughtime_accepts_chimed_draft07() {
     let mut s = chimed_roughtime();
     let r = pyroughtime_query(s.addr, &s.key.public_base64, "draft07");
-    assert_eq!(r["error"], "timeout", "chimed should drop draft 07: {r}");
+    assert_eq!(
+        r["ok"],
+        true,
+        "pyroughtime (draft 07) did not accept chimed's reply: {r}\nchimed log:\n{}",
+        s.chimed.log()
+    );
+    // RADI counts microseconds in draft 07: chimed's radius here is the mirrored chronyd's
+    // root distance, well under a second, not the 3 s floor of the later drafts.
+    let radius_us = r["radius_us"].as_u64().unwrap_or(0);
+    assert!(radius_us > 0 && radius_us < 3_000_000, "{r}");
+    assert_near_now(
+        r["midpoint_us"].as_f64().unwrap() / 1e6,
+        "pyroughtime draft 07",
+    );
     assert!(s.chimed.terminate().success());
     let totals = s
         .chimed
         .wait_for("roughtime totals at exit", Duration::from_secs(1));
-    assert!(totals.contains("dropped.no_common_version=1"), "{totals}");
+    assert!(totals.contains("version.0x80000007=1"), "{totals}");
+}
+
+/// pyroughtime's draft 07 server, run by tests/pyroughtime_server.py: its port and public key.
+struct PyroughtimeServer {
+    child: std::process::Child,
+    addr: SocketAddr,
+    public_key: String,
+}
+
+impl PyroughtimeServer {
+    fn start() -> Self {
+        use std::io::BufRead as _;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyroughtime_server.py");
+        let mut child = Command::new(peer("PYROUGHTIME_PYTHON", PYROUGHTIME_PYTHON))
+            .arg(script)
+            // It takes MIDP and its delegation from the local time zone's clock.
+            .env("TZ", "UTC")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("pyroughtime_server.py");
+        // The line comes once the socket is bound, or the script exits and the pipe closes.
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+            let _ = child.kill();
+            panic!("pyroughtime_server.py printed {line:?}: {e}")
+        });
+        let port = v["port"].as_u64().and_then(|p| u16::try_from(p).ok());
+        let port = port.unwrap_or_else(|| panic!("pyroughtime_server.py: {v}"));
+        Self {
+            child,
+            addr: ([127, 0, 0, 1], port).into(),
+            public_key: v["public_key"].as_str().unwrap().to_owned(),
+        }
+    }
+}
+
+impl Drop for PyroughtimeServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn chime_verifies_pyroughtime_server_draft07() {
+    let server = PyroughtimeServer::start();
+    let r = chime_roughtime(server.addr, &server.public_key, Some("0x80000007"))
+        .unwrap_or_else(|e| panic!("chime roughtime against pyroughtime's draft 07 server: {e}"));
+    assert_verified(&r, "0x80000007", "pyroughtime server draft 07");
+    // pyroughtime's default radius, 100 ms, in draft 07's microseconds.
+    assert_eq!(r["radius_us"], 100_000, "{r}");
+    // Another key fails verification.
+    let other = chime_keygen();
+    let err = chime_roughtime(server.addr, &other.public_base64, Some("0x80000007"))
+        .expect_err("chime accepted pyroughtime's reply with the wrong key");
+    assert!(err.contains("verif") || err.contains("signature"), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ mod tests {
             Version::Draft12,
             Version::Draft11,
             Version::Draft08,
+            Version::Draft07,
         ] {
             let mut load = RoughtimeLoad::new(version, key.public_key(), 1);
             let mut buf = vec![0u8; 2048];
