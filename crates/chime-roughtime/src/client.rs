@@ -294,7 +294,11 @@ pub fn verify_reply(
     // for draft 07 alone. The version then comes from the top-level VER, as it would framed.
     let headerless_draft07 = req.framing == Framing::Ietf
         && rep.framing == Framing::Google
-        && rep.top_version == Some(&0x8000_0007u32.to_le_bytes()[..]);
+        && rep.top_version.is_some_and(|v| {
+            Version::Draft07
+                .number()
+                .is_some_and(|n| v == n.to_le_bytes())
+        });
     if req.framing != rep.framing && !headerless_draft07 {
         return Err(VerifyError::FramingMismatch {
             request: req.framing,

@@ -611,40 +611,31 @@ mod tests {
             Family::Rfc.dele_context(RoughTime),
             b"RoughTime v1 delegation signature\0"
         );
-        assert_eq!(
-            Family::Draft12.dele_context(RoughTime),
-            b"RoughTime v1 delegation signature\0"
-        );
-        assert_eq!(
-            Family::Draft12.srep_context(RoughTime),
-            b"RoughTime v1 response signature\0"
-        );
-        for f in [Family::Google, Family::Draft08] {
-            assert_eq!(
-                f.dele_context(f.spelling()),
-                b"RoughTime v1 delegation signature--\0"
-            );
-            assert_eq!(
-                f.srep_context(f.spelling()),
-                b"RoughTime v1 response signature\0"
-            );
+        // In each family's own spelling: Google and drafts 08–11 end DELE's context with "--",
+        // draft 07 and drafts 12 on do not.
+        for (f, dele) in [
+            (
+                Family::Google,
+                &b"RoughTime v1 delegation signature--\0"[..],
+            ),
+            (Family::Draft08, b"RoughTime v1 delegation signature--\0"),
+            (Family::Draft07, b"RoughTime v1 delegation signature\0"),
+            (Family::Draft12, b"RoughTime v1 delegation signature\0"),
+        ] {
+            assert_eq!(f.dele_context(f.spelling()), dele, "{f:?}");
+            let srep = f.srep_context(f.spelling());
+            assert_eq!(srep, b"RoughTime v1 response signature\0", "{f:?}");
         }
     }
 
     #[test]
-    fn draft07_contexts_have_no_dashes() {
+    fn draft07_hashes_its_nonces_with_sha512_256() {
         let f = Version::Draft07.family();
-        assert_eq!(
-            f.dele_context(f.spelling()),
-            b"RoughTime v1 delegation signature\0"
-        );
-        assert_eq!(
-            f.srep_context(f.spelling()),
-            b"RoughTime v1 response signature\0"
-        );
         assert_eq!(f.tree_hash(), TreeHash::Sha512_256);
         assert_eq!(f.leaf_data(), LeafData::Nonce);
+        assert_eq!(f.time_format(), TimeFormat::MjdMicros);
         assert!(!f.signs_version() && !f.has_type());
+        assert_eq!(Family::Draft08.tree_hash(), TreeHash::Sha512);
     }
 
     /// MJD timestamps: the Unix epoch is MJD 40587, 2026-11-22 (20,779 days later) is MJD 61366,
