@@ -29,7 +29,7 @@ use crate::message::{header_len, write_header};
 use crate::packet::{FRAME_HEADER_LEN, Framing, write_frame_header};
 use crate::request::{REQUEST_LEN, Request};
 use crate::tag::Tag;
-use crate::version::{Family, LeafData, TimeFormat, Version, VersionSet};
+use crate::version::{Family, LeafData, NUMBERED_VERSIONS, TimeFormat, Version, VersionSet};
 
 /// Requests shorter than this (the whole datagram) are dropped (RFC 10049 §5.1).
 pub const MIN_REQUEST_LEN: usize = REQUEST_LEN;
@@ -216,9 +216,9 @@ struct FamilySignature {
     signature: [u8; SIGNATURE_LEN],
 }
 
-/// Longest SREP: five tags, VER, RADI, MIDP, seven VERS entries and a 32-byte ROOT; Google's
-/// three tags with a 64-byte ROOT are shorter.
-const MAX_SREP_LEN: usize = 40 + 4 + 4 + 8 + 7 * 4 + 32;
+/// Longest SREP: five tags, VER, RADI, MIDP, a VERS entry per numbered version and a 32-byte
+/// ROOT; Google's three tags with a 64-byte ROOT are shorter.
+const MAX_SREP_LEN: usize = 40 + 4 + 4 + 8 + NUMBERED_VERSIONS * 4 + 32;
 
 /// A worker's signer: Merkle trees and per-request state, allocated once.
 #[derive(Debug)]
@@ -226,7 +226,7 @@ pub struct Responder {
     versions: VersionSet,
     capacity: usize,
     /// VERS: the enabled numbered versions, ascending.
-    vers: [u32; 7],
+    vers: [u32; NUMBERED_VERSIONS],
     vers_len: usize,
     /// Trees for the 32-byte-hash families, indexed by `Family::index() - 1`, each with its
     /// family's hash.
@@ -244,7 +244,7 @@ impl Responder {
     /// requests. All memory is allocated here.
     pub fn new(config: ResponderConfig) -> Self {
         let capacity = config.capacity.clamp(1, MAX_BATCH_SIZE);
-        let mut vers = [0; 7];
+        let mut vers = [0; NUMBERED_VERSIONS];
         let vers_len = config.versions.numbers_ascending(&mut vers);
         let empty_slot = Slot {
             version: Version::Rfc10049,

@@ -391,6 +391,9 @@ impl TimeFormat {
     }
 }
 
+/// Versions with a VER number: all but Google's. The most a VERS list holds.
+pub const NUMBERED_VERSIONS: usize = Version::COUNT - 1;
+
 /// Most versions a request's VER may list (RFC 10049 §5.1.1).
 pub const MAX_OFFERED_VERSIONS: usize = 32;
 
@@ -449,7 +452,7 @@ impl VersionSet {
 
     /// The members' VER numbers in ascending numeric order, as VERS lists them; returns the count
     /// written into `out`.
-    pub fn numbers_ascending(self, out: &mut [u32; 7]) -> usize {
+    pub fn numbers_ascending(self, out: &mut [u32; NUMBERED_VERSIONS]) -> usize {
         let mut n = 0;
         // Version 1 sorts below the experimental 0x8000_00xx numbers.
         for v in [
@@ -574,7 +577,7 @@ mod tests {
 
     #[test]
     fn vers_lists_ascending() {
-        let mut out = [0; 7];
+        let mut out = [0; NUMBERED_VERSIONS];
         let n = VersionSet::ALL.numbers_ascending(&mut out);
         assert_eq!(
             &out[..n],
