@@ -12,14 +12,14 @@
 //! compression function; all paths share the staging and padding, and every test runs on every
 //! backend the CPU has.
 //!
-//! The SIMD kernels are one of the two places in chime that need `unsafe` (the socket layer is the
-//! other): calling a function compiled for AVX-512 or AVX2 is sound only on a CPU that has it. The
-//! `unsafe` blocks are those calls, made only after the CPU was seen to have the feature; the
-//! kernels themselves are safe code, written once (`kernel.rs`) for both.
+//! Running code compiled for AVX-512 or AVX2 is sound only on a CPU that has it. The `pulp` crate
+//! carries that proof: its CPU-feature tokens exist only once the features were seen at run time,
+//! its intrinsics are safe methods on them, and it runs a kernel in a function compiled for the
+//! token's features. So this crate, like every crate but the socket layer, has no code the
+//! compiler cannot check; the kernels are written once (`kernel.rs`) for both backends.
 
 #![warn(missing_docs)]
-// The one exception is `Lanes::compress`, which says why.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -71,9 +71,9 @@ impl Variant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Backend {
-    /// Eight lanes in AVX-512 registers (AVX-512F and AVX-512BW).
+    /// Eight lanes in AVX-512 registers, on an x86-64-v4 CPU (AVX-512F, BW, CD, DQ and VL).
     Avx512,
-    /// Four lanes at a time in AVX2 registers.
+    /// Four lanes at a time in AVX2 registers, on an x86-64-v3 CPU.
     Avx2,
     /// One lane at a time through `sha2::compress512`.
     Portable,
@@ -89,8 +89,8 @@ impl Backend {
     pub fn available() -> &'static [Backend] {
         #[cfg(target_arch = "x86_64")]
         match (
-            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw"),
-            std::is_x86_feature_detected!("avx2"),
+            pulp::x86::V4::try_new().is_some(),
+            pulp::x86::V3::try_new().is_some(),
         ) {
             (true, true) => return &[Backend::Avx512, Backend::Avx2, Backend::Portable],
             (true, false) => return &[Backend::Avx512, Backend::Portable],
@@ -110,8 +110,43 @@ pub struct Lanes {
     /// Padded length of each staged message, in blocks.
     blocks: [usize; LANES],
     used: usize,
-    backend: Backend,
+    kernel: Kernel,
     variant: Variant,
+}
+
+/// A backend, with the proof that this CPU runs it.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx512(avx512::Isa),
+    #[cfg(target_arch = "x86_64")]
+    Avx2(avx2::Isa),
+    Portable,
+}
+
+impl Kernel {
+    /// `backend`, or `None` if this CPU cannot run it.
+    fn new(backend: Backend) -> Option<Self> {
+        match backend {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => pulp::x86::V4::try_new().map(|simd| Self::Avx512(avx512::Isa(simd))),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => pulp::x86::V3::try_new().map(|simd| Self::Avx2(avx2::Isa(simd))),
+            Backend::Portable => Some(Self::Portable),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    fn backend(self) -> Backend {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512(_) => Backend::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(_) => Backend::Avx2,
+            Self::Portable => Backend::Portable,
+        }
+    }
 }
 
 impl std::fmt::Debug for Lanes {
@@ -119,7 +154,7 @@ impl std::fmt::Debug for Lanes {
         f.debug_struct("Lanes")
             .field("used", &self.used)
             .field("blocks", &&self.blocks[..self.used])
-            .field("backend", &self.backend)
+            .field("backend", &self.backend())
             .field("variant", &self.variant)
             .finish_non_exhaustive()
     }
@@ -138,7 +173,7 @@ impl Lanes {
             stage: Box::new([[0; STAGE_BYTES]; LANES]),
             blocks: [0; LANES],
             used: 0,
-            backend: Backend::detect(),
+            kernel: Kernel::new(Backend::detect()).unwrap_or(Kernel::Portable),
             variant: Variant::Sha512,
         }
     }
@@ -155,15 +190,15 @@ impl Lanes {
 
     /// Empty lanes on `backend`, or `None` if this CPU cannot run it.
     pub fn with_backend(backend: Backend) -> Option<Self> {
-        Backend::available().contains(&backend).then(|| Self {
-            backend,
+        Some(Self {
+            kernel: Kernel::new(backend)?,
             ..Self::new()
         })
     }
 
     /// The backend [`finish`](Self::finish) uses.
     pub fn backend(&self) -> Backend {
-        self.backend
+        self.kernel.backend()
     }
 
     /// Messages staged.
@@ -237,22 +272,15 @@ impl Lanes {
 
     /// Runs lane `i`'s first `blocks[i]` staged blocks through the compression function, starting
     /// from `states[i]`; `used` lanes hold messages.
-    #[allow(unsafe_code)]
     fn compress(&self, states: &mut [[u64; 8]; LANES], blocks: &[usize; LANES], used: usize) {
         // A pass over all lanes costs about what 1.6 (AVX-512) or 2 (AVX2) messages one by one
         // do, so a lone message goes alone.
         #[cfg(target_arch = "x86_64")]
         if used > 1 {
-            match self.backend {
-                // SAFETY: `backend` is only ever set by `new` or `with_backend`, both of which take
-                // it from `Backend::available`, which offers `Avx512` only after
-                // `is_x86_feature_detected!` saw the CPU has AVX-512F and AVX-512BW, the two target
-                // features `avx512::compress` is compiled with.
-                Backend::Avx512 => return unsafe { avx512::compress(states, &self.stage, blocks) },
-                // SAFETY: as above, `Avx2` is offered only after
-                // `is_x86_feature_detected!("avx2")`, the one feature `avx2::compress` needs.
-                Backend::Avx2 => return unsafe { avx2::compress(states, &self.stage, blocks) },
-                Backend::Portable => {}
+            match self.kernel {
+                Kernel::Avx512(isa) => return isa.compress(states, &self.stage, blocks),
+                Kernel::Avx2(isa) => return isa.compress(states, &self.stage, blocks),
+                Kernel::Portable => {}
             }
         }
         for ((state, stage), &n) in states.iter_mut().zip(self.stage.iter()).zip(blocks) {
