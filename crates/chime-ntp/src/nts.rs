@@ -21,6 +21,7 @@ use std::ops::Range;
 
 use aes_siv::KeyInit;
 use aes_siv::siv::Aes128Siv;
+use zeroize::Zeroize;
 
 use crate::packet::Header;
 use crate::responder::kiss_of_death;
@@ -69,6 +70,13 @@ pub struct Keys {
     pub s2c: [u8; KEY_LEN],
 }
 
+impl Drop for Keys {
+    fn drop(&mut self) {
+        self.c2s.zeroize();
+        self.s2c.zeroize();
+    }
+}
+
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Keys { .. }")
@@ -81,6 +89,16 @@ impl std::fmt::Debug for Keys {
 pub struct CookieKeys {
     current: (u32, [u8; KEY_LEN]),
     previous: Option<(u32, [u8; KEY_LEN])>,
+}
+
+impl Drop for CookieKeys {
+    // A rotated-out master key is wiped once the last worker lets go of the set that held it.
+    fn drop(&mut self) {
+        self.current.1.zeroize();
+        if let Some((_, key)) = &mut self.previous {
+            key.zeroize();
+        }
+    }
 }
 
 impl std::fmt::Debug for CookieKeys {
@@ -156,28 +174,26 @@ impl CookieKeys {
     pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
         let cookie: &[u8; COOKIE_LEN] = cookie.try_into().ok()?;
         let id = u32::from_be_bytes(cookie[..4].try_into().ok()?);
-        let master = [Some(self.current), self.previous]
+        let (_, master) = [Some(&self.current), self.previous.as_ref()]
             .into_iter()
             .flatten()
-            .find(|(k, _)| *k == id)?
-            .1;
+            .find(|(k, _)| *k == id)?;
         let nonce = &cookie[4..4 + NONCE_LEN];
         let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..4 + NONCE_LEN + TAG_LEN]);
         let mut body = [0u8; COOKIE_PLAIN];
         body.copy_from_slice(&cookie[4 + NONCE_LEN + TAG_LEN..]);
-        let mut siv = Aes128Siv::new((&master).into());
+        let mut siv = Aes128Siv::new(master.into());
         siv.decrypt_in_place_detached([&cookie[..4], nonce], &mut body, &tag)
             .ok()?;
-        if u16::from_be_bytes([body[0], body[1]]) != AEAD_AES_SIV_CMAC_256 {
-            return None;
-        }
         let mut keys = Keys {
             c2s: [0; KEY_LEN],
             s2c: [0; KEY_LEN],
         };
         keys.c2s.copy_from_slice(&body[4..4 + KEY_LEN]);
         keys.s2c.copy_from_slice(&body[4 + KEY_LEN..]);
-        Some(keys)
+        let algorithm = u16::from_be_bytes([body[0], body[1]]);
+        body.zeroize();
+        (algorithm == AEAD_AES_SIV_CMAC_256).then_some(keys)
     }
 }
 

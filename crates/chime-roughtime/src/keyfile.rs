@@ -8,6 +8,8 @@
 
 use std::fmt::Write as _;
 
+use zeroize::Zeroizing;
+
 use crate::keys::{KEY_LEN, LongTermKey};
 
 /// Why a key file's text is not a key. Never carries the secret itself.
@@ -30,10 +32,11 @@ pub enum KeyFileError {
     },
 }
 
-/// The file's text for `seed`, with the public key in comments.
-pub fn encode_key_file(seed: &[u8; KEY_LEN]) -> String {
+/// The file's text for `seed`, with the public key in comments; wiped when dropped.
+pub fn encode_key_file(seed: &[u8; KEY_LEN]) -> Zeroizing<String> {
     let public = LongTermKey::from_seed(seed).public_key();
-    let mut out = String::new();
+    // Room for all of it at once: a reallocation would leave a copy of the seed behind, unwiped.
+    let mut out = Zeroizing::new(String::with_capacity(256));
     out.push_str(
         "# chime Roughtime long-term key: an Ed25519 seed. Keep this file secret (mode 0600).\n",
     );

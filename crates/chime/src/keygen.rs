@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::{LongTermKey, encode_key_file};
+use zeroize::Zeroizing;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -19,7 +20,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: &Args) -> Result<()> {
     let shown = args.file.display();
-    let seed: [u8; 32] = rand::random();
+    let seed = Zeroizing::new(rand::random::<[u8; 32]>());
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

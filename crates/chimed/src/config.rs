@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use zeroize::Zeroizing;
 
 use chime_ntp::{ClientTable, RateLimit, TxLog};
 
@@ -141,7 +142,8 @@ const DEFAULT_NTS_RATELIMIT_CLIENTS: usize = 16_384;
 #[derive(Clone)]
 pub(crate) struct Roughtime {
     pub(crate) key_file: PathBuf,
-    pub(crate) seed: [u8; 32],
+    /// Wiped when the settings are dropped.
+    pub(crate) seed: Zeroizing<[u8; 32]>,
     pub(crate) ipv4_threads: usize,
     pub(crate) ipv6_threads: usize,
     pub(crate) ipv4_address: SocketAddr,
@@ -731,7 +733,7 @@ fn load(path: &Path) -> Result<File, ConfigError> {
 
 /// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
 /// anyone sign times in this server's name.
-fn load_key(path: &Path) -> Result<[u8; 32], String> {
+fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
     use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
@@ -744,8 +746,10 @@ fn load_key(path: &Path) -> Result<[u8; 32], String> {
             "{shown}: readable by group or others (mode {mode:04o}); run chmod 600 on it"
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
-    chime_roughtime::parse_key_file(&text).map_err(|e| format!("{shown}: not a key file: {e}"))
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?);
+    chime_roughtime::parse_key_file(&text)
+        .map(Zeroizing::new)
+        .map_err(|e| format!("{shown}: not a key file: {e}"))
 }
 
 fn input(key: &'static str, file: Option<&Path>) -> Input {
@@ -836,7 +840,7 @@ mod tests {
     fn key_file(dir: &tempfile::TempDir, mode: u32) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
         let key = dir.path().join("key");
-        std::fs::write(&key, chime_roughtime::encode_key_file(&[7; 32])).unwrap();
+        std::fs::write(&key, chime_roughtime::encode_key_file(&[7; 32]).as_bytes()).unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
         key
     }
@@ -853,7 +857,7 @@ mod tests {
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         let s = resolve_with("", &flag).unwrap();
         let rt = s.roughtime.unwrap();
-        assert_eq!(rt.seed, [7; 32]);
+        assert_eq!(*rt.seed, [7; 32]);
         assert_eq!(rt.ipv4_address, "0.0.0.0:5319".parse().unwrap());
         assert!(
             !format!("{rt:?}").contains("07, 07"),

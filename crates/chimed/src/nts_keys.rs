@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chime_ntp::nts::{CookieKeys, KEY_LEN};
+use zeroize::Zeroizing;
 
 /// The file's name in the dump directory.
 pub(crate) const FILE: &str = "nts-cookie-keys";
@@ -58,7 +59,7 @@ pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
             meta.permissions().mode() & 0o777
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?);
     parse(&text).map(Some).map_err(|e| format!("{shown}: {e}"))
 }
 
@@ -104,16 +105,26 @@ fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
     Ok((id, bytes))
 }
 
-fn render(saved: &Saved) -> String {
-    use crate::hex;
-    let mut text = String::from(
+/// The file's text, wiped when dropped. It is written straight into one allocation, as are the
+/// keys' copies, so no stray copy of a key is left behind unwiped.
+fn render(saved: &Saved) -> Zeroizing<String> {
+    use std::fmt::Write as _;
+    let mut text = Zeroizing::new(String::with_capacity(512));
+    text.push_str(
         "# chimed NTS cookie keys (--nts-dump-dir): secret, rewritten whenever the keys rotate\n",
     );
-    text.push_str(&format!("made {}\n", saved.made_unix));
-    let (id, key) = saved.keys.current();
-    text.push_str(&format!("current {id:08x} {}\n", hex(&key)));
-    if let Some((id, key)) = saved.keys.previous() {
-        text.push_str(&format!("previous {id:08x} {}\n", hex(&key)));
+    let _ = writeln!(text, "made {}", saved.made_unix);
+    let mut line = |name: &str, (id, key): (u32, [u8; KEY_LEN])| {
+        let key = Zeroizing::new(key);
+        let _ = write!(text, "{name} {id:08x} ");
+        for b in key.iter() {
+            let _ = write!(text, "{b:02x}");
+        }
+        text.push('\n');
+    };
+    line("current", saved.keys.current());
+    if let Some(previous) = saved.keys.previous() {
+        line("previous", previous);
     }
     text
 }

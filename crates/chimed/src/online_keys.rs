@@ -16,6 +16,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::{Delegation, LongTermKey, OnlineKey};
 use tracing::{error, info};
+use zeroize::Zeroizing;
 
 use crate::roughtime_worker::Shared;
 
@@ -26,7 +27,7 @@ const BACKDATE: Duration = Duration::from_secs(60);
 /// A fresh online key delegated by `key`, valid for two rotation intervals from now.
 pub(crate) fn delegate(key: &LongTermKey, rotation: Duration) -> Result<Delegation> {
     let now = crate::clock::read().since_epoch.as_secs();
-    let seed: [u8; 32] = rand::random();
+    let seed = Zeroizing::new(rand::random::<[u8; 32]>());
     let mint = now.saturating_sub(BACKDATE.as_secs());
     let maxt = now.saturating_add(2 * rotation.as_secs().max(1));
     key.delegate(OnlineKey::from_seed(&seed), mint, maxt)
