@@ -34,6 +34,13 @@
 # about what the server's does, runs out near 210k/s; a server faster than that measures as the
 # generator's ceiling on a whole core, but its true capacity on a share of one.
 #
+# --interleave runs the two servers' ladders step by step instead of one whole ladder after the
+# other: both servers are up for the round, and each rate goes to one and then the other (the
+# first alternating from step to step). On these shared machines a core alternates every few
+# seconds between two states about 1.5x apart in speed (see README.md, NTP runs 20-21); a whole
+# ladder per server lets one draw the slow state and the other the fast, interleaved steps
+# seconds apart give both servers the same machine at each rate.
+#
 # This script fetches and builds nothing: it is given the binaries.
 #
 # --chimed-args "FLAGS" adds flags to chimed's command line (e.g. "--roughtime-gather 0.0005").
@@ -43,7 +50,7 @@
 #
 # Usage: run-roughtime.sh [--rounds N] [--steps START:FACTOR:COUNT] [--duration S] [--out DIR]
 #                         [--verify-every N] [--rmem BYTES] [--chimed-args FLAGS] [--batch-size N]
-#                         [--roughenough-batch-size N] [--cpu-share PCT]
+#                         [--roughenough-batch-size N] [--cpu-share PCT] [--interleave]
 #                         [--chimed PATH] [--chime PATH] [--roughenough PATH]
 # Outputs in --out (default: this script's directory /roughtime): <server>-round<N>.json (chime
 # perf's JSON for each ladder) and summary.txt.
@@ -62,6 +69,7 @@ chimed_args=""
 batch=256
 rbatch=64
 share=100
+interleave=0
 chimed="$repo/target/release/chimed"
 chime="$repo/target/release/chime"
 roughenough=/opt/chime-peers/bin/roughenough_server
@@ -77,6 +85,7 @@ while [ $# -gt 0 ]; do
         --batch-size) batch=$2; shift 2 ;;
         --roughenough-batch-size) rbatch=$2; shift 2 ;;
         --cpu-share) share=$2; shift 2 ;;
+        --interleave) interleave=1; shift ;;
         --out) out=$2; shift 2 ;;
         --chimed) chimed=$2; shift 2 ;;
         --chime) chime=$2; shift 2 ;;
@@ -176,25 +185,74 @@ start_server() {
     exit 1
 }
 
+# Starts server $1 and checks its receive buffer; sets port_of[$1] and pid_of[$1].
+declare -A port_of pid_of
+launch() {
+    local name=$1 port pid rb
+    port=$(free_port)
+    pid=$(start_server "$name" "$port")
+    # The receive buffer the kernel gave the server's socket (ss -m's rb).
+    rb=$(ss -uamn "sport = :$port" | sed -n 's/.*skmem:([^)]*rb\([0-9]*\).*/\1/p' | head -n 1)
+    echo "round $round: $name (pid $pid) on 127.0.0.1:$port, receive buffer ${rb:-unknown} bytes" >&2
+    echo "$rb" > "$out/$name-round$round.rcvbuf"
+    if [ "$rmem" != 0 ] && [ "$rb" != "$rmem" ]; then
+        echo "run-roughtime.sh: $name's receive buffer is ${rb:-unknown}, not --rmem $rmem" >&2
+        exit 1
+    fi
+    port_of[$name]=$port
+    pid_of[$name]=$pid
+}
+
+# Runs chime perf against server $1 with --steps $2, writing its JSON to $3.
+load() {
+    taskset -c 1 "$chime" perf roughtime --target "127.0.0.1:${port_of[$1]}" --public-key "$public" \
+        --version 1 --steps "$2" --duration "$duration" --warmup 0.5 --verify-every "$verify_every" \
+        --server-pid "${pid_of[$1]}" --json "$3" | tail -n 3 >&2
+}
+
+stop() {
+    kill "${pid_of[$1]}"
+    wait "${pid_of[$1]}" 2>/dev/null || true
+}
+
 for round in $(seq "$rounds"); do
     order="chimed roughenough-server"
     [ $((round % 2)) -eq 0 ] && order="roughenough-server chimed"
+    if [ "$interleave" = 0 ]; then
+        for name in $order; do
+            launch "$name"
+            load "$name" "$steps" "$out/$name-round$round.json"
+            stop "$name"
+        done
+        continue
+    fi
+    # Interleaved: both servers up (the idle one costs nothing), each rate offered to one and then
+    # the other, the first alternating from step to step; the steps' JSON are then joined into one
+    # ladder per server in the same form as above.
+    for name in $order; do launch "$name"; done
+    IFS=: read -r start factor count <<<"$steps"
+    for k in $(seq 0 $((count - 1))); do
+        rate=$(awk -v s="$start" -v f="$factor" -v k="$k" 'BEGIN { printf "%.0f", s * f ^ k }')
+        pair=$order
+        [ $((k % 2)) -eq 1 ] && pair=$(echo "$order" | awk '{ print $2, $1 }')
+        for name in $pair; do
+            echo "round $round, step $((k + 1)) of $count: $name at $rate/s" >&2
+            load "$name" "$rate:1:1" "$work/$name-round$round-step$k.json"
+        done
+    done
     for name in $order; do
-        port=$(free_port)
-        pid=$(start_server "$name" "$port")
-        # The receive buffer the kernel gave the server's socket (ss -m's rb).
-        rb=$(ss -uamn "sport = :$port" | sed -n 's/.*skmem:([^)]*rb\([0-9]*\).*/\1/p' | head -n 1)
-        echo "round $round: $name (pid $pid) on 127.0.0.1:$port, receive buffer ${rb:-unknown} bytes" >&2
-        echo "$rb" > "$out/$name-round$round.rcvbuf"
-        if [ "$rmem" != 0 ] && [ "$rb" != "$rmem" ]; then
-            echo "run-roughtime.sh: $name's receive buffer is ${rb:-unknown}, not --rmem $rmem" >&2
-            exit 1
-        fi
-        taskset -c 1 "$chime" perf roughtime --target "127.0.0.1:$port" --public-key "$public" \
-            --version 1 --steps "$steps" --duration "$duration" --warmup 0.5 --verify-every "$verify_every" \
-            --server-pid "$pid" --json "$out/$name-round$round.json" | tail -n 3 >&2
-        kill "$pid"
-        wait "$pid" 2>/dev/null || true
+        stop "$name"
+        python3 - "$work" "$name" "$round" "$count" > "$out/$name-round$round.json" <<'PY'
+import json, sys
+work, name, rnd, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+parts = [json.load(open(f"{work}/{name}-round{rnd}-step{k}.json")) for k in range(count)]
+run = parts[0]
+run["steps"] = [p["steps"][0] for p in parts]
+for i, step in enumerate(run["steps"], 1):
+    step["step"] = i
+run["interleaved"] = True
+json.dump(run, sys.stdout, indent=1)
+PY
     done
 done
 
