@@ -7,10 +7,10 @@
 //!
 //! [`Lanes`] stages up to [`LANES`] messages, each given as the concatenation of a few parts (a
 //! Merkle leaf is `0x00 ‖ request`), pads them as FIPS 180-4 says, and [`Lanes::finish`] hashes
-//! them together. On a CPU without AVX-512F and BW (checked at run time) four lanes go through AVX2 at a
-//! time, and without AVX2 the same staged blocks go one lane at a time through the `sha2` crate's
-//! compression function; all paths share the staging and padding, and every test runs on every
-//! backend the CPU has.
+//! them together. On a CPU short of x86-64-v4's AVX-512 (checked at run time) four lanes go
+//! through AVX2 at a time, and without AVX2 (x86-64-v3) the same staged blocks go one lane at a
+//! time through the `sha2` crate's compression function; all paths share the staging and padding,
+//! and every test runs on every backend the CPU has.
 //!
 //! Running code compiled for AVX-512 or AVX2 is sound only on a CPU that has it. The `pulp` crate
 //! carries that proof: its CPU-feature tokens exist only once the features were seen at run time,

@@ -105,8 +105,9 @@ fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
     Ok((id, bytes))
 }
 
-/// The file's text, wiped when dropped. It is written straight into one allocation, as are the
-/// keys' copies, so no stray copy of a key is left behind unwiped.
+/// The file's text, wiped when dropped. It is written straight into one allocation, with no
+/// formatted temporaries, so no copy of a key is left on the heap unwiped; the keys' copies on
+/// the stack are wiped too.
 fn render(saved: &Saved) -> Zeroizing<String> {
     use std::fmt::Write as _;
     let mut text = Zeroizing::new(String::with_capacity(512));
