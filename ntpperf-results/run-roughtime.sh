@@ -191,6 +191,8 @@ launch() {
     local name=$1 port pid rb
     port=$(free_port)
     pid=$(start_server "$name" "$port")
+    # start_server runs in a subshell, so its own `pids+=` is lost: note the server for cleanup.
+    pids+=("$pid")
     # The receive buffer the kernel gave the server's socket (ss -m's rb).
     rb=$(ss -uamn "sport = :$port" | sed -n 's/.*skmem:([^)]*rb\([0-9]*\).*/\1/p' | head -n 1)
     echo "round $round: $name (pid $pid) on 127.0.0.1:$port, receive buffer ${rb:-unknown} bytes" >&2
