@@ -152,7 +152,8 @@ public=$(sed -n 's/^public key (base64): //p' "$work/keygen.txt")
 grep -v '^#' "$work/key" | grep . > "$work/seed"
 chmod 600 "$work/seed"
 
-# Starts server $1 on port $2, pinned to CPU 0; prints its PID once it answers.
+# Starts server $1 on port $2, pinned to CPU 0; sets started_pid once it answers. Called in this
+# shell, not a subshell, so the server is this shell's child: `wait` reaps it after `kill`.
 start_server() {
     local name=$1 port=$2 pid
     case "$name" in
@@ -175,7 +176,7 @@ start_server() {
         kill -0 "$pid" 2>/dev/null || break
         if "$chime" roughtime "127.0.0.1:$port" --public-key "$public" --version 1 --timeout 0.2 \
             > /dev/null 2>&1; then
-            echo "$pid"
+            started_pid=$pid
             return
         fi
         sleep 0.1
@@ -190,9 +191,8 @@ declare -A port_of pid_of
 launch() {
     local name=$1 port pid rb
     port=$(free_port)
-    pid=$(start_server "$name" "$port")
-    # start_server runs in a subshell, so its own `pids+=` is lost: note the server for cleanup.
-    pids+=("$pid")
+    start_server "$name" "$port"
+    pid=$started_pid
     # The receive buffer the kernel gave the server's socket (ss -m's rb).
     rb=$(ss -uamn "sport = :$port" | sed -n 's/.*skmem:([^)]*rb\([0-9]*\).*/\1/p' | head -n 1)
     echo "round $round: $name (pid $pid) on 127.0.0.1:$port, receive buffer ${rb:-unknown} bytes" >&2
