@@ -32,11 +32,14 @@ pub enum KeyFileError {
     },
 }
 
+/// Room for a key file's whole text (236 bytes), allocated at once.
+const KEY_FILE_CAPACITY: usize = 256;
+
 /// The file's text for `seed`, with the public key in comments; wiped when dropped.
 pub fn encode_key_file(seed: &[u8; KEY_LEN]) -> Zeroizing<String> {
     let public = LongTermKey::from_seed(seed).public_key();
     // Room for all of it at once: a reallocation would leave a copy of the seed behind, unwiped.
-    let mut out = Zeroizing::new(String::with_capacity(256));
+    let mut out = Zeroizing::new(String::with_capacity(KEY_FILE_CAPACITY));
     out.push_str(
         "# chime Roughtime long-term key: an Ed25519 seed. Keep this file secret (mode 0600).\n",
     );
@@ -91,6 +94,11 @@ mod tests {
         let seed = [0x5a; KEY_LEN];
         let text = encode_key_file(&seed);
         assert!(text.contains("# public key (hex): "));
+        assert_eq!(
+            text.capacity(),
+            KEY_FILE_CAPACITY,
+            "written without a reallocation"
+        );
         assert_eq!(parse_key_file(&text), Ok(seed));
         let upper = format!("\n# note\n  {}  \n", "AB".repeat(32));
         assert_eq!(parse_key_file(&upper), Ok([0xab; KEY_LEN]));

@@ -17,7 +17,7 @@
 //! intrinsic left in a function compiled without the feature would become a call per
 //! instruction.
 
-/// Generates `compress` (and its `block`) for the backend module it is invoked in.
+/// Generates `Isa::compress` and the methods under it for the backend module it is invoked in.
 macro_rules! lanes_kernel {
     () => {
         /// One `compress` call's arguments: `vectorize` calls it in a function compiled for the
@@ -61,6 +61,7 @@ macro_rules! lanes_kernel {
                 })
             }
 
+            /// `compress`'s body, run by `Compress::call` inside `vectorize`.
             #[inline(always)]
             fn compress_inline(
                 self,

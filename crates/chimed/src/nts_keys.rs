@@ -105,12 +105,15 @@ fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
     Ok((id, bytes))
 }
 
+/// Room for the file's whole text (about 270 bytes with both keys), allocated at once.
+const FILE_CAPACITY: usize = 512;
+
 /// The file's text, wiped when dropped. It is written straight into one allocation, with no
 /// formatted temporaries, so no copy of a key is left on the heap unwiped; the keys' copies on
 /// the stack are wiped too.
 fn render(saved: &Saved) -> Zeroizing<String> {
     use std::fmt::Write as _;
-    let mut text = Zeroizing::new(String::with_capacity(512));
+    let mut text = Zeroizing::new(String::with_capacity(FILE_CAPACITY));
     text.push_str(
         "# chimed NTS cookie keys (--nts-dump-dir): secret, rewritten whenever the keys rotate\n",
     );
@@ -253,6 +256,12 @@ mod tests {
         save(&path, &saved(1_795_000_000)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+        let text = render(&saved(1_795_000_000));
+        assert_eq!(
+            text.capacity(),
+            FILE_CAPACITY,
+            "written without a reallocation"
+        );
         let back = load(&path).unwrap().unwrap();
         assert_eq!(back.made_unix, 1_795_000_000);
         assert_eq!(back.keys.current(), (0xaa, [0xaa; KEY_LEN]));
