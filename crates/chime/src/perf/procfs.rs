@@ -16,11 +16,26 @@ use super::stats::ServerCpu;
 pub(crate) struct Snapshot {
     at: Instant,
     own_ticks: Option<u64>,
-    /// The server's utime + stime, and each of its threads'.
-    server: Option<(u64, HashMap<u32, u64>)>,
+    /// The server's user and system time, and each of its threads' utime + stime.
+    server: Option<(Ticks, HashMap<u32, u64>)>,
     drops: Option<Drops>,
     /// Per CPU, from /proc/stat: (steal, all ticks).
     cpus: Option<Vec<(u64, u64)>>,
+}
+
+/// A process's CPU time from its stat line, in clock ticks: `user` is its own code, `system` the
+/// kernel's work on its behalf (system calls, and the softirq work, such as loopback delivery,
+/// that runs on their way out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ticks {
+    user: u64,
+    system: u64,
+}
+
+impl Ticks {
+    fn total(self) -> u64 {
+        self.user + self.system
+    }
 }
 
 /// Receive-queue drops summed over sockets.
@@ -56,7 +71,7 @@ impl Watch {
         });
         Snapshot {
             at: Instant::now(),
-            own_ticks: process_ticks("self").ok(),
+            own_ticks: process_ticks("self").ok().map(Ticks::total),
             server,
             drops: self.drops().ok(),
             cpus: std::fs::read_to_string("/proc/stat")
@@ -84,15 +99,18 @@ impl Watch {
         let percent = |ticks: u64| ticks as f64 * per_tick / wall * 100.0;
         let server_cpu = match (&before.server, &after.server) {
             (Some((b, b_tasks)), Some((a, a_tasks))) => {
-                let ticks = a.saturating_sub(*b);
+                let ticks = a.total().saturating_sub(b.total());
+                let system = a.system.saturating_sub(b.system);
                 let busiest = a_tasks
                     .iter()
                     .map(|(tid, t)| t.saturating_sub(b_tasks.get(tid).copied().unwrap_or(0)))
                     .max()
                     .unwrap_or(0);
+                let per_reply =
+                    |t: u64| (answered > 0).then(|| t as f64 * per_tick * 1e6 / answered as f64);
                 Some(ServerCpu {
-                    us_per_reply: (answered > 0)
-                        .then(|| ticks as f64 * per_tick * 1e6 / answered as f64),
+                    us_per_reply: per_reply(ticks),
+                    kernel_us_per_reply: per_reply(system),
                     percent: percent(ticks),
                     busiest_thread_percent: percent(busiest),
                 })
@@ -159,8 +177,8 @@ fn clock_ticks_per_second() -> f64 {
     }
 }
 
-/// utime + stime of a process (all its threads, live and exited), in clock ticks.
-fn process_ticks(pid: &str) -> io::Result<u64> {
+/// utime and stime of a process (all its threads, live and exited), in clock ticks.
+fn process_ticks(pid: &str) -> io::Result<Ticks> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     stat_ticks(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad stat line"))
 }
@@ -175,19 +193,22 @@ fn task_ticks(pid: u32) -> HashMap<u32, u64> {
         let entry = entry.ok()?;
         let tid: u32 = entry.file_name().to_str()?.parse().ok()?;
         let text = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        Some((tid, stat_ticks(&text)?))
+        Some((tid, stat_ticks(&text)?.total()))
     })
     .collect()
 }
 
-/// utime + stime from a /proc stat line: fields 14 and 15, counted after the command name, which
-/// is in parentheses and may itself hold spaces and parentheses.
-fn stat_ticks(text: &str) -> Option<u64> {
+/// utime and stime from a /proc stat line: fields 14 and 15, counted after the command name,
+/// which is in parentheses and may itself hold spaces and parentheses.
+fn stat_ticks(text: &str) -> Option<Ticks> {
     let after_comm = &text[text.rfind(')')? + 1..];
     let mut fields = after_comm.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+    Some(Ticks {
+        user: utime,
+        system: stime,
+    })
 }
 
 /// Each CPU's steal ticks (the time the hypervisor ran something else while this virtual CPU
@@ -252,7 +273,8 @@ mod tests {
     fn stat_times_after_an_awkward_command_name() {
         let line = "1234 (a (b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 \
                     5 6 7";
-        assert_eq!(stat_ticks(line), Some(325));
+        let ticks = stat_ticks(line).unwrap();
+        assert_eq!((ticks.user, ticks.system, ticks.total()), (250, 75, 325));
         assert_eq!(stat_ticks("garbage"), None);
         assert!(process_ticks("self").is_ok());
     }

@@ -34,7 +34,7 @@ pub(crate) struct RunReport<'a> {
 pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
     writeln!(
         out,
-        "{:>4} {:>10} {:>10} {:>11} {:>8} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "{:>4} {:>10} {:>10} {:>11} {:>8} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7}",
         "step",
         "offered/s",
         "sent",
@@ -45,13 +45,14 @@ pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()
         "p99 µs",
         "p99.9 µs",
         "T2−T1 p99",
-        "CPU/reply"
+        "CPU/reply",
+        "kernel"
     )?;
     for s in steps {
         let rtt = |f: fn(&Percentiles) -> f64| opt(s.rtt_us.as_ref().map(f), 1);
         writeln!(
             out,
-            "{:>4} {:>10.0} {:>10} {:>11.1} {:>8.3} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10}",
+            "{:>4} {:>10.0} {:>10} {:>11.1} {:>8.3} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7}",
             s.step,
             s.offered_rate,
             s.sent,
@@ -63,12 +64,14 @@ pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()
             rtt(|p| p.p999),
             opt(s.t2_t1_us.map(|p| p.p99), 1),
             opt(s.server_cpu.and_then(|c| c.us_per_reply), 2),
+            opt(s.server_cpu.and_then(|c| c.kernel_us_per_reply), 2),
         )?;
     }
     writeln!(
         out,
         "Latency is the round trip T4 − T1; T2 − T1 is the server's receive timestamp error (µs); \
-         CPU/reply is server CPU µs per answered request (--server-pid)."
+         CPU/reply is server CPU µs per answered request (--server-pid), kernel the part of it \
+         spent in the kernel (system time)."
     )
 }
 
@@ -189,7 +192,7 @@ answered,answered_rate,loss_pct,lost,invalid,refused,late,duplicate,\
 rtt_p50_us,rtt_p90_us,rtt_p99_us,rtt_p999_us,rtt_max_us,\
 t2_t1_p50_us,t2_t1_p90_us,t2_t1_p99_us,t2_t1_p999_us,t2_t1_max_us,\
 t3_t2_p50_us,t3_t2_p90_us,t3_t2_p99_us,t3_t2_p999_us,t3_t2_max_us,\
-send_lag_p99_us,server_cpu_us_per_reply,server_cpu_pct,server_busiest_thread_pct,\
+send_lag_p99_us,server_cpu_us_per_reply,server_kernel_us_per_reply,server_cpu_pct,server_busiest_thread_pct,\
 client_cpu_pct,client_rx_drops,server_rx_drops,verified,merkle_path_mean,merkle_path_max,\
 max_cpu_steal_pct";
 
@@ -228,6 +231,7 @@ pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> 
         let fields = [
             s.send_lag_us.map(|p| p.p99),
             cpu.and_then(|c| c.us_per_reply),
+            cpu.and_then(|c| c.kernel_us_per_reply),
             cpu.map(|c| c.percent),
             cpu.map(|c| c.busiest_thread_percent),
             Some(s.client_cpu_percent),

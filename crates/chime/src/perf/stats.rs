@@ -192,6 +192,9 @@ impl MerklePaths {
 pub(crate) struct ServerCpu {
     /// CPU time (user + system) per answered request, microseconds.
     pub(crate) us_per_reply: Option<f64>,
+    /// The part of that in the kernel (system time), microseconds: the cost of receiving and
+    /// sending a datagram, much the same for any server, as against the server's own work.
+    pub(crate) kernel_us_per_reply: Option<f64>,
     /// CPU time per second of sending, percent of one core.
     pub(crate) percent: f64,
     /// The busiest thread's CPU time per second of sending, percent of one core: near 100 means
