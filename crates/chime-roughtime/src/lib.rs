@@ -18,7 +18,8 @@
 //! [`Delegation`]), then [`Responder::begin`] → [`Batch::add`] each datagram → [`Batch::sign`] →
 //! [`SignedBatch::write_reply`] per accepted request. A drop is a [`DropReason`] with a dense
 //! index for counters. No allocation happens after [`Responder::new`], and no reply is longer
-//! than its request.
+//! than its request. [`SignedBatch::write_greased_reply`] writes a deliberately invalid reply
+//! instead ([`Grease`]), for servers that test their clients.
 //!
 //! The control plane holds the [`LongTermKey`] and rotates online keys by calling
 //! [`LongTermKey::delegate`] with a fresh [`OnlineKey`] seed; the resulting [`Delegation`]
@@ -38,6 +39,7 @@ pub mod chain;
 pub mod client;
 pub mod codec;
 pub mod error;
+pub mod grease;
 pub mod keyfile;
 pub mod keys;
 pub mod merkle;
@@ -56,6 +58,7 @@ pub use chain::{
 pub use chime_sha512::Backend as HashBackend;
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
 pub use error::{DecodeError, EncodeError};
+pub use grease::Grease;
 pub use keyfile::{KeyFileError, encode_key_file, parse_key_file};
 pub use keys::{Certificate, Delegation, DelegationError, LongTermKey, OnlineKey, srv_value};
 pub use request::{BuildError, REQUEST_LEN, Request, build_request};

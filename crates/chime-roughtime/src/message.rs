@@ -155,15 +155,28 @@ impl<'a> Message<'a> {
         self.depth
     }
 
-    /// The value of `tag`, if present. Tags are sorted, so this is a binary search.
+    /// The value of `tag`, if present.
     pub fn get(&self, tag: Tag) -> Option<&'a [u8]> {
+        self.index_of(tag).map(|i| self.value_at(i))
+    }
+
+    /// Where the value of `tag` lies in the bytes this message was parsed from (header
+    /// included), if present.
+    pub(crate) fn value_range(&self, tag: Tag) -> Option<core::ops::Range<usize>> {
+        let index = self.index_of(tag)?;
+        let start = header_len(self.count) + self.raw_offset(index) as usize;
+        Some(start..start + self.value_at(index).len())
+    }
+
+    /// The index of `tag`, if present. Tags are sorted, so this is a binary search.
+    fn index_of(&self, tag: Tag) -> Option<usize> {
         let (mut lo, mut hi) = (0, self.count);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.tag_at(mid).cmp(&tag) {
                 core::cmp::Ordering::Less => lo = mid + 1,
                 core::cmp::Ordering::Greater => hi = mid,
-                core::cmp::Ordering::Equal => return Some(self.value_at(mid)),
+                core::cmp::Ordering::Equal => return Some(mid),
             }
         }
         None

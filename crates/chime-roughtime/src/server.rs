@@ -23,6 +23,7 @@ use core::fmt;
 
 use crate::codec::Writer;
 use crate::error::{DecodeError, EncodeError};
+use crate::grease::Grease;
 use crate::keys::{CERT_LEN, Delegation, SIGNATURE_LEN};
 use crate::merkle::MerkleTree;
 use crate::message::{header_len, write_header};
@@ -282,6 +283,14 @@ impl Responder {
     /// Most requests per batch.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Bytes of PATH in this batch's replies of `family`.
+    fn path_len(&self, family: Family) -> usize {
+        match family {
+            Family::Google => self.google_tree.path_len(),
+            _ => self.trees[family.index() - 1].path_len(),
+        }
     }
 
     /// Starts a batch signed with `params`. Tickets of earlier batches stop being valid.
@@ -594,10 +603,7 @@ impl SignedBatch<'_> {
         let family = slot.version.family();
         let signed = &r.signatures[family.index()];
         signed.status?;
-        let path_len = match family {
-            Family::Google => r.google_tree.path_len(),
-            _ => r.trees[family.index() - 1].path_len(),
-        };
+        let path_len = r.path_len(family);
         let len = reply_len(family, path_len, signed.srep_len);
         let limit = out.len().min(slot.request_len);
         let out = out.get_mut(..len).filter(|_| len <= limit);
@@ -618,6 +624,25 @@ impl SignedBatch<'_> {
         Ok(len)
     }
 
+    /// Writes the reply for `ticket` as [`write_reply`](Self::write_reply) does, then breaks it
+    /// the way `grease` says: a reply every client must reject, no longer than the true one. For
+    /// servers that send a small share of these so that clients are seen to check (see
+    /// [`Grease`]); never a wrong time under a valid signature.
+    pub fn write_greased_reply(
+        &self,
+        ticket: Ticket,
+        out: &mut [u8],
+        grease: Grease,
+    ) -> Result<usize, DropReason> {
+        let len = self.write_reply(ticket, out)?;
+        let r = &*self.responder;
+        let family = ticket.version.family();
+        let srep_len = r.signatures[family.index()].srep_len;
+        let layout = ReplyLayout::new(family, r.path_len(family), srep_len);
+        grease.apply(&mut out[..len], &layout, family.hash_len());
+        Ok(len)
+    }
+
     /// Requests in the batch.
     pub fn len(&self) -> usize {
         self.responder.used
@@ -631,14 +656,50 @@ impl SignedBatch<'_> {
 
 /// Bytes of a reply of `family` with a path of `path_len` bytes and an SREP of `srep_len`.
 pub(crate) const fn reply_len(family: Family, path_len: usize, srep_len: usize) -> usize {
-    let common = SIGNATURE_LEN + path_len + srep_len + CERT_LEN + 4;
-    match family {
-        // SIG PATH SREP CERT INDX
-        Family::Google => header_len(5) + common,
-        // SIG VER NONC PATH SREP CERT INDX
-        Family::Draft07 | Family::Draft08 => FRAME_HEADER_LEN + header_len(7) + common + 4 + 32,
-        // SIG NONC TYPE PATH SREP CERT INDX
-        Family::Draft12 | Family::Rfc => FRAME_HEADER_LEN + header_len(7) + common + 32 + 4,
+    ReplyLayout::new(family, path_len, srep_len).len
+}
+
+/// Where each value of a reply starts, in the order [`encode_reply`] writes them (tags sorted by
+/// value): Google's SIG PATH SREP CERT INDX; drafts 07–11's SIG VER NONC PATH SREP CERT INDX,
+/// framed; from draft 12 on SIG NONC TYPE PATH SREP CERT INDX, framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplyLayout {
+    pub(crate) sig: usize,
+    /// Google's replies carry no nonce.
+    pub(crate) nonce: Option<usize>,
+    pub(crate) path: usize,
+    pub(crate) srep: usize,
+    pub(crate) cert: usize,
+    pub(crate) indx: usize,
+    pub(crate) len: usize,
+}
+
+impl ReplyLayout {
+    pub(crate) const fn new(family: Family, path_len: usize, srep_len: usize) -> Self {
+        let framed = FRAME_HEADER_LEN + header_len(7);
+        let (sig, nonce, path) = match family {
+            Family::Google => (header_len(5), None, header_len(5) + SIGNATURE_LEN),
+            Family::Draft07 | Family::Draft08 => {
+                let nonce = framed + SIGNATURE_LEN + 4;
+                (framed, Some(nonce), nonce + family.nonce_len())
+            }
+            Family::Draft12 | Family::Rfc => {
+                let nonce = framed + SIGNATURE_LEN;
+                (framed, Some(nonce), nonce + family.nonce_len() + 4)
+            }
+        };
+        let srep = path + path_len;
+        let cert = srep + srep_len;
+        let indx = cert + CERT_LEN;
+        Self {
+            sig,
+            nonce,
+            path,
+            srep,
+            cert,
+            indx,
+            len: indx + 4,
+        }
     }
 }
 

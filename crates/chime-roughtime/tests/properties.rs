@@ -4,9 +4,11 @@
 
 use std::collections::BTreeSet;
 
+use chime_roughtime::merkle::PathError;
 use chime_roughtime::{
-    BatchParams, Delegation, Exchange, LongTermKey, OnlineKey, REQUEST_LEN, Responder,
-    ResponderConfig, VerifyPolicy, Version, VersionSet, build_request, verify_reply,
+    BatchParams, Delegation, Exchange, Grease, LongTermKey, OnlineKey, REQUEST_LEN, Reply,
+    Responder, ResponderConfig, Signed, VerifyError, VerifyPolicy, Version, VersionSet,
+    build_request, verify_reply,
 };
 use proptest::prelude::*;
 
@@ -100,6 +102,79 @@ fn every_batch_size_and_index_verifies() {
         }
         assert_eq!(signatures.len(), 1, "n={n}: one signature per batch");
     }
+}
+
+/// Grease: for every version, batch size and index, each kind that applies to the version
+/// breaks the reply in the way it names, at the true reply's length; the true reply verifies.
+#[test]
+fn every_kind_of_grease_fails_verification_as_named() {
+    let s = server();
+    let pk = s.long.public_key();
+    let mut responder = Responder::new(ResponderConfig {
+        versions: VersionSet::ALL,
+        capacity: 8,
+    });
+    for version in Version::ALL {
+        for size in [1u32, 2, 3, 8] {
+            let requests: Vec<Vec<u8>> = (0..size)
+                .map(|i| request(&[version], size * 10 + i, None))
+                .collect();
+            let mut batch = responder.begin(params(&s.delegation));
+            let tickets: Vec<_> = requests.iter().map(|r| batch.add(r).unwrap()).collect();
+            let signed = batch.sign();
+            for (i, (req, ticket)) in requests.iter().zip(&tickets).enumerate() {
+                let at = format!("{version} batch {size} index {i}");
+                let mut truth = [0u8; 1100];
+                let n = signed.write_reply(*ticket, &mut truth).unwrap();
+                verify_reply(req, &truth[..n], &pk, &policy()).unwrap();
+                for &kind in Grease::kinds(version) {
+                    let mut greased = [0u8; 1100];
+                    let m = signed
+                        .write_greased_reply(*ticket, &mut greased, kind)
+                        .unwrap();
+                    assert_eq!(m, n, "{at} {kind:?}");
+                    let diff = (0..n).filter(|&b| greased[b] != truth[b]).count();
+                    assert_eq!(diff, 1, "{at} {kind:?}: {diff} bytes changed");
+                    // The byte changed is in the value the kind names.
+                    let (t, g) = (
+                        Reply::parse(&truth[..n]).unwrap(),
+                        Reply::parse(&greased[..m]),
+                    );
+                    let g = g.unwrap();
+                    let changed = match kind {
+                        Grease::Signature => t.signature != g.signature,
+                        Grease::Certificate => t.cert.signature != g.cert.signature,
+                        Grease::Path if size > 1 => t.path != g.path,
+                        Grease::Path | Grease::Index => t.index != g.index,
+                        Grease::Nonce => t.nonce != g.nonce,
+                        Grease::Time => {
+                            t.srep.midpoint.abs_diff(g.srep.midpoint) == 1 << 24
+                                && t.srep.radius == g.srep.radius
+                        }
+                    };
+                    assert!(changed, "{at} {kind:?}: not the value named");
+                    let e = verify_reply(req, &greased[..m], &pk, &policy()).unwrap_err();
+                    let named = match (kind, e) {
+                        (Grease::Signature | Grease::Time, VerifyError::BadSignature { which }) => {
+                            which == Signed::Srep
+                        }
+                        (Grease::Certificate, VerifyError::BadSignature { which }) => {
+                            which == Signed::Cert
+                        }
+                        (Grease::Path, VerifyError::NotInTree { .. }) => size > 1,
+                        (Grease::Path | Grease::Index, VerifyError::Path(e)) => {
+                            matches!(e, PathError::IndexTooLarge { .. })
+                                && (kind == Grease::Index || size == 1)
+                        }
+                        (Grease::Nonce, VerifyError::NonceMismatch) => true,
+                        _ => false,
+                    };
+                    assert!(named, "{at} {kind:?}: rejected for another reason: {e}");
+                }
+            }
+        }
+    }
+    assert!(!Grease::kinds(Version::Google).contains(&Grease::Nonce));
 }
 
 /// Requests of every version in one batch: one tree and one signature per family.
