@@ -164,13 +164,18 @@ impl Coin {
 
     /// True once in 2^`log2` calls on average; always for 0.
     pub fn one_in(&mut self, log2: u8) -> bool {
+        let r = self.next_u64();
+        log2 == 0 || r >> (64 - u32::from(log2.min(63))) == 0
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
         self.0 = x;
-        let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        log2 == 0 || r >> (64 - u32::from(log2.min(63))) == 0
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
 

@@ -226,6 +226,18 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) roughtime_gather: Option<f64>,
 
+    /// Make this share of Roughtime replies deliberately invalid ("grease"), each broken in one
+    /// way a client must catch: a signature, the certificate, the Merkle path or index, the
+    /// nonce, or the time under an unchanged signature. For test servers that clients are
+    /// checked against; never a wrong time with a valid signature. 0 to 1 [default: 0]
+    #[arg(long, value_name = "SHARE", allow_negative_numbers = true)]
+    pub(crate) roughtime_grease: Option<f64>,
+
+    /// The kinds of grease to send, comma-separated: signature, certificate, path, index, nonce,
+    /// time (nonce never in Google's replies, which carry none) [default: all]
+    #[arg(long, value_name = "KINDS")]
+    pub(crate) roughtime_grease_kinds: Option<String>,
+
     /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
     /// timezone. A bad idea for any other client; never applied to Roughtime
     #[arg(long)]

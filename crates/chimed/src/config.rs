@@ -13,6 +13,7 @@ use serde::Deserialize;
 use zeroize::Zeroizing;
 
 use chime_ntp::{ClientTable, RateLimit, TxLog};
+use chime_roughtime::Grease;
 
 use crate::acl::Acl;
 use crate::cli::{self, Args};
@@ -66,6 +67,8 @@ struct File {
     roughtime_batch_size: Option<usize>,
     roughtime_recv_buffer: Option<usize>,
     roughtime_gather: Option<f64>,
+    roughtime_grease: Option<f64>,
+    roughtime_grease_kinds: Option<String>,
 }
 
 /// Everything the daemon needs to start, validated.
@@ -155,6 +158,10 @@ pub(crate) struct Roughtime {
     pub(crate) recv_buffer: usize,
     /// How long to gather requests under load before signing; `None`: sign at once.
     pub(crate) gather: Option<Duration>,
+    /// The share of replies made deliberately invalid (`--roughtime-grease`), 0 to 1.
+    pub(crate) grease: f64,
+    /// The ways to make them so (`--roughtime-grease-kinds`); all by default.
+    pub(crate) grease_kinds: Vec<Grease>,
 }
 
 impl fmt::Debug for Roughtime {
@@ -170,6 +177,8 @@ impl fmt::Debug for Roughtime {
             .field("batch_size", &self.batch_size)
             .field("recv_buffer", &self.recv_buffer)
             .field("gather", &self.gather)
+            .field("grease", &self.grease)
+            .field("grease_kinds", &self.grease_kinds)
             .finish_non_exhaustive()
     }
 }
@@ -230,6 +239,25 @@ const DEFAULT_NTP_RECV_BUFFER: usize = 4 << 20;
 /// adds latency (replies ~130 ms late at half a core), not throughput: 78-95k/s answered either way.
 const DEFAULT_ROUGHTIME_RECV_BUFFER: usize = 16 << 20;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
+/// --roughtime-grease-kinds: comma-separated [`Grease`] labels, at least one, no repeats.
+fn parse_grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
+    let mut kinds = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let kind = Grease::ALL
+            .into_iter()
+            .find(|k| k.label() == name)
+            .ok_or_else(|| {
+                let known: Vec<_> = Grease::ALL.iter().map(|k| k.label()).collect();
+                format!("{name:?} is not a kind of grease ({})", known.join(", "))
+            })?;
+        if kinds.contains(&kind) {
+            return Err(format!("{name} is listed twice"));
+        }
+        kinds.push(kind);
+    }
+    Ok(kinds)
+}
+
 /// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
 const MAX_GATHER: f64 = 0.1;
 /// --roughtime-gather's default: half a millisecond lets ~45 requests join a batch at 90k/s, and
@@ -390,6 +418,8 @@ impl Settings {
         let (rt_rotation, rt_rotation_in) = pick!(roughtime_rotation, "roughtime-rotation");
         let (rt_batch, rt_batch_in) = pick!(roughtime_batch_size, "roughtime-batch-size");
         let (rt_gather, rt_gather_in) = pick!(roughtime_gather, "roughtime-gather");
+        let (rt_grease, rt_grease_in) = pick!(roughtime_grease, "roughtime-grease");
+        let (rt_kinds, rt_kinds_in) = pick!(roughtime_grease_kinds, "roughtime-grease-kinds");
         let (rt_rcvbuf, rt_rcvbuf_in) = pick!(roughtime_recv_buffer, "roughtime-recv-buffer");
         // Every Roughtime value is checked even while Roughtime is off (no key), so that a bad one
         // is found when the config is written, not the day the key is added.
@@ -418,6 +448,15 @@ impl Settings {
             let r = format!("{gather} seconds is outside 0..={MAX_GATHER}");
             return Err(invalid(&rt_gather_in, r));
         }
+        let grease = rt_grease.unwrap_or(0.0);
+        if !grease.is_finite() || !(0.0..=1.0).contains(&grease) {
+            let r = format!("{grease} is not a share of replies between 0 and 1");
+            return Err(invalid(&rt_grease_in, r));
+        }
+        let grease_kinds = match rt_kinds {
+            None => Grease::ALL.to_vec(),
+            Some(list) => parse_grease_kinds(&list).map_err(|r| invalid(&rt_kinds_in, r))?,
+        };
         let roughtime = match rt_key {
             None => None,
             Some(key_file) => {
@@ -436,6 +475,8 @@ impl Settings {
                     batch_size: rt_batch_size,
                     recv_buffer: rt_recv_buffer,
                     gather: (gather > 0.0).then(|| Duration::from_secs_f64(gather)),
+                    grease,
+                    grease_kinds,
                 })
             }
         };
@@ -904,6 +945,17 @@ mod tests {
             ("roughtime-recv-buffer = 100\n", "roughtime-recv-buffer"),
             ("roughtime-batch-size = 300\n", "roughtime-batch-size"),
             ("roughtime-gather = 1.0\n", "roughtime-gather"),
+            ("roughtime-grease = 1.5\n", "roughtime-grease"),
+            ("roughtime-grease = -0.1\n", "roughtime-grease"),
+            (
+                "roughtime-grease-kinds = \"path,bogus\"\n",
+                "roughtime-grease-kinds",
+            ),
+            (
+                "roughtime-grease-kinds = \"nonce,nonce\"\n",
+                "roughtime-grease-kinds",
+            ),
+            ("roughtime-grease-kinds = \"\"\n", "roughtime-grease-kinds"),
             (
                 "roughtime-ipv4-address = \"[::1]:5319\"\n",
                 "roughtime-ipv4-address",

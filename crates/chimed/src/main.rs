@@ -192,10 +192,25 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                     gather.as_micros()
                 );
             }
+            if rt.grease > 0.0 {
+                warn!(
+                    "roughtime: --roughtime-grease {}: {:.3}% of replies are deliberately invalid \
+                     ({}), for testing clients; no production server should send these",
+                    rt.grease,
+                    rt.grease * 100.0,
+                    rt.grease_kinds
+                        .iter()
+                        .map(|k| k.label())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
             let shared = Arc::new(roughtime_worker::Shared {
                 ntp: ntp.clone(),
                 delegation: ArcSwap::from_pointee(delegation),
                 totals: Default::default(),
+                grease: rt.grease,
+                grease_kinds: rt.grease_kinds.clone(),
             });
             Some((key, rt.rotation, shared))
         }

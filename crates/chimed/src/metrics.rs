@@ -292,6 +292,23 @@ pub(crate) fn render(sources: &Sources) -> String {
     }
     family(
         &mut out,
+        "chimed_roughtime_greased_total",
+        "counter",
+        "Roughtime replies made deliberately invalid by --roughtime-grease (also counted by \
+         version in chimed_roughtime_replies_total).",
+    );
+    for (w, c) in of("roughtime") {
+        let _ = writeln!(
+            out,
+            "chimed_roughtime_greased_total{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
+            w.service,
+            w.family,
+            w.thread,
+            c.notes[Note::Greased.index()]
+        );
+    }
+    family(
+        &mut out,
         "chimed_requests_dropped_total",
         "counter",
         "Datagrams dropped without a reply, by reason.",

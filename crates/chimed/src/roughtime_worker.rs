@@ -10,8 +10,10 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use chime_ntp::Coin;
 use chime_roughtime::{
-    BatchParams, Delegation, DropReason, Responder, ResponderConfig, Ticket, VersionSet,
+    BatchParams, Delegation, DropReason, Grease, Responder, ResponderConfig, Ticket, Version,
+    VersionSet,
 };
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
@@ -46,6 +48,51 @@ pub(crate) struct Shared {
     /// The current online key and its certificates; replaced by the control plane on rotation.
     pub(crate) delegation: ArcSwap<Delegation>,
     pub(crate) totals: Arc<Totals<REASONS>>,
+    /// The share of replies to make deliberately invalid (`--roughtime-grease`); 0: none.
+    pub(crate) grease: f64,
+    /// The kinds of grease to use (`--roughtime-grease-kinds`).
+    pub(crate) grease_kinds: Vec<Grease>,
+}
+
+/// Picks the replies to grease (`--roughtime-grease`) and how: each reply independently with
+/// the configured share, its kind uniformly among the configured kinds that apply to its
+/// version (none apply: not greased).
+#[derive(Debug)]
+struct Greaser {
+    /// A reply is greased when the coin's 64 bits are at most this: `share` × 2^64, saturating,
+    /// so that a share of 1 greases every reply.
+    threshold: u64,
+    /// Per version (by [`Version::index`]), the configured kinds that apply to it.
+    kinds: Vec<Vec<Grease>>,
+    coin: Coin,
+}
+
+impl Greaser {
+    /// `None` for a share of 0.
+    fn new(share: f64, kinds: &[Grease], seed: u64) -> Option<Self> {
+        let mut per_version = vec![Vec::new(); Version::COUNT];
+        for v in Version::ALL {
+            per_version[v.index()] = Grease::kinds(v)
+                .iter()
+                .copied()
+                .filter(|k| kinds.contains(k))
+                .collect();
+        }
+        (share > 0.0).then(|| Self {
+            // An f64 to u64 cast saturates: 2^64 becomes u64::MAX.
+            threshold: (share * 2f64.powi(64)) as u64,
+            kinds: per_version,
+            coin: Coin::new(seed),
+        })
+    }
+
+    fn draw(&mut self, version: Version) -> Option<Grease> {
+        let kinds = &self.kinds[version.index()];
+        if kinds.is_empty() || self.coin.next_u64() > self.threshold {
+            return None;
+        }
+        Some(kinds[(self.coin.next_u64() % kinds.len() as u64) as usize])
+    }
 }
 
 pub(crate) struct RoughtimeWorker {
@@ -54,6 +101,7 @@ pub(crate) struct RoughtimeWorker {
     responder: Responder,
     /// Per datagram of the batch in hand, its ticket if the responder took it.
     tickets: Vec<Option<Ticket>>,
+    greaser: Option<Greaser>,
 }
 
 impl RoughtimeWorker {
@@ -75,6 +123,7 @@ impl RoughtimeWorker {
                 shared.totals.clone(),
                 published,
             ),
+            greaser: Greaser::new(shared.grease, &shared.grease_kinds, rand::random()),
             shared,
             responder,
             tickets: Vec::with_capacity(batch_size),
@@ -134,9 +183,14 @@ impl BatchHandler for RoughtimeWorker {
             let signed = batch.sign();
             for ((meta, request), ticket) in rx.iter().zip(&self.tickets) {
                 let Some(ticket) = *ticket else { continue };
-                let queued = reply::queue(tx, meta, request, |buf| signed.write_reply(ticket, buf));
+                let grease = self.greaser.as_mut().and_then(|g| g.draw(ticket.version()));
+                let queued = reply::queue(tx, meta, request, |buf| match grease {
+                    Some(kind) => signed.write_greased_reply(ticket, buf, kind),
+                    None => signed.write_reply(ticket, buf),
+                });
                 let pending = &mut self.stats.pending;
                 pending.note(Note::Roughtime(ticket.version()), queued.is_ok());
+                pending.note(Note::Greased, queued.is_ok() && grease.is_some());
                 if let Err(Some(why)) = queued {
                     pending.drop_at(why.index());
                 }

@@ -32,11 +32,14 @@ pub(crate) enum Note {
     /// A Roughtime reply in this version: an operator sees which versions clients still speak
     /// before dropping one.
     Roughtime(Version),
+    /// A Roughtime reply made deliberately invalid (`--roughtime-grease`); also counted in its
+    /// version.
+    Greased,
 }
 
 /// The NTP notes, which come first.
 pub(crate) const NTP_NOTES: usize = 5;
-pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT;
+pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1;
 
 impl Note {
     /// A dense index, for the counters' arrays and [`NOTE_LABELS`].
@@ -48,6 +51,7 @@ impl Note {
             Self::Nts => 3,
             Self::NtsNak => 4,
             Self::Roughtime(v) => NTP_NOTES + v.index(),
+            Self::Greased => NTP_NOTES + Version::COUNT,
         }
     }
 }
@@ -67,6 +71,7 @@ pub(crate) const NOTE_LABELS: [&str; NOTES] = [
     "version.0x8000000b",
     "version.0x8000000c",
     "version.1",
+    "greased",
 ];
 
 /// What one worker has seen since it last flushed.

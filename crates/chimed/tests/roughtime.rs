@@ -354,6 +354,102 @@ fn a_burst_beyond_the_kernel_default_buffer_is_absorbed() {
     }
 }
 
+/// Sends `count` RFC 10049 requests in a burst and returns, per reply, whether it verified
+/// (`Err` with the reason if not); every reply must answer one of the requests by its nonce and
+/// be no larger than it.
+fn burst_outcomes(s: &Server, count: u8) -> Vec<Result<(), String>> {
+    let key: [u8; 32] = base64_decode(&s.public_key);
+    let sock = roomy_client_socket();
+    let mut requests = Vec::new();
+    for i in 0..count {
+        let mut req = vec![0u8; 1024];
+        let n = build_request(&mut req, &[Version::Rfc10049], &[i; 32], None).unwrap();
+        req.truncate(n);
+        sock.send_to(&req, s.roughtime).unwrap();
+        requests.push(req);
+    }
+    let policy = VerifyPolicy::new(10_000_000);
+    let mut buf = [0u8; 2048];
+    (0..count)
+        .map(|_| {
+            let (n, _) = sock.recv_from(&mut buf).expect("a reply for every request");
+            assert!(n <= 1024, "reply larger than its request: {n}");
+            let reply = chime_roughtime::Reply::parse(&buf[..n]).expect("a reply that parses");
+            // A greased nonce names no request; the request is then the one whose nonce is
+            // one bit away.
+            let request = requests
+                .iter()
+                .min_by_key(|r| {
+                    let nonce = chime_roughtime::Request::parse(r).unwrap().nonce;
+                    let theirs = reply.nonce.unwrap_or_default();
+                    nonce
+                        .iter()
+                        .zip(theirs)
+                        .map(|(a, b)| (a ^ b).count_ones())
+                        .sum::<u32>()
+                })
+                .unwrap();
+            verify_reply(request, &buf[..n], &key, &policy)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// `--roughtime-grease`: at a share of 1 every reply is deliberately invalid, in several ways,
+/// each caught by the verifier and by `chime roughtime` in every version, none larger than its
+/// request, all counted; at a share of 0.5 some replies are and some are not.
+#[test]
+fn greased_replies_fail_verification_and_are_counted() {
+    let mut s = serve(true, &["--roughtime-grease", "1"]);
+    s.chimed.wait_for(
+        "of replies are deliberately invalid",
+        Duration::from_secs(1),
+    );
+    let outcomes = burst_outcomes(&s, 48);
+    let reasons: std::collections::BTreeSet<String> = outcomes
+        .iter()
+        .map(|o| {
+            let e = o.as_ref().expect_err("every reply greased");
+            e.split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+        })
+        .collect();
+    assert!(reasons.len() >= 4, "several kinds of grease: {reasons:?}");
+    for version in ["1", "0x8000000c", "0x80000008", "google"] {
+        let e = chime_roughtime(&s, &["--version", version]).expect_err(version);
+        assert!(
+            !e.trim().is_empty() && e.lines().count() <= 2,
+            "{version}: {e}"
+        );
+    }
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(totals.contains("greased=52"), "{totals}");
+
+    let s = serve(true, &["--roughtime-grease", "0.5"]);
+    let greased = burst_outcomes(&s, 64).iter().filter(|o| o.is_err()).count();
+    assert!(
+        (10..=54).contains(&greased),
+        "{greased} of 64 greased at 0.5"
+    );
+
+    // Only the kinds asked for, and only where they apply: Google's replies carry no nonce.
+    let s = serve(
+        true,
+        &[
+            "--roughtime-grease",
+            "1",
+            "--roughtime-grease-kinds",
+            "nonce",
+        ],
+    );
+    let e = chime_roughtime(&s, &["--version", "1"]).expect_err("a greased nonce");
+    assert!(e.contains("NONC is not the request's nonce"), "{e}");
+    chime_roughtime(&s, &["--version", "google"]).expect("Google's replies are not greased");
+}
+
 #[test]
 fn short_and_garbage_requests_get_nothing_and_are_counted() {
     let mut s = serve(true, &[]);

@@ -71,13 +71,17 @@ struct RoughtimeChimed {
 }
 
 fn chimed_roughtime() -> RoughtimeChimed {
+    chimed_roughtime_with(&[])
+}
+
+/// As [`chimed_roughtime`], with `extra` flags for chimed.
+fn chimed_roughtime_with(extra: &[&str]) -> RoughtimeChimed {
     let key = chime_keygen();
     let chronyd = Chronyd::start();
     let upstream = chronyd.addr().to_string();
-    let mut chimed = Chimed::mirroring(
-        &upstream,
-        &common::roughtime_flags(key.file.to_str().unwrap()),
-    );
+    let mut args = common::roughtime_flags(key.file.to_str().unwrap()).to_vec();
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::mirroring(&upstream, &args);
     let addr = chimed.roughtime_addr();
     let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(5));
     assert!(
@@ -148,6 +152,29 @@ fn roughenough_client_offering_1_and_0x8000000c() {
 // default). Its CLI cannot choose versions and exits 0 even on failure, so single versions are
 // offered through its library by tests/roughly_query.py, run with the venv's python.
 
+/// Grease: chimed sending nothing but deliberately invalid replies of the kinds roughenough-client
+/// 2.2.0 checks, and it refuses every one. It does not compare NONC with its request (it accepts
+/// a reply whose NONC is off by a bit: for version 1 the Merkle leaf is the whole request, so
+/// the path still binds the reply to it), so `nonce` is left out.
+#[test]
+fn roughenough_client_refuses_greased_replies() {
+    let client = peer("ROUGHENOUGH_CLIENT", ROUGHENOUGH_CLIENT);
+    let kinds = "signature,certificate,path,index,time";
+    let s = chimed_roughtime_with(&["--roughtime-grease", "1", "--roughtime-grease-kinds", kinds]);
+    for i in 0..5 {
+        let out = run(Command::new(&client)
+            .arg(s.addr.ip().to_string())
+            .arg(s.addr.port().to_string())
+            .args(["-k", &s.key.public_base64, "-P", "1", "--epoch"])
+            .env("NO_COLOR", "1"));
+        let said = text(&out);
+        assert!(
+            !out.status.success() && said.contains("validation"),
+            "query {i}: roughenough_client accepted a greased reply ({kinds}):\n{said}"
+        );
+    }
+}
+
 fn roughly_python() -> PathBuf {
     let python = peer("ROUGHLY", ROUGHLY).with_file_name("python");
     assert!(
@@ -187,6 +214,22 @@ fn roughly_accepts(version: u32) {
         r["midpoint"].as_f64().unwrap(),
         &format!("roughly {version:#x}"),
     );
+}
+
+/// Grease: roughly 0.3 refuses deliberately invalid replies of the kinds it checks. With a lone
+/// request (a batch of one, no path) it does not check INDX, so `path` and `index` are left out.
+#[test]
+fn roughly_refuses_greased_replies() {
+    roughly_python();
+    let kinds = "signature,certificate,nonce,time";
+    let s = chimed_roughtime_with(&["--roughtime-grease", "1", "--roughtime-grease-kinds", kinds]);
+    for i in 0..5 {
+        let r = roughly_query(s.addr, &s.key.public_base64, "0x1");
+        assert!(
+            r["ok"] == false && r["error"] != "timeout",
+            "query {i}: roughly accepted a greased reply ({kinds}), or got none: {r}"
+        );
+    }
 }
 
 /// Versions chimed does not serve get no reply at all (no error replies exist in Roughtime).
