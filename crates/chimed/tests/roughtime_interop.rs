@@ -414,6 +414,25 @@ fn cloudflare_client_speaking_google_roughtime() {
     cloudflare_client_accepts("Google-Roughtime", "version.google", 1.0);
 }
 
+/// Grease: Cloudflare's getroughtime refuses greased replies of the kinds it checks, in both
+/// protocols. It ignores INDX bits above the path's depth, so `index` (and `path`, which on a lone
+/// request's reply, with no path, breaks INDX the same way) is left out.
+#[test]
+fn cloudflare_client_refuses_greased_replies() {
+    let kinds = "signature,certificate,nonce,time";
+    let s = chimed_roughtime_with(&["--roughtime-grease", "1", "--roughtime-grease-kinds", kinds]);
+    for version in ["IETF-Roughtime", "Google-Roughtime"] {
+        for i in 0..3 {
+            let out = cloudflare_getroughtime(s.addr, &s.key.public_base64, version);
+            let all = text(&out);
+            assert!(
+                !out.status.success() && all.contains("no valid responses"),
+                "{version} query {i}: getroughtime accepted a greased reply ({kinds}):\n{all}"
+            );
+        }
+    }
+}
+
 /// With another key in the client's config: speaking draft 11, the client names that key in SRV
 /// and chimed, which holds another, drops the request (counted `unknown_server`); speaking Google's
 /// protocol, which has no SRV, the client gets chimed's reply and refuses it, as it must.
@@ -763,6 +782,22 @@ fn pyroughtime_query(addr: SocketAddr, key_base64: &str, mode: &str) -> serde_js
     });
     assert_eq!(out.status.success(), r["ok"] == true, "{}", text(&out));
     r
+}
+
+/// Grease: pyroughtime 1.0.1 refuses every kind of greased reply, in both its modes (Google's
+/// replies carry no nonce, so chimed never greases theirs that way).
+#[test]
+fn pyroughtime_refuses_greased_replies() {
+    let s = chimed_roughtime_with(&["--roughtime-grease", "1"]);
+    for mode in ["google", "draft07"] {
+        for i in 0..4 {
+            let r = pyroughtime_query(s.addr, &s.key.public_base64, mode);
+            assert!(
+                r["ok"] == false && r["error"] == "verification",
+                "{mode} query {i}: pyroughtime accepted a greased reply, or got none: {r}"
+            );
+        }
+    }
 }
 
 #[test]
