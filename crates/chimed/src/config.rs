@@ -239,6 +239,12 @@ const DEFAULT_NTP_RECV_BUFFER: usize = 4 << 20;
 /// adds latency (replies ~130 ms late at half a core), not throughput: 78-95k/s answered either way.
 const DEFAULT_ROUGHTIME_RECV_BUFFER: usize = 16 << 20;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
+/// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
+const MAX_GATHER: f64 = 0.1;
+/// --roughtime-gather's default: half a millisecond lets ~45 requests join a batch at 90k/s, and
+/// is nothing beside a radius of seconds.
+const DEFAULT_GATHER: f64 = 0.0005;
+
 /// --roughtime-grease-kinds: comma-separated [`Grease`] labels, at least one, no repeats.
 fn parse_grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
     let mut kinds = Vec::new();
@@ -257,12 +263,6 @@ fn parse_grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
     }
     Ok(kinds)
 }
-
-/// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
-const MAX_GATHER: f64 = 0.1;
-/// --roughtime-gather's default: half a millisecond lets ~45 requests join a batch at 90k/s, and
-/// is nothing beside a radius of seconds.
-const DEFAULT_GATHER: f64 = 0.0005;
 
 impl Settings {
     pub(crate) fn resolve(args: &Args) -> Result<Self, ConfigError> {
