@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{CHRONYD, Chimed, Chronyd, ChronydClient, certificate, count_in, run};
+use common::{CHRONYD, Chimed, Chronyd, ChronydClient, RKIK, certificate, count_in, peer, run};
 
 /// chimed mirroring `chronyd` with NTS on and `extra` flags, NTS-KE on a free loopback port;
 /// returns it and that port.
@@ -49,6 +49,57 @@ fn chronyd_synchronises_over_nts_from_chimed() {
     assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert!(ke.contains("agreed=1 refused=0"), "{ke}");
+}
+
+/// rkik 2.2.4 (crates.io), an NTS client of its own (rkik-nts, after ntpd-rs), against chimed:
+/// trusting chimed's certificate (through `SSL_CERT_FILE`), it runs NTS-KE, takes the NTP port
+/// chimed names there, and gets an authenticated reply near our clock; trusting another
+/// certificate, it refuses the handshake and exits non-zero.
+#[test]
+fn rkik_queries_chimed_over_nts() {
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "chimed");
+    let (other, _) = certificate(dir.path(), "other");
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
+    let ntp_port = chimed.logged_addr("ntp listening on ").port();
+    let rkik = |trusted: &Path| {
+        run(Command::new(peer("RKIK", RKIK))
+            .args([
+                "ntp",
+                "127.0.0.1",
+                "--nts",
+                "--nts-port",
+                &ke_port.to_string(),
+            ])
+            .args(["--json", "--count", "1", "--timeout", "2", "--no-color"])
+            .env("SSL_CERT_FILE", trusted))
+    };
+    let out = rkik(&cert);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "rkik: {said}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect(&said);
+    let r = &json["results"][0];
+    assert_eq!(r["authenticated"], true, "{said}");
+    assert_eq!(r["port"], ntp_port, "the NTP port NTS-KE named: {said}");
+    assert!(r["offset_ms"].as_f64().unwrap().abs() < 100.0, "{said}");
+
+    let out = rkik(&other);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && said.contains("NTS-KE failed"),
+        "rkik trusting another certificate: {said}"
+    );
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(
+        totals.contains("nts=1"),
+        "one authenticated reply: {totals}"
+    );
 }
 
 #[test]

@@ -604,6 +604,8 @@ pub struct PeerServer {
 }
 
 pub const ROUGHENOUGH_SERVER: &str = "/opt/chime-peers/bin/roughenough_server";
+/// rkik 2.2.4, an NTS client of its own (scripts/setup).
+pub const RKIK: &str = "/opt/chime-peers/bin/rkik";
 pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 pub const CLOUDFLARE_TESTSERVER: &str = "/opt/chime-peers/cloudflare-roughtime/testserver";
 pub const CLOUDFLARE_GETROUGHTIME: &str = "/opt/chime-peers/cloudflare-roughtime/getroughtime";
