@@ -222,7 +222,7 @@ pub(crate) struct Args {
     /// Under light load, gather Roughtime requests for this long before signing: when a receive
     /// returns two or more but under a quarter of a batch, wait and add what arrived meanwhile.
     /// A lone request is never held back, nor anything once the load nears the thread's
-    /// capacity. Up to 0.1 s; 0 signs whatever arrived at once [default: 0.0005]
+    /// capacity. Up to 0.1 s; 0 signs whatever arrived at once [default: 0.002]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) roughtime_gather: Option<f64>,
 
