@@ -184,6 +184,8 @@ fn counters_and_upstream_follow_what_chimed_saw() {
             with(&rt, ("version", "google")),
             0.0,
         ),
+        // No --roughtime-grease: the family is there, at zero.
+        ("chimed_roughtime_greased_total", rt.to_vec(), 0.0),
     ];
     let matches = |page: &serde_json::Value| {
         expected

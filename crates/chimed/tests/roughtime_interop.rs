@@ -415,8 +415,8 @@ fn cloudflare_client_speaking_google_roughtime() {
 }
 
 /// Grease: Cloudflare's getroughtime refuses greased replies of the kinds it checks, in both
-/// protocols. It ignores INDX bits above the path's depth, so `index` (and `path`, which on a lone
-/// request's reply, with no path, breaks INDX the same way) is left out.
+/// protocols. It accepts a stray INDX bit on a lone request's reply (no path), so `index` (and
+/// `path`, which breaks INDX the same way there) is left out.
 #[test]
 fn cloudflare_client_refuses_greased_replies() {
     let kinds = "signature,certificate,nonce,time";
