@@ -58,6 +58,9 @@ pub struct RxBatch {
     max_datagram: usize,
     /// How many datagrams the last receive returned.
     len: usize,
+    /// How many of them, from the front, were shed ([`Self::shed_received_before`]): the batch
+    /// a handler sees starts after them.
+    shed: usize,
     /// `count * max_datagram` bytes: datagram `i` is at `i * max_datagram`.
     bufs: Box<[u8]>,
     metas: Box<[RecvMeta]>,
@@ -78,6 +81,7 @@ impl RxBatch {
         Self {
             max_datagram,
             len: 0,
+            shed: 0,
             bufs: payload_buffers(count, max_datagram),
             metas: vec![RecvMeta::default(); count].into_boxed_slice(),
             names: zeroed_slice(count),
@@ -86,14 +90,15 @@ impl RxBatch {
         }
     }
 
-    /// The number of datagrams the last receive returned.
+    /// The number of datagrams of the last receive, less any shed.
     pub fn len(&self) -> usize {
-        self.len
+        self.len - self.shed
     }
 
-    /// Whether the last receive returned nothing (it timed out, or none happened yet).
+    /// Whether the batch holds nothing: the last receive returned nothing (it timed out, or
+    /// none happened yet), or everything it returned was shed.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// The most datagrams one receive can return.
@@ -106,29 +111,44 @@ impl RxBatch {
         self.max_datagram
     }
 
-    /// The metadata and payload of datagram `i` of the last receive.
+    /// The metadata and payload of datagram `i` of the batch (not counting any shed).
     ///
     /// # Panics
     /// If `i >= self.len()`.
     pub fn get(&self, i: usize) -> (&RecvMeta, &[u8]) {
-        assert!(i < self.len, "datagram {i} of a batch of {}", self.len);
+        assert!(i < self.len(), "datagram {i} of a batch of {}", self.len());
+        let i = self.shed + i;
         let meta = &self.metas[i];
         let start = i * self.max_datagram;
         (meta, &self.bufs[start..start + meta.len])
     }
 
-    /// The metadata and payload of every datagram of the last receive, in arrival order.
+    /// The metadata and payload of every datagram of the batch (not counting any shed), in
+    /// arrival order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&RecvMeta, &[u8])> {
-        self.metas[..self.len]
+        self.metas[self.shed..self.len]
             .iter()
-            .zip(self.bufs.chunks_exact(self.max_datagram))
+            .zip(self.bufs[self.shed * self.max_datagram..].chunks_exact(self.max_datagram))
             .map(|(meta, buf)| (meta, &buf[..meta.len]))
+    }
+
+    /// Sheds the datagrams at the front of the batch that the kernel received before `cutoff`,
+    /// up to the first that is younger or has no receive timestamp (the queue is in arrival
+    /// order, so those after it are younger too). Returns how many; the batch is what is left.
+    pub fn shed_received_before(&mut self, cutoff: Timestamp) -> usize {
+        let old = self.metas[self.shed..self.len]
+            .iter()
+            .take_while(|m| m.timestamp.is_some_and(|t| t < cutoff))
+            .count();
+        self.shed += old;
+        old
     }
 
     /// Points every header at this batch's storage and resets the lengths the kernel overwrites,
     /// returning the headers for `recvmmsg`. The previous contents are gone from here on.
     pub(crate) fn prepare_recv(&mut self) -> &mut [libc::mmsghdr] {
         self.len = 0;
+        self.shed = 0;
         self.prepare_recv_after()
     }
 

@@ -22,7 +22,7 @@
 //! `SO_REUSEPORT` load balancing.
 //!
 //! Module map: `socket` (binding, the two syscalls), `batch` (the preallocated batches), `meta`
-//! (per-datagram metadata), `cmsg` (control-message encoding and parsing), `sockaddr` (address
+//! (per-datagram metadata), `shed` (which old datagrams to shed under overload), `cmsg` (control-message encoding and parsing), `sockaddr` (address
 //! conversion), `runner` (worker threads), `affinity` (CPU pinning), `error`, and `sys` (libc
 //! helpers shared by the others).
 
@@ -38,6 +38,7 @@ pub mod counting_alloc;
 mod error;
 mod meta;
 mod runner;
+mod shed;
 mod sockaddr;
 mod socket;
 mod sys;
@@ -48,5 +49,6 @@ pub use crate::{
     error::ConfigError,
     meta::{RecvMeta, Timestamp},
     runner::{BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers},
+    shed::{Decision, MIN_SHED_BUFFER, ShedConfig, Shedder},
     socket::{Capabilities, SendOutcome, SocketConfig, UdpSocket},
 };

@@ -80,6 +80,22 @@ impl Timestamp {
         SystemTime::now().into()
     }
 
+    /// Nanoseconds since the Unix epoch; negative before it. For differences between two
+    /// timestamps (an i128 holds any `secs`).
+    pub fn as_nanos(self) -> i128 {
+        i128::from(self.secs) * 1_000_000_000 + i128::from(self.nanos)
+    }
+
+    /// The inverse of [`Self::as_nanos`], saturating at `secs`' range.
+    pub fn from_nanos(nanos: i128) -> Self {
+        let secs = nanos.div_euclid(1_000_000_000);
+        Self {
+            secs: i64::try_from(secs).unwrap_or(if secs < 0 { i64::MIN } else { i64::MAX }),
+            // rem_euclid is in 0..1e9: fits.
+            nanos: nanos.rem_euclid(1_000_000_000) as u32,
+        }
+    }
+
     /// Converts a kernel `timespec`; `None` for the all-zero value the kernel reports when it has
     /// no timestamp for a datagram, and for an out-of-range nanosecond field.
     pub(crate) fn from_timespec(ts: &libc::timespec) -> Option<Self> {
@@ -159,6 +175,23 @@ mod tests {
                 nanos: 500_000_000
             }
         );
+    }
+
+    #[test]
+    fn nanos_round_trip() {
+        for (secs, nanos) in [(0, 0), (1_700_000_000, 999_999_999), (-1, 500_000_000)] {
+            let t = Timestamp { secs, nanos };
+            assert_eq!(Timestamp::from_nanos(t.as_nanos()), t);
+        }
+        assert_eq!(
+            Timestamp {
+                secs: -1,
+                nanos: 500_000_000
+            }
+            .as_nanos(),
+            -500_000_000
+        );
+        assert_eq!(Timestamp::from_nanos(i128::MAX).secs, i64::MAX);
     }
 
     #[test]

@@ -19,8 +19,8 @@ use std::{
 };
 
 use crate::{
-    Capabilities, RxBatch, SendOutcome, SocketConfig, TxBatch, UdpSocket, affinity,
-    error::ConfigError, sys,
+    Capabilities, RxBatch, SendOutcome, ShedConfig, Shedder, SocketConfig, Timestamp, TxBatch,
+    UdpSocket, affinity, error::ConfigError, sys,
 };
 
 /// The protocol side of a worker: turns each received batch into replies.
@@ -44,6 +44,11 @@ pub trait BatchHandler: Send + 'static {
     /// ([`TxBatch::request_tx_timestamp`]), with those that came back: each datagram as it left
     /// (at the end of the bytes, after the headers) and when, in its [`crate::RecvMeta::timestamp`].
     fn tx_timestamps(&mut self, _looped: &RxBatch) {}
+
+    /// Called when datagrams of a received batch were shed under a standing overload
+    /// ([`WorkerConfig::shed`]), before the rest of the batch (possibly empty) is handled: they
+    /// were received but are not in the batch, and get no reply. For counting.
+    fn shed(&mut self, _count: usize) {}
 
     /// Called after a receive that returned nothing: a timeout, so at least every read timeout
     /// while idle if the socket has one (workers have none by default), or the wake-up of a stop.
@@ -95,6 +100,12 @@ pub struct WorkerConfig {
     /// handlers whose cost per batch dwarfs their cost per datagram, such as one signature per
     /// batch.
     pub gather: Option<Duration>,
+    /// Shedding under a standing overload ([`crate::Shedder`]): once the oldest datagram of
+    /// every batch has waited longer than the target for an interval, those that waited longer
+    /// than the target are received and not answered ([`BatchHandler::shed`]), so that the
+    /// newest are, until a receive empties the queue. Needs kernel receive timestamps (without
+    /// them nothing is shed). `None` (the default) answers everything however long it waited.
+    pub shed: Option<ShedConfig>,
 }
 
 impl WorkerConfig {
@@ -108,6 +119,7 @@ impl WorkerConfig {
             max_datagram: 2048,
             cpus: Vec::new(),
             gather: None,
+            shed: None,
         }
     }
 
@@ -231,6 +243,7 @@ impl BoundWorkers {
                 batch_size: cfg.batch_size,
                 max_datagram: cfg.max_datagram,
                 gather: cfg.gather,
+                shed: cfg.shed,
             };
             let handler = make(i);
             let started = started_tx.clone();
@@ -449,6 +462,7 @@ struct Worker {
     batch_size: usize,
     max_datagram: usize,
     gather: Option<Duration>,
+    shed: Option<ShedConfig>,
 }
 
 impl Worker {
@@ -486,9 +500,15 @@ impl Worker {
         let mut gatherer = self
             .gather
             .map(|wait| Gatherer::new(wait, gather_below(rx.capacity()), Instant::now()));
+        let mut shedder = self
+            .shed
+            .map(|cfg| Shedder::new(cfg, self.socket.capabilities().recv_buffer));
+        let mut resize_errors = ErrorLog::new("receive buffer resize");
+        let mut warned_short = false;
         // Relaxed would do for the flag alone; Acquire pairs with the Release in `spawn` and costs
         // nothing on x86.
         while !self.stop.load(Ordering::Acquire) {
+            let full;
             match self.socket.recv_batch(&mut rx) {
                 Ok(0) => {
                     report_drops(&mut handler);
@@ -497,6 +517,7 @@ impl Worker {
                 }
                 Ok(n) => {
                     backoff = MIN_BACKOFF;
+                    full = n >= rx.capacity();
                     if let Some(g) = &mut gatherer
                         && g.should_wait(n)
                     {
@@ -516,6 +537,34 @@ impl Worker {
                     continue;
                 }
             }
+            let received = rx.len();
+            // One clock read per batch, and only with shedding on.
+            if let Some(s) = &mut shedder {
+                let decision = s.decide(Timestamp::now(), rx.get(0).0.timestamp, full);
+                if let Some(bytes) = decision.recv_buffer {
+                    match self.socket.resize_recv_buffer(bytes) {
+                        Ok(granted) => {
+                            if granted < bytes && !warned_short {
+                                warned_short = true;
+                                tracing::warn!(
+                                    asked = bytes,
+                                    granted,
+                                    "the receive buffer could not grow back after shedding: \
+                                     without CAP_NET_ADMIN it is capped at net.core.rmem_max"
+                                );
+                            }
+                            s.buffer_granted(granted);
+                        }
+                        Err(e) => resize_errors.record(1, &e),
+                    }
+                }
+                if let Some(cutoff) = decision.cutoff {
+                    let shed = rx.shed_received_before(cutoff);
+                    if shed > 0 {
+                        handler.shed(shed);
+                    }
+                }
+            }
             let started = gatherer.as_ref().map(|_| sys::thread_cpu_time());
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
@@ -533,7 +582,7 @@ impl Worker {
             }
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
                 let took = sys::thread_cpu_time().saturating_sub(started);
-                g.handled(rx.len(), took, Instant::now());
+                g.handled(received, took, Instant::now());
             }
             batches_since_drops += 1;
             if batches_since_drops >= DROPS_EVERY {
@@ -544,6 +593,7 @@ impl Worker {
         report_drops(&mut handler);
         handler.finish();
         recv_errors.flush();
+        resize_errors.flush();
         tracing::debug!("worker stopped");
     }
 }

@@ -216,6 +216,17 @@ impl UdpSocket {
         socket_drops(self.socket.as_raw_fd())
     }
 
+    /// Changes the receive buffer while the socket is in use, to `bytes` as the kernel counts
+    /// them (what [`Capabilities::recv_buffer`] reports, twice what `setsockopt` is given), and
+    /// returns what the kernel granted. A smaller buffer drops no datagram already queued; new
+    /// ones are dropped (and counted in [`Self::receive_drops`]) until the queue is below it.
+    /// Growing past `net.core.rmem_max` needs `CAP_NET_ADMIN`; without it the buffer grows only
+    /// that far.
+    pub fn resize_recv_buffer(&self, bytes: usize) -> io::Result<usize> {
+        set_recv_buffer(&self.socket, bytes / 2)?;
+        effective_recv_buffer(self.socket.as_raw_fd())
+    }
+
     /// Shuts the socket down for reading: a thread blocked in [`Self::recv_batch`] wakes, and
     /// every later call returns `Ok(0)` at once. How a worker without a read timeout is stopped.
     pub fn shutdown_read(&self) {
@@ -466,8 +477,9 @@ fn set_recv_buffer(socket: &Socket, bytes: usize) -> io::Result<()> {
     match setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, value) {
         Ok(()) => Ok(()),
         // EPERM without CAP_NET_ADMIN: the unprivileged option still gets up to rmem_max.
+        // Trace, not debug: a shedding worker resizes its buffer while it runs.
         Err(e) => {
-            tracing::debug!(error = %e, "SO_RCVBUFFORCE refused, using SO_RCVBUF");
+            tracing::trace!(error = %e, "SO_RCVBUFFORCE refused, using SO_RCVBUF");
             setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, value)
         }
     }
@@ -532,6 +544,9 @@ mod tests {
         let sock = UdpSocket::bind(&cfg).unwrap();
         // The kernel doubles the value it was given.
         assert_eq!(sock.capabilities().recv_buffer, 128 * 1024);
+        // And it can be changed in use, in the kernel's own count.
+        assert_eq!(sock.resize_recv_buffer(32 * 1024).unwrap(), 32 * 1024);
+        assert_eq!(sock.resize_recv_buffer(256 * 1024).unwrap(), 256 * 1024);
     }
 
     #[test]
