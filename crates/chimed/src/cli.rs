@@ -68,6 +68,18 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", value_parser = parse_batch)]
     pub(crate) batch_size: Option<usize>,
 
+    /// Under a standing overload, answer only requests that waited in the receive queue less
+    /// than this and shed the older ones unanswered (counted as `shed`), NTP and Roughtime
+    /// alike, so that clients get fresh replies rather than all of them late. A burst is still
+    /// queued and answered in full. Up to 1 s; 0 turns shedding off [default: 0.005]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
+    pub(crate) shed_target: Option<f64>,
+
+    /// --shed-target: how long the oldest queued request must keep waiting longer than the
+    /// target before shedding starts (it stops once the queue empties). Up to 10 s [default: 0.1]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
+    pub(crate) shed_interval: Option<f64>,
+
     /// Pin worker threads to these CPUs, round robin (e.g. 0,1) [default: no pinning]
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub(crate) cpus: Option<Vec<usize>>,

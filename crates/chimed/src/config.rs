@@ -14,6 +14,7 @@ use zeroize::Zeroizing;
 
 use chime_ntp::{ClientTable, RateLimit, TxLog};
 use chime_roughtime::Grease;
+use chime_udp::ShedConfig;
 
 use crate::acl::Acl;
 use crate::cli::{self, Args};
@@ -33,6 +34,8 @@ struct File {
     stale_after: Option<f64>,
     recv_buffer: Option<usize>,
     batch_size: Option<usize>,
+    shed_target: Option<f64>,
+    shed_interval: Option<f64>,
     cpus: Option<Vec<usize>>,
     stats_interval: Option<f64>,
     metrics_address: Option<SocketAddr>,
@@ -86,6 +89,8 @@ pub(crate) struct Settings {
     /// The receive buffer each NTP socket asks for, in bytes.
     pub(crate) recv_buffer: usize,
     pub(crate) batch_size: usize,
+    /// Shedding under a standing overload, NTP and Roughtime alike; `None`: off.
+    pub(crate) shed: Option<ShedConfig>,
     pub(crate) cpus: Vec<usize>,
     pub(crate) stats_interval: Option<Duration>,
     /// Where the metrics endpoint listens; off if `None`.
@@ -239,6 +244,13 @@ const DEFAULT_NTP_RECV_BUFFER: usize = 4 << 20;
 /// adds latency (replies ~130 ms late at half a core), not throughput: 78-95k/s answered either way.
 const DEFAULT_ROUGHTIME_RECV_BUFFER: usize = 16 << 20;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
+/// --shed-target's default, CoDel's: see DEFAULT_SHED_INTERVAL.
+const DEFAULT_SHED_TARGET: f64 = 0.005;
+/// --shed-interval's default, CoDel's.
+const DEFAULT_SHED_INTERVAL: f64 = 0.1;
+/// Beyond a second a request is stale for any client; beyond ten seconds "standing" means little.
+const MAX_SHED_TARGET: f64 = 1.0;
+const MAX_SHED_INTERVAL: f64 = 10.0;
 /// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
 const MAX_GATHER: f64 = 0.1;
 /// --roughtime-gather's default: 2 ms gave batches of ~140 requests at 40k/s (mean Merkle path
@@ -298,6 +310,18 @@ impl Settings {
         let recv_buffer = recv_buffer.unwrap_or(DEFAULT_NTP_RECV_BUFFER);
         cli::check_recv_buffer(recv_buffer).map_err(|r| invalid(&recv_buffer_in, r))?;
         let (batch, batch_in) = pick!(batch_size, "batch-size");
+        let (shed_target, shed_target_in) = pick!(shed_target, "shed-target");
+        let (shed_interval, shed_interval_in) = pick!(shed_interval, "shed-interval");
+        let shed_target = shed_target.unwrap_or(DEFAULT_SHED_TARGET);
+        check_seconds_up_to(shed_target, MAX_SHED_TARGET)
+            .map_err(|r| invalid(&shed_target_in, r))?;
+        let shed_interval = shed_interval.unwrap_or(DEFAULT_SHED_INTERVAL);
+        check_seconds_up_to(shed_interval, MAX_SHED_INTERVAL)
+            .map_err(|r| invalid(&shed_interval_in, r))?;
+        let shed = (shed_target > 0.0).then(|| ShedConfig {
+            target: Duration::from_secs_f64(shed_target),
+            interval: Duration::from_secs_f64(shed_interval),
+        });
         let (cpus, _) = pick!(cpus, "cpus");
         let (stats, stats_in) = pick!(stats_interval, "stats-interval");
         let (metrics_address, _) = pick!(metrics_address, "metrics-address");
@@ -566,6 +590,7 @@ impl Settings {
             stale_after: Duration::from_secs_f64(stale),
             recv_buffer,
             batch_size,
+            shed,
             cpus: cpus.unwrap_or_default(),
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
             metrics_address,
@@ -809,6 +834,13 @@ fn invalid(input: &Input, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+fn check_seconds_up_to(v: f64, max: f64) -> Result<(), String> {
+    if !v.is_finite() || !(0.0..=max).contains(&v) {
+        return Err(format!("{v} seconds is outside 0..={max}"));
+    }
+    Ok(())
+}
+
 fn check_positive(v: f64) -> Result<(), String> {
     cli::check_seconds(v)?;
     if v == 0.0 {
@@ -939,6 +971,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("recv-buffer") && e.contains("outside"), "{e}");
+    }
+
+    #[test]
+    fn shedding_is_on_by_default_and_its_settings_are_checked() {
+        let s = resolve_with("", &[]).unwrap();
+        assert_eq!(s.shed, Some(ShedConfig::default()));
+        let s = resolve_with("shed-target = 0.01\nshed-interval = 0.25\n", &[]).unwrap();
+        let shed = s.shed.unwrap();
+        assert_eq!(
+            (shed.target, shed.interval),
+            (Duration::from_millis(10), Duration::from_millis(250))
+        );
+        // The flag wins over the file; 0 turns shedding off.
+        let s = resolve_with("shed-target = 0.01\n", &["--shed-target", "0"]).unwrap();
+        assert_eq!(s.shed, None);
+        for (file, key) in [
+            ("shed-target = 2.0\n", "shed-target"),
+            ("shed-target = -0.1\n", "shed-target"),
+            ("shed-interval = 11.0\n", "shed-interval"),
+        ] {
+            let e = resolve_with(file, &[]).unwrap_err().to_string();
+            assert!(
+                e.contains("chimed.toml") && e.contains(key) && e.contains("outside"),
+                "{file}: {e}"
+            );
+        }
+        let e = resolve_with("", &["--shed-target", "1.5"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--shed-target: 1.5 seconds is outside 0..=1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -121,6 +121,8 @@ impl Service {
 /// One service's sockets on one address family, bound and waiting for its threads.
 struct Bound {
     service: Service,
+    /// Whether its workers shed under overload (which needs receive timestamps).
+    shed: bool,
     family: &'static str,
     name: String,
     threads: usize,
@@ -165,6 +167,15 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     });
     if let Some(name) = &settings.tz_offset {
         load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;
+    }
+    match settings.shed {
+        Some(shed) => info!(
+            "overload: once the oldest queued request has waited over {} ms for {} ms, requests \
+             that waited longer are shed unanswered (--shed-target 0 turns this off)",
+            shed.target.as_secs_f64() * 1e3,
+            shed.interval.as_secs_f64() * 1e3
+        ),
+        None => info!("overload: shedding off; every queued request is answered however late"),
     }
     let roughtime = match &settings.roughtime {
         Some(rt) => {
@@ -370,18 +381,22 @@ fn bind(
     cfg.socket.recv_buffer = Some(settings.recv_buffer);
     cfg.batch_size = settings.batch_size;
     cfg.cpus = settings.cpus.clone();
+    cfg.shed = settings.shed;
     if let (Service::Roughtime, Some(rt)) = (service, &settings.roughtime) {
         cfg.socket.recv_buffer = Some(rt.recv_buffer);
         cfg.batch_size = rt.batch_size;
         cfg.gather = rt.gather;
     }
-    // Roughtime signs the time read once per batch; per-datagram kernel timestamps would only cost.
-    cfg.socket.rx_timestamps = service == Service::Ntp;
+    // Roughtime signs the time read once per batch; per-datagram kernel timestamps are there only
+    // to tell how long each request waited, for shedding.
+    cfg.socket.rx_timestamps = service == Service::Ntp || cfg.shed.is_some();
     let flag = service.flag_prefix();
+    let cfg_shed = cfg.shed.is_some();
     let workers = BoundWorkers::bind(cfg)
         .with_context(|| format!("--{flag}{family}-address {addr}: cannot bind"))?;
     Ok(Some(Bound {
         service,
+        shed: cfg_shed,
         family,
         name,
         threads,
@@ -418,6 +433,9 @@ fn start<H: BatchHandler>(
         warn!(
             "{name}: no kernel receive timestamps; receive times are read once per batch instead"
         );
+    }
+    if !caps.rx_timestamps && b.shed {
+        warn!("{name}: no kernel receive timestamps, so no request's wait is known: none is shed");
     }
     Ok(workers)
 }

@@ -217,7 +217,7 @@ pub(crate) fn render(sources: &Sources) -> String {
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
-    let per_worker: [(&str, &str, CountOf); 5] = [
+    let per_worker: [(&str, &str, CountOf); 6] = [
         (
             "chimed_requests_received_total",
             "Datagrams received.",
@@ -244,6 +244,13 @@ pub(crate) fn render(sources: &Sources) -> String {
             "Requests the kernel dropped at the socket before chimed could receive them (its \
              receive buffer was full): load the other counters never saw. Read every 64 batches.",
             |c| c.kernel_drops,
+        ),
+        (
+            "chimed_requests_shed_total",
+            "Requests received and not answered under a standing overload: they had waited in \
+             the receive queue longer than --shed-target, while the oldest waiting had stayed \
+             above it for --shed-interval. Also in chimed_requests_received_total.",
+            |c| c.shed,
         ),
     ];
     for (name, help, value) in per_worker {

@@ -339,6 +339,10 @@ impl BatchHandler for NtpWorker {
         self.stats.receive_drops(total);
     }
 
+    fn shed(&mut self, count: usize) {
+        self.stats.shed(count);
+    }
+
     fn finish(&mut self) {
         self.stats.finish();
     }

@@ -211,6 +211,10 @@ impl BatchHandler for RoughtimeWorker {
         self.stats.receive_drops(total);
     }
 
+    fn shed(&mut self, count: usize) {
+        self.stats.shed(count);
+    }
+
     fn finish(&mut self) {
         self.stats.finish();
     }

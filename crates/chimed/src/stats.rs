@@ -86,6 +86,9 @@ pub(crate) struct Counters<const N: usize> {
     /// Requests the kernel dropped at the socket before the worker could receive them (its
     /// receive buffer was full): load the other counts never saw.
     pub(crate) kernel_drops: u64,
+    /// Requests received but shed unanswered under a standing overload (`--shed-target`): they
+    /// had waited in the queue longer than the target. Also in `received`.
+    pub(crate) shed: u64,
     /// Replies of note (see [`Note`]), also in `answered` once sent.
     pub(crate) notes: [u64; NOTES],
     pub(crate) dropped: [u64; N],
@@ -99,6 +102,7 @@ impl<const N: usize> Default for Counters<N> {
             answered: 0,
             send_errors: 0,
             kernel_drops: 0,
+            shed: 0,
             notes: [0; NOTES],
             dropped: [0; N],
         }
@@ -125,6 +129,7 @@ impl<const N: usize> Counters<N> {
         self.answered += other.answered;
         self.send_errors += other.send_errors;
         self.kernel_drops += other.kernel_drops;
+        self.shed += other.shed;
         for (a, b) in self.notes.iter_mut().zip(other.notes) {
             *a += b;
         }
@@ -152,11 +157,12 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
         let c = self.counters;
         write!(
             f,
-            "received={} batches={} answered={} dropped={} send_errors={} kernel_drops={}",
+            "received={} batches={} answered={} dropped={} shed={} send_errors={} kernel_drops={}",
             c.received,
             c.batches,
             c.answered,
             c.dropped_total(),
+            c.shed,
             c.send_errors,
             c.kernel_drops
         )?;
@@ -182,6 +188,7 @@ pub(crate) struct Totals<const N: usize> {
     answered: AtomicU64,
     send_errors: AtomicU64,
     kernel_drops: AtomicU64,
+    shed: AtomicU64,
     notes: [AtomicU64; NOTES],
     dropped: [AtomicU64; N],
 }
@@ -194,6 +201,7 @@ impl<const N: usize> Default for Totals<N> {
             answered: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
             kernel_drops: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
             notes: std::array::from_fn(|_| AtomicU64::new(0)),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -207,6 +215,7 @@ impl<const N: usize> Totals<N> {
         self.answered.fetch_add(c.answered, Relaxed);
         self.send_errors.fetch_add(c.send_errors, Relaxed);
         self.kernel_drops.fetch_add(c.kernel_drops, Relaxed);
+        self.shed.fetch_add(c.shed, Relaxed);
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.fetch_add(b, Relaxed);
         }
@@ -222,6 +231,7 @@ impl<const N: usize> Totals<N> {
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             kernel_drops: self.kernel_drops.load(Relaxed),
+            shed: self.shed.load(Relaxed),
             notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
             dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
         }
@@ -243,6 +253,7 @@ pub(crate) struct Published {
     answered: AtomicU64,
     send_errors: AtomicU64,
     kernel_drops: AtomicU64,
+    shed: AtomicU64,
     notes: [AtomicU64; NOTES],
     dropped: Box<[AtomicU64]>,
 }
@@ -255,6 +266,7 @@ pub(crate) struct PublishedCounts {
     pub(crate) answered: u64,
     pub(crate) send_errors: u64,
     pub(crate) kernel_drops: u64,
+    pub(crate) shed: u64,
     pub(crate) notes: [u64; NOTES],
     /// One per label, in the labels' order.
     pub(crate) dropped: Vec<u64>,
@@ -267,6 +279,7 @@ impl Published {
         self.answered.store(c.answered, Relaxed);
         self.send_errors.store(c.send_errors, Relaxed);
         self.kernel_drops.store(c.kernel_drops, Relaxed);
+        self.shed.store(c.shed, Relaxed);
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.store(b, Relaxed);
         }
@@ -282,6 +295,7 @@ impl Published {
             answered: self.answered.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             kernel_drops: self.kernel_drops.load(Relaxed),
+            shed: self.shed.load(Relaxed),
             notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
             dropped: self.dropped.iter().map(|d| d.load(Relaxed)).collect(),
         }
@@ -314,6 +328,7 @@ impl Registry {
             answered: zero(),
             send_errors: zero(),
             kernel_drops: zero(),
+            shed: zero(),
             notes: std::array::from_fn(|_| zero()),
             dropped: labels.iter().map(|_| zero()).collect(),
         });
@@ -409,6 +424,12 @@ impl<const N: usize> WorkerStats<N> {
             self.pending.kernel_drops += u64::from(new);
             self.publish();
         }
+    }
+
+    /// Requests received and shed unanswered ([`chime_udp::BatchHandler::shed`]).
+    pub(crate) fn shed(&mut self, count: usize) {
+        self.pending.received += count as u64;
+        self.pending.shed += count as u64;
     }
 
     pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {

@@ -160,6 +160,7 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         ),
         ("chimed_send_errors_total", ntp.to_vec(), 0.0),
         ("chimed_kernel_receive_drops_total", ntp.to_vec(), 0.0),
+        ("chimed_requests_shed_total", ntp.to_vec(), 0.0),
         ("chimed_requests_received_total", rt.to_vec(), 2.0),
         ("chimed_replies_sent_total", rt.to_vec(), 1.0),
         ("chimed_receive_batches_total", rt.to_vec(), 2.0),
@@ -231,6 +232,72 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         "{}",
         page["content_type"]
     );
+}
+
+/// Shedding under a standing queue shows in chimed_requests_shed_total, for NTP and Roughtime
+/// alike: chimed stopped (SIGSTOP) while 40 requests of each wait 100 ms in its sockets, then
+/// resumed with a 20 ms target and a zero interval, so that its first full batch finds a standing
+/// queue. Every one of them is shed, received and not answered.
+#[test]
+fn shed_requests_are_counted_for_both_services() {
+    let s = serve(&[
+        "--batch-size",
+        "4",
+        "--roughtime-batch-size",
+        "4",
+        "--roughtime-gather",
+        "0",
+        "--shed-target",
+        "0.02",
+        "--shed-interval",
+        "0",
+    ]);
+    // Roughtime signs once the mirror is synchronised; an answered probe says it is.
+    assert!(
+        exchange(
+            s.roughtime,
+            &roughtime_probe_request([1; 32]),
+            Duration::from_secs(2)
+        )
+        .is_some()
+    );
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.chimed.pause();
+    for i in 0..40u8 {
+        sock.send_to(&ntp_request(0x23, 48), s.ntp).unwrap();
+        sock.send_to(&roughtime_probe_request([i; 32]), s.roughtime)
+            .unwrap();
+    }
+    // Not a wait for readiness: this is the stall under test, the time the requests queue.
+    std::thread::sleep(Duration::from_millis(100));
+    s.chimed.resume();
+    let ntp = [("service", "ntp"), ("family", "ipv4"), ("thread", "0")];
+    let rt = [
+        ("service", "roughtime"),
+        ("family", "ipv4"),
+        ("thread", "0"),
+    ];
+    let expected = [
+        ("chimed_requests_shed_total", &ntp, 40.0),
+        ("chimed_requests_received_total", &ntp, 40.0),
+        ("chimed_replies_sent_total", &ntp, 0.0),
+        ("chimed_requests_shed_total", &rt, 40.0),
+        ("chimed_requests_received_total", &rt, 41.0),
+        ("chimed_replies_sent_total", &rt, 1.0),
+    ];
+    let matches = |page: &serde_json::Value| {
+        expected
+            .iter()
+            .all(|(name, labels, v)| value(page, name, &labels[..]) == Some(*v))
+    };
+    let page = scrape_until(s.metrics, Duration::from_secs(3), matches);
+    for (name, labels, v) in &expected {
+        assert_eq!(
+            value(&page, name, &labels[..]),
+            Some(*v),
+            "{name} {labels:?}"
+        );
+    }
 }
 
 #[test]

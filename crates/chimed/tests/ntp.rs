@@ -732,3 +732,82 @@ fn requests_the_kernel_dropped_are_counted() {
     assert_eq!(count_in(&totals, "received"), answered, "{totals}");
     assert_eq!(answered + dropped, SENT, "{totals}");
 }
+
+/// Stops chimed (SIGSTOP) while `queued` requests (origin timestamps 1..=queued) wait in its
+/// socket for `aged`, resumes it, sends one more request (origin 1000), and returns the origin
+/// timestamps of the replies that came back.
+fn stall_then_resume(chimed: &Chimed, queued: u64, aged: Duration) -> Vec<u64> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut request = [0u8; 48];
+    request[0] = 0x23;
+    chimed.pause();
+    for i in 1..=queued {
+        request[40..48].copy_from_slice(&i.to_be_bytes());
+        sock.send_to(&request, chimed.addr).unwrap();
+    }
+    // Not a wait for readiness: this is the stall under test, the time the requests queue.
+    std::thread::sleep(aged);
+    chimed.resume();
+    request[40..48].copy_from_slice(&1000u64.to_be_bytes());
+    sock.send_to(&request, chimed.addr).unwrap();
+    let mut origins = Vec::new();
+    let mut buf = [0u8; 128];
+    while let Ok((n, _)) = sock.recv_from(&mut buf) {
+        assert_eq!(n, 48);
+        origins.push(u64::from_be_bytes(buf[24..32].try_into().unwrap()));
+    }
+    origins.sort_unstable();
+    origins
+}
+
+/// Overload without a standing queue (`--shed-target`): a stall shorter than the interval is a
+/// burst, and every request queued through it is answered; a queue that has stood longer than
+/// the interval (here an interval of 0, so at once) is shed, oldest first: requests that waited
+/// longer than the target get no reply and are counted as `shed`, while the request sent after
+/// them is answered. (metrics.rs checks chimed_requests_shed_total, for Roughtime too.)
+#[test]
+fn a_stall_is_absorbed_and_a_standing_queue_is_shed() {
+    let chronyd = Chronyd::start();
+    // 40 requests in batches of 4: ten full receives, so the queue looks standing to a zero
+    // interval, and drains in far less than the default 100 ms one.
+    let mut absorbing = chimed_v4(
+        &chronyd,
+        &["-4", "1", "--batch-size", "4", "--shed-target", "0.02"],
+    );
+    let answered = stall_then_resume(&absorbing, 40, Duration::from_millis(100));
+    let all: Vec<u64> = (1..=40).chain([1000]).collect();
+    assert_eq!(
+        answered, all,
+        "a stall of 100 ms under a 100 ms interval is absorbed"
+    );
+    assert!(absorbing.terminate().success());
+    let totals = absorbing.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "shed"), 0, "{totals}");
+
+    let mut shedding = chimed_v4(
+        &chronyd,
+        &[
+            "-4",
+            "1",
+            "--batch-size",
+            "4",
+            "--shed-target",
+            "0.02",
+            "--shed-interval",
+            "0",
+        ],
+    );
+    let answered = stall_then_resume(&shedding, 40, Duration::from_millis(100));
+    assert_eq!(
+        answered,
+        [1000],
+        "only the request that did not wait is answered"
+    );
+    assert!(shedding.terminate().success());
+    let totals = shedding.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "shed"), 40, "{totals}");
+    assert_eq!(count_in(&totals, "received"), 41, "{totals}");
+    assert_eq!(count_in(&totals, "answered"), 1, "{totals}");
+}
