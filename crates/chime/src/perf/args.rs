@@ -60,6 +60,14 @@ pub(crate) struct LoadArgs {
           allow_negative_numbers = true)]
     pub(crate) timeout: f64,
 
+    /// A client's poll interval, for counting stale replies: an answer whose round trip took
+    /// longer came after that client's next request would have gone out, and a client (ntpperf's
+    /// too) rejects it [default: ntpperf's, whose min(rate/10, 16384) clients share the rate:
+    /// 0.1 s up to 163,840 requests/s, 16384/rate s above]
+    #[arg(long = "client-interval", value_name = "SECS", value_parser = parse_positive_seconds,
+          allow_negative_numbers = true)]
+    pub(crate) client_interval: Option<f64>,
+
     /// Stop stepping after a step whose loss is above this percentage
     #[arg(long = "max-loss", value_name = "PCT", default_value = "10", value_parser = parse_percent,
           allow_negative_numbers = true)]
@@ -115,7 +123,23 @@ pub(crate) struct Plan {
     pub(crate) timeout: Duration,
     /// In-flight slots per thread, a power of two.
     pub(crate) inflight_slots: usize,
+    /// `--client-interval`; `None`: ntpperf's, which depends on the rate.
+    pub(crate) client_interval: Option<Duration>,
 }
+
+impl Plan {
+    /// The client poll interval at `rate` requests per second, beyond which a reply is stale.
+    pub(crate) fn client_interval(&self, rate: f64) -> Duration {
+        self.client_interval.unwrap_or_else(|| {
+            // ntpperf: min(rate / 10, 16384) clients, each sending rate / clients per second.
+            let clients = (rate / 10.0).clamp(1.0, NTPPERF_MAX_CLIENTS);
+            Duration::from_secs_f64(clients / rate)
+        })
+    }
+}
+
+/// ntpperf's most simulated clients.
+const NTPPERF_MAX_CLIENTS: f64 = 16384.0;
 
 impl LoadArgs {
     /// Checks the flags that depend on each other and works out the steps. A bad combination
@@ -157,6 +181,7 @@ impl LoadArgs {
             warmup: Duration::from_secs_f64(self.warmup),
             timeout: Duration::from_secs_f64(self.timeout),
             inflight_slots: slots,
+            client_interval: self.client_interval.map(Duration::from_secs_f64),
         })
     }
 }
@@ -367,5 +392,30 @@ mod tests {
         let n = inflight_slots(300_000.0, 1.0, 32);
         assert!(n.is_power_of_two() && n >= 600_000, "{n}");
         assert_eq!(inflight_slots(1e7, 3600.0, 32), usize::MAX);
+    }
+
+    #[test]
+    fn the_client_interval_is_ntpperfs_unless_given() {
+        let plan = |interval| Plan {
+            rates: vec![1000.0],
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            timeout: Duration::from_secs(1),
+            inflight_slots: 4096,
+            client_interval: interval,
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        // ntpperf: rate / 10 clients up to 16384, so 100 ms until 163,840/s, then shorter.
+        assert!((ms(plan(None).client_interval(50_000.0)) - 100.0).abs() < 1e-9);
+        assert!((ms(plan(None).client_interval(163_840.0)) - 100.0).abs() < 1e-9);
+        let at_650k = ms(plan(None).client_interval(650_000.0));
+        assert!((at_650k - 25.206).abs() < 1e-3, "{at_650k}");
+        // At least one client, however low the rate.
+        assert!((ms(plan(None).client_interval(2.0)) - 500.0).abs() < 1e-9);
+        let fixed = Some(Duration::from_millis(64));
+        assert_eq!(
+            plan(fixed).client_interval(650_000.0),
+            Duration::from_millis(64)
+        );
     }
 }

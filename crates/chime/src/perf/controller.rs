@@ -86,6 +86,7 @@ pub(crate) fn run<P: LoadProtocol>(
             rate: plan.rates[0],
             start: first_start,
             duration: plan.warmup,
+            stale_after: plan.client_interval(plan.rates[0]),
         });
     }
 
@@ -102,6 +103,7 @@ pub(crate) fn run<P: LoadProtocol>(
             rate,
             start,
             duration: plan.duration,
+            stale_after: plan.client_interval(rate),
         };
         pool.broadcast(phase);
         line.begin(format!("warm-up at {rate:.0}/s"));
@@ -119,7 +121,13 @@ pub(crate) fn run<P: LoadProtocol>(
         let stats = pool.collect(phase.step, limit, &mut line)?;
         let after = watch.snapshot();
 
-        let mut report = StepReport::new(i + 1, rate, plan.duration.as_secs_f64(), &stats);
+        let mut report = StepReport::new(
+            i + 1,
+            rate,
+            plan.duration.as_secs_f64(),
+            plan.client_interval(rate).as_secs_f64(),
+            &stats,
+        );
         let delta = watch.delta(&before, &after, stats.answered, plan.duration);
         report.server_cpu = delta.server_cpu;
         report.client_cpu_percent = delta.client_cpu_percent;

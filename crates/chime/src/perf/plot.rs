@@ -158,7 +158,7 @@ mod tests {
                 s.answered = answered;
                 record_ns(&mut s.rtt, 20_000 * (i as i64 + 1));
                 record_ns(&mut s.t2_t1, 5_000);
-                StepReport::new(i + 1, rate, 1.0, &s)
+                StepReport::new(i + 1, rate, 1.0, 0.1, &s)
             })
             .collect();
         let dir = tempfile::tempdir().unwrap();

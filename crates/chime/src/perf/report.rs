@@ -34,12 +34,14 @@ pub(crate) struct RunReport<'a> {
 pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
     writeln!(
         out,
-        "{:>4} {:>10} {:>10} {:>11} {:>8} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7}",
+        "{:>4} {:>10} {:>10} {:>11} {:>8} {:>8} {:>11} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7}",
         "step",
         "offered/s",
         "sent",
         "answered/s",
         "loss %",
+        "stale %",
+        "accepted/s",
         "invalid",
         "p50 µs",
         "p99 µs",
@@ -52,12 +54,15 @@ pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()
         let rtt = |f: fn(&Percentiles) -> f64| opt(s.rtt_us.as_ref().map(f), 1);
         writeln!(
             out,
-            "{:>4} {:>10.0} {:>10} {:>11.1} {:>8.3} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7}",
+            "{:>4} {:>10.0} {:>10} {:>11.1} {:>8.3} {:>8.3} {:>11.1} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} \
+             {:>7}",
             s.step,
             s.offered_rate,
             s.sent,
             s.answered_rate,
             s.loss_pct,
+            s.stale_pct,
+            s.accepted_rate,
             s.invalid,
             rtt(|p| p.p50),
             rtt(|p| p.p99),
@@ -70,8 +75,10 @@ pub(crate) fn table(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()
     writeln!(
         out,
         "Latency is the round trip T4 − T1; T2 − T1 is the server's receive timestamp error (µs); \
-         CPU/reply is server CPU µs per answered request (--server-pid), kernel the part of it \
-         spent in the kernel (system time)."
+         stale answers took longer than a client's poll interval (--client-interval), so the \
+         client had sent its next request: accepted/s counts the others; CPU/reply is server CPU \
+         µs per answered request (--server-pid), kernel the part of it spent in the kernel \
+         (system time)."
     )
 }
 
@@ -80,8 +87,15 @@ pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option
     let mut text = String::new();
     let line = |s: &StepReport| {
         format!(
-            "step {}: {:.0} requests/s offered, {:.1} answered/s, loss {:.3}%",
-            s.step, s.offered_rate, s.answered_rate, s.loss_pct
+            "step {}: {:.0} requests/s offered, {:.1} answered/s, loss {:.3}%, stale {:.3}% (a \
+             {:.0} ms client interval), {:.1} accepted/s",
+            s.step,
+            s.offered_rate,
+            s.answered_rate,
+            s.loss_pct,
+            s.stale_pct,
+            s.client_interval * 1e3,
+            s.accepted_rate
         )
     };
     if let [only] = steps {
@@ -89,21 +103,25 @@ pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option
     } else {
         match steps
             .iter()
-            .filter(|s| s.loss_pct < 1.0)
+            .filter(|s| s.loss_pct + s.stale_pct < 1.0)
             .max_by(|a, b| a.answered_rate.total_cmp(&b.answered_rate))
         {
             Some(best) => {
-                let _ = writeln!(text, "Highest rate with loss under 1%: {}.", line(best));
+                let _ = writeln!(
+                    text,
+                    "Highest rate with loss and stale answers under 1%: {}.",
+                    line(best)
+                );
             }
             None => {
-                let _ = writeln!(text, "No step had loss under 1%.");
+                let _ = writeln!(text, "No step had loss and stale answers under 1%.");
             }
         }
         if let Some(peak) = steps
             .iter()
-            .max_by(|a, b| a.answered_rate.total_cmp(&b.answered_rate))
+            .max_by(|a, b| a.accepted_rate.total_cmp(&b.accepted_rate))
         {
-            let _ = writeln!(text, "Most answered: {}.", line(peak));
+            let _ = writeln!(text, "Most accepted: {}.", line(peak));
         }
     }
     if let Some(s) = steps
@@ -194,7 +212,7 @@ t2_t1_p50_us,t2_t1_p90_us,t2_t1_p99_us,t2_t1_p999_us,t2_t1_max_us,\
 t3_t2_p50_us,t3_t2_p90_us,t3_t2_p99_us,t3_t2_p999_us,t3_t2_max_us,\
 send_lag_p99_us,server_cpu_us_per_reply,server_kernel_us_per_reply,server_cpu_pct,server_busiest_thread_pct,\
 client_cpu_pct,client_rx_drops,server_rx_drops,verified,merkle_path_mean,merkle_path_max,\
-max_cpu_steal_pct";
+max_cpu_steal_pct,client_interval_s,stale,stale_pct,accepted_rate";
 
 /// Writes the steps as CSV: numbers only, an empty field where there is no value.
 pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> {
@@ -243,6 +261,10 @@ pub(crate) fn csv(out: &mut impl Write, steps: &[StepReport]) -> io::Result<()> 
             s.steal_pct
                 .as_ref()
                 .and_then(|v| v.iter().copied().reduce(f64::max)),
+            Some(s.client_interval),
+            Some(s.stale as f64),
+            Some(s.stale_pct),
+            Some(s.accepted_rate),
         ];
         for f in fields {
             row.push(',');
@@ -270,7 +292,7 @@ mod tests {
         s.sent = s.scheduled;
         s.answered = answered;
         super::super::stats::record_ns(&mut s.rtt, 25_000);
-        StepReport::new(n, rate, 2.0, &s)
+        StepReport::new(n, rate, 2.0, 0.1, &s)
     }
 
     #[test]
@@ -297,7 +319,11 @@ mod tests {
         ];
         let text = summary(&steps, 10.0, Some("step 3 lost 33.333%"));
         assert!(
-            text.contains("Highest rate with loss under 1%: step 2: 1500 requests/s offered, 1495.0 answered/s, loss 0.333%"),
+            text.contains(
+                "Highest rate with loss and stale answers under 1%: step 2: 1500 requests/s \
+                 offered, 1495.0 answered/s, loss 0.333%, stale 0.000% (a 100 ms client \
+                 interval), 1495.0 accepted/s"
+            ),
             "{text}"
         );
         assert!(text.contains("Stopped early"), "{text}");
@@ -308,6 +334,39 @@ mod tests {
         table(&mut table_out, &steps).unwrap();
         let table_text = String::from_utf8(table_out).unwrap();
         assert_eq!(table_text.lines().count(), 5, "{table_text}");
+    }
+
+    #[test]
+    fn stale_answers_count_against_a_step_as_loss_does() {
+        let mut stale = StepStats::new();
+        stale.sent = 3000;
+        stale.answered = 3000;
+        stale.stale = 60;
+        let steps = [
+            step(1, 1000.0, 2000),
+            StepReport::new(2, 1500.0, 2.0, 0.025, &stale),
+        ];
+        assert_eq!((steps[1].stale_pct, steps[1].accepted_rate), (2.0, 1470.0));
+        let text = summary(&steps, 10.0, None);
+        // Step 2 answered more, but 2% of it stale: the best clean step is step 1.
+        assert!(
+            text.contains("under 1%: step 1: 1000 requests/s offered"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Most accepted: step 2: 1500 requests/s offered, 1500.0 answered/s, \
+                 loss 0.000%, stale 2.000% (a 25 ms client interval), 1470.0 accepted/s"
+            ),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        csv(&mut out, &steps).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.lines().nth(2).unwrap().ends_with(",0.025,60,2,1470"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -329,7 +388,7 @@ mod tests {
         let mut out = Vec::new();
         csv(&mut out, &[step(1, 1000.0, 1900)]).unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert!(text.lines().next().unwrap().ends_with(",max_cpu_steal_pct"));
+        assert!(text.lines().next().unwrap().contains(",max_cpu_steal_pct,"));
         let mut with = step(1, 1000.0, 1900);
         with.steal_pct = Some(vec![0.5, 3.25]);
         let mut out = Vec::new();
@@ -338,7 +397,7 @@ mod tests {
             String::from_utf8(out)
                 .unwrap()
                 .trim_end()
-                .ends_with(",3.25")
+                .ends_with(",3.25,0.1,0,0,950")
         );
     }
 }

@@ -27,6 +27,9 @@ pub(crate) struct StepStats {
     /// Requests still unsent when the step's time ran out: the generator fell behind.
     pub(crate) unsent: u64,
     pub(crate) answered: u64,
+    /// Answered requests whose round trip was longer than the client interval: the client had
+    /// sent its next request by then (also in `answered`).
+    pub(crate) stale: u64,
     pub(crate) refused: u64,
     /// Replies naming a request that a client would reject.
     pub(crate) invalid_matched: u64,
@@ -65,6 +68,7 @@ impl StepStats {
             send_errors: 0,
             unsent: 0,
             answered: 0,
+            stale: 0,
             refused: 0,
             invalid_matched: 0,
             invalid_unmatched: 0,
@@ -100,6 +104,7 @@ impl StepStats {
         self.send_errors += other.send_errors;
         self.unsent += other.unsent;
         self.answered += other.answered;
+        self.stale += other.stale;
         self.refused += other.refused;
         self.invalid_matched += other.invalid_matched;
         self.invalid_unmatched += other.invalid_unmatched;
@@ -222,6 +227,15 @@ pub(crate) struct StepReport {
     pub(crate) answered_rate: f64,
     /// Percentage of sent requests not answered in time.
     pub(crate) loss_pct: f64,
+    /// The client poll interval stale replies are counted against, seconds.
+    pub(crate) client_interval: f64,
+    /// Answered requests whose round trip was longer than the client interval.
+    pub(crate) stale: u64,
+    /// Percentage of sent requests answered stale: with `loss_pct`, what ntpperf calls lost and
+    /// invalid.
+    pub(crate) stale_pct: f64,
+    /// Answers that were not stale, per second of the step: what clients accept.
+    pub(crate) accepted_rate: f64,
     pub(crate) lost: u64,
     /// Invalid datagrams: replies a client would reject plus ones naming no request of ours.
     pub(crate) invalid: u64,
@@ -257,7 +271,13 @@ pub(crate) struct StepReport {
 
 impl StepReport {
     /// The counts and distributions of a step; the controller adds the /proc figures.
-    pub(crate) fn new(step: usize, offered_rate: f64, duration: f64, s: &StepStats) -> Self {
+    pub(crate) fn new(
+        step: usize,
+        offered_rate: f64,
+        duration: f64,
+        client_interval: f64,
+        s: &StepStats,
+    ) -> Self {
         let ratio = |n: u64| {
             if s.sent == 0 {
                 0.0
@@ -281,6 +301,10 @@ impl StepReport {
             } else {
                 ratio(s.sent - s.answered)
             },
+            client_interval,
+            stale: s.stale,
+            stale_pct: ratio(s.stale),
+            accepted_rate: (s.answered - s.stale) as f64 / duration,
             lost: s.lost(),
             invalid: s.invalid_matched + s.invalid_unmatched,
             refused: s.refused,
@@ -316,7 +340,7 @@ mod tests {
         s.invalid_matched = 2;
         s.invalid_unmatched = 4;
         assert_eq!(s.lost(), 5);
-        let r = StepReport::new(1, 50.0, 2.0, &s);
+        let r = StepReport::new(1, 50.0, 2.0, 0.1, &s);
         assert_eq!(r.loss_pct, 10.0);
         assert_eq!(r.invalid, 6);
         assert_eq!((r.sent_rate, r.answered_rate), (50.0, 45.0));
@@ -343,7 +367,7 @@ mod tests {
     #[test]
     fn merkle_paths_summarise_the_answered_replies() {
         let mut a = StepStats::new();
-        assert_eq!(StepReport::new(1, 1.0, 1.0, &a).merkle_path, None);
+        assert_eq!(StepReport::new(1, 1.0, 1.0, 0.1, &a).merkle_path, None);
         for path_len in [0, 3, 3] {
             a.record_signed(Signed {
                 verified: path_len == 3,
@@ -356,7 +380,7 @@ mod tests {
             path_len: 200,
         });
         a.merge(&b);
-        let r = StepReport::new(1, 1.0, 1.0, &a);
+        let r = StepReport::new(1, 1.0, 1.0, 0.1, &a);
         assert_eq!(r.verified, 2);
         // 200 is counted as 32, the longest path a 2^32-leaf tree has.
         assert_eq!(

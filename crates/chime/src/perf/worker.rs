@@ -48,6 +48,8 @@ pub(crate) struct Phase {
     pub(crate) rate: f64,
     pub(crate) start: Instant,
     pub(crate) duration: Duration,
+    /// A client's poll interval at this rate: an answer with a longer round trip is stale.
+    pub(crate) stale_after: Duration,
 }
 
 /// A worker's numbers for one finished step.
@@ -123,6 +125,7 @@ impl<P: LoadProtocol> Worker<P> {
                 protocol,
                 inflight,
                 timeout_ns: i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX),
+                stale_ns: i64::MAX,
                 current: None,
                 late: vec![0; steps],
                 duplicate: vec![0; steps],
@@ -168,6 +171,8 @@ struct Book<P> {
     protocol: P,
     inflight: InFlight,
     timeout_ns: i64,
+    /// The phase's client interval: answers with a longer round trip are stale.
+    stale_ns: i64,
     /// The step being measured and its numbers so far; `None` during the warm-up.
     current: Option<(u16, StepStats)>,
     late: Vec<u64>,
@@ -185,6 +190,7 @@ impl<P: LoadProtocol> Engine<P> {
     ) -> Option<StepStats> {
         let counted = phase.step != WARMUP;
         self.book.current = counted.then(|| (phase.step, StepStats::new()));
+        self.book.stale_ns = i64::try_from(phase.stale_after.as_nanos()).unwrap_or(i64::MAX);
         let schedule = Schedule::new(phase, self.index, self.threads);
         if let Some((_, stats)) = &mut self.book.current {
             stats.scheduled = schedule.total;
@@ -375,7 +381,9 @@ impl<P: LoadProtocol> Book<P> {
                     Verdict::Valid => {
                         slot.state = State::Answered;
                         stats.answered += 1;
-                        record_ns(&mut stats.rtt, t4_ns - slot.t1_ns);
+                        let rtt = t4_ns - slot.t1_ns;
+                        stats.stale += u64::from(rtt > self.stale_ns);
+                        record_ns(&mut stats.rtt, rtt);
                         if let Some(signed) = signed {
                             stats.record_signed(signed);
                         }
@@ -479,6 +487,7 @@ mod tests {
             rate,
             start: Instant::now(),
             duration: Duration::from_secs_f64(secs),
+            stale_after: Duration::from_millis(100),
         }
     }
 
