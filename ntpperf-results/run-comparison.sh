@@ -205,7 +205,8 @@ IFS=, read -r -a server_list <<<"$SERVERS"
 for s in "${server_list[@]}"; do
     case $s in
         chronyd) ;;
-        chimed-[1-9] | chimed-[1-9][0-9] | chimed-rl-[1-9] | chimed-rl-[1-9][0-9])
+        chimed-[1-9] | chimed-[1-9][0-9] | chimed-rl-[1-9] | chimed-rl-[1-9][0-9] | \
+            chimed-noshed-[1-9] | chimed-noshed-[1-9][0-9])
             if [[ ! -x $CHIMED ]] && ((explicit_servers)); then
                 die "server $s asked for, but chimed binary '$CHIMED' is missing"
             fi
@@ -213,7 +214,7 @@ for s in "${server_list[@]}"; do
         rsntp-[1-9] | rsntp-[1-9][0-9])
             [[ -n $RSNTP ]] || die "server $s asked for, but no rsntp binary given (--rsntp PATH)"
             ;;
-        *) die "unknown server '$s' (want chronyd, chimed-N, chimed-rl-N or rsntp-N)" ;;
+        *) die "unknown server '$s' (want chronyd, chimed-N, chimed-rl-N, chimed-noshed-N or rsntp-N)" ;;
     esac
 done
 
@@ -360,6 +361,9 @@ EOF
             printf '%s\n' "$CHIMED" -4 "$threads" -6 0 -a "$SERVER_IP:123" -s "127.0.0.1:$MIRROR_PORT"
             if [[ -n $RMEM ]]; then
                 printf '%s\n' --recv-buffer $((RMEM / 2))
+            fi
+            if [[ $name == chimed-noshed-* ]]; then
+                printf '%s\n' --shed-target 0
             fi
             if [[ $name == chimed-rl-* ]]; then
                 local -a extra
@@ -545,18 +549,23 @@ run_step() {
         ht = B[11] - A[11]
         niced = ht > 0 ? 100 * ncpu * (B[10] - A[10]) / ht : 0
         disturbed = other != "" && other + 0 > max_other + 0 ? 1 : 0
-        printf "%s,%d,%d,%.2f,%.2f,%.0f,%.0f,%.1f,%.3f,%s,%.3f,%d,%d,%.2f,%d,%d,%s,%s,%.1f,%d,%d,%.2f\n",
+        # What the clients accepted: ntpperf counts a reply invalid when its origin timestamp is
+        # not the latest request of its client (it came after the next one went out), and lost
+        # when none came; what is left of the offered rate is what clients could use.
+        accepted = offered * (1 - (R[3] + R[4]) / 100)
+        printf "%s,%d,%d,%.2f,%.2f,%.0f,%.0f,%.1f,%.3f,%s,%.3f,%d,%d,%.2f,%d,%d,%s,%s,%.1f,%d,%d,%.2f,%.0f\n",
             name, rate, R[2], R[3], R[4], offered, resp, 100 * cpu / dt, us, mean, dt,
             req, rep, srv_loss, S1[8] - S0[8], (S1[5] - S0[5]) + (S1[6] - S0[6]),
-            client, other, niced, attempt, disturbed, R[6]
+            client, other, niced, attempt, disturbed, R[6], accepted < 0 ? 0 : accepted
     }')
     echo "$csv_row" >>"$STEPS_CSV"
-    # Column 21 (disturbed); ntpperf_xleave_pct came after it and is last.
+    # Column 21 (disturbed); ntpperf_xleave_pct and accepted_pps came after it.
     STEP_DISTURBED=$(cut -d, -f21 <<<"$csv_row")
 }
 
 # Per-server summary row from its step rows, taking the last attempt at each rate. The peak is
-# the highest response rate of any step that lost < 1% (by ntpperf's count), not of the last
+# the highest response rate of any step whose lost and invalid replies together were < 1% (by
+# ntpperf's count: a stale reply is no more use to a client than none), not of the last
 # step before the first lossy one: on a shared machine a lone noisy step low in the ladder would
 # otherwise hide the real knee. disturbed_steps counts the steps whose last attempt was still
 # disturbed; their losses may be the scheduler's doing, and other_cpu_pct in steps.csv says how much.
@@ -570,14 +579,15 @@ summarise() {
     END {
         for (i = 1; i <= steps; i++) {
             split(row[order[i]], f, ",")
-            if (f[4] < 1 && f[7] > best) { best = f[7]; best_off = f[6]; best_rate = f[2]; best_us = f[9]; best_cpu = f[8] }
+            if (f[4] + f[5] < 1 && f[7] > best) { best = f[7]; best_off = f[6]; best_rate = f[2]; best_us = f[9]; best_cpu = f[8] }
             if (f[7] > top) { top = f[7]; top_us = f[9]; top_loss = f[4] }
+            if (f[23] > top_acc) { top_acc = f[23]; top_acc_bad = f[4] + f[5] }
             disturbed += f[21]
         }
         # no step under 1% loss: leave the peak columns empty rather than print zeros
         peak = best == "" ? ",,,," : sprintf("%.0f,%d,%.0f,%.3f,%.1f", best, best_rate, best_off, best_us, best_cpu)
-        printf "%s,%s,%d,%s,%.0f,%.2f,%.3f,%s,%d\n", name, status, steps, peak,
-            top, top_loss, top_us, ladder_us, disturbed
+        printf "%s,%s,%d,%s,%.0f,%.2f,%.3f,%s,%d,%.0f,%.2f\n", name, status, steps, peak,
+            top, top_loss, top_us, ladder_us, disturbed, top_acc, top_acc_bad
     }' "$STEPS_CSV" >>"$SUMMARY_CSV"
 }
 
@@ -591,7 +601,7 @@ run_server() {
     if [[ ! -x $bin ]]; then
         note "$name: binary '$bin' not found, skipped"
         echo "# $name: skipped, binary '$bin' not found" >"$raw"
-        echo "$name,skipped (no binary),0,,,,,,,,,," >>"$SUMMARY_CSV"
+        echo "$name,skipped (no binary),0,,,,,,,,,,,," >>"$SUMMARY_CSV"
         return
     fi
 
@@ -737,8 +747,8 @@ write_setup() {
 mkdir -p "$OUT_DIR/raw"
 STEPS_CSV=$OUT_DIR/steps.csv
 SUMMARY_CSV=$OUT_DIR/summary.csv
-echo "server,nominal_rate,clients,ntpperf_lost_pct,ntpperf_invalid_pct,offered_pps,response_pps,server_cpu_pct,cpu_us_per_response,ntpperf_resp_time_mean_ns,window_s,step_requests,step_replies,step_server_loss_pct,step_udp_rcvbuf_errors,step_veth_drops,ntpperf_cpu_pct,other_cpu_pct,niced_cpu_pct,attempt,disturbed,ntpperf_xleave_pct" >"$STEPS_CSV"
-echo "server,status,steps,peak_response_pps_lt1pct_loss,nominal_rate_at_peak,offered_pps_at_peak,cpu_us_per_response_at_peak,server_cpu_pct_at_peak,max_response_pps,ntpperf_lost_pct_at_max,cpu_us_per_response_at_max,cpu_us_per_response_whole_ladder,disturbed_steps" >"$SUMMARY_CSV"
+echo "server,nominal_rate,clients,ntpperf_lost_pct,ntpperf_invalid_pct,offered_pps,response_pps,server_cpu_pct,cpu_us_per_response,ntpperf_resp_time_mean_ns,window_s,step_requests,step_replies,step_server_loss_pct,step_udp_rcvbuf_errors,step_veth_drops,ntpperf_cpu_pct,other_cpu_pct,niced_cpu_pct,attempt,disturbed,ntpperf_xleave_pct,accepted_pps" >"$STEPS_CSV"
+echo "server,status,steps,peak_response_pps_lt1pct_lost_or_invalid,nominal_rate_at_peak,offered_pps_at_peak,cpu_us_per_response_at_peak,server_cpu_pct_at_peak,max_response_pps,ntpperf_lost_pct_at_max,cpu_us_per_response_at_max,cpu_us_per_response_whole_ladder,disturbed_steps,max_accepted_pps,ntpperf_lost_plus_invalid_pct_at_max_accepted" >"$SUMMARY_CSV"
 
 set_rmem
 setup_network

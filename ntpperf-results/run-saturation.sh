@@ -15,7 +15,9 @@
 #
 # Outputs in --out: round-N/ (run-comparison.sh's outputs for round N), rounds.csv (one row per
 # round and server) and summary.txt (per-round and overall ratios of the first server listed
-# over each other one).
+# over each other one). Servers are ranked by the replies their clients accepted, not by the
+# replies they sent: ntpperf counts a reply that came after the client's next request as
+# invalid, and a server with a standing queue can send many replies no client can use.
 
 set -euo pipefail
 
@@ -92,45 +94,54 @@ done
 # run-comparison.sh ran again because other processes disturbed it has a row per attempt; the
 # last is the one that counts, as in its own summary.
 {
-    echo "round,position,server,offered_pps,response_pps,cpu_us_per_response,server_cpu_pct,ntpperf_lost_pct,ntpperf_invalid_pct,step_udp_rcvbuf_errors,attempt,disturbed"
+    echo "round,position,server,offered_pps,response_pps,accepted_pps,cpu_us_per_response,server_cpu_pct,ntpperf_lost_pct,ntpperf_invalid_pct,ntpperf_resp_time_mean_ns,step_udp_rcvbuf_errors,attempt,disturbed"
     for ((r = 1; r <= ROUNDS; r++)); do
         awk -F, -v r="$r" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
             {
                 s = $c["server"]
                 if (!(s in row)) order[++n] = s
-                row[s] = s "," $c["offered_pps"] "," $c["response_pps"] "," \
+                row[s] = s "," $c["offered_pps"] "," $c["response_pps"] "," $c["accepted_pps"] "," \
                     $c["cpu_us_per_response"] "," $c["server_cpu_pct"] "," $c["ntpperf_lost_pct"] "," \
-                    $c["ntpperf_invalid_pct"] "," $c["step_udp_rcvbuf_errors"] "," $c["attempt"] "," \
-                    $c["disturbed"]
+                    $c["ntpperf_invalid_pct"] "," $c["ntpperf_resp_time_mean_ns"] "," \
+                    $c["step_udp_rcvbuf_errors"] "," $c["attempt"] "," $c["disturbed"]
             }
             END { for (i = 1; i <= n; i++) print r "," i "," row[order[i]] }' \
             "$OUT/round-$r/steps.csv"
     done
 } >"$OUT/rounds.csv"
 
-# summary.txt: per round, the first server's replies/s and CPU per reply over each other's; then
-# the means over all rounds and the ratio of the means.
+# summary.txt: per round, every server's replies sent and replies its clients accepted (ntpperf's
+# lost and invalid both taken off the offered rate: a reply that comes after the client's next
+# request is stale), and the first server's accepted replies and CPU per reply sent over each
+# other's; then the means over all rounds, the ratio of the means and the range of the per-round
+# ratios. The ranking is by accepted replies.
 awk -F, -v list="$SERVERS" -v rate="$RATE" -v step="$STEP_TIME" '
     BEGIN { k = split(list, names, ","); first = names[1] }
     NR == 1 { next }
     {
-        pps[$1, $3] = $5; us[$1, $3] = $6; rounds[$1] = 1
-        sum_pps[$3] += $5; sum_us[$3] += $6; n[$3]++
-        if ($12 == 1) disturbed++
+        pps[$1, $3] = $5; acc[$1, $3] = $6; us[$1, $3] = $7; bad[$1, $3] = $9 "/" $10
+        wait[$1, $3] = $11 / 1e6; rounds[$1] = 1
+        sum_pps[$3] += $5; sum_acc[$3] += $6; sum_us[$3] += $7; n[$3]++
+        if ($10 > max_inv[$3]) max_inv[$3] = $10
+        if ($14 == 1) disturbed++
     }
     END {
-        printf "%s req/s offered to each server, %s s per server per round; ratios are %s over each other\n\n", rate, step, first
-        printf "%-6s %-10s %12s %10s %18s %16s\n", "round", "server", "replies/s", "CPU us", "replies/s ratio", "CPU/reply ratio"
+        printf "%s req/s offered to each server, %s s per server per round; ratios are %s over each other\n", rate, step, first
+        printf "accepted = offered x (1 - lost - invalid), ntpperf'"'"'s own counts: the replies clients could use;\n"
+        printf "T3-T2 is the server'"'"'s own transmit minus receive timestamp (ntpperf'"'"'s mean): with kernel receive\n"
+        printf "timestamps (chimed, chronyd) it includes the wait in the socket queue, from rsntp (T2 read after it) not\n\n"
+        printf "%-6s %-16s %10s %10s %14s %9s %8s %15s %16s\n", "round", "server", "sent/s", "accepted/s", "lost/invalid %", "T3-T2 ms", "CPU us", "accepted ratio", "CPU/reply ratio"
         for (r = 1; r in rounds; r++) {
             for (j = 1; j <= k; j++) {
                 s = names[j]
                 if (!((r, s) in pps)) continue
-                rr = (s == first) ? "" : sprintf("%.2f", pps[r, first] / pps[r, s])
+                ar = (s == first || acc[r, s] == 0) ? "" : sprintf("%.2f", acc[r, first] / acc[r, s])
                 cr = (s == first) ? "" : sprintf("%.2f", us[r, s] / us[r, first])
-                printf "%-6d %-10s %12d %10.3f %18s %16s\n", r, s, pps[r, s], us[r, s], rr, cr
-                if (s != first) {
-                    if (!(s in lo) || pps[r, first] / pps[r, s] < lo[s]) lo[s] = pps[r, first] / pps[r, s]
-                    if (!(s in hi) || pps[r, first] / pps[r, s] > hi[s]) hi[s] = pps[r, first] / pps[r, s]
+                printf "%-6d %-16s %10d %10d %14s %9.1f %8.3f %15s %16s\n", r, s, pps[r, s], acc[r, s], bad[r, s], wait[r, s], us[r, s], ar, cr
+                if (s != first && acc[r, s] > 0) {
+                    q = acc[r, first] / acc[r, s]
+                    if (!(s in lo) || q < lo[s]) lo[s] = q
+                    if (!(s in hi) || q > hi[s]) hi[s] = q
                 }
             }
         }
@@ -138,12 +149,11 @@ awk -F, -v list="$SERVERS" -v rate="$RATE" -v step="$STEP_TIME" '
         for (j = 1; j <= k; j++) {
             s = names[j]
             if (!(s in n)) continue
-            m = sum_pps[s] / n[s]; u = sum_us[s] / n[s]
-            if (s == first) {
-                printf "  %-10s %9.0f replies/s  %6.3f us/reply\n", s, m, u
-            } else {
-                printf "  %-10s %9.0f replies/s  %6.3f us/reply  ratio of means %.2f (rounds %.2f-%.2f), CPU %.2f\n", s, m, u, (sum_pps[first] / n[first]) / m, lo[s], hi[s], u / (sum_us[first] / n[first])
-            }
+            m = sum_acc[s] / n[s]; sent = sum_pps[s] / n[s]; u = sum_us[s] / n[s]
+            printf "  %-16s %9.0f accepted/s (sent %9.0f/s, invalid at most %s%%)  %6.3f us/reply sent", s, m, sent, max_inv[s] + 0, u
+            if (s != first && m > 0)
+                printf "  accepted ratio of means %.2f (rounds %.2f-%.2f), CPU %.2f", (sum_acc[first] / n[first]) / m, lo[s], hi[s], u / (sum_us[first] / n[first])
+            printf "\n"
         }
         printf "\ndisturbed steps (other processes over --max-other): %d\n", disturbed + 0
     }' "$OUT/rounds.csv" >"$OUT/summary.txt"
