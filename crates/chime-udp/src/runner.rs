@@ -492,9 +492,12 @@ impl Worker {
         let mut recv_errors = ErrorLog::new("receive");
         let mut backoff = MIN_BACKOFF;
         let mut batches_since_drops = 0u32;
-        let report_drops = |handler: &mut H| {
+        let report_drops = |handler: &mut H, shedder: &mut Option<Shedder>| {
             if let Ok(total) = self.socket.receive_drops() {
                 handler.receive_drops(total);
+                if let Some(s) = shedder {
+                    s.kernel_drops(total);
+                }
             }
         };
         let mut gatherer = self
@@ -511,7 +514,7 @@ impl Worker {
             let full;
             match self.socket.recv_batch(&mut rx) {
                 Ok(0) => {
-                    report_drops(&mut handler);
+                    report_drops(&mut handler, &mut shedder);
                     handler.idle();
                     continue;
                 }
@@ -587,10 +590,10 @@ impl Worker {
             batches_since_drops += 1;
             if batches_since_drops >= DROPS_EVERY {
                 batches_since_drops = 0;
-                report_drops(&mut handler);
+                report_drops(&mut handler, &mut shedder);
             }
         }
-        report_drops(&mut handler);
+        report_drops(&mut handler, &mut shedder);
         handler.finish();
         recv_errors.flush();
         resize_errors.flush();
