@@ -103,6 +103,61 @@ fn chimed_answers_everything_at_a_modest_rate() {
     assert!(all >= 0.0 && (0.0..=all).contains(&kernel), "{json:#}");
 }
 
+/// Stale answers: chimed stopped for 60 ms every 200 ms (SIGSTOP) while `chime perf` sends at
+/// 2000/s with a 10 ms client interval. The requests queued through a stall are answered when it
+/// ends (a stall shorter than --shed-interval is absorbed), 10 to 60 ms late: answered, but after
+/// the client's next request would have gone out, so stale; the rest are not. The counts must add
+/// up: stale within answered, stale_pct of sent, accepted_rate the answers that were not stale.
+#[test]
+fn answers_later_than_the_client_interval_are_stale() {
+    let chronyd = Chronyd::start();
+    let chimed = start_chimed(&chronyd);
+    let target = chimed.addr.to_string();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (code, err, json) = std::thread::scope(|scope| {
+        let run = scope.spawn(|| {
+            let run = chime_perf(&[
+                "--target",
+                &target,
+                "--rate",
+                "2000",
+                "--duration",
+                "1",
+                "--warmup",
+                "0",
+                "--client-interval",
+                "0.01",
+            ]);
+            done.store(true, std::sync::atomic::Ordering::Release);
+            run
+        });
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            // Not waits for readiness: the stalls under test, and the time between them.
+            std::thread::sleep(Duration::from_millis(140));
+            chimed.pause();
+            std::thread::sleep(Duration::from_millis(60));
+            chimed.resume();
+        }
+        run.join().unwrap()
+    });
+    assert_eq!(code, 0, "{err}");
+    let json = json.unwrap();
+    let step = only_step(&json);
+    let (sent, answered, stale) = (u(&step["sent"]), u(&step["answered"]), u(&step["stale"]));
+    assert_eq!(f(&step["client_interval"]), 0.01, "{step:#}");
+    // Four or five stalls of 60 ms, each holding up some 100 requests past 10 ms.
+    assert!(stale >= 100 && stale < answered, "{step:#}");
+    let pct = 100.0 * stale as f64 / sent as f64;
+    assert!((f(&step["stale_pct"]) - pct).abs() < 1e-9, "{step:#}");
+    let accepted = (answered - stale) as f64 / f(&step["duration"]);
+    assert!(
+        (f(&step["accepted_rate"]) - accepted).abs() < 1e-6,
+        "{step:#}"
+    );
+    // The round trips show the stalls: the slowest answers waited most of one.
+    assert!(f(&step["rtt_us"]["max"]) > 30_000.0, "{step:#}");
+}
+
 #[test]
 fn chronyd_answers_everything_at_a_modest_rate() {
     let chronyd = Chronyd::start();
