@@ -58,8 +58,8 @@ pub trait BatchHandler: Send + 'static {
     /// already logged it (at most once per interval) and will back off briefly.
     fn recv_error(&mut self, _error: &io::Error) {}
 
-    /// Called now and then (every [`DROPS_EVERY`] batches, when idle, and before
-    /// [`BatchHandler::finish`]) with the kernel's count of datagrams dropped at this worker's
+    /// Called now and then (every [`DROPS_EVERY`] batches, every batch while shedding, when
+    /// idle, and before [`BatchHandler::finish`]) with the kernel's count of datagrams dropped at this worker's
     /// socket before they could be received ([`crate::UdpSocket::receive_drops`]: cumulative,
     /// 32 bits, wrapping).
     fn receive_drops(&mut self, _total: u32) {}
@@ -103,8 +103,10 @@ pub struct WorkerConfig {
     /// Shedding under a standing overload ([`crate::Shedder`]): once the oldest datagram of
     /// every batch has waited longer than the target for an interval, those that waited longer
     /// than the target are received and not answered ([`BatchHandler::shed`]), so that the
-    /// newest are, until a receive empties the queue. Needs kernel receive timestamps (without
-    /// them nothing is shed). `None` (the default) answers everything however long it waited.
+    /// newest are, and the socket's receive buffer is shortened so that the kernel drops the
+    /// excess, until the overload passes. Needs kernel receive timestamps (without them nothing
+    /// is shed). While shedding, the socket's drop count is read after every batch, not every
+    /// [`DROPS_EVERY`]. `None` (the default) answers everything however long it waited.
     pub shed: Option<ShedConfig>,
 }
 
@@ -588,7 +590,11 @@ impl Worker {
                 g.handled(received, took, Instant::now());
             }
             batches_since_drops += 1;
-            if batches_since_drops >= DROPS_EVERY {
+            // While shedding, every batch: the shedder ends when an interval passes without a
+            // drop, and 64 batches of 256 Roughtime requests can take longer than an interval.
+            if batches_since_drops >= DROPS_EVERY
+                || shedder.as_ref().is_some_and(Shedder::is_shedding)
+            {
                 batches_since_drops = 0;
                 report_drops(&mut handler, &mut shedder);
             }
