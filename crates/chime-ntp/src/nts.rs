@@ -83,19 +83,22 @@ impl std::fmt::Debug for Keys {
     }
 }
 
-/// The master keys cookies are sealed under: the current one seals, it and the one before open,
-/// so cookies handed out just before a rotation still work.
+/// The master keys cookies are sealed under: the current one seals, it and the others open. On
+/// one server the others are the key before the current one, so cookies handed out just before a
+/// rotation still work. On a fleet ([`CookieKeys::for_fleet`]) they are the neighbouring rotation
+/// periods' keys, and an old fleet secret's while it is being replaced.
 #[derive(Clone)]
 pub struct CookieKeys {
     current: (u32, [u8; KEY_LEN]),
-    previous: Option<(u32, [u8; KEY_LEN])>,
+    /// The other keys that open, the most recent first.
+    also_open: Vec<(u32, [u8; KEY_LEN])>,
 }
 
 impl Drop for CookieKeys {
     // A rotated-out master key is wiped once the last worker lets go of the set that held it.
     fn drop(&mut self) {
         self.current.1.zeroize();
-        if let Some((_, key)) = &mut self.previous {
+        for (_, key) in &mut self.also_open {
             key.zeroize();
         }
     }
@@ -103,9 +106,10 @@ impl Drop for CookieKeys {
 
 impl std::fmt::Debug for CookieKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<u32> = self.also_open.iter().map(|k| k.0).collect();
         f.debug_struct("CookieKeys")
             .field("current_id", &self.current.0)
-            .field("previous_id", &self.previous.map(|p| p.0))
+            .field("also_open_ids", &ids)
             .finish_non_exhaustive()
     }
 }
@@ -115,7 +119,7 @@ impl CookieKeys {
     pub fn new(id: u32, key: [u8; KEY_LEN]) -> Self {
         Self {
             current: (id, key),
-            previous: None,
+            also_open: Vec::new(),
         }
     }
 
@@ -123,7 +127,7 @@ impl CookieKeys {
     pub fn rotated(&self, id: u32, key: [u8; KEY_LEN]) -> Self {
         Self {
             current: (id, key),
-            previous: Some(self.current),
+            also_open: vec![self.current],
         }
     }
 
@@ -138,9 +142,9 @@ impl CookieKeys {
         self.current
     }
 
-    /// The key before, which still opens, with its id.
+    /// The most recent other key that still opens, with its id: on one server, the key before.
     pub fn previous(&self) -> Option<(u32, [u8; KEY_LEN])> {
-        self.previous
+        self.also_open.first().copied()
     }
 
     /// Master keys as [`CookieKeys::current`] and [`CookieKeys::previous`] gave them, e.g. read
@@ -149,7 +153,32 @@ impl CookieKeys {
         current: (u32, [u8; KEY_LEN]),
         previous: Option<(u32, [u8; KEY_LEN])>,
     ) -> Self {
-        Self { current, previous }
+        Self {
+            current,
+            also_open: previous.into_iter().collect(),
+        }
+    }
+
+    /// A fleet member's keys for rotation period `period` (Unix time divided by the rotation
+    /// interval): [`fleet_key`] of `secret` for `period` seals; it and the keys of the periods
+    /// before and after open (members' clocks differ a little, and a client's cookie outlives a
+    /// period's end), and so do those of `old_secret`, if given, while the fleet replaces it.
+    /// Every member with the same secrets derives the same keys: no store, no copying.
+    pub fn for_fleet(secret: &FleetSecret, old_secret: Option<&FleetSecret>, period: u64) -> Self {
+        let neighbours = [period.checked_sub(1), period.checked_add(1)];
+        let mut also_open: Vec<_> = neighbours
+            .iter()
+            .flatten()
+            .map(|&p| fleet_key(secret, p))
+            .collect();
+        if let Some(old) = old_secret {
+            also_open.push(fleet_key(old, period));
+            also_open.extend(neighbours.iter().flatten().map(|&p| fleet_key(old, p)));
+        }
+        Self {
+            current: fleet_key(secret, period),
+            also_open,
+        }
     }
 
     /// Seals `keys` into a cookie with a fresh random `nonce`.
@@ -174,9 +203,8 @@ impl CookieKeys {
     pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
         let cookie: &[u8; COOKIE_LEN] = cookie.try_into().ok()?;
         let id = u32::from_be_bytes(cookie[..4].try_into().ok()?);
-        let (_, master) = [Some(&self.current), self.previous.as_ref()]
-            .into_iter()
-            .flatten()
+        let (_, master) = std::iter::once(&self.current)
+            .chain(&self.also_open)
             .find(|(k, _)| *k == id)?;
         let nonce = &cookie[4..4 + NONCE_LEN];
         let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..4 + NONCE_LEN + TAG_LEN]);
@@ -195,6 +223,48 @@ impl CookieKeys {
         body.zeroize();
         (algorithm == AEAD_AES_SIV_CMAC_256).then_some(keys)
     }
+}
+
+/// The length of a fleet secret.
+pub const FLEET_SECRET_LEN: usize = 32;
+
+/// The secret every member of a fleet holds, from which each derives the same cookie master key
+/// for each rotation period ([`fleet_key`]). Wiped when dropped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FleetSecret(pub [u8; FLEET_SECRET_LEN]);
+
+impl Drop for FleetSecret {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl std::fmt::Debug for FleetSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FleetSecret(..)")
+    }
+}
+
+/// The HKDF info prefix of a fleet key; the period follows, 8 bytes big-endian. A new derivation
+/// would get a new label, so that keys of two versions never coincide.
+const FLEET_KEY_INFO: &[u8] = b"chime NTS fleet cookie key v1";
+
+/// The cookie master key of rotation period `period` under `secret`, with its id: HKDF-SHA256
+/// (RFC 5869) with `secret` as the input keying material, no salt, and [`FLEET_KEY_INFO`]
+/// followed by the period as info, expanded to 36 bytes, the first 4 the id and the rest the key.
+/// A pure function of its inputs, so every member derives it alone.
+pub fn fleet_key(secret: &FleetSecret, period: u64) -> (u32, [u8; KEY_LEN]) {
+    let mut info = [0u8; FLEET_KEY_INFO.len() + 8];
+    info[..FLEET_KEY_INFO.len()].copy_from_slice(FLEET_KEY_INFO);
+    info[FLEET_KEY_INFO.len()..].copy_from_slice(&period.to_be_bytes());
+    let mut okm = [0u8; 4 + KEY_LEN];
+    // 36 bytes is far under HKDF-SHA256's limit of 255 hashes: expanding cannot fail.
+    let _ = hkdf::Hkdf::<sha2::Sha256>::new(None, &secret.0).expand(&info, &mut okm);
+    let id = u32::from_be_bytes([okm[0], okm[1], okm[2], okm[3]]);
+    let mut key = [0u8; KEY_LEN];
+    key.copy_from_slice(&okm[4..]);
+    okm.zeroize();
+    (id, key)
 }
 
 /// One extension field of a request: its type, where its body is, and where it starts.
@@ -907,6 +977,89 @@ mod tests {
             assert_eq!(m.open(&bad), None, "flipped byte {i} still opened");
         }
         assert_eq!(m.open(&cookie[1..]), None);
+    }
+
+    fn secret(fill: u8) -> FleetSecret {
+        FleetSecret([fill; FLEET_SECRET_LEN])
+    }
+
+    /// Known answers, computed apart from this code with Python's hmac and hashlib (RFC 5869's
+    /// HKDF-Extract and -Expand by hand): secret 00 01 02 .. 1f, periods 20415 and 0.
+    #[test]
+    fn fleet_keys_match_an_independent_hkdf() {
+        let secret = FleetSecret(std::array::from_fn(|i| i as u8));
+        let hex = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let (id, key) = fleet_key(&secret, 20415);
+        assert_eq!(id, 0x85c3_1154);
+        assert_eq!(
+            hex(&key),
+            "d4001d5f606e5a1f95161924f8c5a32fde120906ad429fead320e13e7ced1902"
+        );
+        let (id, key) = fleet_key(&secret, 0);
+        assert_eq!(id, 0x5382_5973);
+        assert_eq!(
+            hex(&key),
+            "b262e57f85276692a13652e1691101588a04eb5a7d971f0c65299b843dd381e9"
+        );
+    }
+
+    #[test]
+    fn members_derive_equal_keys_from_equal_secrets_and_periods_only() {
+        let (a, b) = (secret(1), secret(1));
+        assert_eq!(fleet_key(&a, 7), fleet_key(&b, 7));
+        assert_ne!(fleet_key(&a, 7), fleet_key(&a, 8));
+        assert_ne!(fleet_key(&a, 7), fleet_key(&secret(2), 7));
+        let one = CookieKeys::for_fleet(&a, None, 100);
+        let other = CookieKeys::for_fleet(&b, None, 100);
+        assert_eq!(one.current(), other.current());
+        assert_eq!(one.current(), fleet_key(&a, 100));
+    }
+
+    /// A cookie one member seals opens at any other member whose period is the same, one before
+    /// or one after; two periods apart, or under another secret, it does not.
+    #[test]
+    fn a_fleet_cookie_opens_across_members_within_a_period_either_side() {
+        let s = secret(9);
+        let cookie = CookieKeys::for_fleet(&s, None, 1000).seal(&keys(), [3; NONCE_LEN]);
+        for period in [999, 1000, 1001] {
+            let member = CookieKeys::for_fleet(&s, None, period);
+            assert_eq!(member.open(&cookie), Some(keys()), "period {period}");
+        }
+        for period in [998, 1002] {
+            let member = CookieKeys::for_fleet(&s, None, period);
+            assert_eq!(member.open(&cookie), None, "period {period}");
+        }
+        assert_eq!(
+            CookieKeys::for_fleet(&secret(8), None, 1000).open(&cookie),
+            None
+        );
+        // Period 0 has no period before it; it still opens its own and the next.
+        let first = CookieKeys::for_fleet(&s, None, 0);
+        assert_eq!(
+            first.open(&first.seal(&keys(), [4; NONCE_LEN])),
+            Some(keys())
+        );
+    }
+
+    /// Replacing the fleet secret: members holding the new one with the old beside it seal under
+    /// the new and open cookies of both, so a member still on the old secret, or a client's cookie
+    /// from before, is not cut off.
+    #[test]
+    fn a_new_fleet_secret_opens_the_old_ones_cookies_while_both_are_held() {
+        let (old, new) = (secret(1), secret(2));
+        let by_old = CookieKeys::for_fleet(&old, None, 50).seal(&keys(), [5; NONCE_LEN]);
+        let both = CookieKeys::for_fleet(&new, Some(&old), 50);
+        assert_eq!(both.current(), fleet_key(&new, 50));
+        assert_eq!(both.open(&by_old), Some(keys()));
+        let next_period_old = CookieKeys::for_fleet(&old, None, 51).seal(&keys(), [6; NONCE_LEN]);
+        assert_eq!(both.open(&next_period_old), Some(keys()));
+        let by_new = both.seal(&keys(), [7; NONCE_LEN]);
+        assert_eq!(
+            CookieKeys::for_fleet(&new, None, 50).open(&by_new),
+            Some(keys())
+        );
+        // Once the old secret is dropped, its cookies no longer open.
+        assert_eq!(CookieKeys::for_fleet(&new, None, 50).open(&by_old), None);
     }
 
     #[test]
