@@ -267,6 +267,67 @@ pub fn fleet_key(secret: &FleetSecret, period: u64) -> (u32, [u8; KEY_LEN]) {
     (id, key)
 }
 
+/// The fleet secret file's text for `secret`: comments that say what it is, then one `secret`
+/// line of 64 hex digits. A fleet replacing its secret adds a `previous` line with the old one,
+/// which then opens cookies but seals none ([`CookieKeys::for_fleet`]). `chime nts-fleet-key`
+/// writes it; chimed reads it with [`parse_fleet_file`].
+pub fn encode_fleet_file(secret: &FleetSecret) -> zeroize::Zeroizing<String> {
+    let mut text = zeroize::Zeroizing::new(String::with_capacity(512));
+    text.push_str(
+        "# chime NTS fleet secret: every member of one fleet holds this same file (chimed\n\
+         # --nts-fleet-key), and derives the NTS cookie keys from it. Keep it secret: whoever has\n\
+         # it can open every client's cookies. To replace it, add the old one as a `previous` line\n\
+         # beside the new `secret` on every member, then remove it a rotation later.\n\
+         secret ",
+    );
+    for b in secret.0 {
+        text.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+        text.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    }
+    text.push('\n');
+    text
+}
+
+/// Reads a fleet secret file ([`encode_fleet_file`]): the secret, and the previous one if the
+/// file has a `previous` line. Blank lines and `#` comments are skipped; anything else, a missing
+/// or repeated `secret`, or a secret that is not 64 hex digits is an error naming the line.
+pub fn parse_fleet_file(text: &str) -> Result<(FleetSecret, Option<FleetSecret>), String> {
+    let (mut secret, mut previous) = (None, None);
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |what: &str| format!("line {}: {what}", n + 1);
+        let (slot, hex) = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["secret", hex] => (&mut secret, hex),
+            ["previous", hex] => (&mut previous, hex),
+            _ => return Err(bad("expected `secret HEX` or `previous HEX`")),
+        };
+        if slot.is_some() {
+            return Err(bad("given twice"));
+        }
+        *slot = Some(parse_secret(hex).ok_or_else(|| bad("not 64 hex digits"))?);
+    }
+    let secret = secret.ok_or("no `secret` line")?;
+    if previous.as_ref() == Some(&secret) {
+        return Err("`previous` is the same as `secret`".into());
+    }
+    Ok((secret, previous))
+}
+
+fn parse_secret(hex: &str) -> Option<FleetSecret> {
+    if hex.len() != 2 * FLEET_SECRET_LEN || !hex.is_ascii() {
+        return None;
+    }
+    let mut secret = FleetSecret([0; FLEET_SECRET_LEN]);
+    for (byte, pair) in secret.0.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        let digits = std::str::from_utf8(pair).ok()?;
+        *byte = u8::from_str_radix(digits, 16).ok()?;
+    }
+    Some(secret)
+}
+
 /// One extension field of a request: its type, where its body is, and where it starts.
 #[derive(Clone, Debug)]
 struct Field {
@@ -1060,6 +1121,42 @@ mod tests {
         );
         // Once the old secret is dropped, its cookies no longer open.
         assert_eq!(CookieKeys::for_fleet(&new, None, 50).open(&by_old), None);
+    }
+
+    #[test]
+    fn fleet_files_round_trip_and_bad_ones_name_the_line() {
+        let s = FleetSecret(std::array::from_fn(|i| (i * 7) as u8));
+        let text = encode_fleet_file(&s);
+        assert_eq!(parse_fleet_file(&text), Ok((s.clone(), None)));
+        let old = secret(0xAB);
+        let both = format!("{}previous {}\n", &*text, "ab".repeat(32));
+        assert_eq!(parse_fleet_file(&both), Ok((s.clone(), Some(old))));
+        for (bad, says) in [
+            ("", "no `secret` line"),
+            ("secret 00\n", "line 1: not 64 hex digits"),
+            (
+                &format!("secret {}\n", "zz".repeat(32)),
+                "line 1: not 64 hex digits",
+            ),
+            (
+                &format!("\nsecret {h}\nsecret {h}\n", h = "00".repeat(32)),
+                "line 3: given twice",
+            ),
+            (
+                "key 00\n",
+                "line 1: expected `secret HEX` or `previous HEX`",
+            ),
+            (
+                &format!("secret {h}\nprevious {h}\n", h = "01".repeat(32)),
+                "`previous` is the same as `secret`",
+            ),
+        ] {
+            assert_eq!(
+                parse_fleet_file(bad).map(|_| ()),
+                Err(says.to_owned()),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! chime: the operator's tool. Queries NTP and Roughtime servers (verifying every Roughtime
-//! signature), makes Roughtime keys, and load-tests servers.
+//! signature), makes Roughtime keys and NTS fleet secrets, and load-tests servers.
 
 #![forbid(unsafe_code)]
 
@@ -32,6 +32,8 @@ enum Command {
     Roughtime(roughtime::Args),
     /// Make a Roughtime long-term key file (mode 0600, never overwritten)
     Keygen(keygen::Args),
+    /// Make an NTS fleet secret file for chimed --nts-fleet-key (mode 0600, never overwritten)
+    NtsFleetKey(keygen::FleetArgs),
     /// Load-test a server: open-loop request rates, loss, latency percentiles
     Perf(perf::Args),
 }
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Ntp(args) => ntp::run(&args),
         Command::Roughtime(args) => roughtime::run(&args),
         Command::Keygen(args) => keygen::run(&args),
+        Command::NtsFleetKey(args) => keygen::run_fleet(&args),
         Command::Perf(args) => perf::run(&args),
     };
     match result {

@@ -188,6 +188,14 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DIR")]
     pub(crate) nts_dump_dir: Option<PathBuf>,
 
+    /// Derive the NTS cookie keys from the fleet secret in this file (made by `chime
+    /// nts-fleet-key`; must not be readable by group or others), so that every server holding it
+    /// opens the cookies of every other: one key per --nts-rotation period of the Unix clock, the
+    /// periods either side and a `previous` secret in the file opening too. Re-read on SIGHUP;
+    /// not with --nts-dump-dir [default: keys of this server alone]
+    #[arg(long, value_name = "FILE")]
+    pub(crate) nts_fleet_key: Option<PathBuf>,
+
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
     #[arg(long, value_name = "ADDR:PORT")]

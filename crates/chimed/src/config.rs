@@ -57,6 +57,7 @@ struct File {
     nts_ke_address: Option<SocketAddr>,
     nts_rotation: Option<f64>,
     nts_dump_dir: Option<PathBuf>,
+    nts_fleet_key: Option<PathBuf>,
     nts_ntp_server: Option<String>,
     log_level: Option<String>,
     tz_offset: Option<bool>,
@@ -122,10 +123,29 @@ pub(crate) struct Nts {
     pub(crate) rotation: Duration,
     /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
     pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
+    /// `--nts-fleet-key`: the fleet secret file and what it held at start.
+    pub(crate) fleet: Option<Fleet>,
     /// `--nts-ratelimit`: NTS-KE connections per client address.
     pub(crate) ratelimit: Option<RateLimiting>,
     /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address.
     pub(crate) ntp_server: Option<String>,
+}
+
+/// `--nts-fleet-key`'s file and the secrets it held when last read.
+#[derive(Clone)]
+pub(crate) struct Fleet {
+    pub(crate) path: PathBuf,
+    pub(crate) secrets: crate::nts_keys::FleetSecrets,
+}
+
+impl fmt::Debug for Fleet {
+    // The secrets are secret: --check-config prints the settings, never a key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fleet")
+            .field("path", &self.path)
+            .field("previous_secret", &self.secrets.1.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// `ratelimit` and its options.
@@ -339,6 +359,7 @@ impl Settings {
         let (nts_ke, nts_ke_in) = pick!(nts_ke_address, "nts-ke-address");
         let (nts_rotation, nts_rotation_in) = pick!(nts_rotation, "nts-rotation");
         let (nts_dump_dir, nts_dump_dir_in) = pick!(nts_dump_dir, "nts-dump-dir");
+        let (nts_fleet_key, nts_fleet_key_in) = pick!(nts_fleet_key, "nts-fleet-key");
         let (nts_ntp_server, nts_ntp_server_in) = pick!(nts_ntp_server, "nts-ntp-server");
         let nts_ratelimit = nts_rate_limiting(args, &file, path)?;
         let nts_ratelimit_in = input("nts-ratelimit", path.filter(|_| !args.nts_ratelimit));
@@ -348,6 +369,7 @@ impl Settings {
                     (nts_ke.is_some(), &nts_ke_in),
                     (nts_rotation.is_some(), &nts_rotation_in),
                     (nts_dump_dir.is_some(), &nts_dump_dir_in),
+                    (nts_fleet_key.is_some(), &nts_fleet_key_in),
                     (nts_ntp_server.is_some(), &nts_ntp_server_in),
                     (nts_ratelimit.is_some(), &nts_ratelimit_in),
                 ] {
@@ -375,6 +397,19 @@ impl Settings {
                     .map_err(|r| invalid(&nts_cert_in, r))?;
                 let rotation = nts_rotation.unwrap_or(86_400.0);
                 check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
+                let fleet = match nts_fleet_key {
+                    None => None,
+                    Some(_) if nts_dump_dir.is_some() => {
+                        let r = "not with nts-dump-dir: fleet keys are derived from the secret \
+                                 whenever needed, never saved";
+                        return Err(invalid(&nts_fleet_key_in, r));
+                    }
+                    Some(path) => {
+                        let secrets = crate::nts_keys::load_fleet(&path)
+                            .map_err(|r| invalid(&nts_fleet_key_in, r))?;
+                        Some(Fleet { path, secrets })
+                    }
+                };
                 let dump = match nts_dump_dir {
                     None => None,
                     Some(dir) => {
@@ -396,6 +431,7 @@ impl Settings {
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
                     rotation: Duration::from_secs_f64(rotation),
                     dump,
+                    fleet,
                     ratelimit: nts_ratelimit,
                     ntp_server: match nts_ntp_server {
                         Some(name) if !chime_ntp::nts::valid_ntp_server(&name) => {

@@ -441,11 +441,19 @@ fn start<H: BatchHandler>(
 }
 
 /// What SIGHUP needs to reload the NTS certificate: where the TLS configuration in force lives,
-/// the settings that name the files, and where the expiry is published.
+/// the settings that name the files, where the expiry is published, and with a fleet secret
+/// where it and the cookie keys in force live.
 type NtsReload = (
     Arc<ArcSwap<rustls::ServerConfig>>,
     config::Nts,
     Arc<nts_ke::KeCounts>,
+    Option<FleetReload>,
+);
+
+/// The fleet secrets in force and the cookie keys derived from them.
+type FleetReload = (
+    Arc<ArcSwap<nts_keys::FleetSecrets>>,
+    Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
 );
 
 /// What the control plane needs to run NTS-KE and rotate the cookie keys.
@@ -530,13 +538,24 @@ async fn control_plane(
                 .certificate_not_after
                 .store(t, std::sync::atomic::Ordering::Relaxed);
         }
-        nts_tls = Some((n.tls, n.settings.clone(), n.counts));
-        tasks.push(tokio::spawn(nts_ke::rotate(
-            n.cookies,
-            n.first_rotation,
-            n.settings.rotation,
-            n.settings.dump.map(|(path, _)| path),
-        )));
+        let fleet = n.settings.fleet.as_ref().map(|fleet| {
+            let secrets = Arc::new(ArcSwap::from_pointee(fleet.secrets.clone()));
+            (secrets, n.cookies.clone())
+        });
+        match &fleet {
+            Some((secrets, cookies)) => tasks.push(tokio::spawn(nts_ke::follow_fleet(
+                cookies.clone(),
+                secrets.clone(),
+                n.settings.rotation,
+            ))),
+            None => tasks.push(tokio::spawn(nts_ke::rotate(
+                n.cookies,
+                n.first_rotation,
+                n.settings.rotation,
+                n.settings.dump.clone().map(|(path, _)| path),
+            ))),
+        }
+        nts_tls = Some((n.tls, n.settings, n.counts, fleet));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
     info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");
@@ -553,11 +572,14 @@ async fn control_plane(
     Ok(())
 }
 
-/// SIGHUP: the NTS certificate and key, the access rules from the config file again, and the
-/// timezone in timezone-offset mode.
+/// SIGHUP: the NTS certificate and key, the NTS fleet secret, the access rules from the config
+/// file again, and the timezone in timezone-offset mode.
 /// Anything that fails to load is reported and the state before kept.
 fn reload(args: &Args, settings: &Settings, ntp: &ntp_worker::Shared, nts: Option<&NtsReload>) {
-    if let Some((tls, nts, counts)) = nts {
+    if let Some((tls, nts, counts, fleet)) = nts {
+        if let (Some((secrets, cookies)), Some(f)) = (fleet, &nts.fleet) {
+            nts_ke::reload_fleet(&f.path, secrets, cookies, nts.rotation);
+        }
         match nts_ke::load(&nts.certificate, &nts.private_key) {
             Ok(loaded) => {
                 tls.store(loaded.config);

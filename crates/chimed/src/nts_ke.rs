@@ -2,8 +2,9 @@
 //! at most [`MAX_SESSIONS`] at a time, each bounded to [`SESSION_TIMEOUT`]. The session's records
 //! are answered by `chime_ntp::nts`; the two keys come from the TLS exporter; the cookies are
 //! sealed under the master keys the NTP workers open them with, which [`rotate`] replaces on a
-//! schedule (the one before still opens, so no cookie in use dies at a rotation). SIGHUP reloads
-//! the certificate and key, for renewals without a restart.
+//! schedule (the one before still opens, so no cookie in use dies at a rotation), or on a fleet
+//! [`follow_fleet`] derives from the fleet secret for each period. SIGHUP reloads the certificate
+//! and key, for renewals without a restart, and the fleet secret.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -225,6 +226,33 @@ fn fresh_key() -> (u32, [u8; nts::KEY_LEN]) {
 /// taken out of the settings, which live as long as the process: no copy of a master key outlives
 /// its rotations.
 pub(crate) fn starting_keys(nts: &mut crate::config::Nts) -> nts_keys::Resumed {
+    if let Some(fleet) = &nts.fleet {
+        let (keys, period, next_rotation) = nts_keys::fleet_keys(
+            &fleet.secrets,
+            nts.rotation,
+            crate::clock::read().unix_micros(),
+        );
+        info!(
+            "nts: cookie keys derived from the fleet secret in {} (period {period} of {} s, id \
+             {:08x}{}): every server holding it opens these cookies",
+            fleet.path.display(),
+            nts.rotation.as_secs().max(1),
+            keys.current_id(),
+            if fleet.secrets.1.is_some() {
+                ", the previous secret's open too"
+            } else {
+                ""
+            }
+        );
+        return nts_keys::Resumed {
+            saved: nts_keys::Saved {
+                keys,
+                made_unix: crate::clock::read().unix_secs(),
+            },
+            next_rotation,
+            how: How::Fresh,
+        };
+    }
     let now = crate::clock::read().unix_secs();
     let saved = nts.dump.as_mut().and_then(|(_, saved)| saved.take());
     let r = nts_keys::resume(saved, now, nts.rotation, fresh_key);
@@ -288,6 +316,57 @@ pub(crate) async fn rotate(
         }
         cookies.store(Arc::new(next));
         info!("nts: cookie key rotated (id {id:08x})");
+    }
+}
+
+/// A fleet member's cookie keys (`--nts-fleet-key`): at every period's start, the keys derived for
+/// it from the secrets as last read (SIGHUP replaces them, see [`reload_fleet`]).
+pub(crate) async fn follow_fleet(
+    cookies: Arc<ArcSwap<CookieKeys>>,
+    secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
+    period: Duration,
+) {
+    loop {
+        let (_, _, left) =
+            nts_keys::fleet_keys(&secrets.load(), period, crate::clock::read().unix_micros());
+        // A little past the boundary, so that the clock read after the sleep is in the new
+        // period; and reading it again, rather than counting, follows any step of the clock.
+        tokio::time::sleep(left + Duration::from_millis(1)).await;
+        let (keys, number, _) =
+            nts_keys::fleet_keys(&secrets.load(), period, crate::clock::read().unix_micros());
+        let id = keys.current_id();
+        cookies.store(Arc::new(keys));
+        info!("nts: fleet cookie key for period {number} (id {id:08x})");
+    }
+}
+
+/// SIGHUP with `--nts-fleet-key`: reads the fleet secret file again and, if it loads, puts the
+/// keys derived from it in force at once; otherwise says why and keeps the secrets in force.
+pub(crate) fn reload_fleet(
+    path: &Path,
+    secrets: &ArcSwap<nts_keys::FleetSecrets>,
+    cookies: &ArcSwap<CookieKeys>,
+    period: Duration,
+) {
+    match nts_keys::load_fleet(path) {
+        Ok(loaded) => {
+            let previous = loaded.1.is_some();
+            let (keys, number, _) =
+                nts_keys::fleet_keys(&loaded, period, crate::clock::read().unix_micros());
+            let id = keys.current_id();
+            secrets.store(Arc::new(loaded));
+            cookies.store(Arc::new(keys));
+            info!(
+                "SIGHUP: NTS fleet secret reloaded from {} (period {number}, id {id:08x}{})",
+                path.display(),
+                if previous {
+                    ", the previous secret's cookies open too"
+                } else {
+                    ""
+                }
+            );
+        }
+        Err(e) => warn!("SIGHUP: NTS fleet secret: {e}; keeping the one in force"),
     }
 }
 

@@ -1,4 +1,5 @@
-//! NTS cookie master keys saved across restarts (`--nts-dump-dir`, chronyd's `ntsdumpdir`).
+//! NTS cookie master keys saved across restarts (`--nts-dump-dir`, chronyd's `ntsdumpdir`), and
+//! derived from a fleet secret (`--nts-fleet-key`, at the end).
 //!
 //! A cookie is sealed under a master key that only this server holds. Kept in memory alone, the
 //! keys die with the process: after a restart every client's cookies fail, every client gets a
@@ -25,7 +26,7 @@ use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chime_ntp::nts::{CookieKeys, KEY_LEN};
+use chime_ntp::nts::{CookieKeys, FleetSecret, KEY_LEN, parse_fleet_file};
 use zeroize::Zeroizing;
 
 /// The file's name in the dump directory.
@@ -46,6 +47,17 @@ pub(crate) fn path_in(dir: &Path) -> PathBuf {
 /// Reads the saved keys; `Ok(None)` if there is no file yet. An error names the file and, for a
 /// bad line, its number.
 pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
+    let Some(text) = read_private(path, "the NTS cookie keys")? else {
+        return Ok(None);
+    };
+    parse(&text)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A file of secrets (`holds` says which, for the error), if it exists: refused if group or
+/// others may read it. An error names the file.
+fn read_private(path: &Path, holds: &str) -> Result<Option<Zeroizing<String>>, String> {
     let shown = path.display();
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -54,13 +66,39 @@ pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
     };
     if meta.permissions().mode() & 0o077 != 0 {
         return Err(format!(
-            "{shown}: group or others may read it (mode {:o}); it holds the NTS cookie keys, \
-             chmod 600 it",
+            "{shown}: group or others may read it (mode {:o}); it holds {holds}, chmod 600 it",
             meta.permissions().mode() & 0o777
         ));
     }
-    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?);
-    parse(&text).map(Some).map_err(|e| format!("{shown}: {e}"))
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    Ok(Some(Zeroizing::new(text)))
+}
+
+/// A fleet's secrets (`--nts-fleet-key`): the one that seals, and the previous one while the
+/// fleet replaces it.
+pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);
+
+/// Reads the fleet secret file (`chime nts-fleet-key` makes one). An error names the file and,
+/// for a bad line, its number.
+pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, String> {
+    let shown = path.display();
+    let text = read_private(path, "the NTS fleet secret")?
+        .ok_or_else(|| format!("{shown}: no such file (chime nts-fleet-key makes one)"))?;
+    parse_fleet_file(&text).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// A fleet member's keys at `now_micros` (Unix microseconds) for periods of `period` (whole
+/// seconds, at least one): the keys, the period's number, and how long until the next begins.
+pub(crate) fn fleet_keys(
+    secrets: &FleetSecrets,
+    period: Duration,
+    now_micros: u64,
+) -> (CookieKeys, u64, Duration) {
+    let len = period.as_secs().max(1) * 1_000_000;
+    let number = now_micros / len;
+    let keys = CookieKeys::for_fleet(&secrets.0, secrets.1.as_ref(), number);
+    let left = Duration::from_micros((number + 1) * len - now_micros);
+    (keys, number, left)
 }
 
 fn parse(text: &str) -> Result<Saved, String> {

@@ -4,9 +4,10 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{CHRONYD, Chimed, Chronyd, ChronydClient, RKIK, certificate, count_in, peer, run};
 
@@ -147,7 +148,67 @@ fn bad_nts_settings_exit_2_naming_them() {
         open_key.to_str().unwrap(),
     );
     let (od, nd) = (open_dump.to_str().unwrap(), garbage.to_str().unwrap());
+    // Fleet secret files: one others may read, one with a short secret.
+    let open_fleet = dir.path().join("open-fleet");
+    std::fs::write(&open_fleet, format!("secret {}\n", "00".repeat(32))).unwrap();
+    std::fs::set_permissions(&open_fleet, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let short_fleet = dir.path().join("short-fleet");
+    std::fs::write(&short_fleet, "# a comment\nsecret 0123\n").unwrap();
+    std::fs::set_permissions(&short_fleet, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (of, sf) = (open_fleet.to_str().unwrap(), short_fleet.to_str().unwrap());
+    let missing = dir.path().join("no-such-fleet");
+    let mf = missing.to_str().unwrap();
     for (args, needle) in [
+        (
+            vec!["--nts-fleet-key", sf],
+            "--nts-fleet-key: only takes effect",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-fleet-key",
+                of,
+            ],
+            "open-fleet: group or others may read it (mode 644); it holds the NTS fleet secret",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-fleet-key",
+                sf,
+            ],
+            "short-fleet: line 2: not 64 hex digits",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-fleet-key",
+                mf,
+            ],
+            "no-such-fleet: no such file (chime nts-fleet-key makes one)",
+        ),
+        (
+            vec![
+                "--nts-certificate",
+                c,
+                "--nts-private-key",
+                k,
+                "--nts-fleet-key",
+                sf,
+                "--nts-dump-dir",
+                od,
+            ],
+            "--nts-fleet-key: not with nts-dump-dir",
+        ),
         (vec!["--nts-certificate", c], "--nts-private-key: missing"),
         (vec!["--nts-private-key", k], "--nts-certificate: missing"),
         (
@@ -619,4 +680,92 @@ fn nts_ke_names_another_ntp_server() {
         err.contains("--nts-ntp-server: \"ntp example\" is not"),
         "{err}"
     );
+}
+
+/// Fleet NTS keys (`--nts-fleet-key`): two chimed members hold one fleet secret (made by `chime
+/// nts-fleet-key`) and share one NTP port through SO_REUSEPORT, as anycast members share an
+/// address. chronyd, an NTS client, runs NTS-KE with the first member and polls the port; then
+/// the first member is stopped, and every later poll reaches the second, which must open the
+/// cookies the first sealed: chronyd cannot run NTS-KE again, since only the first served it.
+/// Then the secret is replaced (the new one in the file, the old one as `previous`, SIGHUP), and
+/// chronyd's cookies from before still open. The second member counts authenticated replies and
+/// no NAK.
+#[test]
+fn a_fleet_member_opens_the_cookies_another_member_sealed() {
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "fleet");
+    let secret = dir.path().join("fleet-secret");
+    let made = run(Command::new(common::workspace_bin("chime"))
+        .arg("nts-fleet-key")
+        .arg(&secret));
+    assert!(made.status.success(), "{made:?}");
+    let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Never overwritten.
+    let again = run(Command::new(common::workspace_bin("chime"))
+        .arg("nts-fleet-key")
+        .arg(&secret));
+    assert!(!again.status.success());
+    let fleet = ["--nts-fleet-key", secret.to_str().unwrap()];
+    let (mut first, ke_port) = chimed_nts(&chronyd, &cert, &key, &fleet);
+    first.wait_for("derived from the fleet secret", Duration::from_secs(1));
+    let ntp = first.addr.to_string();
+    let mut joined = fleet.to_vec();
+    joined.extend_from_slice(&["-a", &ntp]);
+    let (mut second, _) = chimed_nts(&chronyd, &cert, &key, &joined);
+    assert_eq!(second.addr, first.addr, "one NTP address for both members");
+
+    let client = ChronydClient::start(&[
+        format!("server 127.0.0.1 iburst nts ntsport {ke_port} minpoll -4 maxpoll -4"),
+        format!("ntstrustedcerts {}", cert.display()),
+    ]);
+    let measured_at_least = |n: usize| {
+        // 16 polls a second once NTS-KE is done; bounded at 15 s.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while client.measured() < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        client.measured()
+    };
+    let before = measured_at_least(3);
+    assert!(before >= 3, "chronyd measured {before} times over NTS");
+    assert!(first.terminate().success());
+    let after = measured_at_least(before + 6);
+    assert!(
+        after >= before + 6,
+        "after the first member stopped chronyd measured {} more times",
+        after - before
+    );
+
+    // The fleet replaces its secret: the file gets a new one, with the old one as `previous`,
+    // and SIGHUP reads it. The cookies chronyd holds were sealed under the old secret; they
+    // still open, and the replies hand out cookies under the new one.
+    let old_text = std::fs::read_to_string(&secret).unwrap();
+    let old_hex = old_text
+        .lines()
+        .find_map(|l| l.strip_prefix("secret "))
+        .unwrap()
+        .to_owned();
+    let new_secret = dir.path().join("fleet-secret-new");
+    let made = run(Command::new(common::workspace_bin("chime"))
+        .arg("nts-fleet-key")
+        .arg(&new_secret));
+    assert!(made.status.success(), "{made:?}");
+    let new_text = std::fs::read_to_string(&new_secret).unwrap();
+    std::fs::write(&secret, format!("{new_text}previous {old_hex}\n")).unwrap();
+    nix::sys::signal::kill(second.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    second.wait_for("SIGHUP: NTS fleet secret reloaded", Duration::from_secs(5));
+    let reloaded = client.measured();
+    let last = measured_at_least(reloaded + 6);
+    assert!(
+        last >= reloaded + 6,
+        "after the new secret chronyd measured {} more times",
+        last - reloaded
+    );
+    drop(client);
+    assert!(second.terminate().success());
+    let totals = second.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(count_in(&totals, "nts") >= 12, "{totals}");
+    assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
 }
