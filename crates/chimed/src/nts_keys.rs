@@ -271,6 +271,20 @@ mod tests {
 
     const DAY: Duration = Duration::from_secs(86_400);
 
+    #[test]
+    fn fleet_periods_follow_the_unix_clock() {
+        let secrets: FleetSecrets = (FleetSecret([5; 32]), None);
+        // 1_000_000.25 s after the epoch is 11 days and 49_600.25 s: period 11 of a day, with
+        // 36_799.75 s of it left.
+        let (keys, number, left) = fleet_keys(&secrets, DAY, 1_000_000_250_000);
+        assert_eq!(number, 11);
+        assert_eq!(left, Duration::from_micros(36_799_750_000));
+        assert_eq!(keys.current(), chime_ntp::nts::fleet_key(&secrets.0, 11));
+        // A rotation under a second counts as one.
+        let (_, number, left) = fleet_keys(&secrets, Duration::from_millis(300), 7_500_000);
+        assert_eq!((number, left), (7, Duration::from_micros(500_000)));
+    }
+
     fn counter() -> impl FnMut() -> (u32, [u8; KEY_LEN]) {
         let mut n = 0u8;
         move || {
