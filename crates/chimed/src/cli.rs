@@ -191,8 +191,9 @@ pub(crate) struct Args {
     /// Derive the NTS cookie keys from the fleet secret in this file (made by `chime
     /// nts-fleet-key`; must not be readable by group or others), so that every server holding it
     /// opens the cookies of every other: one key per --nts-rotation period of the Unix clock, the
-    /// periods either side and a `previous` secret in the file opening too. Re-read on SIGHUP;
-    /// not with --nts-dump-dir [default: keys of this server alone]
+    /// periods either side and a `previous` secret in the file opening too. Without
+    /// --nts-certificate, authenticated NTP only (cookies from the fleet's NTS-KE members).
+    /// Re-read on SIGHUP; not with --nts-dump-dir [default: keys of this server alone]
     #[arg(long, value_name = "FILE")]
     pub(crate) nts_fleet_key: Option<PathBuf>,
 

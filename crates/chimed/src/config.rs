@@ -102,8 +102,10 @@ pub(crate) struct Settings {
     pub(crate) ratelimit: Option<RateLimiting>,
     /// Transmit times kept for interleaved mode; 0: off.
     pub(crate) interleaved_log: usize,
-    /// NTS, if a certificate was given.
+    /// NTS-KE (and NTS), if a certificate was given.
     pub(crate) nts: Option<Nts>,
+    /// `--nts-fleet-key`: NTS cookie keys derived from a fleet secret, with or without NTS-KE.
+    pub(crate) nts_fleet: Option<Fleet>,
     pub(crate) log_level: String,
     /// Timezone-offset mode: `Some(None)` for the system zone, `Some(Some(name))` for a named one.
     pub(crate) tz_offset: Option<Option<String>>,
@@ -123,19 +125,19 @@ pub(crate) struct Nts {
     pub(crate) rotation: Duration,
     /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
     pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
-    /// `--nts-fleet-key`: the fleet secret file and what it held at start.
-    pub(crate) fleet: Option<Fleet>,
     /// `--nts-ratelimit`: NTS-KE connections per client address.
     pub(crate) ratelimit: Option<RateLimiting>,
     /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address.
     pub(crate) ntp_server: Option<String>,
 }
 
-/// `--nts-fleet-key`'s file and the secrets it held when last read.
+/// `--nts-fleet-key`'s file, the secrets it held when last read, and the period each key is for
+/// (`--nts-rotation`).
 #[derive(Clone)]
 pub(crate) struct Fleet {
     pub(crate) path: PathBuf,
     pub(crate) secrets: crate::nts_keys::FleetSecrets,
+    pub(crate) period: Duration,
 }
 
 impl fmt::Debug for Fleet {
@@ -144,6 +146,7 @@ impl fmt::Debug for Fleet {
         f.debug_struct("Fleet")
             .field("path", &self.path)
             .field("previous_secret", &self.secrets.1.is_some())
+            .field("period", &self.period)
             .finish_non_exhaustive()
     }
 }
@@ -363,13 +366,36 @@ impl Settings {
         let (nts_ntp_server, nts_ntp_server_in) = pick!(nts_ntp_server, "nts-ntp-server");
         let nts_ratelimit = nts_rate_limiting(args, &file, path)?;
         let nts_ratelimit_in = input("nts-ratelimit", path.filter(|_| !args.nts_ratelimit));
+        let rotation = nts_rotation.unwrap_or(86_400.0);
+        check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
+        // A fleet secret serves NTS with or without NTS-KE: a member with no certificate answers
+        // authenticated NTP with cookies other members handed out.
+        let nts_fleet = match nts_fleet_key {
+            None => None,
+            Some(_) if nts_dump_dir.is_some() => {
+                let r = "not with nts-dump-dir: fleet keys are derived from the secret whenever \
+                         needed, never saved";
+                return Err(invalid(&nts_fleet_key_in, r));
+            }
+            Some(path) => {
+                let secrets = crate::nts_keys::load_fleet(&path)
+                    .map_err(|r| invalid(&nts_fleet_key_in, r))?;
+                Some(Fleet {
+                    path,
+                    secrets,
+                    period: Duration::from_secs_f64(rotation),
+                })
+            }
+        };
         let nts = match (nts_cert, nts_key) {
             (None, None) => {
                 for (given, input) in [
                     (nts_ke.is_some(), &nts_ke_in),
-                    (nts_rotation.is_some(), &nts_rotation_in),
+                    (
+                        nts_rotation.is_some() && nts_fleet.is_none(),
+                        &nts_rotation_in,
+                    ),
                     (nts_dump_dir.is_some(), &nts_dump_dir_in),
-                    (nts_fleet_key.is_some(), &nts_fleet_key_in),
                     (nts_ntp_server.is_some(), &nts_ntp_server_in),
                     (nts_ratelimit.is_some(), &nts_ratelimit_in),
                 ] {
@@ -395,21 +421,6 @@ impl Settings {
             (Some(certificate), Some(key)) => {
                 let loaded = crate::nts_ke::load(&certificate, &key)
                     .map_err(|r| invalid(&nts_cert_in, r))?;
-                let rotation = nts_rotation.unwrap_or(86_400.0);
-                check_positive(rotation).map_err(|r| invalid(&nts_rotation_in, r))?;
-                let fleet = match nts_fleet_key {
-                    None => None,
-                    Some(_) if nts_dump_dir.is_some() => {
-                        let r = "not with nts-dump-dir: fleet keys are derived from the secret \
-                                 whenever needed, never saved";
-                        return Err(invalid(&nts_fleet_key_in, r));
-                    }
-                    Some(path) => {
-                        let secrets = crate::nts_keys::load_fleet(&path)
-                            .map_err(|r| invalid(&nts_fleet_key_in, r))?;
-                        Some(Fleet { path, secrets })
-                    }
-                };
                 let dump = match nts_dump_dir {
                     None => None,
                     Some(dir) => {
@@ -431,7 +442,6 @@ impl Settings {
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
                     rotation: Duration::from_secs_f64(rotation),
                     dump,
-                    fleet,
                     ratelimit: nts_ratelimit,
                     ntp_server: match nts_ntp_server {
                         Some(name) if !chime_ntp::nts::valid_ntp_server(&name) => {
@@ -634,6 +644,7 @@ impl Settings {
             ratelimit,
             interleaved_log,
             nts,
+            nts_fleet,
             log_level,
             tz_offset,
             roughtime,
@@ -1007,6 +1018,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("recv-buffer") && e.contains("outside"), "{e}");
+    }
+
+    #[test]
+    fn a_fleet_key_serves_nts_without_a_certificate_with_its_own_period() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fleet");
+        std::fs::write(&file, format!("secret {}\n", "ab".repeat(32))).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let f = file.to_str().unwrap();
+        let s = resolve_with("", &["--nts-fleet-key", f, "--nts-rotation", "3600"]).unwrap();
+        assert!(s.nts.is_none(), "no certificate: no NTS-KE");
+        let fleet = s.nts_fleet.unwrap();
+        assert_eq!(fleet.period, Duration::from_secs(3600));
+        assert!(fleet.secrets.1.is_none());
+        // Without a fleet key, a rotation still needs a certificate.
+        let e = resolve_with("", &["--nts-rotation", "3600"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--nts-rotation: only takes effect"), "{e}");
     }
 
     #[test]

@@ -130,7 +130,16 @@ struct Bound {
 }
 
 fn run(args: &Args, mut settings: Settings) -> Result<()> {
-    let nts_start = settings.nts.as_mut().map(nts_ke::starting_keys);
+    // The cookie keys: a fleet's, derived from its secret, else this server's own (with NTS-KE).
+    // With either, the NTP workers serve NTS.
+    let nts_start = match (&settings.nts_fleet, settings.nts.as_mut()) {
+        (Some(fleet), _) => Some(nts_ke::fleet_start(fleet)),
+        (None, Some(nts)) => {
+            let r = nts_ke::starting_keys(nts);
+            Some((r.saved.keys, r.next_rotation))
+        }
+        (None, None) => None,
+    };
     let ntp = Arc::new(ntp_worker::Shared {
         state: ArcSwap::from_pointee(ServerState::unsynchronised()),
         policy: StalePolicy {
@@ -154,7 +163,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         epoch: Instant::now(),
         nts: nts_start
             .as_ref()
-            .map(|r| Arc::new(ArcSwap::from_pointee(r.saved.keys.clone()))),
+            .map(|(keys, _)| Arc::new(ArcSwap::from_pointee(keys.clone()))),
         txlog: (settings.interleaved_log > 0).then(|| {
             let log = chime_ntp::TxLog::new(settings.interleaved_log);
             info!(
@@ -334,8 +343,17 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
             cookies,
             first_rotation: nts_start
                 .as_ref()
-                .map_or(std::time::Duration::ZERO, |r| r.next_rotation),
+                .map_or(std::time::Duration::ZERO, |(_, next)| *next),
             counts: ke_counts.clone(),
+        });
+    // A fleet's keys follow its periods whether or not this member serves NTS-KE.
+    let fleet = settings
+        .nts_fleet
+        .clone()
+        .zip(ntp.nts.clone())
+        .map(|(f, cookies)| {
+            let secrets = Arc::new(ArcSwap::from_pointee(f.secrets.clone()));
+            (f, secrets, cookies)
         });
     let result = runtime.block_on(control_plane(
         args,
@@ -344,6 +362,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         roughtime.clone(),
         metrics,
         nts,
+        fleet,
     ));
 
     // Stop receiving (join sets the stop flag and wakes the workers); each worker finishes the
@@ -441,17 +460,17 @@ fn start<H: BatchHandler>(
 }
 
 /// What SIGHUP needs to reload the NTS certificate: where the TLS configuration in force lives,
-/// the settings that name the files, where the expiry is published, and with a fleet secret
-/// where it and the cookie keys in force live.
+/// the settings that name the files, and where the expiry is published.
 type NtsReload = (
     Arc<ArcSwap<rustls::ServerConfig>>,
     config::Nts,
     Arc<nts_ke::KeCounts>,
-    Option<FleetReload>,
 );
 
-/// The fleet secrets in force and the cookie keys derived from them.
-type FleetReload = (
+/// A fleet member's NTS keys (`--nts-fleet-key`): the settings, the secrets in force (SIGHUP
+/// replaces them), and the cookie keys derived from them.
+type FleetControl = (
+    config::Fleet,
     Arc<ArcSwap<nts_keys::FleetSecrets>>,
     Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
 );
@@ -484,6 +503,7 @@ async fn control_plane(
     roughtime: Option<RoughtimeControl>,
     metrics: Option<(std::net::TcpListener, Arc<metrics::Sources>)>,
     nts: Option<NtsControl>,
+    fleet: Option<FleetControl>,
 ) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
@@ -538,24 +558,28 @@ async fn control_plane(
                 .certificate_not_after
                 .store(t, std::sync::atomic::Ordering::Relaxed);
         }
-        let fleet = n.settings.fleet.as_ref().map(|fleet| {
-            let secrets = Arc::new(ArcSwap::from_pointee(fleet.secrets.clone()));
-            (secrets, n.cookies.clone())
-        });
-        match &fleet {
-            Some((secrets, cookies)) => tasks.push(tokio::spawn(nts_ke::follow_fleet(
-                cookies.clone(),
-                secrets.clone(),
-                n.settings.rotation,
-            ))),
-            None => tasks.push(tokio::spawn(nts_ke::rotate(
+        if fleet.is_none() {
+            tasks.push(tokio::spawn(nts_ke::rotate(
                 n.cookies,
                 n.first_rotation,
                 n.settings.rotation,
                 n.settings.dump.clone().map(|(path, _)| path),
-            ))),
+            )));
         }
-        nts_tls = Some((n.tls, n.settings, n.counts, fleet));
+        nts_tls = Some((n.tls, n.settings, n.counts));
+    }
+    if let Some((f, secrets, cookies)) = &fleet {
+        if nts_tls.is_none() {
+            info!(
+                "nts: no certificate, so no NTS-KE here: authenticated NTP for the cookies the \
+                 fleet's NTS-KE members hand out"
+            );
+        }
+        tasks.push(tokio::spawn(nts_ke::follow_fleet(
+            cookies.clone(),
+            secrets.clone(),
+            f.period,
+        )));
     }
     // From here signals are handled (before, SIGHUP's default would end the process).
     info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");
@@ -563,7 +587,7 @@ async fn control_plane(
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sighup.recv() => reload(args, settings, &ntp, nts_tls.as_ref()),
+            _ = sighup.recv() => reload(args, settings, &ntp, nts_tls.as_ref(), fleet.as_ref()),
         }
     }
     for t in tasks {
@@ -575,11 +599,17 @@ async fn control_plane(
 /// SIGHUP: the NTS certificate and key, the NTS fleet secret, the access rules from the config
 /// file again, and the timezone in timezone-offset mode.
 /// Anything that fails to load is reported and the state before kept.
-fn reload(args: &Args, settings: &Settings, ntp: &ntp_worker::Shared, nts: Option<&NtsReload>) {
-    if let Some((tls, nts, counts, fleet)) = nts {
-        if let (Some((secrets, cookies)), Some(f)) = (fleet, &nts.fleet) {
-            nts_ke::reload_fleet(&f.path, secrets, cookies, nts.rotation);
-        }
+fn reload(
+    args: &Args,
+    settings: &Settings,
+    ntp: &ntp_worker::Shared,
+    nts: Option<&NtsReload>,
+    fleet: Option<&FleetControl>,
+) {
+    if let Some((f, secrets, cookies)) = fleet {
+        nts_ke::reload_fleet(&f.path, secrets, cookies, f.period);
+    }
+    if let Some((tls, nts, counts)) = nts {
         match nts_ke::load(&nts.certificate, &nts.private_key) {
             Ok(loaded) => {
                 tls.store(loaded.config);

@@ -226,33 +226,6 @@ fn fresh_key() -> (u32, [u8; nts::KEY_LEN]) {
 /// taken out of the settings, which live as long as the process: no copy of a master key outlives
 /// its rotations.
 pub(crate) fn starting_keys(nts: &mut crate::config::Nts) -> nts_keys::Resumed {
-    if let Some(fleet) = &nts.fleet {
-        let (keys, period, next_rotation) = nts_keys::fleet_keys(
-            &fleet.secrets,
-            nts.rotation,
-            crate::clock::read().unix_micros(),
-        );
-        info!(
-            "nts: cookie keys derived from the fleet secret in {} (period {period} of {} s, id \
-             {:08x}{}): every server holding it opens these cookies",
-            fleet.path.display(),
-            nts.rotation.as_secs().max(1),
-            keys.current_id(),
-            if fleet.secrets.1.is_some() {
-                ", the previous secret's open too"
-            } else {
-                ""
-            }
-        );
-        return nts_keys::Resumed {
-            saved: nts_keys::Saved {
-                keys,
-                made_unix: crate::clock::read().unix_secs(),
-            },
-            next_rotation,
-            how: How::Fresh,
-        };
-    }
     let now = crate::clock::read().unix_secs();
     let saved = nts.dump.as_mut().and_then(|(_, saved)| saved.take());
     let r = nts_keys::resume(saved, now, nts.rotation, fresh_key);
@@ -317,6 +290,28 @@ pub(crate) async fn rotate(
         cookies.store(Arc::new(next));
         info!("nts: cookie key rotated (id {id:08x})");
     }
+}
+
+/// A fleet member's cookie keys to start with (`--nts-fleet-key`), for the period it is in.
+pub(crate) fn fleet_start(fleet: &crate::config::Fleet) -> (CookieKeys, Duration) {
+    let (keys, period, left) = nts_keys::fleet_keys(
+        &fleet.secrets,
+        fleet.period,
+        crate::clock::read().unix_micros(),
+    );
+    info!(
+        "nts: cookie keys derived from the fleet secret in {} (period {period} of {} s, id \
+         {:08x}{}): every server holding it opens these cookies",
+        fleet.path.display(),
+        fleet.period.as_secs().max(1),
+        keys.current_id(),
+        if fleet.secrets.1.is_some() {
+            ", the previous secret's open too"
+        } else {
+            ""
+        }
+    );
+    (keys, left)
 }
 
 /// A fleet member's cookie keys (`--nts-fleet-key`): at every period's start, the keys derived for
