@@ -135,7 +135,7 @@ impl RxBatch {
     /// Sheds the datagrams at the front of the batch that the kernel received before `cutoff`,
     /// up to the first that is younger or has no receive timestamp (the queue is in arrival
     /// order, so those after it are younger too). Returns how many; the batch is what is left.
-    pub fn shed_received_before(&mut self, cutoff: Timestamp) -> usize {
+    pub(crate) fn shed_received_before(&mut self, cutoff: Timestamp) -> usize {
         let old = self.metas[self.shed..self.len]
             .iter()
             .take_while(|m| m.timestamp.is_some_and(|t| t < cutoff))
