@@ -184,7 +184,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
             shed.target.as_secs_f64() * 1e3,
             shed.interval.as_secs_f64() * 1e3
         ),
-        None => info!("overload: shedding off; every queued request is answered however late"),
+        None => info!("overload: shedding off; whatever is queued is answered however late"),
     }
     let roughtime = match &settings.roughtime {
         Some(rt) => {
@@ -454,7 +454,9 @@ fn start<H: BatchHandler>(
         );
     }
     if !caps.rx_timestamps && b.shed {
-        warn!("{name}: no kernel receive timestamps, so no request's wait is known: none is shed");
+        warn!(
+            "{name}: no kernel receive timestamps, so how long each waited is unknown: no shedding"
+        );
     }
     Ok(workers)
 }
