@@ -155,9 +155,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) nts_rotation: Option<f64>,
 
-    /// The NTP server NTS-KE sends clients to (an IP address or a domain name), as chronyd's
-    /// `ntsntpserver`, when it is not the NTS-KE server's own address [default: the same]
-    #[arg(long, value_name = "NAME")]
+    /// The NTP server NTS-KE sends clients to (an IP address or a domain name, and :PORT if not
+    /// 123; an IPv6 address in brackets then), as chronyd's `ntsntpserver`, when it is not the
+    /// NTS-KE server's own address. With it, NTP may be off (-4 0 -6 0): a member serving NTS-KE
+    /// only, for a fleet's NTP servers [default: the same]
+    #[arg(long, value_name = "NAME[:PORT]")]
     pub(crate) nts_ntp_server: Option<String>,
 
     /// Limit NTS-KE connections per client address, as chronyd's `ntsratelimit`: each address

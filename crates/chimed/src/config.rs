@@ -127,8 +127,10 @@ pub(crate) struct Nts {
     pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
     /// `--nts-ratelimit`: NTS-KE connections per client address.
     pub(crate) ratelimit: Option<RateLimiting>,
-    /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address.
+    /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address, and its port if
+    /// given.
     pub(crate) ntp_server: Option<String>,
+    pub(crate) ntp_port: Option<u16>,
 }
 
 /// `--nts-fleet-key`'s file, the secrets it held when last read, and the period each key is for
@@ -419,6 +421,11 @@ impl Settings {
                 ));
             }
             (Some(certificate), Some(key)) => {
+                let ntp_server = match nts_ntp_server.as_deref().map(split_ntp_server) {
+                    None => (None, None),
+                    Some(Ok((name, port))) => (Some(name), port),
+                    Some(Err(r)) => return Err(invalid(&nts_ntp_server_in, r)),
+                };
                 let loaded = crate::nts_ke::load(&certificate, &key)
                     .map_err(|r| invalid(&nts_cert_in, r))?;
                 let dump = match nts_dump_dir {
@@ -443,16 +450,8 @@ impl Settings {
                     rotation: Duration::from_secs_f64(rotation),
                     dump,
                     ratelimit: nts_ratelimit,
-                    ntp_server: match nts_ntp_server {
-                        Some(name) if !chime_ntp::nts::valid_ntp_server(&name) => {
-                            let r = format!(
-                                "{name:?} is not an IP address or a domain name (letters, digits, \
-                                 hyphens and dots)"
-                            );
-                            return Err(invalid(&nts_ntp_server_in, r));
-                        }
-                        other => other,
-                    },
+                    ntp_server: ntp_server.0,
+                    ntp_port: ntp_server.1,
                 })
             }
         };
@@ -557,10 +556,13 @@ impl Settings {
         cli::check_threads(ipv4_threads).map_err(|r| invalid(&v4_threads_in, r))?;
         let ipv6_threads = v6_threads.unwrap_or(1);
         cli::check_threads(ipv6_threads).map_err(|r| invalid(&v6_threads_in, r))?;
-        if ipv4_threads + ipv6_threads == 0 {
+        // A member may serve NTS-KE alone, sending clients to the fleet's NTP servers.
+        let ke_only = nts.as_ref().is_some_and(|n| n.ntp_server.is_some());
+        if ipv4_threads + ipv6_threads == 0 && !ke_only {
             return Err(invalid(
                 &v4_threads_in,
-                "no NTP threads: set ipv4-threads or ipv6-threads",
+                "no NTP threads: set ipv4-threads or ipv6-threads (or serve NTS-KE only, with \
+                 nts-ntp-server naming the NTP servers)",
             ));
         }
 
@@ -881,6 +883,45 @@ fn invalid(input: &Input, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `--nts-ntp-server NAME[:PORT]`: the name (an IP address or a domain name) and the port if one
+/// follows; an IPv6 address takes brackets when it does (`[2001:db8::1]:123`).
+fn split_ntp_server(value: &str) -> Result<(String, Option<u16>), String> {
+    let (name, port) = match value.strip_prefix('[') {
+        Some(rest) => {
+            let (name, after) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("{value:?}: no ] after the IPv6 address"))?;
+            match after {
+                "" => (name, None),
+                _ => match after.strip_prefix(':') {
+                    Some(port) => (name, Some(port)),
+                    None => return Err(format!("{value:?}: only :PORT may follow ]")),
+                },
+            }
+        }
+        // One colon is a port; more are an IPv6 address without one.
+        None => match value.split_once(':') {
+            Some((name, port)) if !port.contains(':') => (name, Some(port)),
+            _ => (value, None),
+        },
+    };
+    if !chime_ntp::nts::valid_ntp_server(name) {
+        return Err(format!(
+            "{name:?} is not an IP address or a domain name (letters, digits, hyphens and dots)"
+        ));
+    }
+    let port = match port {
+        None => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| format!("{p:?} is not a port (1 to 65535)"))?,
+        ),
+    };
+    Ok((name.to_owned(), port))
+}
+
 fn check_seconds_up_to(v: f64, max: f64) -> Result<(), String> {
     if !v.is_finite() || !(0.0..=max).contains(&v) {
         return Err(format!("{v} seconds is outside 0..={max}"));
@@ -1038,6 +1079,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("--nts-rotation: only takes effect"), "{e}");
+    }
+
+    #[test]
+    fn the_ntp_server_nts_ke_names_may_carry_a_port() {
+        let ok = |v: &str| split_ntp_server(v).unwrap();
+        assert_eq!(ok("ntp.example.net"), ("ntp.example.net".into(), None));
+        assert_eq!(ok("192.0.2.1:4123"), ("192.0.2.1".into(), Some(4123)));
+        assert_eq!(ok("2001:db8::1"), ("2001:db8::1".into(), None));
+        assert_eq!(ok("[2001:db8::1]:123"), ("2001:db8::1".into(), Some(123)));
+        assert_eq!(ok("[2001:db8::1]"), ("2001:db8::1".into(), None));
+        for (bad, says) in [
+            ("ntp example", "is not an IP address or a domain name"),
+            ("host:0", "\"0\" is not a port"),
+            ("host:99999", "\"99999\" is not a port"),
+            ("[2001:db8::1", "no ] after the IPv6 address"),
+            ("[2001:db8::1]x", "only :PORT may follow ]"),
+        ] {
+            let e = split_ntp_server(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

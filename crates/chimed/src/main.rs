@@ -266,10 +266,15 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
             let addr = nts.ke_address;
             let listener = std::net::TcpListener::bind(addr)
                 .with_context(|| format!("--nts-ke-address {addr}: cannot bind"))?;
-            // NTS-KE tells clients the NTP port when it is not 123 (a port-0 bind's real one).
-            let port = ntp_bound
-                .first()
-                .map(|b: &Bound| b.workers.local_addr().port())
+            // NTS-KE tells clients the NTP port when it is not 123: the one --nts-ntp-server
+            // names, else this server's own (a port-0 bind's real one).
+            let port = nts
+                .ntp_port
+                .or_else(|| {
+                    ntp_bound
+                        .first()
+                        .map(|b: &Bound| b.workers.local_addr().port())
+                })
                 .filter(|&p| p != 123);
             Some((listener, port))
         }

@@ -775,3 +775,54 @@ fn a_fleet_member_opens_the_cookies_another_member_sealed() {
     assert!(count_in(&totals, "nts") >= 12, "{totals}");
     assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
 }
+
+/// A fleet's two roles on separate members: one serves NTS-KE only (no NTP threads, a
+/// certificate, `--nts-ntp-server` naming the other's address and port), the other serves
+/// authenticated NTP only (no certificate). Both hold the fleet secret. chronyd runs NTS-KE with
+/// the first, follows the server and port records to the second, and synchronises from its
+/// replies, which open cookies the first sealed. `chime ntp --nts` is sent to the same place.
+#[test]
+fn an_nts_ke_member_sends_clients_to_an_ntp_member() {
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "ke");
+    let secret = dir.path().join("fleet-secret");
+    let made = run(Command::new(common::workspace_bin("chime"))
+        .arg("nts-fleet-key")
+        .arg(&secret));
+    assert!(made.status.success(), "{made:?}");
+    let secret = secret.to_str().unwrap();
+    let mut ntp_member =
+        Chimed::mirroring(&chronyd.addr().to_string(), &["--nts-fleet-key", secret]);
+    ntp_member.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let named = ntp_member.addr.to_string();
+    let flags = common::nts_flags(&cert, &key);
+    let upstream = chronyd.addr().to_string();
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(&[
+        "-s",
+        &upstream,
+        "-4",
+        "0",
+        "-6",
+        "0",
+        "--nts-fleet-key",
+        secret,
+        "--nts-ntp-server",
+        &named,
+    ]);
+    let mut ke_member = Chimed::start_until(&args, "nts-ke listening on");
+    let ke_port = ke_member.logged_addr("nts-ke listening on ").port();
+    assert!(!ke_member.log().contains("ntp listening on"), "NTP is off");
+
+    let r = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &cert).unwrap();
+    assert_eq!(r["server"], named, "{r}");
+    let offset = chronyd_nts_offset(ke_port, &cert, true)
+        .expect("chronyd measured nothing from the member NTS-KE named");
+    assert!(offset.abs() < 1e-3, "offset {offset}");
+    assert!(ke_member.terminate().success());
+    assert!(ntp_member.terminate().success());
+    let totals = ntp_member.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(count_in(&totals, "nts") >= 2, "{totals}");
+    assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
+}

@@ -186,6 +186,22 @@ impl Chimed {
 
     /// Starts the real chimed with these flags and waits for its "ntp listening on" line.
     pub fn start(args: &[&str]) -> Self {
+        let mut c = Self::start_until(args, "ntp listening on");
+        let line = c.wait_for("ntp listening on", Duration::from_secs(1));
+        let addr = line
+            .split("ntp listening on ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        c.addr = addr.parse().unwrap();
+        c
+    }
+
+    /// Starts the real chimed with these flags and waits for a log line containing `ready`; for
+    /// a chimed with no NTP threads (an NTS-KE-only member), whose `addr` stays unspecified.
+    pub fn start_until(args: &[&str], ready: &str) -> Self {
         let mut child = Command::new(workspace_bin("chimed"))
             .args(args)
             .env("NO_COLOR", "1")
@@ -209,15 +225,7 @@ impl Chimed {
             rx,
             addr: ([0, 0, 0, 0], 0).into(),
         };
-        let line = c.wait_for("ntp listening on", Duration::from_secs(10));
-        let addr = line
-            .split("ntp listening on ")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap();
-        c.addr = addr.parse().unwrap();
+        c.wait_for(ready, Duration::from_secs(10));
         c
     }
 
