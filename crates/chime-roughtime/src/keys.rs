@@ -100,27 +100,36 @@ impl LongTermKey {
         mint: u64,
         maxt: u64,
     ) -> Certificate {
-        let mut dele = [0u8; DELE_LEN];
-        let mut w = Writer::new(&mut dele);
-        // Fixed sizes, fixed tag order: these writes cannot fail, and a failure would show up as
-        // a certificate that does not verify, which the tests check.
-        let _ = write_header(
-            &mut w,
-            &[(Tag::PUBK, KEY_LEN), (Tag::MINT, 8), (Tag::MAXT, 8)],
-        );
-        let _ = w.put(online_public);
-        let _ = w.put_u64(mint);
-        let _ = w.put_u64(maxt);
-
+        let dele = dele_bytes(online_public, mint, maxt);
         let signature = sign_with_context(&self.key, family.dele_context(family.spelling()), &dele);
-
-        let mut bytes = [0u8; CERT_LEN];
-        let mut w = Writer::new(&mut bytes);
-        let _ = write_header(&mut w, &[(Tag::SIG, SIGNATURE_LEN), (Tag::DELE, DELE_LEN)]);
-        let _ = w.put(&signature);
-        let _ = w.put(&dele);
-        Certificate { bytes }
+        cert_bytes(&signature, &dele)
     }
+}
+
+/// An encoded DELE, `{PUBK, MINT, MAXT}` (MINT and MAXT already in the family's time format).
+fn dele_bytes(online_public: &[u8; KEY_LEN], mint: u64, maxt: u64) -> [u8; DELE_LEN] {
+    let mut dele = [0u8; DELE_LEN];
+    let mut w = Writer::new(&mut dele);
+    // Fixed sizes, fixed tag order: these writes cannot fail, and a failure would show up as a
+    // certificate that does not verify, which the tests check.
+    let _ = write_header(
+        &mut w,
+        &[(Tag::PUBK, KEY_LEN), (Tag::MINT, 8), (Tag::MAXT, 8)],
+    );
+    let _ = w.put(online_public);
+    let _ = w.put_u64(mint);
+    let _ = w.put_u64(maxt);
+    dele
+}
+
+/// An encoded CERT, `{SIG, DELE}`.
+fn cert_bytes(signature: &[u8; SIGNATURE_LEN], dele: &[u8; DELE_LEN]) -> Certificate {
+    let mut bytes = [0u8; CERT_LEN];
+    let mut w = Writer::new(&mut bytes);
+    let _ = write_header(&mut w, &[(Tag::SIG, SIGNATURE_LEN), (Tag::DELE, DELE_LEN)]);
+    let _ = w.put(signature);
+    let _ = w.put(dele);
+    Certificate { bytes }
 }
 
 impl fmt::Debug for LongTermKey {
@@ -149,6 +158,11 @@ impl OnlineKey {
     pub fn public_key(&self) -> [u8; KEY_LEN] {
         self.key.verifying_key().to_bytes()
     }
+
+    /// The seed, for writing a delegation bundle ([`crate::bundle`]); wiped when dropped.
+    pub fn seed(&self) -> zeroize::Zeroizing<[u8; KEY_LEN]> {
+        zeroize::Zeroizing::new(self.key.to_bytes())
+    }
 }
 
 impl fmt::Debug for OnlineKey {
@@ -169,6 +183,12 @@ impl Certificate {
     /// The encoded CERT value.
     pub fn as_bytes(&self) -> &[u8; CERT_LEN] {
         &self.bytes
+    }
+
+    /// A CERT value as encoded, e.g. read back from a delegation bundle. Nothing is checked
+    /// here; [`Delegation::from_certificates`] checks it.
+    pub fn from_bytes(bytes: [u8; CERT_LEN]) -> Self {
+        Self { bytes }
     }
 }
 
@@ -193,6 +213,62 @@ pub struct Delegation {
 }
 
 impl Delegation {
+    /// A delegation made elsewhere (where the long-term key lives), from its online key and its
+    /// certificates in [`Family::ALL`] order: each must be the CERT the long-term key with public
+    /// key `long_term_public` signs for this online key, `mint_unix_s` and `maxt_unix_s` in its
+    /// family's context and time format, the check a client makes of a CERT.
+    pub fn from_certificates(
+        online: OnlineKey,
+        certs: [Certificate; Family::COUNT],
+        mint_unix_s: u64,
+        maxt_unix_s: u64,
+        long_term_public: [u8; KEY_LEN],
+    ) -> Result<Self, DelegationError> {
+        if mint_unix_s > maxt_unix_s {
+            return Err(DelegationError::EmptyValidity {
+                mint_unix_s,
+                maxt_unix_s,
+            });
+        }
+        let verifier = ed25519_dalek::VerifyingKey::from_bytes(&long_term_public)
+            .map_err(|_| DelegationError::BadLongTermKey)?;
+        let online_public = online.public_key();
+        for (family, cert) in Family::ALL.into_iter().zip(&certs) {
+            let format = family.time_format();
+            let dele = dele_bytes(
+                &online_public,
+                format.encode_seconds(mint_unix_s),
+                format.encode_seconds(maxt_unix_s),
+            );
+            let mut signature = [0u8; SIGNATURE_LEN];
+            signature.copy_from_slice(&cert.bytes[16..16 + SIGNATURE_LEN]);
+            let context = family.dele_context(family.spelling());
+            let mut signed = Vec::with_capacity(context.len() + DELE_LEN);
+            signed.extend_from_slice(context);
+            signed.extend_from_slice(&dele);
+            let valid = cert_bytes(&signature, &dele) == *cert
+                && verifier
+                    .verify_strict(&signed, &ed25519_dalek::Signature::from_bytes(&signature))
+                    .is_ok();
+            if !valid {
+                return Err(DelegationError::BadCertificate { family });
+            }
+        }
+        Ok(Self {
+            online,
+            certs,
+            mint_unix_s,
+            maxt_unix_s,
+            srv: srv_value(&long_term_public),
+            long_term_public,
+        })
+    }
+
+    /// The online key, for writing a delegation bundle.
+    pub fn online_key(&self) -> &OnlineKey {
+        &self.online
+    }
+
     /// The CERT value sent to clients of `family`.
     pub fn certificate(&self, family: Family) -> &Certificate {
         &self.certs[family.index()]
@@ -260,6 +336,15 @@ pub enum DelegationError {
         mint_unix_s: u64,
         /// Requested MAXT.
         maxt_unix_s: u64,
+    },
+    /// The long-term public key is not an Ed25519 point.
+    #[error("the long-term public key is not a valid Ed25519 key")]
+    BadLongTermKey,
+    /// A certificate is not the one the long-term key signs for this online key and validity.
+    #[error("the {family:?} certificate does not verify under the long-term key")]
+    BadCertificate {
+        /// The family whose certificate failed.
+        family: Family,
     },
 }
 

@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bundle;
 pub mod chain;
 pub mod client;
 pub mod codec;
@@ -51,6 +52,7 @@ pub mod server;
 pub mod tag;
 pub mod version;
 
+pub use bundle::{Bundle, BundleError, BundlePlan, make_bundle};
 pub use chain::{
     ChainError, ChainReport, Contradiction, Link, contradictions, next_nonce, verify_chain,
 };

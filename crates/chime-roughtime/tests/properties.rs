@@ -357,3 +357,55 @@ proptest! {
         }
     }
 }
+
+/// A delegation bundle made where the long-term key lives, written out and read back as a server
+/// would (no long-term private key): every window signs replies that verify under the long-term
+/// public key in every version, each with the window's own online key.
+#[test]
+fn every_window_of_a_bundle_answers_every_version_verifiably() {
+    let long = LongTermKey::from_seed(&[0x11; 32]);
+    let plan = chime_roughtime::BundlePlan {
+        start_unix_s: NOW_S - 86_400,
+        span_s: 3 * 86_400,
+        step_s: 86_400,
+        window_s: 2 * 86_400,
+    };
+    let mut n = 0u8;
+    let made = chime_roughtime::make_bundle(&long, plan, || {
+        n += 1;
+        [n; 32]
+    })
+    .unwrap();
+    let bundle = chime_roughtime::Bundle::parse(&made.encode()).unwrap();
+    let pk = long.public_key();
+    let mut responder = Responder::new(ResponderConfig {
+        versions: VersionSet::ALL,
+        capacity: 8,
+    });
+    let mut online_keys = BTreeSet::new();
+    for window in bundle.windows() {
+        let s = Server {
+            long: long.clone(),
+            delegation: window.clone(),
+        };
+        // Each window answers at a time it covers.
+        let at = window.mint_unix_s() + 3600;
+        let mut p = params(&s.delegation);
+        p.now_unix_us = at * 1_000_000;
+        for (i, v) in Version::ALL.into_iter().enumerate() {
+            let req = request(&[v], i as u32, None);
+            let mut buf = [0u8; 1100];
+            let mut exchanges = [Exchange::new(&req, &mut buf)];
+            responder.respond(p, &mut exchanges);
+            let reply = exchanges[0]
+                .reply_bytes()
+                .unwrap_or_else(|| panic!("{v:?} dropped"))
+                .to_vec();
+            let policy = VerifyPolicy::new(10_000_000);
+            verify_reply(&req, &reply, &pk, &policy)
+                .unwrap_or_else(|e| panic!("window from {}: {v:?}: {e}", window.mint_unix_s()));
+        }
+        online_keys.insert(window.online_public_key());
+    }
+    assert_eq!(online_keys.len(), bundle.windows().len());
+}

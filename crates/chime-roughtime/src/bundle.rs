@@ -1,0 +1,443 @@
+//! Delegation bundles: a long-term key's delegations made ahead of time for one server, so that
+//! the server never holds the long-term key (RFC 10049's design, as roughtimed and Cloudflare's
+//! servers run). Where the long-term key lives, [`make_bundle`] makes a series of online keys,
+//! each certified for a window of time, consecutive windows overlapping so that the server always
+//! has one with time left; the server reads the bundle ([`Bundle::parse`], which checks every
+//! certificate against the long-term public key) and signs with [`Bundle::current`]. A stolen
+//! server costs its own bundle, not the service's identity.
+//!
+//! Pure string and key work: writing the file (mode 0600, never overwritten) is the caller's.
+//! The text: `#` comments, blank lines, one `long-term-public HEX` line, then per window a
+//! `window MINT MAXT SEED` line (Unix seconds, the online key's seed in hex) followed by one
+//! `cert HEX` line per version family, in [`Family::ALL`] order.
+
+use std::fmt::Write as _;
+
+use zeroize::Zeroizing;
+
+use crate::keys::{CERT_LEN, Certificate, Delegation, KEY_LEN, LongTermKey, OnlineKey};
+use crate::version::Family;
+
+/// Which windows to make: from `start_unix_s` for `span_s` seconds, a new window every `step_s`,
+/// each valid for `window_s` (more than `step_s`, so that consecutive windows overlap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundlePlan {
+    /// When the first window opens (Unix seconds).
+    pub start_unix_s: u64,
+    /// How long the bundle covers, in seconds: the last window closes at or after the end.
+    pub span_s: u64,
+    /// Seconds from one window's opening to the next.
+    pub step_s: u64,
+    /// How long each window lasts; more than `step_s`.
+    pub window_s: u64,
+}
+
+/// Why a bundle could not be made or read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BundleError {
+    /// The plan makes no windows or windows that do not overlap.
+    #[error("{0}")]
+    Plan(&'static str),
+    /// A line of the text is not what the format says.
+    #[error("line {line}: {what}")]
+    Line {
+        /// 1-based.
+        line: usize,
+        /// What is wrong.
+        what: String,
+    },
+    /// The text has no `long-term-public` line, or no window.
+    #[error("{0}")]
+    Missing(&'static str),
+}
+
+/// A server's delegations, in the order of their windows.
+#[derive(Clone)]
+pub struct Bundle {
+    long_term_public: [u8; KEY_LEN],
+    windows: Vec<Delegation>,
+}
+
+impl std::fmt::Debug for Bundle {
+    // The online keys are secret: the windows' times only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let windows: Vec<_> = self
+            .windows
+            .iter()
+            .map(|d| (d.mint_unix_s(), d.maxt_unix_s()))
+            .collect();
+        f.debug_struct("Bundle")
+            .field("windows", &windows)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes the windows of `plan` under `key`, each with an online key from `seed` (fresh random
+/// bytes from the caller: this crate reads no randomness).
+pub fn make_bundle(
+    key: &LongTermKey,
+    plan: BundlePlan,
+    mut seed: impl FnMut() -> [u8; KEY_LEN],
+) -> Result<Bundle, BundleError> {
+    if plan.span_s == 0 || plan.step_s == 0 {
+        return Err(BundleError::Plan(
+            "the span and the step must be more than 0 s",
+        ));
+    }
+    if plan.window_s <= plan.step_s {
+        return Err(BundleError::Plan(
+            "each window must last longer than the step, so that consecutive windows overlap",
+        ));
+    }
+    let end = plan.start_unix_s.saturating_add(plan.span_s);
+    let mut windows = Vec::new();
+    let mut mint = plan.start_unix_s;
+    loop {
+        let maxt = mint.saturating_add(plan.window_s);
+        let online = OnlineKey::from_seed(&Zeroizing::new(seed()));
+        // mint < maxt by the checks above.
+        let d = key
+            .delegate(online, mint, maxt)
+            .map_err(|_| BundleError::Plan("a window is empty"))?;
+        windows.push(d);
+        if maxt >= end {
+            break;
+        }
+        mint += plan.step_s;
+    }
+    Ok(Bundle {
+        long_term_public: key.public_key(),
+        windows,
+    })
+}
+
+impl Bundle {
+    /// The long-term public key every certificate verifies under.
+    pub fn long_term_public_key(&self) -> [u8; KEY_LEN] {
+        self.long_term_public
+    }
+
+    /// The delegations, in the order of their windows.
+    pub fn windows(&self) -> &[Delegation] {
+        &self.windows
+    }
+
+    /// The delegation to sign with at `unix_s`: of the windows that cover it, the one with the
+    /// most time left. `None` outside every window: then nothing may be signed.
+    pub fn current(&self, unix_s: u64) -> Option<&Delegation> {
+        self.windows
+            .iter()
+            .filter(|d| d.covers(unix_s))
+            .max_by_key(|d| d.maxt_unix_s())
+    }
+
+    /// Seconds from `unix_s` until the bundle runs out, counting overlapping windows as one
+    /// stretch; 0 outside every window.
+    pub fn seconds_left(&self, unix_s: u64) -> u64 {
+        let mut until = match self.current(unix_s) {
+            Some(d) => d.maxt_unix_s(),
+            None => return 0,
+        };
+        // Windows are in order: follow each one that opens before the stretch closes.
+        for d in &self.windows {
+            if d.mint_unix_s() <= until.saturating_add(1) {
+                until = until.max(d.maxt_unix_s());
+            }
+        }
+        until - unix_s
+    }
+
+    /// The bundle as text ([the format](self)); wiped when dropped, since it holds the online
+    /// keys' seeds.
+    pub fn encode(&self) -> Zeroizing<String> {
+        let per_window = 2 * 8 * 3 + 2 * KEY_LEN + Family::COUNT * (6 + 2 * CERT_LEN);
+        let mut text = Zeroizing::new(String::with_capacity(512 + self.windows.len() * per_window));
+        text.push_str(
+            "# chime Roughtime delegation bundle: online keys and the certificates the long-term\n\
+             # key signed for them, one window each. Keep it secret (mode 0600): whoever has it can\n\
+             # sign as this server until its last window closes.\n",
+        );
+        let _ = writeln!(text, "long-term-public {}", hex(&self.long_term_public));
+        for d in &self.windows {
+            let _ = writeln!(
+                text,
+                "window {} {} {}",
+                d.mint_unix_s(),
+                d.maxt_unix_s(),
+                hex(&*d.online_key().seed())
+            );
+            for family in Family::ALL {
+                let _ = writeln!(text, "cert {}", hex(d.certificate(family).as_bytes()));
+            }
+        }
+        text
+    }
+
+    /// Reads a bundle's text and checks every certificate against the long-term public key, as
+    /// a client would: a bundle that does not verify is refused whole.
+    pub fn parse(text: &str) -> Result<Self, BundleError> {
+        let mut long_term_public = None;
+        let mut windows = Vec::new();
+        // The window being read: its times, key and the certificates so far.
+        let mut open: Option<(usize, u64, u64, OnlineKey, Vec<Certificate>)> = None;
+        let finish = |open: Option<(usize, u64, u64, OnlineKey, Vec<Certificate>)>,
+                      public: Option<[u8; KEY_LEN]>,
+                      windows: &mut Vec<Delegation>|
+         -> Result<(), BundleError> {
+            let Some((line, mint, maxt, online, certs)) = open else {
+                return Ok(());
+            };
+            let bad = |what: String| BundleError::Line { line, what };
+            let certs: [Certificate; Family::COUNT] = certs.try_into().map_err(|c: Vec<_>| {
+                bad(format!("{} cert lines, not {}", c.len(), Family::COUNT))
+            })?;
+            let public = public.ok_or(BundleError::Missing("no long-term-public line"))?;
+            let d = Delegation::from_certificates(online, certs, mint, maxt, public)
+                .map_err(|e| bad(e.to_string()))?;
+            windows.push(d);
+            Ok(())
+        };
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let raw = raw.trim();
+            if raw.is_empty() || raw.starts_with('#') {
+                continue;
+            }
+            let bad = |what: &str| BundleError::Line {
+                line,
+                what: what.to_owned(),
+            };
+            match raw.split_whitespace().collect::<Vec<_>>()[..] {
+                ["long-term-public", key] if long_term_public.is_none() && windows.is_empty() => {
+                    long_term_public =
+                        Some(decode::<KEY_LEN>(key).ok_or_else(|| bad("not 64 hex digits"))?);
+                }
+                ["window", mint, maxt, seed] => {
+                    finish(open.take(), long_term_public, &mut windows)?;
+                    let mint = mint.parse().map_err(|_| bad("MINT is not Unix seconds"))?;
+                    let maxt = maxt.parse().map_err(|_| bad("MAXT is not Unix seconds"))?;
+                    let seed = Zeroizing::new(
+                        decode::<KEY_LEN>(seed)
+                            .ok_or_else(|| bad("the seed is not 64 hex digits"))?,
+                    );
+                    open = Some((line, mint, maxt, OnlineKey::from_seed(&seed), Vec::new()));
+                }
+                ["cert", cert] => {
+                    let Some((_, _, _, _, certs)) = &mut open else {
+                        return Err(bad("a cert line before any window line"));
+                    };
+                    let bytes =
+                        decode::<CERT_LEN>(cert).ok_or_else(|| bad("not a certificate's hex"))?;
+                    certs.push(Certificate::from_bytes(bytes));
+                }
+                _ => return Err(bad("expected long-term-public, window or cert")),
+            }
+        }
+        finish(open.take(), long_term_public, &mut windows)?;
+        let long_term_public =
+            long_term_public.ok_or(BundleError::Missing("no long-term-public line"))?;
+        if windows.is_empty() {
+            return Err(BundleError::Missing("no window"));
+        }
+        Ok(Self {
+            long_term_public,
+            windows,
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let bytes = s.as_bytes();
+    if bytes.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let hi = char::from(pair[0]).to_digit(16)?;
+        let lo = char::from(pair[1]).to_digit(16)?;
+        *o = (hi * 16 + lo) as u8;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: u64 = 86_400;
+
+    fn plan() -> BundlePlan {
+        BundlePlan {
+            start_unix_s: 1_795_000_000,
+            span_s: 30 * DAY,
+            step_s: DAY,
+            window_s: 2 * DAY,
+        }
+    }
+
+    fn seeds() -> impl FnMut() -> [u8; KEY_LEN] {
+        let mut n = 0u8;
+        move || {
+            n = n.wrapping_add(1);
+            [n; KEY_LEN]
+        }
+    }
+
+    #[test]
+    fn windows_leave_no_gap_and_overlap_over_the_span() {
+        let key = LongTermKey::from_seed(&[7; KEY_LEN]);
+        for (span, step, window) in [
+            (30 * DAY, DAY, 2 * DAY),
+            (DAY, 3600, 7200),
+            (10, 3, 4),
+            (5, 10, 11),
+        ] {
+            let p = BundlePlan {
+                span_s: span,
+                step_s: step,
+                window_s: window,
+                ..plan()
+            };
+            let b = make_bundle(&key, p, seeds()).unwrap();
+            let w = b.windows();
+            assert_eq!(w[0].mint_unix_s(), p.start_unix_s);
+            assert!(w.last().unwrap().maxt_unix_s() >= p.start_unix_s + span);
+            for pair in w.windows(2) {
+                assert!(
+                    pair[1].mint_unix_s() < pair[0].maxt_unix_s(),
+                    "{p:?}: a gap"
+                );
+                assert!(pair[1].mint_unix_s() > pair[0].mint_unix_s());
+            }
+            // Every second of the span has a window, with time left until the bundle's end.
+            for t in (p.start_unix_s..=p.start_unix_s + span).step_by((span / 97).max(1) as usize) {
+                let d = b
+                    .current(t)
+                    .unwrap_or_else(|| panic!("{p:?}: nothing at {t}"));
+                assert!(d.covers(t));
+                assert_eq!(b.seconds_left(t), w.last().unwrap().maxt_unix_s() - t);
+            }
+            // Each window has its own online key.
+            let mut keys: Vec<_> = w.iter().map(|d| d.online_public_key()).collect();
+            keys.dedup();
+            assert_eq!(keys.len(), w.len());
+        }
+    }
+
+    #[test]
+    fn outside_every_window_there_is_nothing_to_sign_with() {
+        let key = LongTermKey::from_seed(&[7; KEY_LEN]);
+        let b = make_bundle(&key, plan(), seeds()).unwrap();
+        let first = plan().start_unix_s;
+        let last = b.windows().last().unwrap().maxt_unix_s();
+        assert!(b.current(first - 1).is_none());
+        assert!(b.current(last + 1).is_none());
+        assert_eq!(b.seconds_left(last + 1), 0);
+        // Of two overlapping windows, the one with the most time left signs.
+        let d = b.current(first + DAY + 10).unwrap();
+        assert_eq!(d.mint_unix_s(), first + DAY);
+    }
+
+    #[test]
+    fn plans_without_overlap_are_refused() {
+        let key = LongTermKey::from_seed(&[7; KEY_LEN]);
+        for p in [
+            BundlePlan {
+                window_s: DAY,
+                ..plan()
+            },
+            BundlePlan {
+                step_s: 0,
+                ..plan()
+            },
+            BundlePlan {
+                span_s: 0,
+                ..plan()
+            },
+        ] {
+            assert!(
+                matches!(make_bundle(&key, p, seeds()), Err(BundleError::Plan(_))),
+                "{p:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bundle_round_trips_and_every_certificate_is_checked() {
+        let key = LongTermKey::from_seed(&[7; KEY_LEN]);
+        let b = make_bundle(
+            &key,
+            BundlePlan {
+                span_s: 3 * DAY,
+                ..plan()
+            },
+            seeds(),
+        )
+        .unwrap();
+        let text = b.encode();
+        let back = Bundle::parse(&text).unwrap();
+        assert_eq!(back.long_term_public_key(), key.public_key());
+        assert_eq!(back.windows().len(), b.windows().len());
+        for (a, z) in b.windows().iter().zip(back.windows()) {
+            assert_eq!(a.online_public_key(), z.online_public_key());
+            assert_eq!(
+                (a.mint_unix_s(), a.maxt_unix_s()),
+                (z.mint_unix_s(), z.maxt_unix_s())
+            );
+            for f in Family::ALL {
+                assert_eq!(a.certificate(f), z.certificate(f));
+            }
+            assert_eq!(z.srv(), &key.srv());
+        }
+        // Any flipped bit of any certificate, or another long-term key, is refused.
+        let lines: Vec<&str> = text.lines().collect();
+        let cert_lines: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].starts_with("cert "))
+            .collect();
+        assert_eq!(cert_lines.len(), b.windows().len() * Family::COUNT);
+        for &i in cert_lines.iter().step_by(3) {
+            for pos in [5, 5 + 40, lines[i].len() - 1] {
+                let mut changed: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+                let mut bytes = changed[i].clone().into_bytes();
+                bytes[pos] = if bytes[pos] == b'0' { b'1' } else { b'0' };
+                changed[i] = String::from_utf8(bytes).unwrap();
+                let e = Bundle::parse(&changed.join("\n")).unwrap_err();
+                assert!(matches!(e, BundleError::Line { .. }), "{e}");
+            }
+        }
+        let other = LongTermKey::from_seed(&[8; KEY_LEN]).public_key();
+        let swapped = text.replace(&hex(&key.public_key()), &hex(&other));
+        assert!(
+            Bundle::parse(&swapped)
+                .unwrap_err()
+                .to_string()
+                .contains("does not verify")
+        );
+        // Windows moved in time no longer match their certificates.
+        let first = plan().start_unix_s.to_string();
+        let moved = text.replacen(
+            &format!("window {first}"),
+            &format!("window {}", plan().start_unix_s + 1),
+            1,
+        );
+        assert!(Bundle::parse(&moved).is_err());
+        for (bad, says) in [
+            ("", "no long-term-public line"),
+            (
+                &format!("long-term-public {}\n", hex(&key.public_key())),
+                "no window",
+            ),
+            ("cert 00\n", "line 1: a cert line before any window line"),
+            (
+                "frob\n",
+                "line 1: expected long-term-public, window or cert",
+            ),
+        ] {
+            assert_eq!(Bundle::parse(bad).unwrap_err().to_string(), says, "{bad:?}");
+        }
+    }
+}
