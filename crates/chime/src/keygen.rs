@@ -1,7 +1,8 @@
-//! Key files: `chime keygen FILE`, a new Roughtime long-term key, and `chime nts-fleet-key FILE`,
-//! a new NTS fleet secret. Both files are created with mode 0600 and never overwritten: losing a
-//! long-term key to a typo would orphan every client configured with its public key, and losing
-//! a fleet secret every NTS client's cookies.
+//! Key files: `chime keygen FILE`, a new Roughtime long-term key; `chime delegate`, a Roughtime
+//! delegation bundle for one server, made from the long-term key where it lives; and `chime
+//! nts-fleet-key FILE`, a new NTS fleet secret. Every file is created with mode 0600 and never
+//! overwritten: losing a long-term key to a typo would orphan every client configured with its
+//! public key, and losing a fleet secret every NTS client's cookies.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -11,7 +12,7 @@ use anyhow::{Context, Result};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_ntp::nts::{FleetSecret, encode_fleet_file};
-use chime_roughtime::{LongTermKey, encode_key_file};
+use chime_roughtime::{BundlePlan, LongTermKey, encode_key_file, make_bundle, parse_key_file};
 use zeroize::Zeroizing;
 
 #[derive(Debug, clap::Args)]
@@ -32,6 +33,63 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     );
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct DelegateArgs {
+    /// The long-term key file (`chime keygen`); it stays here, the bundle goes to the server
+    #[arg(long, value_name = "FILE")]
+    key: PathBuf,
+    /// Where to write the bundle; must not exist yet
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Days the bundle covers from now
+    #[arg(long, value_name = "DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
+    days: u64,
+    /// Hours from one online key's window to the next
+    #[arg(long, value_name = "HOURS", default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=8760))]
+    step_hours: u64,
+    /// Hours each online key's window lasts: more than --step-hours, so windows overlap
+    #[arg(long, value_name = "HOURS", default_value_t = 48, value_parser = clap::value_parser!(u64).range(2..=17520))]
+    window_hours: u64,
+}
+
+/// How far before now the first window opens: a server whose clock is a little behind, or a
+/// bundle installed a moment after it was made, still has a window.
+const BUNDLE_BACKDATE_S: u64 = 3600;
+
+/// `chime delegate`: a delegation bundle for one server (see `chime_roughtime::bundle`).
+pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
+    let shown = args.key.display();
+    let text = Zeroizing::new(
+        std::fs::read_to_string(&args.key).with_context(|| format!("{shown}: cannot read"))?,
+    );
+    let seed =
+        Zeroizing::new(parse_key_file(&text).with_context(|| format!("{shown}: not a key file"))?);
+    let key = LongTermKey::from_seed(&seed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the system clock is before 1970")?
+        .as_secs();
+    let plan = BundlePlan {
+        start_unix_s: now.saturating_sub(BUNDLE_BACKDATE_S),
+        span_s: args.days * 86_400 + BUNDLE_BACKDATE_S,
+        step_s: args.step_hours * 3600,
+        window_s: args.window_hours * 3600,
+    };
+    let bundle = make_bundle(&key, plan, rand::random)
+        .map_err(|e| anyhow::anyhow!("--window-hours {}: {e}", args.window_hours))?;
+    create_secret_file(&args.out, bundle.encode().as_bytes())?;
+    let last = bundle.windows().last().map_or(0, |d| d.maxt_unix_s());
+    println!(
+        "{} online keys written to {}, covering Unix seconds {} .. {last}; the server needs \
+         only this file (chimed --roughtime-delegation), never the long-term key",
+        bundle.windows().len(),
+        args.out.display(),
+        plan.start_unix_s
+    );
+    println!("public key (base64): {}", BASE64.encode(key.public_key()));
     Ok(())
 }
 

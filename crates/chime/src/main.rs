@@ -32,6 +32,9 @@ enum Command {
     Roughtime(roughtime::Args),
     /// Make a Roughtime long-term key file (mode 0600, never overwritten)
     Keygen(keygen::Args),
+    /// Make a Roughtime delegation bundle for one server from the long-term key, so that the
+    /// server never holds that key (mode 0600, never overwritten)
+    Delegate(keygen::DelegateArgs),
     /// Make an NTS fleet secret file for chimed --nts-fleet-key (mode 0600, never overwritten)
     NtsFleetKey(keygen::FleetArgs),
     /// Load-test a server: open-loop request rates, loss, latency percentiles
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Roughtime(args) => roughtime::run(&args),
         Command::Keygen(args) => keygen::run(&args),
         Command::NtsFleetKey(args) => keygen::run_fleet(&args),
+        Command::Delegate(args) => keygen::run_delegate(&args),
         Command::Perf(args) => perf::run(&args),
     };
     match result {

@@ -209,6 +209,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     pub(crate) roughtime_key: Option<PathBuf>,
 
+    /// Serve Roughtime from this delegation bundle (made by `chime delegate` where the long-term
+    /// key lives; must not be readable by group or others) instead of a long-term key: online
+    /// keys certified window by window, used in turn as time passes; outside every window
+    /// nothing is signed. Not with --roughtime-key
+    #[arg(long, value_name = "FILE")]
+    pub(crate) roughtime_delegation: Option<PathBuf>,
+
     /// Number of Roughtime worker threads on the IPv4 address; 0 disables it [default: 1]
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub(crate) roughtime_ipv4_threads: Option<usize>,

@@ -63,6 +63,7 @@ struct File {
     tz_offset: Option<bool>,
     timezone: Option<String>,
     roughtime_key: Option<PathBuf>,
+    roughtime_delegation: Option<PathBuf>,
     roughtime_ipv4_threads: Option<usize>,
     roughtime_ipv6_threads: Option<usize>,
     roughtime_ipv4_address: Option<SocketAddr>,
@@ -171,12 +172,36 @@ const DEFAULT_RATELIMIT_CLIENTS: usize = 1 << 16;
 /// per association, so these are the addresses that connected in the last minutes.
 const DEFAULT_NTS_RATELIMIT_CLIENTS: usize = 16_384;
 
-/// The Roughtime service's settings, with the long-term key already loaded and checked.
+/// What Roughtime signs with.
+#[derive(Clone)]
+pub(crate) enum RoughtimeKeys {
+    /// The long-term key itself (`--roughtime-key`): online keys are made and rotated here.
+    LongTerm {
+        file: PathBuf,
+        /// Wiped when the settings are dropped.
+        seed: Zeroizing<[u8; 32]>,
+    },
+    /// Delegations made where the long-term key lives (`--roughtime-delegation`), every
+    /// certificate already checked against the long-term public key.
+    Bundle {
+        file: PathBuf,
+        bundle: chime_roughtime::Bundle,
+    },
+}
+
+impl RoughtimeKeys {
+    pub(crate) fn file(&self) -> &Path {
+        match self {
+            Self::LongTerm { file, .. } | Self::Bundle { file, .. } => file,
+        }
+    }
+}
+
+/// The Roughtime service's settings, with the long-term key or the delegation bundle already
+/// loaded and checked.
 #[derive(Clone)]
 pub(crate) struct Roughtime {
-    pub(crate) key_file: PathBuf,
-    /// Wiped when the settings are dropped.
-    pub(crate) seed: Zeroizing<[u8; 32]>,
+    pub(crate) keys: RoughtimeKeys,
     pub(crate) ipv4_threads: usize,
     pub(crate) ipv6_threads: usize,
     pub(crate) ipv4_address: SocketAddr,
@@ -198,7 +223,7 @@ impl fmt::Debug for Roughtime {
     // The seed is a secret: --check-config prints the settings, never the key.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Roughtime")
-            .field("key_file", &self.key_file)
+            .field("key_file", &self.keys.file())
             .field("ipv4_threads", &self.ipv4_threads)
             .field("ipv6_threads", &self.ipv6_threads)
             .field("ipv4_address", &self.ipv4_address)
@@ -480,6 +505,7 @@ impl Settings {
         };
 
         let (rt_key, rt_key_in) = pick!(roughtime_key, "roughtime-key");
+        let (rt_bundle, rt_bundle_in) = pick!(roughtime_delegation, "roughtime-delegation");
         let (rt_v4_threads, rt_v4_threads_in) =
             pick!(roughtime_ipv4_threads, "roughtime-ipv4-threads");
         let (rt_v6_threads, rt_v6_threads_in) =
@@ -528,16 +554,30 @@ impl Settings {
             None => Grease::ALL.to_vec(),
             Some(list) => parse_grease_kinds(&list).map_err(|r| invalid(&rt_kinds_in, r))?,
         };
-        let roughtime = match rt_key {
+        let keys = match (rt_key, rt_bundle) {
+            (None, None) => None,
+            (Some(_), Some(_)) => {
+                let r = "not with roughtime-key: a server holds the long-term key or a bundle of \
+                         delegations from it, not both";
+                return Err(invalid(&rt_bundle_in, r));
+            }
+            (Some(file), None) => {
+                let seed = load_key(&file).map_err(|r| invalid(&rt_key_in, r))?;
+                Some(RoughtimeKeys::LongTerm { file, seed })
+            }
+            (None, Some(file)) => {
+                let bundle = load_bundle(&file).map_err(|r| invalid(&rt_bundle_in, r))?;
+                Some(RoughtimeKeys::Bundle { file, bundle })
+            }
+        };
+        let roughtime = match keys {
             None => None,
-            Some(key_file) => {
-                let seed = load_key(&key_file).map_err(|r| invalid(&rt_key_in, r))?;
+            Some(keys) => {
                 if rt_ipv4_threads + rt_ipv6_threads == 0 {
                     return Err(invalid(&rt_v4_threads_in, "no Roughtime threads"));
                 }
                 Some(Roughtime {
-                    key_file,
-                    seed,
+                    keys,
                     ipv4_threads: rt_ipv4_threads,
                     ipv6_threads: rt_ipv6_threads,
                     ipv4_address: rt_ipv4_address,
@@ -848,6 +888,22 @@ fn load(path: &Path) -> Result<File, ConfigError> {
     })
 }
 
+/// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
+/// keys sign as this server) and one whose certificates do not verify.
+fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{shown}: readable by group or others (mode {mode:04o}); run chmod 600 on it"
+        ));
+    }
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?);
+    chime_roughtime::Bundle::parse(&text).map_err(|e| format!("{shown}: {e}"))
+}
+
 /// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
 /// anyone sign times in this server's name.
 fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
@@ -1020,7 +1076,10 @@ mod tests {
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         let s = resolve_with("", &flag).unwrap();
         let rt = s.roughtime.unwrap();
-        assert_eq!(*rt.seed, [7; 32]);
+        let RoughtimeKeys::LongTerm { seed, .. } = &rt.keys else {
+            panic!("not the long-term key");
+        };
+        assert_eq!(**seed, [7; 32]);
         assert_eq!(rt.ipv4_address, "0.0.0.0:5319".parse().unwrap());
         assert!(
             !format!("{rt:?}").contains("07, 07"),
@@ -1032,6 +1091,55 @@ mod tests {
         assert!(e.contains("not a key file") && e.contains("line 1"), "{e}");
         let e = resolve_with("roughtime-key = \"/nonexistent/key\"\n", &[]).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/key"), "{e}");
+    }
+
+    #[test]
+    fn a_delegation_bundle_is_checked_and_not_with_a_key() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = key_file(&dir, 0o600);
+        let long = chime_roughtime::LongTermKey::from_seed(&[7; 32]);
+        let plan = chime_roughtime::BundlePlan {
+            start_unix_s: 1_795_000_000,
+            span_s: 86_400,
+            step_s: 3600,
+            window_s: 7200,
+        };
+        let bundle = chime_roughtime::make_bundle(&long, plan, || [9; 32]).unwrap();
+        let file = dir.path().join("bundle");
+        std::fs::write(&file, bundle.encode().as_bytes()).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let f = file.to_str().unwrap();
+        let s = resolve_with("", &["--roughtime-delegation", f]).unwrap();
+        let RoughtimeKeys::Bundle { bundle: read, .. } = &s.roughtime.unwrap().keys else {
+            panic!("not the bundle");
+        };
+        assert_eq!(read.windows().len(), bundle.windows().len());
+        let both = [
+            "--roughtime-delegation",
+            f,
+            "--roughtime-key",
+            key.to_str().unwrap(),
+        ];
+        let e = resolve_with("", &both).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--roughtime-delegation: not with roughtime-key"),
+            "{e}"
+        );
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = resolve_with("", &["--roughtime-delegation", f])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("readable by group or others (mode 0640)"), "{e}");
+        std::fs::write(&file, "frob\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = resolve_with("", &["--roughtime-delegation", f])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("bundle: line 1: expected long-term-public, window or cert"),
+            "{e}"
+        );
     }
 
     #[test]

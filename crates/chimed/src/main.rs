@@ -188,13 +188,28 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     }
     let roughtime = match &settings.roughtime {
         Some(rt) => {
-            let key = Arc::new(LongTermKey::from_seed(&rt.seed));
-            let delegation = online_keys::delegate(&key, rt.rotation)?;
+            let (signer, delegation, public) = match &rt.keys {
+                config::RoughtimeKeys::LongTerm { seed, .. } => {
+                    let key = Arc::new(LongTermKey::from_seed(seed));
+                    let delegation = online_keys::delegate(&key, rt.rotation)?;
+                    let public = key.public_key();
+                    (online_keys::Signer::Key(key), delegation, public)
+                }
+                config::RoughtimeKeys::Bundle { bundle, .. } => {
+                    let delegation = online_keys::from_bundle(bundle);
+                    let public = bundle.long_term_public_key();
+                    (
+                        online_keys::Signer::Bundle(Arc::new(bundle.clone())),
+                        delegation,
+                        public,
+                    )
+                }
+            };
             info!(
                 "roughtime public key (base64): {} (hex {}), from {}",
-                BASE64.encode(key.public_key()),
-                hex(&key.public_key()),
-                rt.key_file.display()
+                BASE64.encode(public),
+                hex(&public),
+                rt.keys.file().display()
             );
             info!("roughtime: {}", online_keys::describe(&delegation));
             info!(
@@ -232,7 +247,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                 grease: rt.grease,
                 grease_kinds: rt.grease_kinds.clone(),
             });
-            Some((key, rt.rotation, shared))
+            Some((signer, rt.rotation, shared))
         }
         None => None,
     };
@@ -498,7 +513,7 @@ struct NtsControl {
 }
 
 type RoughtimeControl = (
-    Arc<LongTermKey>,
+    online_keys::Signer,
     std::time::Duration,
     Arc<roughtime_worker::Shared>,
 );
@@ -520,8 +535,8 @@ async fn control_plane(
         settings.poll_interval,
         ntp.clone(),
     ))];
-    if let Some((key, rotation, shared)) = roughtime {
-        tasks.push(tokio::spawn(online_keys::rotate(key, rotation, shared)));
+    if let Some((signer, rotation, shared)) = roughtime {
+        tasks.push(tokio::spawn(online_keys::run(signer, rotation, shared)));
     }
     if let Some((listener, sources)) = metrics {
         match listener.local_addr() {

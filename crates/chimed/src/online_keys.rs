@@ -1,6 +1,8 @@
 //! Online-key rotation, on the control plane. The long-term key never leaves this module's
 //! caller: workers only ever see a [`Delegation`] (an online key and the certificates the
-//! long-term key signed for it).
+//! long-term key signed for it). With a delegation bundle (`--roughtime-delegation`) there is no
+//! long-term key here at all: [`follow_bundle`] moves through the bundle's windows as time
+//! passes.
 //!
 //! Each online key is valid from a minute before it is made until two rotation intervals later,
 //! and is replaced after one: the key in use always has at least one interval left, so no reply
@@ -14,8 +16,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use chime_roughtime::{Delegation, LongTermKey, OnlineKey};
-use tracing::{error, info};
+use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
+use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
 use crate::roughtime_worker::Shared;
@@ -41,6 +43,94 @@ pub(crate) fn describe(d: &Delegation) -> String {
         d.mint_unix_s(),
         d.maxt_unix_s()
     )
+}
+
+/// What the control plane signs with: the long-term key, which delegates fresh online keys, or a
+/// bundle of delegations made where the long-term key lives.
+#[derive(Debug, Clone)]
+pub(crate) enum Signer {
+    Key(Arc<LongTermKey>),
+    Bundle(Arc<Bundle>),
+}
+
+/// Keeps the workers' delegation current until the task is aborted.
+pub(crate) async fn run(signer: Signer, rotation: Duration, shared: Arc<Shared>) {
+    match signer {
+        Signer::Key(key) => rotate(key, rotation, shared).await,
+        Signer::Bundle(bundle) => follow_bundle(bundle, shared).await,
+    }
+}
+
+/// How often a bundle's windows are looked at: a window lasts hours or days.
+const BUNDLE_CHECK: Duration = Duration::from_secs(60);
+
+/// Warn once less than this is left of a bundle.
+const BUNDLE_WARN_LEFT_S: u64 = 2 * 86_400;
+
+/// The delegation to start with from `bundle`: the window covering now with the most time left;
+/// outside every window, the first (if none has opened yet) or the last, which the workers will
+/// not sign with since it does not cover the time (their drops say so).
+pub(crate) fn from_bundle(bundle: &Bundle) -> Delegation {
+    let now = crate::clock::read().since_epoch.as_secs();
+    let windows = bundle.windows();
+    match bundle.current(now) {
+        Some(d) => {
+            info!(
+                "roughtime: delegation bundle: {} windows, {} s left",
+                windows.len(),
+                bundle.seconds_left(now)
+            );
+            d.clone()
+        }
+        None => {
+            error!(
+                "roughtime: no window of the delegation bundle covers now ({now}, Unix seconds): \
+                 nothing is signed until one does; make a new bundle with chime delegate"
+            );
+            if windows[0].mint_unix_s() > now {
+                windows[0].clone()
+            } else {
+                windows[windows.len() - 1].clone()
+            }
+        }
+    }
+}
+
+/// Moves the workers to the bundle's current window whenever it changes; says once when little
+/// is left, and once when the bundle has run out.
+pub(crate) async fn follow_bundle(bundle: Arc<Bundle>, shared: Arc<Shared>) {
+    let (mut warned, mut out) = (false, false);
+    let mut ticks = tokio::time::interval(BUNDLE_CHECK);
+    loop {
+        ticks.tick().await;
+        let now = crate::clock::read().since_epoch.as_secs();
+        let left = bundle.seconds_left(now);
+        match bundle.current(now) {
+            Some(d) => {
+                out = false;
+                if d.online_public_key() != shared.delegation.load().online_public_key() {
+                    let shown = describe(d);
+                    shared.delegation.store(Arc::new(d.clone()));
+                    info!("roughtime: moved to the bundle's next window: {shown}");
+                }
+                if left < BUNDLE_WARN_LEFT_S && !warned {
+                    warned = true;
+                    warn!(
+                        "roughtime: the delegation bundle runs out in {left} s: make a new one \
+                         with chime delegate and restart chimed with it"
+                    );
+                }
+            }
+            None if !out => {
+                out = true;
+                error!(
+                    "roughtime: the delegation bundle has run out: nothing is signed (requests \
+                     are dropped and counted); make a new one with chime delegate"
+                );
+            }
+            None => {}
+        }
+    }
 }
 
 /// Rotates forever; the caller aborts the task at shutdown.

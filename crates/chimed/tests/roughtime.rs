@@ -683,3 +683,99 @@ fn a_denied_client_gets_no_roughtime_reply() {
         .wait_for("roughtime totals at exit", Duration::from_secs(1));
     assert!(totals.contains("dropped.denied=1"), "{totals}");
 }
+
+/// Roughtime with the long-term key offline (`--roughtime-delegation`): `chime delegate` makes a
+/// bundle from the long-term key, and chimed, given only the bundle, answers with replies that
+/// `chime roughtime` verifies under the long-term public key, signed by the bundle's window for
+/// now. A bundle whose windows have all closed signs nothing: requests are dropped and counted.
+#[test]
+fn a_delegation_bundle_serves_without_the_long_term_key() {
+    let key = chime_keygen();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("server.bundle");
+    let out = Command::new(workspace_bin("chime"))
+        .args(["delegate", "--days", "2", "--key"])
+        .arg(&key.file)
+        .arg("--out")
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let chronyd = Chronyd::start();
+    let flags = |file: &std::path::Path| {
+        vec![
+            "--roughtime-delegation".to_owned(),
+            file.to_str().unwrap().to_owned(),
+            "--roughtime-ipv4-address".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--roughtime-ipv4-threads".to_owned(),
+            "1".to_owned(),
+            "--roughtime-ipv6-threads".to_owned(),
+            "0".to_owned(),
+        ]
+    };
+    let args = flags(&bundle);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
+    let roughtime = chimed.roughtime_addr();
+    let logged = chimed.wait_for("roughtime public key (base64): ", Duration::from_secs(1));
+    assert!(
+        logged.contains(&key.public_base64) && logged.contains("server.bundle"),
+        "{logged}"
+    );
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let s = Server {
+        _chronyd: None,
+        chimed,
+        roughtime,
+        public_key: key.public_base64.clone(),
+        _key: key,
+    };
+    let r = chime_roughtime(&s, &[]).expect("chime roughtime verified nothing");
+    let parsed =
+        chime_roughtime::Bundle::parse(&std::fs::read_to_string(&bundle).unwrap()).unwrap();
+    let now = now_us() as u64 / 1_000_000;
+    let window = parsed.current(now).unwrap();
+    assert_eq!(
+        r["online_key"],
+        base64_encode(&window.online_public_key()),
+        "signed by the bundle's current window: {r}"
+    );
+    drop(s);
+
+    // A bundle made an hour ago whose windows closed half an hour ago.
+    let long = chime_roughtime::LongTermKey::from_seed(&[0x42; 32]);
+    let plan = chime_roughtime::BundlePlan {
+        start_unix_s: now - 3600,
+        span_s: 600,
+        step_s: 300,
+        window_s: 600,
+    };
+    let old = chime_roughtime::make_bundle(&long, plan, || [0x43; 32]).unwrap();
+    let expired = dir.path().join("expired.bundle");
+    std::fs::write(&expired, old.encode().as_bytes()).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&expired, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let args = flags(&expired);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
+    let roughtime = chimed.roughtime_addr();
+    chimed.wait_for(
+        "no window of the delegation bundle covers now",
+        Duration::from_secs(1),
+    );
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let probe = common::roughtime_probe_request([9; 32]);
+    assert_eq!(
+        exchange(roughtime, &probe, Duration::from_millis(500)),
+        None
+    );
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(totals.contains("dropped.outside_delegation=1"), "{totals}");
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
