@@ -890,7 +890,7 @@ fn load(path: &Path) -> Result<File, ConfigError> {
 
 /// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
 /// keys sign as this server) and one whose certificates do not verify.
-fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
+pub(crate) fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
     use std::os::unix::fs::PermissionsExt as _;
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;

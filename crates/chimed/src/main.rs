@@ -188,22 +188,19 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     }
     let roughtime = match &settings.roughtime {
         Some(rt) => {
-            let (signer, delegation, public) = match &rt.keys {
+            let (signer, delegation, public, bundle) = match &rt.keys {
                 config::RoughtimeKeys::LongTerm { seed, .. } => {
                     let key = Arc::new(LongTermKey::from_seed(seed));
                     let delegation = online_keys::delegate(&key, rt.rotation)?;
                     let public = key.public_key();
-                    (online_keys::Signer::Key(key), delegation, public)
+                    (online_keys::Signer::Key(key), delegation, public, None)
                 }
-                config::RoughtimeKeys::Bundle { bundle, .. } => {
-                    let delegation = online_keys::from_bundle(bundle);
-                    let public = bundle.long_term_public_key();
-                    (
-                        online_keys::Signer::Bundle(Arc::new(bundle.clone())),
-                        delegation,
-                        public,
-                    )
-                }
+                config::RoughtimeKeys::Bundle { bundle, .. } => (
+                    online_keys::Signer::Bundle,
+                    online_keys::from_bundle(bundle),
+                    bundle.long_term_public_key(),
+                    Some(ArcSwap::from_pointee(bundle.clone())),
+                ),
             };
             info!(
                 "roughtime public key (base64): {} (hex {}), from {}",
@@ -246,6 +243,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                 totals: Default::default(),
                 grease: rt.grease,
                 grease_kinds: rt.grease_kinds.clone(),
+                bundle,
             });
             Some((signer, rt.rotation, shared))
         }
@@ -535,6 +533,7 @@ async fn control_plane(
         settings.poll_interval,
         ntp.clone(),
     ))];
+    let roughtime_shared = roughtime.as_ref().map(|(_, _, shared)| shared.clone());
     if let Some((signer, rotation, shared)) = roughtime {
         tasks.push(tokio::spawn(online_keys::run(signer, rotation, shared)));
     }
@@ -609,7 +608,14 @@ async fn control_plane(
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sighup.recv() => reload(args, settings, &ntp, nts_tls.as_ref(), fleet.as_ref()),
+            _ = sighup.recv() => {
+                reload(args, settings, &ntp, nts_tls.as_ref(), fleet.as_ref());
+                if let (Some(rt), Some(shared)) = (&settings.roughtime, &roughtime_shared)
+                    && let config::RoughtimeKeys::Bundle { file, .. } = &rt.keys
+                {
+                    online_keys::reload_bundle(file, shared);
+                }
+            }
         }
     }
     for t in tasks {

@@ -393,6 +393,21 @@ pub(crate) fn render(sources: &Sources) -> String {
             d.maxt_unix_s()
         );
     }
+    if let Some(bundle) = sources.roughtime.as_ref().and_then(|rt| rt.bundle.as_ref()) {
+        family(
+            &mut out,
+            "chimed_roughtime_delegation_end_seconds",
+            "gauge",
+            "When the delegation bundle (--roughtime-delegation) runs out: the end of its last \
+             window, Unix seconds. After it nothing is signed.",
+        );
+        let end = bundle
+            .load()
+            .windows()
+            .last()
+            .map_or(0, |d| d.maxt_unix_s());
+        let _ = writeln!(out, "chimed_roughtime_delegation_end_seconds {end}");
+    }
     out
 }
 

@@ -50,14 +50,15 @@ pub(crate) fn describe(d: &Delegation) -> String {
 #[derive(Debug, Clone)]
 pub(crate) enum Signer {
     Key(Arc<LongTermKey>),
-    Bundle(Arc<Bundle>),
+    /// The bundle in `Shared::bundle`.
+    Bundle,
 }
 
 /// Keeps the workers' delegation current until the task is aborted.
 pub(crate) async fn run(signer: Signer, rotation: Duration, shared: Arc<Shared>) {
     match signer {
         Signer::Key(key) => rotate(key, rotation, shared).await,
-        Signer::Bundle(bundle) => follow_bundle(bundle, shared).await,
+        Signer::Bundle => follow_bundle(shared).await,
     }
 }
 
@@ -96,13 +97,17 @@ pub(crate) fn from_bundle(bundle: &Bundle) -> Delegation {
     }
 }
 
-/// Moves the workers to the bundle's current window whenever it changes; says once when little
-/// is left, and once when the bundle has run out.
-pub(crate) async fn follow_bundle(bundle: Arc<Bundle>, shared: Arc<Shared>) {
+/// Moves the workers to the current window of the bundle in `shared` whenever it changes; says
+/// once when little is left, and once when the bundle has run out.
+pub(crate) async fn follow_bundle(shared: Arc<Shared>) {
+    let Some(held) = &shared.bundle else {
+        return;
+    };
     let (mut warned, mut out) = (false, false);
     let mut ticks = tokio::time::interval(BUNDLE_CHECK);
     loop {
         ticks.tick().await;
+        let bundle = held.load();
         let now = crate::clock::read().since_epoch.as_secs();
         let left = bundle.seconds_left(now);
         match bundle.current(now) {
@@ -130,6 +135,38 @@ pub(crate) async fn follow_bundle(bundle: Arc<Bundle>, shared: Arc<Shared>) {
             }
             None => {}
         }
+    }
+}
+
+/// SIGHUP with `--roughtime-delegation`: reads the bundle again and, if it loads and verifies,
+/// puts it in force: the workers move to its current window at once (an atomic swap between two
+/// batches: no reply is dropped or signed wrongly for it). A bundle that fails, or that covers
+/// nothing now, is reported and the one in force kept.
+pub(crate) fn reload_bundle(path: &std::path::Path, shared: &Shared) {
+    let Some(held) = &shared.bundle else {
+        return;
+    };
+    match crate::config::load_bundle(path) {
+        Ok(bundle) => {
+            let now = crate::clock::read().since_epoch.as_secs();
+            let Some(d) = bundle.current(now) else {
+                warn!(
+                    "SIGHUP: delegation bundle {}: no window covers now; keeping the one in force",
+                    path.display()
+                );
+                return;
+            };
+            let shown = describe(d);
+            shared.delegation.store(Arc::new(d.clone()));
+            info!(
+                "SIGHUP: delegation bundle reloaded from {} ({} windows, {} s left): {shown}",
+                path.display(),
+                bundle.windows().len(),
+                bundle.seconds_left(now)
+            );
+            held.store(Arc::new(bundle));
+        }
+        Err(e) => warn!("SIGHUP: delegation bundle: {e}; keeping the one in force"),
     }
 }
 

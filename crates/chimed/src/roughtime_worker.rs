@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     pub(crate) grease: f64,
     /// The kinds of grease to use (`--roughtime-grease-kinds`).
     pub(crate) grease_kinds: Vec<Grease>,
+    /// The delegation bundle the delegations come from (`--roughtime-delegation`), for the
+    /// control plane and the metrics; SIGHUP replaces it. `None` with a long-term key.
+    pub(crate) bundle: Option<ArcSwap<chime_roughtime::Bundle>>,
 }
 
 /// Picks the replies to grease (`--roughtime-grease`) and how: each reply independently with

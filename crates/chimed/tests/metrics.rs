@@ -410,9 +410,50 @@ fn the_example_alert_rules_name_what_chimed_serves() {
         value(&page, "chimed_nts_certificate_not_after_seconds", &[]),
         Some(openssl as f64)
     );
+    // And a chimed serving Roughtime from a delegation bundle, whose end is a metric of its own.
+    let long = chime_roughtime::LongTermKey::from_seed(&[3; 32]);
+    let now = unix_now() as u64;
+    let plan = chime_roughtime::BundlePlan {
+        start_unix_s: now - 60,
+        span_s: 86_400,
+        step_s: 3600,
+        window_s: 7200,
+    };
+    let bundle = chime_roughtime::make_bundle(&long, plan, || [4; 32]).unwrap();
+    let file = dir.path().join("server.bundle");
+    std::fs::write(&file, bundle.encode().as_bytes()).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut from_bundle = Chimed::mirroring(
+        &s.chronyd.addr().to_string(),
+        &[
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--roughtime-delegation",
+            file.to_str().unwrap(),
+            "--roughtime-ipv4-address",
+            "127.0.0.1:0",
+            "--roughtime-ipv6-threads",
+            "0",
+        ],
+    );
+    let bundle_page = scrape(from_bundle.logged_addr("metrics: http://"));
+    let end = bundle.windows().last().unwrap().maxt_unix_s();
+    assert_eq!(
+        value(&bundle_page, "chimed_roughtime_delegation_end_seconds", &[]),
+        Some(end as f64)
+    );
+    assert_eq!(
+        value(&page, "chimed_roughtime_delegation_end_seconds", &[]),
+        None,
+        "no bundle, no bundle metric"
+    );
     let samples = page["samples"].as_array().unwrap();
-    let names: std::collections::HashSet<&str> =
-        samples.iter().filter_map(|s| s["name"].as_str()).collect();
+    let names: std::collections::HashSet<&str> = samples
+        .iter()
+        .chain(bundle_page["samples"].as_array().unwrap())
+        .filter_map(|s| s["name"].as_str())
+        .collect();
     let reasons: std::collections::HashSet<&str> = samples
         .iter()
         .filter(|s| s["name"] == "chimed_requests_dropped_total")

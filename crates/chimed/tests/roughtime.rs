@@ -687,7 +687,8 @@ fn a_denied_client_gets_no_roughtime_reply() {
 /// Roughtime with the long-term key offline (`--roughtime-delegation`): `chime delegate` makes a
 /// bundle from the long-term key, and chimed, given only the bundle, answers with replies that
 /// `chime roughtime` verifies under the long-term public key, signed by the bundle's window for
-/// now. A bundle whose windows have all closed signs nothing: requests are dropped and counted.
+/// now; a new bundle is read on SIGHUP, a broken one refused. A bundle whose windows have all
+/// closed signs nothing: requests are dropped and counted.
 #[test]
 fn a_delegation_bundle_serves_without_the_long_term_key() {
     let key = chime_keygen();
@@ -741,6 +742,36 @@ fn a_delegation_bundle_serves_without_the_long_term_key() {
         base64_encode(&window.online_public_key()),
         "signed by the bundle's current window: {r}"
     );
+
+    // A new bundle for the same server, put in place and read on SIGHUP: the replies move to
+    // its window at once. One that does not verify is refused and the one in force kept.
+    let next = dir.path().join("next.bundle");
+    let out = Command::new(workspace_bin("chime"))
+        .args(["delegate", "--days", "3", "--key"])
+        .arg(&s._key.file)
+        .arg("--out")
+        .arg(&next)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::rename(&next, &bundle).unwrap();
+    let mut s = s;
+    nix::sys::signal::kill(s.chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    s.chimed
+        .wait_for("SIGHUP: delegation bundle reloaded", Duration::from_secs(5));
+    let reloaded = chime_roughtime::Bundle::parse(&std::fs::read_to_string(&bundle).unwrap())
+        .unwrap()
+        .current(now)
+        .unwrap()
+        .online_public_key();
+    let r = chime_roughtime(&s, &[]).expect("chime roughtime verified nothing after SIGHUP");
+    assert_eq!(r["online_key"], base64_encode(&reloaded), "{r}");
+    std::fs::write(&bundle, "frob\n").unwrap();
+    nix::sys::signal::kill(s.chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    s.chimed
+        .wait_for("SIGHUP: delegation bundle: ", Duration::from_secs(5));
+    let r = chime_roughtime(&s, &[]).expect("a broken bundle file stopped the signing");
+    assert_eq!(r["online_key"], base64_encode(&reloaded), "{r}");
     drop(s);
 
     // A bundle made an hour ago whose windows closed half an hour ago.
