@@ -98,7 +98,8 @@ pub(crate) fn from_bundle(bundle: &Bundle) -> Delegation {
 }
 
 /// Moves the workers to the current window of the bundle in `shared` whenever it changes; says
-/// once when little is left, and once when the bundle has run out.
+/// once when little is left, and once when the bundle has run out (each again after a new bundle
+/// has put it right).
 pub(crate) async fn follow_bundle(shared: Arc<Shared>) {
     let Some(held) = &shared.bundle else {
         return;
@@ -118,11 +119,14 @@ pub(crate) async fn follow_bundle(shared: Arc<Shared>) {
                     shared.delegation.store(Arc::new(d.clone()));
                     info!("roughtime: moved to the bundle's next window: {shown}");
                 }
-                if left < BUNDLE_WARN_LEFT_S && !warned {
+                // Once per bundle running low: a new bundle (SIGHUP) with time left rearms it.
+                if left >= BUNDLE_WARN_LEFT_S {
+                    warned = false;
+                } else if !warned {
                     warned = true;
                     warn!(
                         "roughtime: the delegation bundle runs out in {left} s: make a new one \
-                         with chime delegate and restart chimed with it"
+                         with chime delegate, put it in place and send chimed SIGHUP"
                     );
                 }
             }
