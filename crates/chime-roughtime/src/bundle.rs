@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 
 use zeroize::Zeroizing;
 
+use crate::keyfile::{decode_hex, hex};
 use crate::keys::{CERT_LEN, Certificate, Delegation, KEY_LEN, LongTermKey, OnlineKey};
 use crate::version::Family;
 
@@ -210,14 +211,14 @@ impl Bundle {
             match raw.split_whitespace().collect::<Vec<_>>()[..] {
                 ["long-term-public", key] if long_term_public.is_none() && windows.is_empty() => {
                     long_term_public =
-                        Some(decode::<KEY_LEN>(key).ok_or_else(|| bad("not 64 hex digits"))?);
+                        Some(decode_hex::<KEY_LEN>(key).ok_or_else(|| bad("not 64 hex digits"))?);
                 }
                 ["window", mint, maxt, seed] => {
                     finish(open.take(), long_term_public, &mut windows)?;
                     let mint = mint.parse().map_err(|_| bad("MINT is not Unix seconds"))?;
                     let maxt = maxt.parse().map_err(|_| bad("MAXT is not Unix seconds"))?;
                     let seed = Zeroizing::new(
-                        decode::<KEY_LEN>(seed)
+                        decode_hex::<KEY_LEN>(seed)
                             .ok_or_else(|| bad("the seed is not 64 hex digits"))?,
                     );
                     open = Some((line, mint, maxt, OnlineKey::from_seed(&seed), Vec::new()));
@@ -226,8 +227,8 @@ impl Bundle {
                     let Some((_, _, _, _, certs)) = &mut open else {
                         return Err(bad("a cert line before any window line"));
                     };
-                    let bytes =
-                        decode::<CERT_LEN>(cert).ok_or_else(|| bad("not a certificate's hex"))?;
+                    let bytes = decode_hex::<CERT_LEN>(cert)
+                        .ok_or_else(|| bad("not a certificate's hex"))?;
                     certs.push(Certificate::from_bytes(bytes));
                 }
                 _ => return Err(bad("expected long-term-public, window or cert")),
@@ -244,24 +245,6 @@ impl Bundle {
             windows,
         })
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn decode<const N: usize>(s: &str) -> Option<[u8; N]> {
-    let bytes = s.as_bytes();
-    if bytes.len() != 2 * N {
-        return None;
-    }
-    let mut out = [0u8; N];
-    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        let hi = char::from(pair[0]).to_digit(16)?;
-        let lo = char::from(pair[1]).to_digit(16)?;
-        *o = (hi * 16 + lo) as u8;
-    }
-    Some(out)
 }
 
 #[cfg(test)]

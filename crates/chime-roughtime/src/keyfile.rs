@@ -62,21 +62,23 @@ pub fn parse_key_file(text: &str) -> Result<[u8; KEY_LEN], KeyFileError> {
         if seed.is_some() {
             return Err(KeyFileError::Extra { line: i + 1 });
         }
-        seed = Some(decode_hex(line).ok_or(KeyFileError::NotHex { line: i + 1 })?);
+        seed = Some(decode_hex::<KEY_LEN>(line).ok_or(KeyFileError::NotHex { line: i + 1 })?);
     }
     seed.ok_or(KeyFileError::Missing)
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex, as the key file and the delegation bundle ([`crate::bundle`]) write it.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn decode_hex(s: &str) -> Option<[u8; KEY_LEN]> {
+/// `N` bytes from exactly `2 * N` hex digits, as the key file and the bundle read them.
+pub(crate) fn decode_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
     let bytes = s.as_bytes();
-    if bytes.len() != 2 * KEY_LEN {
+    if bytes.len() != 2 * N {
         return None;
     }
-    let mut out = [0u8; KEY_LEN];
+    let mut out = [0u8; N];
     for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
         let hi = char::from(pair[0]).to_digit(16)?;
         let lo = char::from(pair[1]).to_digit(16)?;
