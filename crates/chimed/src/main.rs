@@ -364,14 +364,18 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                 .map_or(std::time::Duration::ZERO, |(_, next)| *next),
             counts: ke_counts.clone(),
         });
-    // A fleet's keys follow its periods whether or not this member serves NTS-KE.
+    // A fleet's keys follow its periods whether or not this member serves NTS-KE. The secrets
+    // are taken out of the settings, which live as long as the process: once SIGHUP replaces
+    // them, no copy of the old ones is left to outlive the replacement.
     let fleet = settings
         .nts_fleet
-        .clone()
+        .take()
         .zip(ntp.nts.clone())
-        .map(|(f, cookies)| {
-            let secrets = Arc::new(ArcSwap::from_pointee(f.secrets.clone()));
-            (f, secrets, cookies)
+        .map(|(f, cookies)| FleetControl {
+            path: f.path,
+            period: f.period,
+            secrets: Arc::new(ArcSwap::from_pointee(f.secrets)),
+            cookies,
         });
     let result = runtime.block_on(control_plane(
         args,
@@ -487,13 +491,14 @@ type NtsReload = (
     Arc<nts_ke::KeCounts>,
 );
 
-/// A fleet member's NTS keys (`--nts-fleet-key`): the settings, the secrets in force (SIGHUP
-/// replaces them), and the cookie keys derived from them.
-type FleetControl = (
-    config::Fleet,
-    Arc<ArcSwap<nts_keys::FleetSecrets>>,
-    Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
-);
+/// A fleet member's NTS keys (`--nts-fleet-key`): the secret file and the period, the secrets in
+/// force (SIGHUP replaces them), and the cookie keys derived from them.
+struct FleetControl {
+    path: std::path::PathBuf,
+    period: std::time::Duration,
+    secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
+    cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
+}
 
 /// What the control plane needs to run NTS-KE and rotate the cookie keys.
 struct NtsControl {
@@ -589,7 +594,7 @@ async fn control_plane(
         }
         nts_tls = Some((n.tls, n.settings, n.counts));
     }
-    if let Some((f, secrets, cookies)) = &fleet {
+    if let Some(f) = &fleet {
         if nts_tls.is_none() {
             info!(
                 "nts: no certificate, so no NTS-KE here: authenticated NTP for the cookies the \
@@ -597,8 +602,8 @@ async fn control_plane(
             );
         }
         tasks.push(tokio::spawn(nts_ke::follow_fleet(
-            cookies.clone(),
-            secrets.clone(),
+            f.cookies.clone(),
+            f.secrets.clone(),
             f.period,
         )));
     }
@@ -608,14 +613,14 @@ async fn control_plane(
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sighup.recv() => {
-                reload(args, settings, &ntp, nts_tls.as_ref(), fleet.as_ref());
-                if let (Some(rt), Some(shared)) = (&settings.roughtime, &roughtime_shared)
-                    && let config::RoughtimeKeys::Bundle { file, .. } = &rt.keys
-                {
-                    online_keys::reload_bundle(file, shared);
-                }
-            }
+            _ = sighup.recv() => reload(
+                args,
+                settings,
+                &ntp,
+                nts_tls.as_ref(),
+                fleet.as_ref(),
+                roughtime_shared.as_deref(),
+            ),
         }
     }
     for t in tasks {
@@ -624,8 +629,8 @@ async fn control_plane(
     Ok(())
 }
 
-/// SIGHUP: the NTS certificate and key, the NTS fleet secret, the access rules from the config
-/// file again, and the timezone in timezone-offset mode.
+/// SIGHUP: the NTS certificate and key, the NTS fleet secret, the Roughtime delegation bundle,
+/// the access rules from the config file again, and the timezone in timezone-offset mode.
 /// Anything that fails to load is reported and the state before kept.
 fn reload(
     args: &Args,
@@ -633,9 +638,15 @@ fn reload(
     ntp: &ntp_worker::Shared,
     nts: Option<&NtsReload>,
     fleet: Option<&FleetControl>,
+    roughtime: Option<&roughtime_worker::Shared>,
 ) {
-    if let Some((f, secrets, cookies)) = fleet {
-        nts_ke::reload_fleet(&f.path, secrets, cookies, f.period);
+    if let Some(f) = fleet {
+        nts_ke::reload_fleet(&f.path, &f.secrets, &f.cookies, f.period);
+    }
+    if let (Some(rt), Some(shared)) = (&settings.roughtime, roughtime)
+        && let config::RoughtimeKeys::Bundle { file, .. } = &rt.keys
+    {
+        online_keys::reload_bundle(file, shared);
     }
     if let Some((tls, nts, counts)) = nts {
         match nts_ke::load(&nts.certificate, &nts.private_key) {
