@@ -44,9 +44,13 @@ pub(crate) struct DelegateArgs {
     /// Where to write the bundle; must not exist yet
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
-    /// Days the bundle covers from now
+    /// Days the bundle covers from its start
     #[arg(long, value_name = "DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     days: u64,
+    /// When the first window opens, in Unix seconds: to make a server's next bundle ahead of
+    /// time, starting before the one in force runs out [default: an hour before now]
+    #[arg(long, value_name = "UNIX_SECS")]
+    start: Option<u64>,
     /// Hours from one online key's window to the next
     #[arg(long, value_name = "HOURS", default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=8760))]
     step_hours: u64,
@@ -72,9 +76,14 @@ pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .context("the system clock is before 1970")?
         .as_secs();
+    // Without --start, backdated so that the bundle still covers `days` from now.
+    let (start_unix_s, backdate) = match args.start {
+        Some(start) => (start, 0),
+        None => (now.saturating_sub(BUNDLE_BACKDATE_S), BUNDLE_BACKDATE_S),
+    };
     let plan = BundlePlan {
-        start_unix_s: now.saturating_sub(BUNDLE_BACKDATE_S),
-        span_s: args.days * 86_400 + BUNDLE_BACKDATE_S,
+        start_unix_s,
+        span_s: args.days * 86_400 + backdate,
         step_s: args.step_hours * 3600,
         window_s: args.window_hours * 3600,
     };
@@ -90,6 +99,12 @@ pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
         plan.start_unix_s
     );
     println!("public key (base64): {}", BASE64.encode(key.public_key()));
+    if last <= now {
+        eprintln!(
+            "warning: every window of {} closed before now: a server given it signs nothing",
+            args.out.display()
+        );
+    }
     Ok(())
 }
 

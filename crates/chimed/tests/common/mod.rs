@@ -37,36 +37,46 @@ impl Chronyd {
     /// Starts `chronyd -x -d` as a local stratum-3 server on 127.0.0.1 and waits until it answers.
     pub fn start() -> Self {
         for _ in 0..5 {
-            let dir = tempfile::tempdir().unwrap();
-            let port = free_udp_port();
-            let conf = dir.path().join("chrony.conf");
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\n\
-                     cmdport 0\npidfile {d}/chronyd.pid\ndriftfile {d}/drift\n",
-                    d = dir.path().display()
-                ),
-            )
-            .unwrap();
-            let child = Command::new(CHRONYD)
-                .args(["-x", "-d", "-u", "root", "-f"])
-                .arg(&conf)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("chronyd must be installed (apt-get install chrony)");
-            let mut c = Chronyd {
-                child,
-                port,
-                _dir: dir,
-            };
+            let mut c = Self::spawn(None, free_udp_port());
             if c.wait_ready(Duration::from_secs(10)) {
                 return c;
             }
             c.stop();
         }
         panic!("chronyd did not start on a free port after 5 tries");
+    }
+
+    /// Starts the same server inside network namespace `netns` on 127.0.0.1 `port` (the
+    /// namespace's own loopback: nothing else there holds the port), without waiting: the test
+    /// cannot reach it from here, so whoever uses it waits (chimed logs when it is synchronised).
+    pub fn start_in(netns: &str, port: u16) -> Self {
+        Self::spawn(Some(netns), port)
+    }
+
+    fn spawn(netns: Option<&str>, port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("chrony.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\n\
+                 cmdport 0\npidfile {d}/chronyd.pid\ndriftfile {d}/drift\n",
+                d = dir.path().display()
+            ),
+        )
+        .unwrap();
+        let child = in_netns(netns, CHRONYD)
+            .args(["-x", "-d", "-u", "root", "-f"])
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chronyd must be installed (apt-get install chrony)");
+        Chronyd {
+            child,
+            port,
+            _dir: dir,
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -123,9 +133,14 @@ pub struct ChronydClient {
 
 impl ChronydClient {
     pub fn start(directives: &[String]) -> Self {
+        Self::start_in(None, directives)
+    }
+
+    /// [`start`](Self::start) inside network namespace `netns`.
+    pub fn start_in(netns: Option<&str>, directives: &[String]) -> Self {
         let logs = tempfile::tempdir().unwrap();
         let d = logs.path().display();
-        let child = Command::new(CHRONYD)
+        let child = in_netns(netns, CHRONYD)
             .args(["-x", "-d", "-u", "root"])
             .args(directives)
             .arg(format!("pidfile {d}/pid"))
@@ -148,6 +163,10 @@ impl ChronydClient {
             .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
             .map(|l| l.split_whitespace().map(str::to_owned).collect())
             .collect()
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
     }
 
     /// How many measurements it has logged so far.
@@ -202,7 +221,13 @@ impl Chimed {
     /// Starts the real chimed with these flags and waits for a log line containing `ready`; for
     /// a chimed with no NTP threads (an NTS-KE-only member), whose `addr` stays unspecified.
     pub fn start_until(args: &[&str], ready: &str) -> Self {
-        let mut child = Command::new(workspace_bin("chimed"))
+        Self::start_in(None, args, ready)
+    }
+
+    /// [`start_until`](Self::start_until) inside network namespace `netns` (`ip netns exec`,
+    /// which execs chimed: the child is chimed itself, and signals reach it).
+    pub fn start_in(netns: Option<&str>, args: &[&str], ready: &str) -> Self {
+        let mut child = in_netns(netns, workspace_bin("chimed"))
             .args(args)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -338,6 +363,19 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// A command for `program`, run inside network namespace `netns` if one is given (`ip netns
+/// exec NS PROGRAM`: ip enters the namespace and execs the program in its own place).
+pub fn in_netns(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns]).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
 }
 
 pub fn run(cmd: &mut Command) -> Output {
@@ -777,6 +815,11 @@ impl Drop for PeerServer {
 
 /// A self-signed certificate for 127.0.0.1 and its key (mode 0600) in `dir`, named `name`.
 pub fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    certificate_for(dir, name, "IP:127.0.0.1,DNS:localhost")
+}
+
+/// [`certificate`] for the subject alternative names `san` (openssl's syntax).
+pub fn certificate_for(dir: &Path, name: &str, san: &str) -> (PathBuf, PathBuf) {
     let (cert, key) = (
         dir.join(format!("{name}.pem")),
         dir.join(format!("{name}.key")),
@@ -791,7 +834,7 @@ pub fn certificate(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
             "ec_paramgen_curve:prime256v1",
         ])
         .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .args(["-addext", &format!("subjectAltName={san}")])
         // An end-entity certificate: rustls (chime ntp --nts) refuses a CA certificate as one.
         .args(["-addext", "basicConstraints=critical,CA:FALSE"])
         .arg("-keyout")
