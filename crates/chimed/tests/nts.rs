@@ -826,3 +826,165 @@ fn an_nts_ke_member_sends_clients_to_an_ntp_member() {
     assert!(count_in(&totals, "nts") >= 2, "{totals}");
     assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
 }
+
+/// `chime perf` with `args` against `target` for four seconds at 500/s, its JSON report in
+/// `json`; started, not waited for.
+fn perf_load(args: &[&str], target: std::net::SocketAddr, json: &Path) -> std::process::Child {
+    Command::new(common::workspace_bin("chime"))
+        .arg("perf")
+        .args(args)
+        .args(["--target", &target.to_string()])
+        .args(["--rate", "500", "--duration", "4", "--warmup", "0.2"])
+        .arg("--json")
+        .arg(json)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// SIGHUP under load, every 150 ms for four seconds, while `chime perf` loads plain NTP and
+/// Roughtime (every Roughtime reply verified) and chronyd polls over NTS 16 times a second:
+/// each SIGHUP reads a delegation bundle other than the one in force, and every second the fleet
+/// secret moves on (the new one in the file, the one before as `previous`). Every reply is valid
+/// and none is lost, chronyd gets no NAK, and chimed drops nothing.
+#[test]
+fn sighup_reloads_under_load_give_no_invalid_reply() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chime = |args: &[&str], file: &Path| {
+        let out = run(Command::new(common::workspace_bin("chime"))
+            .args(args)
+            .arg(file));
+        assert!(out.status.success(), "chime {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let long_term = dir.path().join("roughtime.key");
+    let said = chime(&["keygen"], &long_term);
+    let public_key = said
+        .lines()
+        .find_map(|l| l.strip_prefix("public key (base64): "))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let bundles: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            let file = dir.path().join(format!("{name}.bundle"));
+            let lt = long_term.to_str().unwrap();
+            chime(&["delegate", "--key", lt, "--days", "2", "--out"], &file);
+            std::fs::read_to_string(&file).unwrap()
+        })
+        .collect();
+    let live = dir.path().join("live.bundle");
+    // Replaced whole (written aside, renamed over), as an operator's tooling should.
+    let put = |path: &Path, text: &str| {
+        let aside = path.with_extension("new");
+        std::fs::write(&aside, text).unwrap();
+        std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::rename(&aside, path).unwrap();
+    };
+    put(&live, &bundles[0]);
+    let secret_hex = || {
+        let file = tempfile::tempdir().unwrap();
+        let path = file.path().join("s");
+        chime(&["nts-fleet-key"], &path);
+        let text = std::fs::read_to_string(&path).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("secret "))
+            .unwrap()
+            .to_owned()
+    };
+    let secret = dir.path().join("fleet-secret");
+    let mut current = secret_hex();
+    put(&secret, &format!("secret {current}\n"));
+
+    let rt = [
+        "--roughtime-delegation",
+        live.to_str().unwrap(),
+        "--roughtime-ipv4-address",
+        "127.0.0.1:0",
+        "--roughtime-ipv4-threads",
+        "1",
+        "--roughtime-ipv6-threads",
+        "0",
+        "--nts-fleet-key",
+        secret.to_str().unwrap(),
+    ];
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &rt);
+    let roughtime = chimed.roughtime_addr();
+    let client = ChronydClient::start(&[
+        format!("server 127.0.0.1 nts ntsport {ke_port} minpoll -4 maxpoll -4"),
+        format!("ntstrustedcerts {}", cert.display()),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while client.measured() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(client.measured() >= 3, "chronyd measured nothing over NTS");
+    let before = client.measured();
+
+    let (ntp_json, rt_json) = (dir.path().join("ntp.json"), dir.path().join("rt.json"));
+    let mut ntp_load = perf_load(&["ntp"], chimed.addr, &ntp_json);
+    let rt_args = [
+        "roughtime",
+        "--public-key",
+        &public_key,
+        "--verify-every",
+        "1",
+    ];
+    let mut rt_load = perf_load(&rt_args, roughtime, &rt_json);
+    let (mut bundle_reloads, mut secret_reloads) = (0, 0);
+    let started = Instant::now();
+    let mut last_secret = started;
+    while started.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(150));
+        bundle_reloads += 1;
+        put(&live, &bundles[bundle_reloads % 2]);
+        // chronyd holds cookies from the last half second: a second apart, a secret change
+        // leaves them all under the new secret or its `previous`.
+        if last_secret.elapsed() >= Duration::from_secs(1) {
+            let next = secret_hex();
+            put(&secret, &format!("secret {next}\nprevious {current}\n"));
+            current = next;
+            secret_reloads += 1;
+            last_secret = Instant::now();
+        }
+        nix::sys::signal::kill(chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    }
+    for (load, json) in [(&mut ntp_load, &ntp_json), (&mut rt_load, &rt_json)] {
+        let out = load.wait().unwrap();
+        assert!(out.success(), "chime perf failed: {}", json.display());
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        let step = &v["steps"][0];
+        assert_eq!(step["invalid"], 0, "{step:#}");
+        assert_eq!(step["lost"], 0, "{step:#}");
+        assert_eq!(step["answered"], step["sent"], "{step:#}");
+    }
+    let after = client.measured();
+    drop(client);
+    assert!(chimed.terminate().success());
+    let log = chimed.log();
+    let reloaded = log.matches("SIGHUP: delegation bundle reloaded").count();
+    let rekeyed = log.matches("SIGHUP: NTS fleet secret reloaded").count();
+    assert!(
+        reloaded >= bundle_reloads - 2 && bundle_reloads >= 20,
+        "{bundle_reloads} SIGHUPs, {reloaded} bundles reloaded"
+    );
+    assert!(
+        rekeyed >= 3 && secret_reloads >= 3,
+        "{secret_reloads} new secrets, {rekeyed} reloaded"
+    );
+    assert!(
+        after >= before + 32,
+        "chronyd measured {} times",
+        after - before
+    );
+    let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(!ntp.contains("nts_nak="), "NAKs: {ntp}");
+    assert!(ntp.contains(" dropped=0 "), "{ntp}");
+    let rt = chimed.wait_for("roughtime totals at exit", Duration::from_secs(1));
+    assert!(rt.contains(" dropped=0 "), "{rt}");
+}
