@@ -1076,6 +1076,26 @@ mod tests {
         assert_eq!(one.current(), fleet_key(&a, 100));
     }
 
+    proptest::proptest! {
+        /// Two members' keys agree exactly when their secrets and periods do (the second secret
+        /// and period are the first's half the time, so that both sides are tried).
+        #[test]
+        fn fleet_keys_agree_exactly_when_secret_and_period_do(
+            a: [u8; FLEET_SECRET_LEN],
+            b: [u8; FLEET_SECRET_LEN],
+            p: u64,
+            q: u64,
+            same_secret: bool,
+            same_period: bool,
+        ) {
+            let b = if same_secret { a } else { b };
+            let q = if same_period { p } else { q };
+            let (ka, kb) = (fleet_key(&FleetSecret(a), p), fleet_key(&FleetSecret(b), q));
+            proptest::prop_assert_eq!(ka == kb, a == b && p == q);
+            proptest::prop_assert_eq!(ka.0 == kb.0, a == b && p == q);
+        }
+    }
+
     /// A cookie one member seals opens at any other member whose period is the same, one before
     /// or one after; two periods apart, or under another secret, it does not.
     #[test]

@@ -311,6 +311,42 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Any plan whose windows overlap: no gap from its start to its end, a window covering
+        /// every second of it, and every certificate verifying under the long-term key for its
+        /// version family (reading the written bundle back checks each as a client would).
+        #[test]
+        fn any_overlapping_plan_covers_its_span_and_verifies(
+            start in 0u64..4_000_000_000,
+            step in 1u64..=600,
+            count in 1u64..=12,
+            extra in 1u64..=600,
+        ) {
+            let p = BundlePlan {
+                start_unix_s: start,
+                span_s: step * count,
+                step_s: step,
+                window_s: step + extra,
+            };
+            let key = LongTermKey::from_seed(&[3; KEY_LEN]);
+            let b = make_bundle(&key, p, seeds()).unwrap();
+            let w = b.windows();
+            for pair in w.windows(2) {
+                proptest::prop_assert!(pair[1].mint_unix_s() < pair[0].maxt_unix_s());
+            }
+            let end = start + p.span_s;
+            for t in (start..=end).step_by((p.span_s / 50).max(1) as usize) {
+                proptest::prop_assert!(b.current(t).is_some_and(|d| d.covers(t)), "{t}");
+            }
+            let read = Bundle::parse(&b.encode()).unwrap();
+            let keys = |b: &Bundle| -> Vec<_> {
+                b.windows().iter().map(|d| d.online_public_key()).collect()
+            };
+            proptest::prop_assert_eq!(keys(&read), keys(&b));
+        }
+    }
+
     #[test]
     fn outside_every_window_there_is_nothing_to_sign_with() {
         let key = LongTermKey::from_seed(&[7; KEY_LEN]);

@@ -810,3 +810,59 @@ fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// A bundle with less than two days left (`chime delegate --days 1 --step-hours 12
+/// --window-hours 24`: its last window closes about 35 hours from now) is served, and chimed
+/// warns at once that it runs out, naming what to do.
+#[test]
+fn a_bundle_running_low_is_served_with_a_warning() {
+    let key = chime_keygen();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("short.bundle");
+    let out = Command::new(workspace_bin("chime"))
+        .args(["delegate", "--days", "1", "--step-hours", "12"])
+        .args(["--window-hours", "24", "--key"])
+        .arg(&key.file)
+        .arg("--out")
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let chronyd = Chronyd::start();
+    let mut chimed = Chimed::mirroring(
+        &chronyd.addr().to_string(),
+        &[
+            "--roughtime-delegation",
+            bundle.to_str().unwrap(),
+            "--roughtime-ipv4-address",
+            "127.0.0.1:0",
+            "--roughtime-ipv4-threads",
+            "1",
+            "--roughtime-ipv6-threads",
+            "0",
+        ],
+    );
+    let warned = chimed.wait_for(
+        "roughtime: the delegation bundle runs out in ",
+        Duration::from_secs(5),
+    );
+    let left: u64 = warned
+        .split("runs out in ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{warned}"));
+    assert!(
+        (34 * 3600..=36 * 3600).contains(&left),
+        "{left} s left: {warned}"
+    );
+    assert!(warned.contains("SIGHUP"), "{warned}");
+    let roughtime = chimed.roughtime_addr();
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let out = Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--json", "--public-key", &key.public_base64])
+        .arg(roughtime.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
