@@ -49,6 +49,7 @@ pub mod packet;
 pub mod request;
 pub mod response;
 pub mod server;
+pub mod stream;
 pub mod tag;
 pub mod version;
 
@@ -69,5 +70,6 @@ pub use server::{
     Batch, BatchParams, DropReason, Exchange, MAX_BATCH_SIZE, MIN_REQUEST_LEN, Responder,
     ResponderConfig, SignedBatch, Ticket,
 };
+pub use stream::{FrameError, FrameReader};
 pub use tag::Tag;
 pub use version::{ContextSpelling, Family, Version, VersionSet};

@@ -238,6 +238,8 @@ pub struct Responder {
     used: usize,
     generation: u32,
     signatures: [FamilySignature; Family::COUNT],
+    /// Requests come over a stream (TCP): see [`over_stream`](Self::over_stream).
+    stream: bool,
 }
 
 impl Responder {
@@ -272,7 +274,17 @@ impl Responder {
             used: 0,
             generation: 0,
             signatures: [unsigned; Family::COUNT],
+            stream: false,
         }
+    }
+
+    /// For requests that came over a stream (TCP, [`crate::stream`]), where a reply cannot be
+    /// used to amplify a forged source address: requests need not be padded to
+    /// [`MIN_REQUEST_LEN`], and a reply may be longer than its request. Datagrams keep both
+    /// rules.
+    pub fn over_stream(mut self) -> Self {
+        self.stream = true;
+        self
     }
 
     /// The versions this responder answers.
@@ -376,7 +388,7 @@ impl<'r> Batch<'r> {
     /// Validates a request and adds it to its family's tree. The datagram is not kept: everything
     /// the reply needs is copied, and the leaf's input is staged for hashing with seven others.
     pub fn add(&mut self, datagram: &[u8]) -> Result<Ticket, DropReason> {
-        if datagram.len() < MIN_REQUEST_LEN {
+        if datagram.len() < MIN_REQUEST_LEN && !self.responder.stream {
             return Err(DropReason::TooShort);
         }
         let request = Request::parse(datagram).map_err(DropReason::from_decode)?;
@@ -605,7 +617,11 @@ impl SignedBatch<'_> {
         signed.status?;
         let path_len = r.path_len(family);
         let len = reply_len(family, path_len, signed.srep_len);
-        let limit = out.len().min(slot.request_len);
+        let limit = if r.stream {
+            out.len()
+        } else {
+            out.len().min(slot.request_len)
+        };
         let out = out.get_mut(..len).filter(|_| len <= limit);
         let out = out.ok_or(DropReason::ReplyTooLarge)?;
         let srep = &signed.srep[..signed.srep_len];
@@ -822,6 +838,47 @@ mod tests {
                     .all(|other| other.label() != r.label())
             );
         }
+    }
+
+    /// An RFC 10049 request with no padding: the header and VER, NONC and TYPE alone.
+    fn unpadded_request() -> Vec<u8> {
+        let mut message = [0u8; 128];
+        let len = crate::message::encode(
+            &mut message,
+            &[
+                (Tag::VER, &1u32.to_le_bytes()),
+                (Tag::NONC, &[6; 32]),
+                (Tag::TYPE, &0u32.to_le_bytes()),
+            ],
+        )
+        .unwrap();
+        let mut packet = crate::packet::MAGIC.to_vec();
+        packet.extend_from_slice(&(len as u32).to_le_bytes());
+        packet.extend_from_slice(&message[..len]);
+        packet
+    }
+
+    /// Over a stream there is nothing to amplify: an unpadded request is answered, with a reply
+    /// longer than itself that verifies. As a datagram the same request is too short.
+    #[test]
+    fn over_a_stream_requests_need_no_padding() {
+        let d = delegation();
+        let request = unpadded_request();
+        let mut datagrams = Responder::new(ResponderConfig::default());
+        let mut batch = datagrams.begin(params(&d));
+        assert_eq!(batch.add(&request), Err(DropReason::TooShort));
+
+        let mut stream = Responder::new(ResponderConfig::default()).over_stream();
+        let mut batch = stream.begin(params(&d));
+        let ticket = batch.add(&request).unwrap();
+        let signed = batch.sign();
+        let mut reply = [0u8; 1024];
+        let len = signed.write_reply(ticket, &mut reply).unwrap();
+        assert!(len > request.len(), "{len} bytes for {}", request.len());
+        let key = LongTermKey::from_seed(&[1; 32]).public_key();
+        let policy = crate::client::VerifyPolicy::new(10_000_000);
+        let v = crate::client::verify_reply(&request, &reply[..len], &key, &policy).unwrap();
+        assert_eq!(v.midpoint_unix_us / 1_000_000, NOW_S);
     }
 
     #[test]
