@@ -891,38 +891,17 @@ fn load(path: &Path) -> Result<File, ConfigError> {
 /// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
 /// keys sign as this server) and one whose certificates do not verify.
 pub(crate) fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "{shown}: readable by group or others (mode {mode:04o}); run chmod 600 on it"
-        ));
-    }
-    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?);
-    chime_roughtime::Bundle::parse(&text).map_err(|e| format!("{shown}: {e}"))
+    let text = crate::secret_file::read_existing(path, "online keys that sign as this server")?;
+    chime_roughtime::Bundle::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
 /// anyone sign times in this server's name.
 fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("{shown}: not a regular file"));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "{shown}: readable by group or others (mode {mode:04o}); run chmod 600 on it"
-        ));
-    }
-    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?);
+    let text = crate::secret_file::read_existing(path, "the Roughtime long-term key")?;
     chime_roughtime::parse_key_file(&text)
         .map(Zeroizing::new)
-        .map_err(|e| format!("{shown}: not a key file: {e}"))
+        .map_err(|e| format!("{}: not a key file: {e}", path.display()))
 }
 
 fn input(key: &'static str, file: Option<&Path>) -> Input {

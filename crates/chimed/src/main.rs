@@ -17,6 +17,7 @@ mod online_keys;
 mod privileges;
 mod reply;
 mod roughtime_worker;
+mod secret_file;
 mod stats;
 mod tz;
 mod upstream;

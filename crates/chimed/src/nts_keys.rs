@@ -22,7 +22,7 @@
 //! schedule it had, so restarts neither skip nor postpone one.
 
 use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -47,31 +47,12 @@ pub(crate) fn path_in(dir: &Path) -> PathBuf {
 /// Reads the saved keys; `Ok(None)` if there is no file yet. An error names the file and, for a
 /// bad line, its number.
 pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
-    let Some(text) = read_private(path, "the NTS cookie keys")? else {
+    let Some(text) = crate::secret_file::read(path, "the NTS cookie keys")? else {
         return Ok(None);
     };
     parse(&text)
         .map(Some)
         .map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// A file of secrets (`holds` says which, for the error), if it exists: refused if group or
-/// others may read it. An error names the file.
-fn read_private(path: &Path, holds: &str) -> Result<Option<Zeroizing<String>>, String> {
-    let shown = path.display();
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{shown}: {e}")),
-    };
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!(
-            "{shown}: group or others may read it (mode {:o}); it holds {holds}, chmod 600 it",
-            meta.permissions().mode() & 0o777
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
-    Ok(Some(Zeroizing::new(text)))
 }
 
 /// A fleet's secrets (`--nts-fleet-key`): the one that seals, and the previous one while the
@@ -82,7 +63,7 @@ pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);
 /// for a bad line, its number.
 pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, String> {
     let shown = path.display();
-    let text = read_private(path, "the NTS fleet secret")?
+    let text = crate::secret_file::read(path, "the NTS fleet secret")?
         .ok_or_else(|| format!("{shown}: no such file (chime nts-fleet-key makes one)"))?;
     parse_fleet_file(&text).map_err(|e| format!("{shown}: {e}"))
 }
@@ -267,6 +248,8 @@ pub(crate) enum How {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     const DAY: Duration = Duration::from_secs(86_400);

@@ -1,5 +1,7 @@
 //! Bad input gets one clear line naming the input, and exit status 2; never a panic.
 
+mod common;
+
 use std::process::Command;
 
 fn chimed(args: &[&str]) -> (i32, String) {
@@ -146,4 +148,58 @@ fn rate_limit_options_are_checked() {
         shown.contains("interval: -4") && shown.contains("kod: 2"),
         "{shown}"
     );
+}
+
+/// systemd hands a service its credentials (`LoadCredential=`) in a directory private to it,
+/// each file readable by the service's user through an ACL, which `stat` shows as a group read
+/// bit (mode 0440). There, and only there, chimed takes a secret file with that bit: the same
+/// files elsewhere are refused, naming the file and what it holds.
+#[test]
+fn secrets_in_systemds_credentials_directory_may_carry_a_group_bit() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let key = common::chime_keygen();
+    let creds = tempfile::tempdir().unwrap();
+    let fleet = creds.path().join("nts-fleet.key");
+    let made = Command::new(common::workspace_bin("chime"))
+        .arg("nts-fleet-key")
+        .arg(&fleet)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let roughtime = creds.path().join("roughtime.key");
+    std::fs::copy(&key.file, &roughtime).unwrap();
+    for f in [&fleet, &roughtime] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o440)).unwrap();
+    }
+    let args = [
+        "--check-config",
+        "--nts-fleet-key",
+        fleet.to_str().unwrap(),
+        "--roughtime-key",
+        roughtime.to_str().unwrap(),
+    ];
+    let run = |credentials: Option<&std::path::Path>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_chimed"));
+        cmd.args(args).env_remove("CREDENTIALS_DIRECTORY");
+        if let Some(dir) = credentials {
+            cmd.env("CREDENTIALS_DIRECTORY", dir);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(Some(creds.path()));
+    assert!(out.status.success(), "{out:?}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = run(Some(elsewhere.path()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("readable by group or others (mode 0440)") && err.contains("it holds"),
+        "{err}"
+    );
+    let out = run(None);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // Others' read bit is refused even there.
+    std::fs::set_permissions(&fleet, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let out = run(Some(creds.path()));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }

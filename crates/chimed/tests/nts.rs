@@ -174,7 +174,7 @@ fn bad_nts_settings_exit_2_naming_them() {
                 "--nts-fleet-key",
                 of,
             ],
-            "open-fleet: group or others may read it (mode 644); it holds the NTS fleet secret",
+            "open-fleet: readable by group or others (mode 0644); it holds the NTS fleet secret",
         ),
         (
             vec![
@@ -269,7 +269,7 @@ fn bad_nts_settings_exit_2_naming_them() {
                 "--nts-dump-dir",
                 od,
             ],
-            "nts-cookie-keys: group or others may read it (mode 644)",
+            "nts-cookie-keys: readable by group or others (mode 0644)",
         ),
     ] {
         let mut argv = args.clone();
