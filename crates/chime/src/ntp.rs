@@ -42,6 +42,10 @@ pub(crate) struct Args {
     /// With --nts: trust the certificates in this PEM file [default: the system's store]
     #[arg(long, value_name = "FILE", requires = "nts")]
     nts_ca: Option<std::path::PathBuf>,
+    /// Fail (exit 1, after printing the reply) when the server says it is unsynchronised (leap 3
+    /// or stratum 0): a health check, e.g. before a fleet member announces its address
+    #[arg(long)]
+    require_synchronised: bool,
 }
 
 /// What NTS added to a query.
@@ -120,7 +124,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         } else {
             print(&report);
         }
-        return Ok(());
+        return check_synchronised(args, &report);
     }
     let server = resolve(&args.server)?;
     let report = if args.interleaved {
@@ -137,6 +141,17 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print(&report);
+    }
+    check_synchronised(args, &report)
+}
+
+/// `--require-synchronised`: an error if the reply says the server is unsynchronised.
+fn check_synchronised(args: &Args, report: &Report) -> Result<()> {
+    if args.require_synchronised && !report.synchronised {
+        bail!(
+            "{}: the server says it is unsynchronised (--require-synchronised)",
+            args.server
+        );
     }
     Ok(())
 }

@@ -71,6 +71,12 @@ fn unsynchronised_within_stale_time_after_chronyd_stops() {
     let mut chronyd = Chronyd::start();
     let mut chimed = chimed_v4(&chronyd, &["--stale-after", "2", "--poll-interval", "0.5"]);
     assert_eq!(chime_ntp(chimed.addr).unwrap()["synchronised"], true);
+    let check = common::run(
+        std::process::Command::new(common::workspace_bin("chime"))
+            .args(["ntp", "--require-synchronised", "--timeout", "1"])
+            .arg(chimed.addr.to_string()),
+    );
+    assert!(check.status.success(), "{check:?}");
 
     chronyd.stop();
     let stopped = Instant::now();
@@ -97,6 +103,15 @@ fn unsynchronised_within_stale_time_after_chronyd_stops() {
         turned >= Duration::from_millis(1400),
         "unsynchronised too soon: {turned:?}"
     );
+    // The health check a fleet member runs before it announces its address fails now.
+    let check = common::run(
+        std::process::Command::new(common::workspace_bin("chime"))
+            .args(["ntp", "--require-synchronised", "--timeout", "1"])
+            .arg(chimed.addr.to_string()),
+    );
+    let said = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(1), "{said}");
+    assert!(said.contains("says it is unsynchronised"), "{said}");
 }
 
 #[test]
