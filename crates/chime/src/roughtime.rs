@@ -6,7 +6,8 @@
 //! party can check; `--check-report FILE` checks one, written by chime or by another
 //! implementation (roughly writes a bare list of the same entries).
 
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use std::path::{Path, PathBuf};
@@ -15,8 +16,8 @@ use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::{
-    ChainReport, Link, Verified, VerifyPolicy, Version, build_request, next_nonce, srv_value,
-    verify_chain, verify_reply,
+    ChainReport, FrameReader, Link, Verified, VerifyPolicy, Version, build_request, next_nonce,
+    srv_value, verify_chain, verify_reply,
 };
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +44,11 @@ pub(crate) struct Args {
     /// Accept version 1 replies signed with the drafts' "RoughTime" context spelling
     #[arg(long)]
     accept_draft_spelling: bool,
+    /// Query over TCP (RFC 10049 §4): a connection per server, the request and reply framed as
+    /// on UDP; the round trip is from sending the request to the reply's last byte, without the
+    /// connection's setup. Not with --version google (it has no framing)
+    #[arg(long)]
+    tcp: bool,
     /// Print the result as JSON
     #[arg(long)]
     json: bool,
@@ -142,6 +148,9 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             path.display()
         );
     }
+    if args.tcp && args.version == Some(Version::Google) {
+        bail!("--tcp: Google's original protocol has no framing for a stream; it is UDP only");
+    }
     let versions: Vec<Version> = match args.version {
         Some(v) => vec![v],
         None => vec![Version::Draft12, Version::Rfc10049],
@@ -190,7 +199,11 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         let len = build_request(&mut request, &versions, nonce, with_srv.then_some(&srv))
             .map_err(|e| anyhow::anyhow!("cannot build the request: {e}"))?;
         request.truncate(len);
-        let (reply, rtt, local_mid) = exchange(*addr, &request, timeout)?;
+        let (reply, rtt, local_mid) = if args.tcp {
+            exchange_tcp(*addr, &request, timeout)?
+        } else {
+            exchange(*addr, &request, timeout)?
+        };
         let verified = verify_reply(&request, &reply, key, &policy)
             .map_err(|e| anyhow::anyhow!("{addr}: reply does not verify: {e}"))?;
         reports.push(report(Some((*addr, rtt, local_mid)), key, &verified));
@@ -360,6 +373,56 @@ fn print_chain(reports: Vec<ServerReport>, chain: &ChainReport, json: bool) -> R
         }
     }
     Ok(())
+}
+
+/// [`exchange`] over TCP: connect, send the framed request, read one framed reply.
+fn exchange_tcp(
+    addr: SocketAddr,
+    request: &[u8],
+    timeout: Duration,
+) -> Result<(Vec<u8>, Duration, u64)> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("{addr}: cannot connect over TCP"))?;
+    stream.set_nodelay(true).ok();
+    let deadline = Instant::now() + timeout;
+    let sent_at = unix_us();
+    let start = Instant::now();
+    stream.set_write_timeout(Some(timeout))?;
+    stream
+        .write_all(request)
+        .with_context(|| format!("{addr}: send failed"))?;
+    // Replies are far smaller than this; a header announcing more is not a reply.
+    let mut frames = FrameReader::new(1 << 16);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("{addr}: no reply within {:.1} s", timeout.as_secs_f64());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut buf) {
+            Ok(0) => bail!("{addr}: the server closed the connection without a reply"),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                bail!("{addr}: no reply within {:.1} s", timeout.as_secs_f64())
+            }
+            Err(e) => bail!("{addr}: {e}"),
+        };
+        frames.push(&buf[..n]);
+        match frames.next_packet() {
+            Ok(Some(reply)) => {
+                let rtt = start.elapsed();
+                return Ok((reply.to_vec(), rtt, sent_at + rtt.as_micros() as u64 / 2));
+            }
+            Ok(None) => {}
+            Err(e) => bail!("{addr}: not a Roughtime reply: {e}"),
+        }
+    }
 }
 
 fn exchange(

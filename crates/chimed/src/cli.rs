@@ -268,6 +268,25 @@ pub(crate) struct Args {
     #[arg(long, value_name = "KINDS")]
     pub(crate) roughtime_grease_kinds: Option<String>,
 
+    /// Most Roughtime connections over TCP open at once, served on the same addresses and ports
+    /// as UDP (RFC 10049 §4); 0 serves Roughtime over UDP only [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub(crate) roughtime_tcp_connections: Option<usize>,
+
+    /// Most Roughtime TCP connections open at once from one client address; more are closed
+    /// at once [default: 16]
+    #[arg(long, value_name = "N")]
+    pub(crate) roughtime_tcp_per_address: Option<usize>,
+
+    /// Seconds a Roughtime TCP connection may wait for its next whole request before it is
+    /// closed [default: 10]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) roughtime_tcp_idle: Option<f64>,
+
+    /// Seconds a Roughtime TCP connection may stay open, however busy [default: 60]
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) roughtime_tcp_lifetime: Option<f64>,
+
     /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
     /// timezone. A bad idea for any other client; never applied to Roughtime
     #[arg(long)]

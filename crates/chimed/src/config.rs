@@ -74,6 +74,10 @@ struct File {
     roughtime_gather: Option<f64>,
     roughtime_grease: Option<f64>,
     roughtime_grease_kinds: Option<String>,
+    roughtime_tcp_connections: Option<usize>,
+    roughtime_tcp_per_address: Option<usize>,
+    roughtime_tcp_idle: Option<f64>,
+    roughtime_tcp_lifetime: Option<f64>,
 }
 
 /// Everything the daemon needs to start, validated.
@@ -217,6 +221,8 @@ pub(crate) struct Roughtime {
     pub(crate) grease: f64,
     /// The ways to make them so (`--roughtime-grease-kinds`); all by default.
     pub(crate) grease_kinds: Vec<Grease>,
+    /// Roughtime over TCP and its bounds; `None`: UDP only (`--roughtime-tcp-connections 0`).
+    pub(crate) tcp: Option<crate::roughtime_tcp::Limits>,
 }
 
 impl fmt::Debug for Roughtime {
@@ -234,6 +240,7 @@ impl fmt::Debug for Roughtime {
             .field("gather", &self.gather)
             .field("grease", &self.grease)
             .field("grease_kinds", &self.grease_kinds)
+            .field("tcp", &self.tcp)
             .finish_non_exhaustive()
     }
 }
@@ -301,6 +308,15 @@ const DEFAULT_SHED_INTERVAL: f64 = 0.1;
 /// Beyond a second a request is stale for any client; beyond ten seconds "standing" means little.
 const MAX_SHED_TARGET: f64 = 1.0;
 const MAX_SHED_INTERVAL: f64 = 10.0;
+/// --roughtime-tcp-connections: a thousand clients at once is more than Roughtime's query pattern
+/// (one connection, one or a few requests) brings to a server, and costs a few MiB at most.
+const DEFAULT_TCP_CONNECTIONS: usize = 1024;
+const MAX_TCP_CONNECTIONS: usize = 1 << 20;
+/// --roughtime-tcp-per-address: room for clients behind one NAT, none for one host to hold all.
+const DEFAULT_TCP_PER_ADDRESS: usize = 16;
+/// --roughtime-tcp-idle and --roughtime-tcp-lifetime, in seconds.
+const DEFAULT_TCP_IDLE: f64 = 10.0;
+const DEFAULT_TCP_LIFETIME: f64 = 60.0;
 /// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
 const MAX_GATHER: f64 = 0.1;
 /// --roughtime-gather's default: 2 ms gave batches of ~140 requests at 40k/s (mean Merkle path
@@ -554,6 +570,30 @@ impl Settings {
             None => Grease::ALL.to_vec(),
             Some(list) => parse_grease_kinds(&list).map_err(|r| invalid(&rt_kinds_in, r))?,
         };
+        let (tcp_conns, tcp_conns_in) =
+            pick!(roughtime_tcp_connections, "roughtime-tcp-connections");
+        let (tcp_per, tcp_per_in) = pick!(roughtime_tcp_per_address, "roughtime-tcp-per-address");
+        let (tcp_idle, tcp_idle_in) = pick!(roughtime_tcp_idle, "roughtime-tcp-idle");
+        let (tcp_life, tcp_life_in) = pick!(roughtime_tcp_lifetime, "roughtime-tcp-lifetime");
+        let tcp_connections = tcp_conns.unwrap_or(DEFAULT_TCP_CONNECTIONS);
+        if tcp_connections > MAX_TCP_CONNECTIONS {
+            let r = format!("{tcp_connections} is more than {MAX_TCP_CONNECTIONS}");
+            return Err(invalid(&tcp_conns_in, r));
+        }
+        let tcp_per_address = tcp_per.unwrap_or(DEFAULT_TCP_PER_ADDRESS);
+        if tcp_per_address == 0 {
+            return Err(invalid(&tcp_per_in, "must be at least 1"));
+        }
+        let tcp_idle = tcp_idle.unwrap_or(DEFAULT_TCP_IDLE);
+        check_positive(tcp_idle).map_err(|r| invalid(&tcp_idle_in, r))?;
+        let tcp_lifetime = tcp_life.unwrap_or(DEFAULT_TCP_LIFETIME);
+        check_positive(tcp_lifetime).map_err(|r| invalid(&tcp_life_in, r))?;
+        let tcp = (tcp_connections > 0).then(|| crate::roughtime_tcp::Limits {
+            connections: tcp_connections,
+            per_address: tcp_per_address,
+            idle: Duration::from_secs_f64(tcp_idle),
+            lifetime: Duration::from_secs_f64(tcp_lifetime),
+        });
         let keys = match (rt_key, rt_bundle) {
             (None, None) => None,
             (Some(_), Some(_)) => {
@@ -588,6 +628,7 @@ impl Settings {
                     gather: (gather > 0.0).then(|| Duration::from_secs_f64(gather)),
                     grease,
                     grease_kinds,
+                    tcp,
                 })
             }
         };

@@ -16,6 +16,7 @@ mod nts_keys;
 mod online_keys;
 mod privileges;
 mod reply;
+mod roughtime_tcp;
 mod roughtime_worker;
 mod secret_file;
 mod stats;
@@ -303,6 +304,14 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
             rt_bound.extend(bind(&settings, Service::Roughtime, family, threads, addr)?);
         }
     }
+    // Roughtime over TCP on the UDP sockets' addresses and ports.
+    let rt_tcp = match settings.roughtime.as_ref().and_then(|rt| rt.tcp) {
+        Some(limits) => {
+            let addrs: Vec<_> = rt_bound.iter().map(|b| b.workers.local_addr()).collect();
+            Some((roughtime_tcp::bind(&addrs)?, limits))
+        }
+        None => None,
+    };
     privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -332,6 +341,36 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         join_all(running);
         return Err(e);
     }
+    let tcp_counts = Arc::new(roughtime_tcp::Counts::default());
+    let tcp_totals = Arc::new(stats::Totals::default());
+    let tcp_service = match (rt_tcp, &roughtime) {
+        (Some((listeners, limits)), Some((_, _, shared))) => {
+            info!(
+                "roughtime tcp: at most {} connections, {} per address, closed after {} s idle \
+                 or {} s in all",
+                limits.connections,
+                limits.per_address,
+                limits.idle.as_secs_f64(),
+                limits.lifetime.as_secs_f64()
+            );
+            let published = register("roughtime", "tcp", 0, &roughtime_worker::LABELS);
+            match roughtime_tcp::spawn(
+                listeners,
+                shared.clone(),
+                limits,
+                tcp_counts.clone(),
+                tcp_totals.clone(),
+                published,
+            ) {
+                Ok(service) => Some(service),
+                Err(e) => {
+                    join_all(running);
+                    return Err(e);
+                }
+            }
+        }
+        _ => None,
+    };
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -345,6 +384,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
             roughtime: roughtime.as_ref().map(|(_, _, shared)| shared.clone()),
             started_unix: clock::read().unix_secs(),
             nts_ke: settings.nts.as_ref().map(|_| ke_counts.clone()),
+            roughtime_tcp: tcp_service.as_ref().map(|_| tcp_counts.clone()),
         };
         (listener, Arc::new(sources))
     });
@@ -391,6 +431,14 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     // Stop receiving (join sets the stop flag and wakes the workers); each worker finishes the
     // batch in hand, flushes its counters and exits.
     join_all(running);
+    if let Some(service) = tcp_service {
+        service.stop();
+        info!(
+            "roughtime tcp totals at exit: {} | connections: {}",
+            tcp_totals.snapshot().display(&roughtime_worker::LABELS),
+            tcp_counts.line()
+        );
+    }
     info!(
         "ntp totals at exit: {}",
         ntp.totals.snapshot().display(&ntp_worker::LABELS)

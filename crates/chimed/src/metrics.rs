@@ -32,6 +32,8 @@ pub(crate) struct Sources {
     pub(crate) started_unix: i64,
     /// The NTS-KE server's sessions, if NTS is on.
     pub(crate) nts_ke: Option<Arc<crate::nts_ke::KeCounts>>,
+    /// Roughtime's TCP connections, if Roughtime over TCP is on.
+    pub(crate) roughtime_tcp: Option<Arc<crate::roughtime_tcp::Counts>>,
 }
 
 const MAX_HEAD: usize = 8192;
@@ -331,6 +333,35 @@ pub(crate) fn render(sources: &Sources) -> String {
         }
     }
 
+    if let Some(tcp) = &sources.roughtime_tcp {
+        family(
+            &mut out,
+            "chimed_roughtime_tcp_connections_total",
+            "counter",
+            "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
+             --roughtime-tcp-connections; refused_address: as many from the address as \
+             --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
+             ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
+             Roughtime or too long, closed_slow: a reply not read in time, closed_error).",
+        );
+        for (outcome, n) in tcp.outcomes() {
+            let _ = writeln!(
+                out,
+                "chimed_roughtime_tcp_connections_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        family(
+            &mut out,
+            "chimed_roughtime_tcp_open_connections",
+            "gauge",
+            "Roughtime TCP connections open now.",
+        );
+        let _ = writeln!(
+            out,
+            "chimed_roughtime_tcp_open_connections {}",
+            tcp.open.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
     if let Some(ke) = &sources.nts_ke {
         family(
             &mut out,
@@ -502,6 +533,7 @@ mod tests {
             roughtime: None,
             started_unix: 0,
             nts_ke: None,
+            roughtime_tcp: None,
         }
     }
 

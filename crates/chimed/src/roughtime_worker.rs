@@ -24,9 +24,9 @@ use crate::stats::{Note, Published, Totals, WorkerStats};
 
 /// Drop reasons: the protocol's own, then the daemon's three.
 pub(crate) const REASONS: usize = DropReason::COUNT + 3;
-const UNSYNCHRONISED: usize = DropReason::COUNT;
+pub(crate) const UNSYNCHRONISED: usize = DropReason::COUNT;
 const TRUNCATED: usize = DropReason::COUNT + 1;
-const DENIED: usize = DropReason::COUNT + 2;
+pub(crate) const DENIED: usize = DropReason::COUNT + 2;
 pub(crate) const LABELS: [&str; REASONS] = {
     let mut labels = [""; REASONS];
     let mut i = 0;

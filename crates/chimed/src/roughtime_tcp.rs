@@ -1,0 +1,535 @@
+//! Roughtime over TCP (RFC 10049 §4: servers SHOULD serve both UDP and TCP), on the same addresses
+//! and ports as the UDP sockets, on a thread and runtime of its own so that nothing a TCP client
+//! does slows the UDP workers.
+//!
+//! A connection carries packets back to back (chime-roughtime's `stream`), requests pipelined, up
+//! to [`IN_FLIGHT`] unanswered at once; replies go back as they are signed. Requests from every
+//! connection meet in one signer, which signs whatever has queued as one batch (one signature
+//! over one Merkle tree per version family, each reply with its own path), as the UDP workers do
+//! with a receive batch. It drops what they drop (an unsynchronised upstream, a request it cannot
+//! answer) and counts the same way, as worker `family="tcp"`.
+//!
+//! Everything is bounded: connections at once and per client address (over either limit, or
+//! denied by the access rules, a connection is closed at once), the size of a request, what a
+//! connection buffers (one read and at most [`IN_FLIGHT`] replies), the time between requests
+//! (`idle`), the whole connection (`lifetime`) and a reply's write (a client that does not read
+//! is closed). Each way a connection ends is counted.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until, timeout};
+use tracing::{info, warn};
+
+use crate::clock;
+use crate::roughtime_worker::{self, DENIED, REASONS, Shared, UNSYNCHRONISED};
+use crate::stats::{Note, Published, Totals, WorkerStats};
+
+/// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
+pub(crate) const IN_FLIGHT: usize = 16;
+/// The longest request message taken: a padded request is 1012 bytes of message; twice that and
+/// more is not a request.
+pub(crate) const MAX_MESSAGE: usize = 4096;
+/// Room for any reply: with Ed25519, no reply is longer than 1024 bytes.
+const MAX_REPLY: usize = 2048;
+/// How long writing one reply may take before the client is taken not to be reading.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+const READ_CHUNK: usize = 4096;
+
+/// `--roughtime-tcp-*`: the bounds on connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Connections open at once.
+    pub(crate) connections: usize,
+    /// Connections open at once from one client address.
+    pub(crate) per_address: usize,
+    /// Longest wait for the next request (or for a reply to be read).
+    pub(crate) idle: Duration,
+    /// Longest a connection stays open, however busy.
+    pub(crate) lifetime: Duration,
+}
+
+/// How connections ended, and how many are open; for the log and the metrics.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) open: AtomicU64,
+    /// Closed at once: as many connections open as allowed.
+    pub(crate) refused_full: AtomicU64,
+    /// Closed at once: as many from that address as allowed.
+    pub(crate) refused_address: AtomicU64,
+    /// Closed at once: the access rules deny the address.
+    pub(crate) refused_denied: AtomicU64,
+    /// The client closed (its side) and every reply it was owed was written.
+    pub(crate) closed_by_client: AtomicU64,
+    pub(crate) closed_idle: AtomicU64,
+    pub(crate) closed_lifetime: AtomicU64,
+    /// Not Roughtime, or a packet over [`MAX_MESSAGE`].
+    pub(crate) closed_bad_frame: AtomicU64,
+    /// A reply could not be written within [`WRITE_TIMEOUT`].
+    pub(crate) closed_slow: AtomicU64,
+    /// A read or write failed (reset by the peer and the like).
+    pub(crate) closed_error: AtomicU64,
+}
+
+impl Counts {
+    /// Every outcome with its label, as the metrics name them.
+    pub(crate) fn outcomes(&self) -> [(&'static str, u64); 10] {
+        [
+            ("accepted", self.accepted.load(Relaxed)),
+            ("refused_full", self.refused_full.load(Relaxed)),
+            ("refused_address", self.refused_address.load(Relaxed)),
+            ("refused_denied", self.refused_denied.load(Relaxed)),
+            ("closed_by_client", self.closed_by_client.load(Relaxed)),
+            ("closed_idle", self.closed_idle.load(Relaxed)),
+            ("closed_lifetime", self.closed_lifetime.load(Relaxed)),
+            ("closed_bad_frame", self.closed_bad_frame.load(Relaxed)),
+            ("closed_slow", self.closed_slow.load(Relaxed)),
+            ("closed_error", self.closed_error.load(Relaxed)),
+        ]
+    }
+
+    pub(crate) fn line(&self) -> String {
+        let mut line = format!("open={}", self.open.load(Relaxed));
+        for (label, n) in self.outcomes() {
+            line.push_str(&format!(" {label}={n}"));
+        }
+        line
+    }
+}
+
+/// One request on its way to the signer, and where its reply goes (`None`: dropped).
+struct Job {
+    packet: Vec<u8>,
+    peer: IpAddr,
+    reply: mpsc::Sender<Option<Vec<u8>>>,
+}
+
+/// The running TCP service; [`stop`](Self::stop) ends it.
+pub(crate) struct Service {
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Service {
+    /// Closes every connection, flushes the signer's counters, and waits for the thread.
+    pub(crate) fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// Starts serving on `listeners` (bound before privileges were dropped) on a thread of its own.
+pub(crate) fn spawn(
+    listeners: Vec<std::net::TcpListener>,
+    shared: Arc<Shared>,
+    limits: Limits,
+    counts: Arc<Counts>,
+    totals: Arc<Totals<REASONS>>,
+    published: Option<Arc<Published>>,
+) -> Result<Service> {
+    for l in &listeners {
+        l.set_nonblocking(true)
+            .context("roughtime tcp: cannot make the listener non-blocking")?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the Roughtime TCP runtime")?;
+    let (stop, stopped) = oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("roughtime-tcp".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let stats = WorkerStats::new(
+                    "roughtime-tcp",
+                    &roughtime_worker::LABELS,
+                    shared.ntp.stats_interval,
+                    totals,
+                    published,
+                );
+                let (jobs, queue) = mpsc::channel(4 * MAX_BATCH_SIZE);
+                let signer = tokio::spawn(sign(queue, shared.clone(), stats));
+                let addresses = Arc::new(Mutex::new(HashMap::new()));
+                let mut accepting = Vec::new();
+                for l in listeners {
+                    match tokio::net::TcpListener::from_std(l) {
+                        Ok(l) => accepting.push(tokio::spawn(accept(
+                            l,
+                            jobs.clone(),
+                            shared.clone(),
+                            limits,
+                            counts.clone(),
+                            addresses.clone(),
+                        ))),
+                        Err(e) => warn!("roughtime tcp: cannot use a listener: {e}"),
+                    }
+                }
+                drop(jobs);
+                let _ = stopped.await;
+                // The accept loops hold the connections' tasks' senders only through them:
+                // ending them and the connections lets the signer see its queue close.
+                for a in accepting {
+                    a.abort();
+                }
+                let _ = signer.await;
+            });
+            // Dropping the runtime ends the connection tasks still running.
+        })
+        .context("cannot start the Roughtime TCP thread")?;
+    Ok(Service { stop, thread })
+}
+
+/// A connection's place in the per-address count; freed when the connection ends.
+struct Slot {
+    addresses: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+    counts: Arc<Counts>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut map = self
+            .addresses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+        self.counts.open.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn accept(
+    listener: tokio::net::TcpListener,
+    jobs: mpsc::Sender<Job>,
+    shared: Arc<Shared>,
+    limits: Limits,
+    counts: Arc<Counts>,
+    addresses: Arc<Mutex<HashMap<IpAddr, usize>>>,
+) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors and the like: pause rather than spin.
+                    warn!("roughtime tcp: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            // Reap finished connections so the set does not grow.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        counts.accepted.fetch_add(1, Relaxed);
+        let ip = canonical(peer.ip());
+        let acl = shared.ntp.acl.load();
+        if !acl.is_open() && !acl.permits(ip) {
+            counts.refused_denied.fetch_add(1, Relaxed);
+            continue;
+        }
+        if counts.open.load(Relaxed) >= limits.connections as u64 {
+            counts.refused_full.fetch_add(1, Relaxed);
+            continue;
+        }
+        {
+            let mut map = addresses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = map.entry(ip).or_insert(0);
+            if *n >= limits.per_address {
+                counts.refused_address.fetch_add(1, Relaxed);
+                continue;
+            }
+            *n += 1;
+        }
+        counts.open.fetch_add(1, Relaxed);
+        let slot = Slot {
+            addresses: addresses.clone(),
+            ip,
+            counts: counts.clone(),
+        };
+        let _ = stream.set_nodelay(true);
+        connections.spawn(serve_connection(
+            stream,
+            ip,
+            jobs.clone(),
+            limits,
+            counts.clone(),
+            slot,
+        ));
+    }
+}
+
+/// An IPv4 client on an IPv6 socket as the IPv4 address the access rules know.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Why a connection ended.
+enum End {
+    ByClient,
+    Idle,
+    Lifetime,
+    BadFrame,
+    Slow,
+    Error,
+    /// chimed is stopping.
+    Stopping,
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: IpAddr,
+    jobs: mpsc::Sender<Job>,
+    limits: Limits,
+    counts: Arc<Counts>,
+    _slot: Slot,
+) {
+    let end = converse(stream, peer, &jobs, limits).await;
+    let counter = match end {
+        End::ByClient => &counts.closed_by_client,
+        End::Idle => &counts.closed_idle,
+        End::Lifetime => &counts.closed_lifetime,
+        End::BadFrame => &counts.closed_bad_frame,
+        End::Slow => &counts.closed_slow,
+        End::Error => &counts.closed_error,
+        End::Stopping => return,
+    };
+    counter.fetch_add(1, Relaxed);
+}
+
+/// Reads requests and writes replies until the connection ends, and says why it did.
+async fn converse(
+    stream: TcpStream,
+    peer: IpAddr,
+    jobs: &mpsc::Sender<Job>,
+    limits: Limits,
+) -> End {
+    let (mut rd, mut wr) = stream.into_split();
+    let (reply_to, mut replies) = mpsc::channel::<Option<Vec<u8>>>(IN_FLIGHT);
+    let mut frames = FrameReader::new(MAX_MESSAGE);
+    let mut buf = vec![0u8; READ_CHUNK];
+    let (mut in_flight, mut reading) = (0usize, true);
+    let ends = Instant::now() + limits.lifetime;
+    let mut idle_until = Instant::now() + limits.idle;
+    loop {
+        tokio::select! {
+            biased;
+            Some(reply) = replies.recv() => {
+                in_flight -= 1;
+                if let Some(bytes) = reply {
+                    match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
+                        Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
+                        Ok(Err(_)) => return End::Error,
+                        Err(_) => return End::Slow,
+                    }
+                }
+                // Packets that waited in the reader for room go now.
+                if let Err(end) = submit(&mut frames, &mut in_flight, peer, jobs, &reply_to).await {
+                    return end;
+                }
+                if !reading && in_flight == 0 {
+                    return End::ByClient;
+                }
+            }
+            read = rd.read(&mut buf), if reading && in_flight < IN_FLIGHT => match read {
+                Ok(0) => {
+                    reading = false;
+                    if in_flight == 0 {
+                        return End::ByClient;
+                    }
+                }
+                Ok(n) => {
+                    frames.push(&buf[..n]);
+                    let before = in_flight;
+                    if let Err(end) =
+                        submit(&mut frames, &mut in_flight, peer, jobs, &reply_to).await
+                    {
+                        return end;
+                    }
+                    if in_flight > before {
+                        idle_until = Instant::now() + limits.idle;
+                    }
+                }
+                Err(_) => return End::Error,
+            },
+            () = sleep_until(idle_until) => return End::Idle,
+            () = sleep_until(ends) => return End::Lifetime,
+        }
+    }
+}
+
+/// Hands the whole packets the reader holds to the signer, while the connection has room.
+async fn submit(
+    frames: &mut FrameReader,
+    in_flight: &mut usize,
+    peer: IpAddr,
+    jobs: &mpsc::Sender<Job>,
+    reply_to: &mpsc::Sender<Option<Vec<u8>>>,
+) -> Result<(), End> {
+    while *in_flight < IN_FLIGHT {
+        let packet = match frames.next_packet() {
+            Ok(Some(p)) => p.to_vec(),
+            Ok(None) => return Ok(()),
+            Err(_) => return Err(End::BadFrame),
+        };
+        let job = Job {
+            packet,
+            peer,
+            reply: reply_to.clone(),
+        };
+        jobs.send(job).await.map_err(|_| End::Stopping)?;
+        *in_flight += 1;
+    }
+    Ok(())
+}
+
+/// Signs what the connections send, as many as have queued (up to [`MAX_BATCH_SIZE`]) per
+/// signature, until every sender is gone.
+async fn sign(
+    mut queue: mpsc::Receiver<Job>,
+    shared: Arc<Shared>,
+    mut stats: WorkerStats<REASONS>,
+) {
+    let mut responder = Responder::new(ResponderConfig {
+        versions: VersionSet::ALL,
+        capacity: MAX_BATCH_SIZE,
+    })
+    .over_stream();
+    let mut jobs = Vec::with_capacity(MAX_BATCH_SIZE);
+    let mut tickets = Vec::with_capacity(MAX_BATCH_SIZE);
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            n = queue.recv_many(&mut jobs, MAX_BATCH_SIZE) => {
+                if n == 0 {
+                    break;
+                }
+                answer(&mut responder, &shared, &mut stats, &jobs, &mut tickets);
+                jobs.clear();
+            }
+            _ = ticks.tick() => stats.tick(clock::read().unix_secs()),
+        }
+    }
+    stats.finish();
+}
+
+/// One batch: the same checks, signature and counts as a UDP worker's receive batch.
+fn answer(
+    responder: &mut Responder,
+    shared: &Shared,
+    stats: &mut WorkerStats<REASONS>,
+    jobs: &[Job],
+    tickets: &mut Vec<Option<chime_roughtime::Ticket>>,
+) {
+    let reading = clock::read();
+    let served = shared
+        .ntp
+        .state
+        .load()
+        .served_at(reading.ntp(), &shared.ntp.policy);
+    stats.pending.received += jobs.len() as u64;
+    stats.pending.batches += 1;
+    // A connection that went away meanwhile has closed its channel: the send fails, nothing more.
+    let drop_all = |stats: &mut WorkerStats<REASONS>, reason: usize| {
+        for job in jobs {
+            stats.pending.drop_at(reason);
+            let _ = job.reply.try_send(None);
+        }
+    };
+    if !served.is_synchronised() {
+        drop_all(stats, UNSYNCHRONISED);
+        stats.tick(reading.unix_secs());
+        return;
+    }
+    let delegation = shared.delegation.load();
+    let params = chime_roughtime::BatchParams {
+        now_unix_us: reading.unix_micros(),
+        radius_us: (served.root_distance() * 1e6).ceil() as u64,
+        delegation: &delegation,
+    };
+    let mut batch = responder.begin(params);
+    tickets.clear();
+    let acl = shared.ntp.acl.load();
+    for job in jobs {
+        let ticket = if !acl.is_open() && !acl.permits(job.peer) {
+            stats.pending.drop_at(DENIED);
+            None
+        } else {
+            batch
+                .add(&job.packet)
+                .map_err(|why| stats.pending.drop_at(why.index()))
+                .ok()
+        };
+        tickets.push(ticket);
+    }
+    let signed = (!batch.is_empty()).then(|| batch.sign());
+    for (job, ticket) in jobs.iter().zip(tickets.iter()) {
+        let reply = ticket.zip(signed.as_ref()).and_then(|(ticket, signed)| {
+            let mut out = vec![0u8; MAX_REPLY];
+            match signed.write_reply(ticket, &mut out) {
+                Ok(len) => {
+                    out.truncate(len);
+                    stats.pending.answered += 1;
+                    stats.pending.note(Note::Roughtime(ticket.version()), true);
+                    Some(out)
+                }
+                Err(why) => {
+                    stats.pending.drop_at(why.index());
+                    None
+                }
+            }
+        });
+        let _ = job.reply.try_send(reply);
+    }
+    stats.tick(reading.unix_secs());
+}
+
+/// Binds a TCP listener on each of the Roughtime UDP sockets' addresses (the same port: a port-0
+/// bind's real one).
+pub(crate) fn bind(addresses: &[SocketAddr]) -> Result<Vec<std::net::TcpListener>> {
+    addresses
+        .iter()
+        .map(|&addr| {
+            let socket = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+            .with_context(|| format!("roughtime tcp {addr}: cannot open a socket"))?;
+            if addr.is_ipv6() {
+                // The IPv4 address has its own listener.
+                socket.set_only_v6(true).ok();
+            }
+            socket.set_reuse_address(true).ok();
+            socket
+                .bind(&addr.into())
+                .with_context(|| format!("roughtime tcp {addr}: cannot bind"))?;
+            socket
+                .listen(1024)
+                .with_context(|| format!("roughtime tcp {addr}: cannot listen"))?;
+            let listener: std::net::TcpListener = socket.into();
+            if let Ok(bound) = listener.local_addr() {
+                info!("roughtime over tcp on {bound}");
+            }
+            Ok(listener)
+        })
+        .collect()
+}
