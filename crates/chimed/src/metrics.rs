@@ -342,7 +342,8 @@ pub(crate) fn render(sources: &Sources) -> String {
              --roughtime-tcp-connections; refused_address: as many from the address as \
              --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
              ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
-             Roughtime or too long, closed_slow: a reply not read in time, closed_error).",
+             Roughtime or too long, closed_unanswered: a request dropped, closed_slow: a reply \
+             not read in time, closed_error).",
         );
         for (outcome, n) in tcp.outcomes() {
             let _ = writeln!(

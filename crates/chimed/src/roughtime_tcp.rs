@@ -7,7 +7,8 @@
 //! connection meet in one signer, which signs whatever has queued as one batch (one signature
 //! over one Merkle tree per version family, each reply with its own path), as the UDP workers do
 //! with a receive batch. It drops what they drop (an unsynchronised upstream, a request it cannot
-//! answer) and counts the same way, as worker `family="tcp"`.
+//! answer) and counts the same way, as worker `family="tcp"`; a dropped request also ends its
+//! connection, so that the client knows at once.
 //!
 //! Everything is bounded: connections at once and per client address (over either limit, or
 //! denied by the access rules, a connection is closed at once), the size of a request, what a
@@ -74,6 +75,8 @@ pub(crate) struct Counts {
     pub(crate) closed_lifetime: AtomicU64,
     /// Not Roughtime, or a packet over [`MAX_MESSAGE`].
     pub(crate) closed_bad_frame: AtomicU64,
+    /// A request got no reply (dropped, as the drop counters say why).
+    pub(crate) closed_unanswered: AtomicU64,
     /// A reply could not be written within [`WRITE_TIMEOUT`].
     pub(crate) closed_slow: AtomicU64,
     /// A read or write failed (reset by the peer and the like).
@@ -82,7 +85,7 @@ pub(crate) struct Counts {
 
 impl Counts {
     /// Every outcome with its label, as the metrics name them.
-    pub(crate) fn outcomes(&self) -> [(&'static str, u64); 10] {
+    pub(crate) fn outcomes(&self) -> [(&'static str, u64); 11] {
         [
             ("accepted", self.accepted.load(Relaxed)),
             ("refused_full", self.refused_full.load(Relaxed)),
@@ -92,6 +95,7 @@ impl Counts {
             ("closed_idle", self.closed_idle.load(Relaxed)),
             ("closed_lifetime", self.closed_lifetime.load(Relaxed)),
             ("closed_bad_frame", self.closed_bad_frame.load(Relaxed)),
+            ("closed_unanswered", self.closed_unanswered.load(Relaxed)),
             ("closed_slow", self.closed_slow.load(Relaxed)),
             ("closed_error", self.closed_error.load(Relaxed)),
         ]
@@ -288,6 +292,8 @@ enum End {
     Idle,
     Lifetime,
     BadFrame,
+    /// A request was dropped (see the drop counters).
+    Unanswered,
     Slow,
     Error,
     /// chimed is stopping.
@@ -308,6 +314,7 @@ async fn serve_connection(
         End::Idle => &counts.closed_idle,
         End::Lifetime => &counts.closed_lifetime,
         End::BadFrame => &counts.closed_bad_frame,
+        End::Unanswered => &counts.closed_unanswered,
         End::Slow => &counts.closed_slow,
         End::Error => &counts.closed_error,
         End::Stopping => return,
@@ -334,12 +341,15 @@ async fn converse(
             biased;
             Some(reply) = replies.recv() => {
                 in_flight -= 1;
-                if let Some(bytes) = reply {
-                    match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
-                        Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
-                        Ok(Err(_)) => return End::Error,
-                        Err(_) => return End::Slow,
-                    }
+                // A request that gets no reply ends the connection (RFC 10049 §4: either side
+                // closes on errors), so the client learns at once rather than at its timeout.
+                let Some(bytes) = reply else {
+                    return End::Unanswered;
+                };
+                match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
+                    Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
+                    Ok(Err(_)) => return End::Error,
+                    Err(_) => return End::Slow,
                 }
                 // Packets that waited in the reader for room go now.
                 if let Err(end) = submit(&mut frames, &mut in_flight, peer, jobs, &reply_to).await {

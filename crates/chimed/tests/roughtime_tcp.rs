@@ -172,7 +172,10 @@ fn pipelined_requests_on_one_connection_are_all_answered() {
     drop(stream);
     let totals = s.stop();
     assert_eq!(count_in(&totals, "answered"), 20, "{totals}");
-    assert!(count_in(&totals, "batches") < 20, "signed in batches: {totals}");
+    assert!(
+        count_in(&totals, "batches") < 20,
+        "signed in batches: {totals}"
+    );
 }
 
 /// A request cut into 7-byte pieces sent apart, and one with no padding (pyroughtime sends
@@ -216,30 +219,33 @@ fn split_and_unpadded_requests_are_answered() {
     assert_eq!(count_in(&totals, "answered"), 2, "{totals}");
 }
 
-/// Bytes that are not Roughtime, and a header announcing more than a request can be: the
-/// connection is closed at once, and counted.
+/// Bytes that are not Roughtime, a header announcing more than a request can be, and a framed
+/// message that is not a request: the connection is closed at once, and counted.
 #[test]
 fn frames_that_are_not_requests_close_the_connection() {
     let s = serve(&[]);
     let mut http = connect(s.addr);
-    http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     assert!(closed_within(&mut http, Duration::from_secs(2)).is_some());
     let mut huge = connect(s.addr);
     let mut header = b"ROUGHTIM".to_vec();
     header.extend_from_slice(&1_000_000u32.to_le_bytes());
     huge.write_all(&header).unwrap();
     assert!(closed_within(&mut huge, Duration::from_secs(2)).is_some());
-    // A well-framed message that is not a request is dropped, and the connection stays.
+    // A well-framed message that is not a request is dropped, and its connection closed: the
+    // client learns at once. A request before it on the same connection is answered first.
     let mut junk = connect(s.addr);
+    junk.write_all(&request([9; 32])).unwrap();
+    assert_eq!(read_replies(&mut junk, 1).len(), 1);
     let mut frame = b"ROUGHTIM".to_vec();
     frame.extend_from_slice(&8u32.to_le_bytes());
     frame.extend_from_slice(&[0xff; 8]);
     junk.write_all(&frame).unwrap();
-    junk.write_all(&request([9; 32])).unwrap();
-    assert_eq!(read_replies(&mut junk, 1).len(), 1);
-    drop(junk);
+    assert!(closed_within(&mut junk, Duration::from_secs(2)).is_some());
     let totals = s.stop();
     assert_eq!(count_in(&totals, "closed_bad_frame"), 2, "{totals}");
+    assert_eq!(count_in(&totals, "closed_unanswered"), 1, "{totals}");
     assert_eq!(count_in(&totals, "answered"), 1, "{totals}");
     assert_eq!(count_in(&totals, "dropped.malformed"), 1, "{totals}");
 }
@@ -359,7 +365,10 @@ fn connection_limits_per_address_and_in_all() {
         if served(&mut again) {
             break;
         }
-        assert!(Instant::now() < deadline, "the closed connection's place was not freed");
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's place was not freed"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     drop((a2, b1));
