@@ -1101,6 +1101,12 @@ mod tests {
         };
         assert_eq!(**seed, [7; 32]);
         assert_eq!(rt.ipv4_address, "0.0.0.0:5319".parse().unwrap());
+        let tcp = rt.tcp.unwrap();
+        assert_eq!((tcp.connections, tcp.per_address), (1024, 16));
+        assert_eq!(tcp.idle, Duration::from_secs(10));
+        let off = ["--roughtime-tcp-connections", "0"];
+        let udp_only = resolve_with("", &[&flag[..], &off[..]].concat()).unwrap();
+        assert_eq!(udp_only.roughtime.unwrap().tcp, None);
         assert!(
             !format!("{rt:?}").contains("07, 07"),
             "the seed must not be printed"
@@ -1284,6 +1290,16 @@ mod tests {
                 "roughtime-ipv4-address",
             ),
             ("roughtime-rotation = 0.0\n", "roughtime-rotation"),
+            (
+                "roughtime-tcp-per-address = 0\n",
+                "roughtime-tcp-per-address",
+            ),
+            (
+                "roughtime-tcp-connections = 2000000\n",
+                "roughtime-tcp-connections",
+            ),
+            ("roughtime-tcp-idle = 0.0\n", "roughtime-tcp-idle"),
+            ("roughtime-tcp-lifetime = -1.0\n", "roughtime-tcp-lifetime"),
         ] {
             let e = resolve_with(file, &[]).unwrap_err().to_string();
             assert!(e.contains("chimed.toml") && e.contains(key), "{file}: {e}");
