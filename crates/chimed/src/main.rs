@@ -295,23 +295,43 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         }
         None => None,
     };
+    // Roughtime, and over TCP on each UDP socket's address and port.
     let mut rt_bound = Vec::new();
+    let mut rt_listeners = Vec::new();
     if let Some(rt) = &settings.roughtime {
         for (family, threads, addr) in [
             ("ipv4", rt.ipv4_threads, rt.ipv4_address),
             ("ipv6", rt.ipv6_threads, rt.ipv6_address),
         ] {
-            rt_bound.extend(bind(&settings, Service::Roughtime, family, threads, addr)?);
+            // Port 0 lets the kernel choose the UDP port, which a TCP connection may hold: then
+            // choose again (a configured port is either free for both or an error).
+            let mut tries = 0;
+            loop {
+                let Some(bound) = bind(&settings, Service::Roughtime, family, threads, addr)?
+                else {
+                    break;
+                };
+                if rt.tcp.is_some() {
+                    match roughtime_tcp::bind(bound.workers.local_addr()) {
+                        Ok(listener) => rt_listeners.push(listener),
+                        Err(e) if addr.port() == 0 && tries < 20 => {
+                            tries += 1;
+                            tracing::debug!("roughtime: {e:#}; choosing another port");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                rt_bound.push(bound);
+                break;
+            }
         }
     }
-    // Roughtime over TCP on the UDP sockets' addresses and ports.
-    let rt_tcp = match settings.roughtime.as_ref().and_then(|rt| rt.tcp) {
-        Some(limits) => {
-            let addrs: Vec<_> = rt_bound.iter().map(|b| b.workers.local_addr()).collect();
-            Some((roughtime_tcp::bind(&addrs)?, limits))
-        }
-        None => None,
-    };
+    let rt_tcp = settings
+        .roughtime
+        .as_ref()
+        .and_then(|rt| rt.tcp)
+        .map(|limits| (rt_listeners, limits));
     privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -512,34 +512,29 @@ fn answer(
     stats.tick(reading.unix_secs());
 }
 
-/// Binds a TCP listener on each of the Roughtime UDP sockets' addresses (the same port: a port-0
-/// bind's real one).
-pub(crate) fn bind(addresses: &[SocketAddr]) -> Result<Vec<std::net::TcpListener>> {
-    addresses
-        .iter()
-        .map(|&addr| {
-            let socket = socket2::Socket::new(
-                socket2::Domain::for_address(addr),
-                socket2::Type::STREAM,
-                Some(socket2::Protocol::TCP),
-            )
-            .with_context(|| format!("roughtime tcp {addr}: cannot open a socket"))?;
-            if addr.is_ipv6() {
-                // The IPv4 address has its own listener.
-                socket.set_only_v6(true).ok();
-            }
-            socket.set_reuse_address(true).ok();
-            socket
-                .bind(&addr.into())
-                .with_context(|| format!("roughtime tcp {addr}: cannot bind"))?;
-            socket
-                .listen(1024)
-                .with_context(|| format!("roughtime tcp {addr}: cannot listen"))?;
-            let listener: std::net::TcpListener = socket.into();
-            if let Ok(bound) = listener.local_addr() {
-                info!("roughtime over tcp on {bound}");
-            }
-            Ok(listener)
-        })
-        .collect()
+/// Binds a TCP listener on a Roughtime UDP socket's address (the same port: a port-0 bind's real
+/// one).
+pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .with_context(|| format!("roughtime tcp {addr}: cannot open a socket"))?;
+    if addr.is_ipv6() {
+        // The IPv4 address has its own listener.
+        socket.set_only_v6(true).ok();
+    }
+    socket.set_reuse_address(true).ok();
+    socket
+        .bind(&addr.into())
+        .with_context(|| format!("roughtime tcp {addr}: cannot bind"))?;
+    socket
+        .listen(1024)
+        .with_context(|| format!("roughtime tcp {addr}: cannot listen"))?;
+    let listener: std::net::TcpListener = socket.into();
+    if let Ok(bound) = listener.local_addr() {
+        info!("roughtime over tcp on {bound}");
+    }
+    Ok(listener)
 }

@@ -376,3 +376,34 @@ fn connection_limits_per_address_and_in_all() {
     assert!(count_in(&totals, "refused_address") >= 1, "{totals}");
     assert!(count_in(&totals, "refused_full") >= 1, "{totals}");
 }
+
+/// `chime perf roughtime --tcp`, with connections reused (requests pipelined on each) and with
+/// a new connection per request, at a modest rate: every request answered, every reply verified.
+#[test]
+fn chime_perf_over_tcp_reused_and_per_request() {
+    let s = serve(&["--roughtime-tcp-per-address", "256"]);
+    let dir = tempfile::tempdir().unwrap();
+    for connections in ["4", "0"] {
+        let json = dir.path().join(format!("perf-{connections}.json"));
+        let out = Command::new(workspace_bin("chime"))
+            .args(["perf", "roughtime", "--target", &s.addr.to_string()])
+            .args(["--public-key", &s.key.public_base64, "--verify-every", "1"])
+            .args(["--tcp", "--tcp-connections", connections])
+            .args(["--rate", "300", "--duration", "1", "--warmup", "0.2"])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let step = &v["steps"][0];
+        assert_eq!(step["sent"], 300, "{connections}: {step:#}");
+        assert_eq!(step["answered"], 300, "{connections}: {step:#}");
+        assert_eq!(step["invalid"], 0, "{connections}: {step:#}");
+        assert_eq!(v["request"]["transport"], "tcp", "{v:#}");
+    }
+    let totals = s.stop();
+    // Reused: four connections for 360 requests, the warm-up's included; then one per request.
+    assert!(count_in(&totals, "accepted") >= 360, "{totals}");
+    assert_eq!(count_in(&totals, "closed_unanswered"), 0, "{totals}");
+}

@@ -41,18 +41,25 @@ const STALL_LIMIT: Duration = Duration::from_secs(10);
 
 /// Runs the whole load test with `protocol`'s requests. `request` describes the requests for the
 /// JSON output and `label` for people.
+/// With `tcp`, the requests go over TCP: that many connections per thread, reused, or (0) a new
+/// connection per request.
 pub(crate) fn run<P: LoadProtocol>(
     load: &LoadArgs,
     protocol: P,
     request: serde_json::Value,
     label: &str,
+    tcp: Option<usize>,
 ) -> Result<()> {
     let plan = load.plan().unwrap_or_else(|e| e.exit());
     // Open the output files first: a typo in a path should cost nothing, not a finished run.
     let outputs = Outputs::create(load).unwrap_or_else(|e| e.exit());
 
-    let sockets = bind_sockets(load.target, load.sockets)?;
-    let kernel_rx_timestamps = sockets.iter().all(|s| s.capabilities().rx_timestamps);
+    let sockets = match tcp {
+        None => bind_sockets(load.target, load.sockets)?,
+        Some(_) => Vec::new(),
+    };
+    let kernel_rx_timestamps =
+        tcp.is_none() && sockets.iter().all(|s| s.capabilities().rx_timestamps);
     let watch = Watch {
         server_pid: load.server_pid,
         target: load.target,
@@ -61,19 +68,24 @@ pub(crate) fn run<P: LoadProtocol>(
             .map(|s| s.local_addr().map(|a| a.port()))
             .collect::<io::Result<_>>()?,
     };
-    let pool = Pool::spawn(load, &plan, sockets, protocol)?;
+    let pool = Pool::spawn(load, &plan, sockets, protocol, tcp)?;
 
+    let links = match tcp {
+        None => format!("{} socket(s)", load.sockets),
+        Some(0) => "TCP, a new connection per request".to_owned(),
+        Some(n) => format!("TCP, {n} connection(s) per thread, reused"),
+    };
     println!(
-        "chime perf {}: {label} to {}, {} thread(s), {} socket(s), {} s per step, timeout {} s, \
-         {}",
+        "chime perf {}: {label} to {}, {} thread(s), {links}, {} s per step, timeout {} s, {}",
         P::NAME,
         load.target,
         load.threads,
-        load.sockets,
         load.duration,
         load.timeout,
         if kernel_rx_timestamps {
             "T4 from kernel receive timestamps"
+        } else if tcp.is_some() {
+            "T4 read when a reply is read"
         } else {
             "no kernel receive timestamps: T4 read after recvmmsg"
         }
@@ -202,6 +214,7 @@ impl Pool {
         plan: &Plan,
         sockets: Vec<UdpSocket>,
         protocol: P,
+        tcp: Option<usize>,
     ) -> Result<Self> {
         let threads = load.threads;
         let mut shares: Vec<Vec<UdpSocket>> = (0..threads).map(|_| Vec::new()).collect();
@@ -230,6 +243,7 @@ impl Pool {
                 timeout: plan.timeout,
                 steps: plan.rates.len(),
                 progress: progress.clone(),
+                tcp,
             };
             let results = results_tx.clone();
             let handle = std::thread::Builder::new()

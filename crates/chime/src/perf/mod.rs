@@ -24,6 +24,7 @@ mod protocol;
 mod report;
 mod roughtime;
 mod stats;
+mod tcp;
 mod worker;
 
 use anyhow::Result;
@@ -62,16 +63,20 @@ pub(crate) fn run(args: &Args) -> Result<()> {
                 ntp::NtpLoad::new(a.ntp_version, a.mode),
                 request,
                 &label,
+                None,
             )
         }
         Protocol::Roughtime(a) => {
+            let tcp = a.tcp.then_some(a.tcp_connections as usize);
             let request = serde_json::json!({
                 "roughtime_version": a.version.to_string(),
                 "verify_every": a.verify_every,
+                "transport": if a.tcp { "tcp" } else { "udp" },
+                "tcp_connections_per_thread": tcp,
             });
             let label = format!("Roughtime {}", a.version);
             let load = roughtime::RoughtimeLoad::new(a.version, a.public_key, a.verify_every);
-            controller::run(&a.load, load, request, &label)
+            controller::run(&a.load, load, request, &label, tcp)
         }
     }
 }

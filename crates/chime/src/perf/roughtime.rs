@@ -29,6 +29,18 @@ pub(crate) struct Args {
     /// are only parsed and matched
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub(crate) verify_every: u64,
+
+    /// Over TCP (RFC 10049 §4) instead of UDP: --tcp-connections per thread, reused with
+    /// requests pipelined, or a new connection per request
+    #[arg(long)]
+    pub(crate) tcp: bool,
+
+    /// With --tcp: connections per thread, each request on the next in turn; 0 opens a new
+    /// connection for every request and closes it once the reply is in (the handshake is then
+    /// in every round trip)
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "tcp",
+          value_parser = clap::value_parser!(u64).range(0..=4096))]
+    pub(crate) tcp_connections: u64,
 }
 
 fn parse_key_arg(s: &str) -> Result<[u8; 32], String> {

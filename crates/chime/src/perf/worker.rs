@@ -24,6 +24,7 @@ use nix::sys::time::TimeSpec;
 use super::inflight::{InFlight, Lookup, State, WARMUP};
 use super::protocol::{LoadProtocol, ReplyMatch, Verdict};
 use super::stats::{StepStats, record_ns};
+use super::tcp::{TcpLinks, Trouble};
 
 /// Replies received per `recvmmsg`.
 const RX_BATCH: usize = 64;
@@ -88,6 +89,9 @@ pub(crate) struct Worker<P> {
     pub(crate) timeout: Duration,
     pub(crate) steps: usize,
     pub(crate) progress: Arc<Progress>,
+    /// Over TCP instead of the sockets (which are then none): connections to reuse, or 0 for a
+    /// new connection per request.
+    pub(crate) tcp: Option<usize>,
 }
 
 impl<P: LoadProtocol> Worker<P> {
@@ -107,6 +111,7 @@ impl<P: LoadProtocol> Worker<P> {
             timeout,
             steps,
             progress,
+            tcp,
         } = self;
         let mut fds: Vec<PollFd<'_>> = sockets
             .iter()
@@ -121,6 +126,8 @@ impl<P: LoadProtocol> Worker<P> {
             tx: TxBatch::new(batch_size, protocol.max_request_len()),
             rx: RxBatch::new(RX_BATCH, protocol.max_reply_len()),
             next_socket: 0,
+            tcp: tcp.map(|reuse| TcpLinks::new(target, reuse)),
+            scratch: vec![0; protocol.max_request_len()],
             book: Book {
                 protocol,
                 inflight,
@@ -163,6 +170,10 @@ struct Engine<P> {
     /// Where the next batch goes: batches rotate over the sockets, so the server sees many
     /// source ports.
     next_socket: usize,
+    /// TCP connections, when the load goes over TCP.
+    tcp: Option<TcpLinks>,
+    /// One request at a time, for TCP.
+    scratch: Vec<u8>,
     book: Book<P>,
 }
 
@@ -242,8 +253,61 @@ impl<P: LoadProtocol> Engine<P> {
         self.book.current.take().map(|(_, stats)| stats)
     }
 
+    /// Sends the next `n` requests over TCP: queued on the connections, then written.
+    fn send_tcp(&mut self, n: u64, step: u16, lag: Duration) {
+        let Some(links) = &mut self.tcp else { return };
+        let book = &mut self.book;
+        let mut queued = 0;
+        let mut failed = None;
+        for i in 0..n {
+            let id = book.inflight.peek_id(i);
+            let len = book.protocol.fill_request(id, &mut self.scratch);
+            match links.queue(&self.scratch[..len]) {
+                Ok(()) => queued += 1,
+                Err(e) => {
+                    failed.get_or_insert(format!("connect: {e}"));
+                }
+            }
+        }
+        let before = realtime_ns();
+        let mut trouble = Trouble::default();
+        links.flush(&mut trouble);
+        let after = if n > 1 { realtime_ns() } else { before };
+        book.inflight.commit(n, before, after, step);
+        self.progress.sent.fetch_add(queued, Ordering::Relaxed);
+        if let Some((_, stats)) = &mut book.current {
+            stats.sent += queued;
+            stats.send_errors += n - queued + trouble.errors;
+            if stats.first_error.is_none() {
+                stats.first_error = failed.or(trouble.first);
+            }
+            let lag_ns = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1);
+            stats.send_lag.saturating_record_n(lag_ns, n);
+        }
+    }
+
+    /// Waits up to `wait` on the TCP connections and takes in the replies.
+    fn receive_tcp(&mut self, wait: Duration) {
+        let Some(links) = &mut self.tcp else { return };
+        let book = &mut self.book;
+        let mut trouble = Trouble::default();
+        let mut answered = 0;
+        links.poll(wait, self.timeout, &mut trouble, |reply, t4| {
+            answered += u64::from(book.on_reply(reply, t4));
+        });
+        self.progress
+            .answered
+            .fetch_add(answered, Ordering::Relaxed);
+        if let Some(e) = trouble.first {
+            book.count_error(e);
+        }
+    }
+
     /// Sends the next `n` requests in one batch from the next socket.
     fn send(&mut self, sockets: &[UdpSocket], n: u64, step: u16, lag: Duration) {
+        if self.tcp.is_some() {
+            return self.send_tcp(n, step, lag);
+        }
         let (tx, book) = (&mut self.tx, &mut self.book);
         for i in 0..n {
             let id = book.inflight.peek_id(i);
@@ -276,6 +340,9 @@ impl<P: LoadProtocol> Engine<P> {
 
     /// Waits up to `wait` for replies on any socket, then drains every socket that has some.
     fn receive(&mut self, sockets: &[UdpSocket], fds: &mut [PollFd<'_>], wait: Duration) {
+        if self.tcp.is_some() {
+            return self.receive_tcp(wait);
+        }
         match ppoll(fds, Some(TimeSpec::from_duration(wait)), None) {
             Ok(0) | Err(Errno::EINTR) => return,
             Ok(_) => {}
@@ -470,7 +537,7 @@ impl Schedule {
 
 /// The realtime clock in nanoseconds since the Unix epoch: the clock the kernel stamps received
 /// datagrams with and the server reads for T2 and T3.
-fn realtime_ns() -> i64 {
+pub(super) fn realtime_ns() -> i64 {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
