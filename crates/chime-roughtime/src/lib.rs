@@ -45,6 +45,7 @@ pub mod keyfile;
 pub mod keys;
 pub mod merkle;
 pub mod message;
+pub mod mldsa;
 pub mod packet;
 pub mod request;
 pub mod response;

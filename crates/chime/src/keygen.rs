@@ -19,10 +19,25 @@ use zeroize::Zeroizing;
 pub(crate) struct Args {
     /// Where to write the key; must not exist yet
     file: PathBuf,
+    /// An ML-DSA-44 key for the experimental post-quantum suite (0x90000001, part of no draft,
+    /// TCP only; chimed --roughtime-mldsa-key) instead of an Ed25519 one
+    #[arg(long)]
+    mldsa: bool,
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
     let seed = Zeroizing::new(rand::random::<[u8; 32]>());
+    if args.mldsa {
+        use chime_roughtime::mldsa;
+        create_secret_file(&args.file, mldsa::encode_key_file(&seed).as_bytes())?;
+        let public = mldsa::PqLongTermKey::from_seed(&seed).public_key();
+        println!(
+            "ML-DSA-44 public key (base64, {} bytes): {}",
+            public.len(),
+            BASE64.encode(&public)
+        );
+        return Ok(());
+    }
     create_secret_file(&args.file, encode_key_file(&seed).as_bytes())?;
     let public = LongTermKey::from_seed(&seed).public_key();
     println!("public key (base64): {}", BASE64.encode(public));

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use chime_roughtime::mldsa;
 use chime_roughtime::{
     ChainReport, FrameReader, Link, Verified, VerifyPolicy, Version, build_request, next_nonce,
     srv_value, verify_chain, verify_reply,
@@ -27,7 +28,8 @@ pub(crate) struct Args {
     /// of a chain its own public key
     #[arg(required_unless_present = "check_report", value_name = "SERVER")]
     servers: Vec<String>,
-    /// The server's long-term public key (base64 or hex), for servers without KEY@
+    /// The server's long-term public key (base64 or hex), for servers without KEY@. An ML-DSA-44
+    /// key (1312 bytes, base64) asks for the experimental suite 0x90000001, over TCP
     #[arg(long, value_name = "KEY")]
     public_key: Option<String>,
     /// Protocol version to offer: 1 (RFC 10049), 0x8000000c (drafts 12-19), 0x80000008 to
@@ -150,6 +152,16 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     }
     if args.tcp && args.version == Some(Version::Google) {
         bail!("--tcp: Google's original protocol has no framing for a stream; it is UDP only");
+    }
+    // An ML-DSA-44 key (1312 bytes) asks for the experimental suite, over TCP.
+    if let [spec] = &args.servers[..] {
+        let (key, host) = match spec.split_once('@') {
+            Some((k, h)) => (Some(k), h),
+            None => (None, spec.as_str()),
+        };
+        if let Some(key) = key.or(args.public_key.as_deref()).and_then(mldsa_key) {
+            return query_mldsa(resolve(host)?, &key, args);
+        }
     }
     let versions: Vec<Version> = match args.version {
         Some(v) => vec![v],
@@ -548,6 +560,69 @@ fn resolve(server: &str) -> Result<SocketAddr> {
 }
 
 /// A public key in base64 (44 characters) or hex (64 digits).
+/// An ML-DSA-44 public key (1312 bytes, base64), if `s` is one.
+fn mldsa_key(s: &str) -> Option<Vec<u8>> {
+    BASE64
+        .decode(s.trim())
+        .ok()
+        .filter(|k| k.len() == mldsa::PUBLIC_KEY_LEN)
+}
+
+/// The experimental ML-DSA-44 suite (0x90000001, part of no draft): one query over TCP, fully
+/// verified.
+fn query_mldsa(addr: SocketAddr, key: &[u8], args: &Args) -> Result<()> {
+    if args
+        .version
+        .is_some_and(|v| v.number() != Some(mldsa::VERSION))
+    {
+        bail!("--version: an ML-DSA-44 key is for version 0x90000001 only");
+    }
+    if args.report.is_some() {
+        bail!("--report: not with the experimental ML-DSA-44 suite");
+    }
+    let request = mldsa::build_request(&rand::random(), key);
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let (reply, rtt, local_mid) = exchange_tcp(addr, &request, timeout)?;
+    let v = mldsa::verify_reply(&request, &reply, key)
+        .map_err(|e| anyhow::anyhow!("{addr}: reply does not verify: {e}"))?;
+    if u64::from(v.radius_s) * 1_000_000 > (args.max_radius * 1e6) as u64 {
+        bail!("{addr}: radius {} s is over --max-radius", v.radius_s);
+    }
+    let midpoint_unix_us = v.midpoint_unix_s * 1_000_000;
+    if args.json {
+        let out = serde_json::json!({
+            "server": addr,
+            "version": "0x90000001 (experimental ML-DSA-44)",
+            "transport": "tcp",
+            "midpoint_unix_us": midpoint_unix_us,
+            "midpoint": rfc3339(midpoint_unix_us),
+            "radius_us": u64::from(v.radius_s) * 1_000_000,
+            "mint_unix_us": v.mint_unix_s * 1_000_000,
+            "maxt_unix_us": v.maxt_unix_s * 1_000_000,
+            "index": v.index,
+            "round_trip_us": rtt.as_micros() as u64,
+            "local_offset_us": midpoint_unix_us as i64 - local_mid as i64,
+        });
+        println!("{out}");
+    } else {
+        println!("Server      : {addr} (over TCP)");
+        println!("Version     : 0x90000001, ML-DSA-44 (experimental, part of no draft)");
+        println!(
+            "Midpoint    : {} ({midpoint_unix_us} µs since 1970)",
+            rfc3339(midpoint_unix_us)
+        );
+        println!("Radius      : {} s", v.radius_s);
+        println!(
+            "Valid       : {} .. {}",
+            rfc3339(v.mint_unix_s * 1_000_000),
+            rfc3339(v.maxt_unix_s * 1_000_000)
+        );
+        println!("Round trip  : {:.3} ms", rtt.as_secs_f64() * 1e3);
+        println!("Verified    : both ML-DSA-44 signatures, the nonce, the path to the root");
+    }
+    Ok(())
+}
+
 pub(crate) fn parse_key(s: &str) -> Result<[u8; 32]> {
     let s = s.trim();
     let bytes = if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {

@@ -216,6 +216,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "FILE")]
     pub(crate) roughtime_delegation: Option<PathBuf>,
 
+    /// EXPERIMENTAL, part of no draft: also serve tannerryan's ML-DSA-44 suite (version
+    /// 0x90000001, TCP only) with the long-term key in this file (`chime keygen --mldsa`; must
+    /// not be readable by group or others), to clients that offer it. Needs Roughtime over TCP
+    /// [default: off]
+    #[arg(long, value_name = "FILE")]
+    pub(crate) roughtime_mldsa_key: Option<PathBuf>,
+
     /// Number of Roughtime worker threads on the IPv4 address; 0 disables it [default: 1]
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub(crate) roughtime_ipv4_threads: Option<usize>,

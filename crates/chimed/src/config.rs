@@ -64,6 +64,7 @@ struct File {
     timezone: Option<String>,
     roughtime_key: Option<PathBuf>,
     roughtime_delegation: Option<PathBuf>,
+    roughtime_mldsa_key: Option<PathBuf>,
     roughtime_ipv4_threads: Option<usize>,
     roughtime_ipv6_threads: Option<usize>,
     roughtime_ipv4_address: Option<SocketAddr>,
@@ -223,6 +224,8 @@ pub(crate) struct Roughtime {
     pub(crate) grease_kinds: Vec<Grease>,
     /// Roughtime over TCP and its bounds; `None`: UDP only (`--roughtime-tcp-connections 0`).
     pub(crate) tcp: Option<crate::roughtime_tcp::Limits>,
+    /// The experimental ML-DSA-44 suite's long-term key file and seed (`--roughtime-mldsa-key`).
+    pub(crate) mldsa: Option<(PathBuf, Zeroizing<[u8; 32]>)>,
 }
 
 impl fmt::Debug for Roughtime {
@@ -241,6 +244,7 @@ impl fmt::Debug for Roughtime {
             .field("grease", &self.grease)
             .field("grease_kinds", &self.grease_kinds)
             .field("tcp", &self.tcp)
+            .field("mldsa_key_file", &self.mldsa.as_ref().map(|(f, _)| f))
             .finish_non_exhaustive()
     }
 }
@@ -594,6 +598,21 @@ impl Settings {
             idle: Duration::from_secs_f64(tcp_idle),
             lifetime: Duration::from_secs_f64(tcp_lifetime),
         });
+        let (rt_pq, rt_pq_in) = pick!(roughtime_mldsa_key, "roughtime-mldsa-key");
+        let mldsa = match rt_pq {
+            None => None,
+            Some(file) => {
+                if tcp.is_none() {
+                    let r = "the ML-DSA-44 suite is TCP only, and roughtime-tcp-connections is 0";
+                    return Err(invalid(&rt_pq_in, r));
+                }
+                let text = crate::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")
+                    .map_err(|r| invalid(&rt_pq_in, r))?;
+                let seed = chime_roughtime::mldsa::parse_key_file(&text)
+                    .map_err(|e| invalid(&rt_pq_in, format!("{}: {e}", file.display())))?;
+                Some((file, Zeroizing::new(seed)))
+            }
+        };
         let keys = match (rt_key, rt_bundle) {
             (None, None) => None,
             (Some(_), Some(_)) => {
@@ -611,6 +630,11 @@ impl Settings {
             }
         };
         let roughtime = match keys {
+            None if mldsa.is_some() => {
+                let r =
+                    "serves beside the Ed25519 suite: give roughtime-key or roughtime-delegation";
+                return Err(invalid(&rt_pq_in, r));
+            }
             None => None,
             Some(keys) => {
                 if rt_ipv4_threads + rt_ipv6_threads == 0 {
@@ -629,6 +653,7 @@ impl Settings {
                     grease,
                     grease_kinds,
                     tcp,
+                    mldsa,
                 })
             }
         };

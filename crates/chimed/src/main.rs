@@ -374,6 +374,20 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                 limits.lifetime.as_secs_f64()
             );
             let published = register("roughtime", "tcp", 0, &roughtime_worker::LABELS);
+            let pq = settings
+                .roughtime
+                .as_ref()
+                .and_then(|rt| rt.mldsa.as_ref().map(|m| (rt.rotation, m)))
+                .map(|(rotation, (file, seed))| {
+                    let key = chime_roughtime::mldsa::PqLongTermKey::from_seed(seed);
+                    warn!(
+                        "roughtime: EXPERIMENTAL ML-DSA-44 suite (0x90000001, part of no draft) \
+                         served over TCP, long-term key from {}; public key (base64): {}",
+                        file.display(),
+                        BASE64.encode(key.public_key())
+                    );
+                    roughtime_tcp::Pq { key, rotation }
+                });
             match roughtime_tcp::spawn(
                 listeners,
                 shared.clone(),
@@ -381,6 +395,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
                 tcp_counts.clone(),
                 tcp_totals.clone(),
                 published,
+                pq,
             ) {
                 Ok(service) => Some(service),
                 Err(e) => {

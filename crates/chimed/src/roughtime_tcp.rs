@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use arc_swap::ArcSwap;
+use chime_roughtime::mldsa::{PqDelegation, PqLongTermKey, PqResponder};
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -39,7 +41,8 @@ pub(crate) const IN_FLIGHT: usize = 16;
 /// The longest request message taken: a padded request is 1012 bytes of message; twice that and
 /// more is not a request.
 pub(crate) const MAX_MESSAGE: usize = 4096;
-/// Room for any reply: with Ed25519, no reply is longer than 1024 bytes.
+/// Room for any Ed25519 reply (none is longer than 1024 bytes); ML-DSA-44 replies are made to
+/// measure.
 const MAX_REPLY: usize = 2048;
 /// How long writing one reply may take before the client is taken not to be reading.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,6 +134,26 @@ impl Service {
     }
 }
 
+/// The experimental ML-DSA-44 suite (`--roughtime-mldsa-key`), served here only: its long-term
+/// key, and how often its online key is replaced.
+pub(crate) struct Pq {
+    pub(crate) key: PqLongTermKey,
+    pub(crate) rotation: Duration,
+}
+
+/// An online ML-DSA-44 key valid from an hour ago for two rotations, certified by `key`.
+fn pq_delegation(key: &PqLongTermKey, rotation: Duration) -> PqDelegation {
+    let now = clock::read().unix_secs().max(0) as u64;
+    let d = key.delegate(
+        &rand::random(),
+        now.saturating_sub(3600),
+        now.saturating_add(2 * rotation.as_secs().max(1)),
+    );
+    let (mint, maxt) = d.window();
+    info!("roughtime ml-dsa-44: online key valid {mint} .. {maxt} (Unix seconds)");
+    d
+}
+
 /// Starts serving on `listeners` (bound before privileges were dropped) on a thread of its own.
 pub(crate) fn spawn(
     listeners: Vec<std::net::TcpListener>,
@@ -139,6 +162,7 @@ pub(crate) fn spawn(
     counts: Arc<Counts>,
     totals: Arc<Totals<REASONS>>,
     published: Option<Arc<Published>>,
+    pq: Option<Pq>,
 ) -> Result<Service> {
     for l in &listeners {
         l.set_nonblocking(true)
@@ -161,7 +185,22 @@ pub(crate) fn spawn(
                     published,
                 );
                 let (jobs, queue) = mpsc::channel(4 * MAX_BATCH_SIZE);
-                let signer = tokio::spawn(sign(queue, shared.clone(), stats));
+                // The ML-DSA-44 online key, made at once (ML-DSA keys take no time to make) and
+                // replaced every rotation.
+                let pq_now = pq
+                    .as_ref()
+                    .map(|p| Arc::new(ArcSwap::from_pointee(pq_delegation(&p.key, p.rotation))));
+                let rotating = pq.zip(pq_now.clone()).map(|(p, now)| {
+                    tokio::spawn(async move {
+                        let mut ticks = tokio::time::interval(p.rotation);
+                        ticks.tick().await;
+                        loop {
+                            ticks.tick().await;
+                            now.store(Arc::new(pq_delegation(&p.key, p.rotation)));
+                        }
+                    })
+                });
+                let signer = tokio::spawn(sign(queue, shared.clone(), stats, pq_now));
                 let addresses = Arc::new(Mutex::new(HashMap::new()));
                 let mut accepting = Vec::new();
                 for l in listeners {
@@ -183,6 +222,9 @@ pub(crate) fn spawn(
                 // ending them and the connections lets the signer see its queue close.
                 for a in accepting {
                     a.abort();
+                }
+                if let Some(r) = rotating {
+                    r.abort();
                 }
                 let _ = signer.await;
             });
@@ -417,7 +459,9 @@ async fn sign(
     mut queue: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
     mut stats: WorkerStats<REASONS>,
+    pq: Option<Arc<ArcSwap<PqDelegation>>>,
 ) {
+    let mut pq = pq.map(|d| (d, PqResponder::new(MAX_BATCH_SIZE), Vec::new()));
     let mut responder = Responder::new(ResponderConfig {
         versions: VersionSet::ALL,
         capacity: MAX_BATCH_SIZE,
@@ -432,13 +476,84 @@ async fn sign(
                 if n == 0 {
                     break;
                 }
-                answer(&mut responder, &shared, &mut stats, &jobs, &mut tickets);
+                // Requests offering the experimental suite, where it is served, are signed
+                // with it in a batch of their own.
+                if let Some((delegation, responder, pq_jobs)) = &mut pq {
+                    let (theirs, ours): (Vec<Job>, Vec<Job>) =
+                        jobs.drain(..).partition(|j| chime_roughtime::mldsa::offered(&j.packet));
+                    jobs = ours;
+                    *pq_jobs = theirs;
+                    if !pq_jobs.is_empty() {
+                        answer_pq(responder, &delegation.load(), &shared, &mut stats, pq_jobs);
+                    }
+                }
+                if !jobs.is_empty() {
+                    answer(&mut responder, &shared, &mut stats, &jobs, &mut tickets);
+                }
                 jobs.clear();
             }
             _ = ticks.tick() => stats.tick(clock::read().unix_secs()),
         }
     }
     stats.finish();
+}
+
+/// One batch of the experimental ML-DSA-44 suite: the same checks and counts as [`answer`], one
+/// ML-DSA-44 signature over its tree.
+fn answer_pq(
+    responder: &mut PqResponder,
+    delegation: &PqDelegation,
+    shared: &Shared,
+    stats: &mut WorkerStats<REASONS>,
+    jobs: &[Job],
+) {
+    let reading = clock::read();
+    let served = shared
+        .ntp
+        .state
+        .load()
+        .served_at(reading.ntp(), &shared.ntp.policy);
+    stats.pending.received += jobs.len() as u64;
+    stats.pending.batches += 1;
+    let acl = shared.ntp.acl.load();
+    responder.clear();
+    let mut taken = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let outcome = if !served.is_synchronised() {
+            Err(UNSYNCHRONISED)
+        } else if !acl.is_open() && !acl.permits(job.peer) {
+            Err(DENIED)
+        } else {
+            responder
+                .add(&job.packet, delegation)
+                .map_err(|why| why.index())
+        };
+        match outcome {
+            Ok(_) => taken.push(job),
+            Err(reason) => {
+                stats.pending.drop_at(reason);
+                let _ = job.reply.try_send(None);
+            }
+        }
+    }
+    if !taken.is_empty() {
+        let radius_us = (served.root_distance() * 1e6).ceil() as u64;
+        match responder.sign(reading.unix_micros(), radius_us, delegation) {
+            Ok(replies) => {
+                for (job, reply) in taken.iter().zip(replies) {
+                    stats.pending.answered += 1;
+                    let _ = job.reply.try_send(Some(reply));
+                }
+            }
+            Err(why) => {
+                for job in &taken {
+                    stats.pending.drop_at(why.index());
+                    let _ = job.reply.try_send(None);
+                }
+            }
+        }
+    }
+    stats.tick(reading.unix_secs());
 }
 
 /// One batch: the same checks, signature and counts as a UDP worker's receive batch.

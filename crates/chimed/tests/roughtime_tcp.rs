@@ -407,3 +407,80 @@ fn chime_perf_over_tcp_reused_and_per_request() {
     assert!(count_in(&totals, "accepted") >= 360, "{totals}");
     assert_eq!(count_in(&totals, "closed_unanswered"), 0, "{totals}");
 }
+
+/// `chime keygen --mldsa` and the public key it prints.
+fn mldsa_keygen(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
+    let file = dir.join(name);
+    let out = Command::new(workspace_bin("chime"))
+        .args(["keygen", "--mldsa"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let public = said
+        .split("): ")
+        .nth(1)
+        .expect("the public key")
+        .trim()
+        .to_owned();
+    (file, public)
+}
+
+/// The experimental ML-DSA-44 suite (0x90000001): chimed serves it over TCP beside Ed25519 on
+/// the same port, and `chime roughtime` with the 1312-byte key verifies both ML-DSA-44 signatures
+/// and the path; a client naming another ML-DSA-44 key is not answered. Without TCP chimed
+/// refuses the key file at start.
+#[test]
+fn the_experimental_mldsa_suite_is_served_over_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pq, public) = mldsa_keygen(dir.path(), "pq.key");
+    let (_, other) = mldsa_keygen(dir.path(), "other.key");
+    let s = serve(&["--roughtime-mldsa-key", pq.to_str().unwrap()]);
+    let query = |key: &str| {
+        Command::new(workspace_bin("chime"))
+            .args(["roughtime", "--json", "--public-key", key])
+            .arg(s.addr.to_string())
+            .output()
+            .unwrap()
+    };
+    let out = query(&public);
+    assert!(out.status.success(), "{out:?}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["transport"], "tcp", "{r}");
+    assert!(r["radius_us"].as_u64().unwrap() >= 3_000_000, "{r}");
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!(
+        (r["midpoint_unix_us"].as_i64().unwrap() - now_us).abs() < 5_000_000,
+        "{r}"
+    );
+    assert!(!query(&other).status.success(), "answered for another key");
+    let ed = Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--tcp", "--public-key", &s.key.public_base64])
+        .arg(s.addr.to_string())
+        .output()
+        .unwrap();
+    assert!(ed.status.success(), "Ed25519 beside it: {ed:?}");
+    // Kept past the server (whose key directory goes with it) for the check below.
+    let ed_key = dir.path().join("ed.key");
+    std::fs::copy(&s.key.file, &ed_key).unwrap();
+    let totals = s.stop();
+    assert_eq!(count_in(&totals, "answered"), 2, "{totals}");
+    assert_eq!(count_in(&totals, "dropped.unknown_server"), 1, "{totals}");
+
+    let out = Command::new(workspace_bin("chimed"))
+        .args(["--check-config", "--roughtime-tcp-connections", "0"])
+        .args(["--roughtime-mldsa-key", pq.to_str().unwrap()])
+        .args(["--roughtime-key", ed_key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("roughtime-mldsa-key") && err.contains("TCP only"),
+        "{err}"
+    );
+}
