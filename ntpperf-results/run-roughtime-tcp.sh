@@ -24,6 +24,7 @@
 #
 # Usage: run-roughtime-tcp.sh [--rounds N] [--duration S] [--connections N] [--out DIR]
 #                             [--reuse-rates "R1 R2 ..."] [--cold-rates "R1 R2 ..."]
+#                             [--modes "reuse cold"]
 #                             [--chimed PATH] [--chime PATH] [--tannerryan PATH]
 # Outputs in --out (default: this script's directory /roughtime-tcp): one chime perf JSON per run,
 # named <server>-<mode>-round<N>-<rate>.json, and summary.txt.
@@ -42,6 +43,7 @@ chimed="$repo/target/release/chimed"
 chime="$repo/target/release/chime"
 tannerryan=/work/ext/tannerryan-bin/roughtime
 verify_every=1000
+modes="reuse cold"
 
 while (($#)); do
   case $1 in
@@ -51,6 +53,7 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --reuse-rates) reuse_rates=$2; shift 2 ;;
     --cold-rates) cold_rates=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
     --chimed) chimed=$2; shift 2 ;;
     --chime) chime=$2; shift 2 ;;
     --tannerryan) tannerryan=$2; shift 2 ;;
@@ -137,7 +140,7 @@ perf() { # server mode round rate
 
 flip=0
 for round in $(seq "$rounds"); do
-  for mode in reuse cold; do
+  for mode in $modes; do
     rates=$reuse_rates
     [[ $mode == cold ]] && rates=$cold_rates
     for rate in $rates; do
@@ -164,6 +167,8 @@ for path in glob.glob(os.path.join(out, "*.json")):
 print("Roughtime over TCP, one server core each: highest rate with < 1% loss (accepted replies/s),")
 print("server CPU per reply there (user + system, µs), p50 and p99 round trip (µs)")
 for mode in ("reuse", "cold"):
+    if not any(k[1] == mode for k in runs):
+        continue
     print(f"\n{mode}:")
     ratios = []
     for r in range(1, rounds + 1):
