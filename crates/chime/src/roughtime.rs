@@ -387,6 +387,16 @@ fn print_chain(reports: Vec<ServerReport>, chain: &ChainReport, json: bool) -> R
     Ok(())
 }
 
+/// A failed receive from `addr`: a timeout says so, anything else as it is.
+fn receive_failed(addr: SocketAddr, timeout: Duration, e: &std::io::Error) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            anyhow::anyhow!("{addr}: no reply within {:.1} s", timeout.as_secs_f64())
+        }
+        _ => anyhow::anyhow!("{addr}: {e}"),
+    }
+}
+
 /// [`exchange`] over TCP: connect, send the framed request, read one framed reply.
 fn exchange_tcp(
     addr: SocketAddr,
@@ -415,15 +425,7 @@ fn exchange_tcp(
         let n = match stream.read(&mut buf) {
             Ok(0) => bail!("{addr}: the server closed the connection without a reply"),
             Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                bail!("{addr}: no reply within {:.1} s", timeout.as_secs_f64())
-            }
-            Err(e) => bail!("{addr}: {e}"),
+            Err(e) => return Err(receive_failed(addr, timeout, &e)),
         };
         frames.push(&buf[..n]);
         match frames.next_packet() {
@@ -456,18 +458,9 @@ fn exchange(
     sock.send(request)
         .with_context(|| format!("{addr}: send failed"))?;
     let mut buf = vec![0u8; 4096];
-    let len = match sock.recv(&mut buf) {
-        Ok(n) => n,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
-            bail!("{addr}: no reply within {:.1} s", timeout.as_secs_f64())
-        }
-        Err(e) => bail!("{addr}: {e}"),
-    };
+    let len = sock
+        .recv(&mut buf)
+        .map_err(|e| receive_failed(addr, timeout, &e))?;
     let rtt = start.elapsed();
     buf.truncate(len);
     Ok((buf, rtt, sent_at + rtt.as_micros() as u64 / 2))

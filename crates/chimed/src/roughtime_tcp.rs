@@ -498,6 +498,23 @@ async fn sign(
     stats.finish();
 }
 
+/// A batch of `n` begins: the time it is signed at and the state served, and its counts.
+fn begin(
+    shared: &Shared,
+    stats: &mut WorkerStats<REASONS>,
+    n: usize,
+) -> (clock::Reading, chime_ntp::state::ServedHeader) {
+    let reading = clock::read();
+    let served = shared
+        .ntp
+        .state
+        .load()
+        .served_at(reading.ntp(), &shared.ntp.policy);
+    stats.pending.received += n as u64;
+    stats.pending.batches += 1;
+    (reading, served)
+}
+
 /// One batch of the experimental ML-DSA-44 suite: the same checks and counts as [`answer`], one
 /// ML-DSA-44 signature over its tree.
 fn answer_pq(
@@ -507,14 +524,7 @@ fn answer_pq(
     stats: &mut WorkerStats<REASONS>,
     jobs: &[Job],
 ) {
-    let reading = clock::read();
-    let served = shared
-        .ntp
-        .state
-        .load()
-        .served_at(reading.ntp(), &shared.ntp.policy);
-    stats.pending.received += jobs.len() as u64;
-    stats.pending.batches += 1;
+    let (reading, served) = begin(shared, stats, jobs.len());
     let acl = shared.ntp.acl.load();
     responder.clear();
     let mut taken = Vec::with_capacity(jobs.len());
@@ -564,14 +574,7 @@ fn answer(
     jobs: &[Job],
     tickets: &mut Vec<Option<chime_roughtime::Ticket>>,
 ) {
-    let reading = clock::read();
-    let served = shared
-        .ntp
-        .state
-        .load()
-        .served_at(reading.ntp(), &shared.ntp.policy);
-    stats.pending.received += jobs.len() as u64;
-    stats.pending.batches += 1;
+    let (reading, served) = begin(shared, stats, jobs.len());
     // A connection that went away meanwhile has closed its channel: the send fails, nothing more.
     let drop_all = |stats: &mut WorkerStats<REASONS>, reason: usize| {
         for job in jobs {

@@ -274,14 +274,8 @@ fn a_fleet_behind_ecmp_serves_every_client_from_any_member() {
     let (cert, key) = certificate_for(dir.path(), "fleet", &format!("IP:{SERVICE}"));
     let secret = dir.path().join("fleet-secret");
     make(&["nts-fleet-key"], &secret);
-    let long_term = dir.path().join("roughtime.key");
-    let said = make(&["keygen"], &long_term);
-    let public_key = said
-        .lines()
-        .find_map(|l| l.strip_prefix("public key (base64): "))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let rt_key = common::chime_keygen();
+    let (long_term, public_key) = (rt_key.file.clone(), rt_key.public_base64.clone());
     // A bundle per member; the third's windows all closed two days ago.
     let long_term_arg = long_term.to_str().unwrap();
     let mut bundles = Vec::new();

@@ -836,3 +836,67 @@ fn a_stall_is_absorbed_and_a_standing_queue_is_shed() {
     assert_eq!(count_in(&totals, "received"), 41, "{totals}");
     assert_eq!(count_in(&totals, "answered"), 1, "{totals}");
 }
+
+/// An NTP timestamp (seconds since 1900 and a 32-bit fraction) as Unix seconds; valid in this
+/// era.
+fn ntp_to_unix(bytes: &[u8]) -> f64 {
+    let secs = u32::from_be_bytes(bytes[..4].try_into().unwrap());
+    let frac = u32::from_be_bytes(bytes[4..8].try_into().unwrap());
+    f64::from(secs) - 2_208_988_800.0 + f64::from(frac) / 4_294_967_296.0
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// README's honesty claim: a request that waits in chimed's queue keeps its arrival time. chimed
+/// is stopped (SIGSTOP) while five requests are sent, each with our clock read just before it
+/// (T1), and resumed 300 ms later. Each reply's receive timestamp (T2) is the kernel's arrival
+/// time, within a few milliseconds of T1 (same host, same clock), not the resume time; its
+/// transmit timestamp (T3) is after the resume, so T3 − T2 carries the wait, which a client takes
+/// out of the round trip. (Reading the clock after the receive instead, T2 would be 300 ms late.)
+#[test]
+fn a_queued_request_keeps_its_kernel_arrival_time() {
+    let chronyd = Chronyd::start();
+    let chimed = chimed_v4(&chronyd, &["-4", "1"]);
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut request = [0u8; 48];
+    request[0] = 0x23;
+    chimed.pause();
+    let mut sent = Vec::new();
+    for i in 1..=5u64 {
+        request[40..48].copy_from_slice(&i.to_be_bytes());
+        sent.push(unix_now());
+        sock.send_to(&request, chimed.addr).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Not a wait for readiness: this is the stall under test.
+    std::thread::sleep(Duration::from_millis(300));
+    let resumed = unix_now();
+    chimed.resume();
+    let mut buf = [0u8; 128];
+    for _ in 0..5 {
+        let (n, _) = sock
+            .recv_from(&mut buf)
+            .expect("every queued request answered");
+        assert_eq!(n, 48);
+        let i = u64::from_be_bytes(buf[24..32].try_into().unwrap());
+        let t1 = sent[usize::try_from(i).unwrap() - 1];
+        let (t2, t3) = (ntp_to_unix(&buf[32..40]), ntp_to_unix(&buf[40..48]));
+        assert!(
+            (t2 - t1).abs() < 0.005,
+            "request {i}: T2 {:.6} s after T1, the resume {:.6} s after",
+            t2 - t1,
+            resumed - t1
+        );
+        assert!(
+            t3 >= resumed - 0.001,
+            "request {i}: T3 {:.6} s before the resume",
+            resumed - t3
+        );
+    }
+}

@@ -861,14 +861,8 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
         assert!(out.status.success(), "chime {args:?}: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let long_term = dir.path().join("roughtime.key");
-    let said = chime(&["keygen"], &long_term);
-    let public_key = said
-        .lines()
-        .find_map(|l| l.strip_prefix("public key (base64): "))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let rt_key = common::chime_keygen();
+    let (long_term, public_key) = (rt_key.file.clone(), rt_key.public_base64.clone());
     let bundles: Vec<String> = ["a", "b"]
         .iter()
         .map(|name| {

@@ -866,3 +866,45 @@ fn a_bundle_running_low_is_served_with_a_warning() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+/// A Roughtime request that waits in chimed's queue is signed with the time it is signed at, not
+/// the time it arrived: the reply vouches for the moment of signing, which a client bounds by its
+/// own send and receive times. chimed is stopped while a request (Google's version, whose MIDP
+/// and RADI are in microseconds) is sent, and resumed 300 ms later: MIDP ± RADI contains a time
+/// after the resume and before the reply came, so the wait does not need to be in the radius
+/// (nor is it: RADI stays the upstream's error bound, a second or less here).
+#[test]
+fn a_queued_request_is_signed_at_signing_time() {
+    let s = serve(true, &[]);
+    let key: [u8; 32] = base64_decode(&s.public_key);
+    let mut request = vec![0u8; chime_roughtime::REQUEST_LEN];
+    let len = build_request(&mut request, &[Version::Google], &[7; 64], None).unwrap();
+    request.truncate(len);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.chimed.pause();
+    let sent = now_us();
+    sock.send_to(&request, s.roughtime).unwrap();
+    // Not a wait for readiness: this is the stall under test.
+    std::thread::sleep(Duration::from_millis(300));
+    let resumed = now_us();
+    s.chimed.resume();
+    let mut buf = [0u8; 2048];
+    let (n, _) = sock
+        .recv_from(&mut buf)
+        .expect("the queued request answered");
+    let received = now_us();
+    let v = verify_reply(&request, &buf[..n], &key, &VerifyPolicy::new(10_000_000)).unwrap();
+    let (midp, radi) = (v.midpoint_unix_us as i64, v.radius_us as i64);
+    assert!(
+        midp + radi >= resumed && midp - radi <= received,
+        "MIDP {} µs after the send, RADI {radi} µs; resumed {} µs after, reply {} µs after",
+        midp - sent,
+        resumed - sent,
+        received - sent
+    );
+    assert!(
+        radi < 1_000_000,
+        "the radius is the upstream's bound: {radi} µs"
+    );
+}
