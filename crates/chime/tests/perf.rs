@@ -92,15 +92,49 @@ fn modest_clean_run(target: std::net::SocketAddr, pid: u32) -> Value {
     json
 }
 
+/// CPU time (user + system) of process `pid` and all its threads so far, in clock ticks, read
+/// from /proc apart from chime perf's own reading.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // After the command name: state is field 3, utime 14 and stime 15 (1-based, as proc(5)).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// chime perf's CPU per reply (--server-pid) against chimed, checked against a reading of our
+/// own: the step's CPU (per reply × replies) is more than nothing and no more than the server
+/// used over the whole run (warm-up and waiting included), give or take a clock tick; and the
+/// kernel's part is within it. Pointed at a process that sleeps, it reads no CPU at all.
 #[test]
 fn chimed_answers_everything_at_a_modest_rate() {
     let chronyd = Chronyd::start();
     let chimed = start_chimed(&chronyd);
-    let json = modest_clean_run(chimed.addr, chimed.pid().as_raw() as u32);
+    let pid = chimed.pid().as_raw() as u32;
+    let before = cpu_ticks(pid);
+    let json = modest_clean_run(chimed.addr, pid);
+    let used_s = (cpu_ticks(pid) - before) as f64 / 100.0;
     assert_eq!(json["kernel_rx_timestamps"], true, "{json:#}");
-    let cpu = &only_step(&json)["server_cpu"];
+    let step = only_step(&json);
+    let cpu = &step["server_cpu"];
     let (all, kernel) = (f(&cpu["us_per_reply"]), f(&cpu["kernel_us_per_reply"]));
-    assert!(all >= 0.0 && (0.0..=all).contains(&kernel), "{json:#}");
+    let step_s = all * f(&step["answered"]) / 1e6;
+    assert!(all > 0.0 && (0.0..=all).contains(&kernel), "{json:#}");
+    assert!(
+        step_s <= used_s + 0.02,
+        "the step's {step_s} s of server CPU is more than the {used_s} s the server used: {json:#}"
+    );
+
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let json = modest_clean_run(chimed.addr, sleeper.id());
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let idle = f(&only_step(&json)["server_cpu"]["us_per_reply"]);
+    assert_eq!(idle, 0.0, "a sleeping process's CPU per reply: {json:#}");
 }
 
 /// Stale answers: chimed stopped for 60 ms every 200 ms (SIGSTOP) while `chime perf` sends at

@@ -504,3 +504,41 @@ fn the_example_alert_rules_pass_promtool() {
         );
     }
 }
+
+/// `chimed_kernel_receive_drops_total` seen above zero: chimed stopped behind an 8 KiB receive
+/// buffer while a burst of 300 requests overflows it. The socket's drop count is read every 64
+/// batches, so 70 more requests go one at a time after the resume; then the metric holds every
+/// request of the burst that got no reply, exactly.
+#[test]
+fn kernel_drops_reach_the_metrics() {
+    let s = serve(&["-4", "1", "--recv-buffer", "8192"]);
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    const BURST: u64 = 300;
+    s.chimed.pause();
+    for _ in 0..BURST {
+        sock.send_to(&ntp_request(0x23, 48), s.ntp).unwrap();
+    }
+    s.chimed.resume();
+    let mut answered = 0u64;
+    let mut buf = [0u8; 128];
+    while sock.recv_from(&mut buf).is_ok() {
+        answered += 1;
+    }
+    for _ in 0..70 {
+        let reply = exchange(s.ntp, &ntp_request(0x23, 48), Duration::from_secs(2));
+        assert!(reply.is_some(), "chimed answers after the burst");
+    }
+    let ntp = [("service", "ntp"), ("family", "ipv4"), ("thread", "0")];
+    let dropped = BURST - answered;
+    assert!(dropped > 0, "an 8 KiB buffer held all {BURST}");
+    let page = scrape_until(s.metrics, Duration::from_secs(3), |p| {
+        value(p, "chimed_kernel_receive_drops_total", &ntp) == Some(dropped as f64)
+    });
+    assert_eq!(
+        value(&page, "chimed_kernel_receive_drops_total", &ntp),
+        Some(dropped as f64),
+        "{answered} of {BURST} answered"
+    );
+}

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use common::{
     CLOUDFLARE_GETROUGHTIME, Chimed, Chronyd, PeerServer, ROUGHLY, RoughtimeKey, chime_keygen,
-    peer, run, unix_now, wait_roughtime_ready, workspace_bin,
+    count_in, peer, run, unix_now, wait_roughtime_ready, workspace_bin,
 };
 
 const ROUGHENOUGH_CLIENT: &str = "/opt/chime-peers/bin/roughenough_client";
@@ -233,14 +233,30 @@ fn roughly_refuses_greased_replies() {
 }
 
 /// Versions chimed does not serve get no reply at all (no error replies exist in Roughtime).
+/// roughly offering only `version`, which chimed does not speak, times out: chimed dropped the
+/// request as having no common version (its drop counter says so), and goes on answering one
+/// that offers a version it speaks.
 fn roughly_gets_no_reply(version: u32) {
     roughly_python();
-    let s = chimed_roughtime();
+    let mut s = chimed_roughtime();
     let r = roughly_query(s.addr, &s.key.public_base64, &format!("{version:#x}"));
     assert_eq!(
         r["error"], "timeout",
         "chimed should drop a request offering only {version:#x}: {r}"
     );
+    let r = roughly_query(s.addr, &s.key.public_base64, "0x1");
+    assert_eq!(r["ok"], true, "chimed still serves: {r}");
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(2));
+    assert_eq!(
+        count_in(&totals, "dropped.no_common_version"),
+        1,
+        "{totals}"
+    );
+    // The readiness probe and the query that still works.
+    assert_eq!(count_in(&totals, "answered"), 2, "{totals}");
 }
 
 #[test]
@@ -753,7 +769,7 @@ fn botan_chains_chimed_replies_and_rechecks_the_chain() {
 
 #[test]
 fn botan_refuses_chimed_reply_with_another_key() {
-    let s = chimed_roughtime();
+    let mut s = chimed_roughtime();
     let other = chime_keygen();
     let out = botan_roughtime(s.addr, &other.public_base64, &[]);
     assert!(
@@ -761,6 +777,22 @@ fn botan_refuses_chimed_reply_with_another_key() {
         "botan roughtime accepted chimed's reply with the wrong key:\n{}",
         text(&out)
     );
+    // Refused for the key, not for want of a reply: chimed answered it, and the same query with
+    // the right key is accepted.
+    let said = text(&out);
+    assert!(
+        said.to_lowercase().contains("public key does not match"),
+        "botan's reason: {said}"
+    );
+    let good = botan_roughtime(s.addr, &s.key.public_base64, &[]);
+    assert!(good.status.success(), "{}", text(&good));
+    assert!(s.chimed.terminate().success());
+    let totals = s
+        .chimed
+        .wait_for("roughtime totals at exit", Duration::from_secs(2));
+    // The readiness probe, the refused reply and the accepted one; nothing dropped.
+    assert_eq!(count_in(&totals, "answered"), 3, "{totals}");
+    assert_eq!(count_in(&totals, "dropped"), 0, "{totals}");
 }
 
 // ---------------------------------------------------------------------------------------------

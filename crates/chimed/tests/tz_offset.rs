@@ -26,7 +26,7 @@ fn kolkata_offset_seen_by_chime_and_chronyd() {
     // ahead, so it is the same +19800 s the client sees.
     let offset = chronyd_client_offset(chimed.addr).unwrap();
     assert!(
-        (offset.abs() - KOLKATA).abs() < 1e-3,
+        (offset - KOLKATA).abs() < 1e-3,
         "chronyd -Q offset {offset}"
     );
 }
