@@ -369,19 +369,33 @@ pub(crate) fn render(sources: &Sources) -> String {
             "chimed_nts_ke_sessions_total",
             "counter",
             "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
-             failed (TLS or I/O error, timeout), rate_limited (closed unserved, --nts-ratelimit).",
+             failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
+             rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
+             8 sessions from that address already).",
         );
         for (outcome, n) in [
             ("agreed", &ke.agreed),
             ("refused", &ke.refused),
             ("failed", &ke.failed),
             ("rate_limited", &ke.rate_limited),
+            ("address_limited", &ke.address_limited),
         ] {
             let _ = writeln!(
                 out,
                 "chimed_nts_ke_sessions_total{{outcome=\"{outcome}\"}} {}",
                 n.load(std::sync::atomic::Ordering::Relaxed)
             );
+        }
+        family(
+            &mut out,
+            "chimed_nts_ke_failures_total",
+            "counter",
+            "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
+             alert), timeout (5 s for the whole session), request (longer than 16 KiB, or cut off \
+             before End of Message), io (reading or writing).",
+        );
+        for (kind, n) in ke.failures() {
+            let _ = writeln!(out, "chimed_nts_ke_failures_total{{kind=\"{kind}\"}} {n}");
         }
     }
     if let Some(ke) = &sources.nts_ke {

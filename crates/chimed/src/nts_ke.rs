@@ -26,6 +26,9 @@ use crate::nts_keys::{self, How};
 
 /// Sessions served at once; more wait for a slot.
 const MAX_SESSIONS: usize = 256;
+/// Sessions served at once for one client address; more are closed at once (counted as
+/// `address_limited`), so that one host holding connections open cannot take every slot.
+const MAX_SESSIONS_PER_ADDRESS: usize = 8;
 /// The longest one session (handshake, request, response) may take.
 const SESSION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Cookies handed out per session, as chronyd.
@@ -40,6 +43,15 @@ pub(crate) struct KeCounts {
     pub(crate) failed: AtomicU64,
     /// Connections closed unserved by `--nts-ratelimit`.
     pub(crate) rate_limited: AtomicU64,
+    /// Connections closed unserved: their address already had [`MAX_SESSIONS_PER_ADDRESS`].
+    pub(crate) address_limited: AtomicU64,
+    /// The failed sessions (also in `failed`) by what went wrong: the TLS handshake (or bytes
+    /// that are not TLS), the time limit, the request (too long, or cut off before End of
+    /// Message), or reading and writing.
+    pub(crate) failed_tls: AtomicU64,
+    pub(crate) failed_timeout: AtomicU64,
+    pub(crate) failed_request: AtomicU64,
+    pub(crate) failed_io: AtomicU64,
     pub(crate) certificate_not_after: AtomicI64,
 }
 
@@ -50,6 +62,11 @@ impl Default for KeCounts {
             refused: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             rate_limited: AtomicU64::new(0),
+            address_limited: AtomicU64::new(0),
+            failed_tls: AtomicU64::new(0),
+            failed_timeout: AtomicU64::new(0),
+            failed_request: AtomicU64::new(0),
+            failed_io: AtomicU64::new(0),
             certificate_not_after: AtomicI64::new(i64::MIN),
         }
     }
@@ -57,13 +74,28 @@ impl Default for KeCounts {
 
 impl KeCounts {
     pub(crate) fn line(&self) -> String {
-        format!(
-            "agreed={} refused={} failed={} rate_limited={}",
+        let mut line = format!(
+            "agreed={} refused={} failed={} rate_limited={} address_limited={}",
             self.agreed.load(Relaxed),
             self.refused.load(Relaxed),
             self.failed.load(Relaxed),
-            self.rate_limited.load(Relaxed)
-        )
+            self.rate_limited.load(Relaxed),
+            self.address_limited.load(Relaxed)
+        );
+        for (kind, n) in self.failures() {
+            line.push_str(&format!(" failed.{kind}={n}"));
+        }
+        line
+    }
+
+    /// The failed sessions by kind, as the metrics label them.
+    pub(crate) fn failures(&self) -> [(&'static str, u64); 4] {
+        [
+            ("tls", self.failed_tls.load(Relaxed)),
+            ("timeout", self.failed_timeout.load(Relaxed)),
+            ("request", self.failed_request.load(Relaxed)),
+            ("io", self.failed_io.load(Relaxed)),
+        ]
     }
 }
 
@@ -389,6 +421,8 @@ pub(crate) async fn serve(
         }
     };
     let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
+    let per_address: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
+        Arc::default();
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -408,6 +442,11 @@ pub(crate) async fn serve(
                 continue;
             }
         }
+        let Some(place) = AddressPlace::take(&per_address, peer.ip()) else {
+            counts.address_limited.fetch_add(1, Relaxed);
+            debug!("nts-ke: {peer}: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
+            continue;
+        };
         // The certificate in force now: SIGHUP may have replaced it.
         let acceptor = TlsAcceptor::from(tls.load_full());
         let (cookies, counts, ntp) = (cookies.clone(), counts.clone(), ntp.clone());
@@ -415,20 +454,87 @@ pub(crate) async fn serve(
             let outcome =
                 tokio::time::timeout(SESSION_TIMEOUT, session(stream, acceptor, &cookies, &ntp))
                     .await;
-            match outcome {
-                Ok(Ok(true)) => counts.agreed.fetch_add(1, Relaxed),
-                Ok(Ok(false)) => counts.refused.fetch_add(1, Relaxed),
-                Ok(Err(e)) => {
-                    debug!("nts-ke: {peer}: {e}");
-                    counts.failed.fetch_add(1, Relaxed)
+            let kind = match outcome {
+                Ok(Ok(true)) => &counts.agreed,
+                Ok(Ok(false)) => &counts.refused,
+                Ok(Err(failure)) => {
+                    debug!("nts-ke: {peer}: {failure}");
+                    counts.failed.fetch_add(1, Relaxed);
+                    match failure {
+                        Failure::Tls(_) => &counts.failed_tls,
+                        Failure::Request(_) => &counts.failed_request,
+                        Failure::Io(_) => &counts.failed_io,
+                    }
                 }
                 Err(_) => {
                     debug!("nts-ke: {peer}: timed out");
-                    counts.failed.fetch_add(1, Relaxed)
+                    counts.failed.fetch_add(1, Relaxed);
+                    &counts.failed_timeout
                 }
             };
-            drop(permit);
+            kind.fetch_add(1, Relaxed);
+            drop((permit, place));
         });
+    }
+}
+
+/// A session's place in its address's count; given back when dropped.
+struct AddressPlace {
+    map: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    ip: std::net::IpAddr,
+}
+
+impl AddressPlace {
+    /// A place for one more session from `ip`, if it has fewer than the limit.
+    fn take(
+        map: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+        ip: std::net::IpAddr,
+    ) -> Option<Self> {
+        let mut m = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_SESSIONS_PER_ADDRESS {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            map: map.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut m = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// How a session failed.
+#[derive(Debug)]
+enum Failure {
+    /// The TLS handshake failed: not TLS, no common ALPN or version, an alert.
+    Tls(String),
+    /// The request was too long, or the client closed before End of Message.
+    Request(String),
+    /// Reading, writing or exporting the keys failed.
+    Io(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tls(e) => write!(f, "TLS: {e}"),
+            Self::Request(e) | Self::Io(e) => f.write_str(e),
+        }
     }
 }
 
@@ -440,11 +546,11 @@ async fn session(
     acceptor: TlsAcceptor,
     cookies: &ArcSwap<CookieKeys>,
     ntp: &nts::NtpNegotiation,
-) -> Result<bool, String> {
+) -> Result<bool, Failure> {
     let mut tls = acceptor
         .accept(stream)
         .await
-        .map_err(|e| format!("TLS: {e}"))?;
+        .map_err(|e| Failure::Tls(e.to_string()))?;
     let mut request = Vec::with_capacity(256);
     let mut chunk = [0u8; 1024];
     let len = loop {
@@ -452,11 +558,14 @@ async fn session(
             break len;
         }
         if request.len() > nts::KE_MAX_REQUEST {
-            return Err("request longer than 16 KiB".into());
+            return Err(Failure::Request("request longer than 16 KiB".into()));
         }
-        let n = tls.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        let n = tls
+            .read(&mut chunk)
+            .await
+            .map_err(|e| Failure::Io(e.to_string()))?;
         if n == 0 {
-            return Err("closed before End of Message".into());
+            return Err(Failure::Request("closed before End of Message".into()));
         }
         request.extend_from_slice(&chunk[..n]);
     };
@@ -467,7 +576,7 @@ async fn session(
         let conn = tls.get_ref().1;
         let export = |context: &[u8]| {
             conn.export_keying_material([0u8; nts::KEY_LEN], nts::EXPORTER_LABEL, Some(context))
-                .map_err(|e| format!("key export: {e}"))
+                .map_err(|e| Failure::Io(format!("key export: {e}")))
         };
         let keys = Keys {
             c2s: export(&nts::EXPORTER_C2S)?,
@@ -484,8 +593,9 @@ async fn session(
     } else {
         nts::ke_response(&outcome, ntp, 0, || [0; nts::COOKIE_LEN], &mut response);
     }
-    tls.write_all(&response).await.map_err(|e| e.to_string())?;
-    tls.shutdown().await.map_err(|e| e.to_string())?;
+    let io = |e: std::io::Error| Failure::Io(e.to_string());
+    tls.write_all(&response).await.map_err(io)?;
+    tls.shutdown().await.map_err(io)?;
     Ok(agreed)
 }
 

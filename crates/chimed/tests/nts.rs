@@ -982,3 +982,195 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
     let rt = chimed.wait_for("roughtime totals at exit", Duration::from_secs(1));
     assert!(rt.contains(" dropped=0 "), "{rt}");
 }
+
+/// A TLS 1.3 session with chimed's NTS-KE server at `ke` (ALPN ntske/1, trusting `cert`), from
+/// `local`, handshake done.
+fn ke_tls(
+    ke: std::net::SocketAddr,
+    local: std::net::IpAddr,
+    cert: &Path,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"ntske/1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = ke_connect(ke, local);
+    tcp.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).unwrap();
+    }
+    tls
+}
+
+fn resident_kib(pid: nix::unistd::Pid) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// NTS-KE against hostile clients, all at once for some six seconds, while a good client
+/// (`chime ntp --nts`, a whole NTS-KE and an authenticated exchange) keeps asking:
+///
+/// * a byte every 200 ms of a ClientHello (slowloris), and connections that send nothing, held
+///   to chimed's 5 s session limit: `failed.timeout`; from one address, no more than 8 at once:
+///   the rest are closed unserved, `address_limited`;
+/// * half a handshake (a TLS record header and part of a ClientHello, then silence): timeout;
+/// * plain bytes instead of TLS, and floods of connections closed at once, from one address and
+///   from twenty: `failed.tls`;
+/// * over TLS, a request past 16 KiB (`failed.request`) and a malformed one (an unknown critical
+///   record: answered with an error record, `refused`).
+///
+/// Every good client's exchange succeeds within 6 s, chimed's resident memory grows by less
+/// than 32 MiB, and each kind is counted.
+#[test]
+fn nts_ke_holds_up_against_hostile_clients() {
+    use std::io::{Read as _, Write as _};
+    use std::net::{IpAddr, Ipv4Addr};
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
+    let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
+    let pid = chimed.pid();
+    let rss_before = resident_kib(pid);
+    let addr = |c: u8, d: u8| IpAddr::V4(Ipv4Addr::new(127, 0, c, d));
+    let hold = Duration::from_secs(6);
+    let mut hostile = Vec::new();
+    // Slowloris: 4 from 127.0.0.2, a byte of a ClientHello record every 200 ms.
+    for _ in 0..4 {
+        hostile.push(std::thread::spawn(move || {
+            let mut s = ke_connect(ke, addr(0, 2));
+            let start = Instant::now();
+            let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+            for b in hello.iter().cycle() {
+                if start.elapsed() > hold || s.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }));
+    }
+    // Silent connections: 12 from 127.0.0.3 (8 are served and time out, 4 are closed at once).
+    for _ in 0..12 {
+        hostile.push(std::thread::spawn(move || {
+            let mut s = ke_connect(ke, addr(0, 3));
+            s.set_read_timeout(Some(hold)).unwrap();
+            let _ = s.read(&mut [0u8; 16]);
+        }));
+    }
+    // Half a handshake from 127.0.0.4.
+    for _ in 0..4 {
+        hostile.push(std::thread::spawn(move || {
+            let mut s = ke_connect(ke, addr(0, 4));
+            let mut half = vec![0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03];
+            half.extend_from_slice(&[0x42; 40]);
+            let _ = s.write_all(&half);
+            s.set_read_timeout(Some(hold)).unwrap();
+            let _ = s.read(&mut [0u8; 16]);
+        }));
+    }
+    // Plain bytes, and floods closed at once: from 127.0.0.5 and from 127.0.1.1-20.
+    hostile.push(std::thread::spawn(move || {
+        for _ in 0..4 {
+            let mut s = ke_connect(ke, addr(0, 5));
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = s.read(&mut [0u8; 64]);
+        }
+        for _ in 0..200 {
+            drop(ke_connect(ke, addr(0, 5)));
+        }
+        for i in 1..=20 {
+            for _ in 0..10 {
+                drop(ke_connect(ke, addr(1, i)));
+            }
+        }
+    }));
+    // Over TLS: a request past 16 KiB, and a malformed one.
+    let (cert_a, cert_b) = (cert.clone(), cert.clone());
+    hostile.push(std::thread::spawn(move || {
+        let mut tls = ke_tls(ke, addr(0, 6), &cert_a);
+        // Records of type 0x4000 (not critical, unknown), 1 KiB each, never an End of Message.
+        let mut record = vec![0x40, 0x00, 0x04, 0x00];
+        record.extend_from_slice(&[0; 1024]);
+        for _ in 0..20 {
+            if tls.write_all(&record).is_err() {
+                break;
+            }
+        }
+        let _ = tls.read(&mut [0u8; 64]);
+    }));
+    let refused = std::thread::spawn(move || {
+        let mut tls = ke_tls(ke, addr(0, 7), &cert_b);
+        // A critical record of an unknown type, then End of Message.
+        tls.write_all(&[0xff, 0xff, 0x00, 0x00, 0x80, 0x00, 0x00, 0x00])
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer);
+        answer
+    });
+
+    // Meanwhile, a good client.
+    let started = Instant::now();
+    let (mut good, mut slowest) = (0, Duration::ZERO);
+    let mut tries = 0;
+    while started.elapsed() < hold {
+        tries += 1;
+        let t = Instant::now();
+        let r = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &cert);
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        if r.is_ok() && took < Duration::from_secs(6) {
+            good += 1;
+        } else {
+            eprintln!("good client {tries}: {r:?} in {took:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for h in hostile {
+        h.join().unwrap();
+    }
+    let answer = refused.join().unwrap();
+    // An Error record (type 2, critical) answers the malformed request.
+    assert!(
+        answer.windows(2).any(|w| w == [0x80, 0x02]),
+        "no error record: {answer:?}"
+    );
+    let rss_after = resident_kib(pid);
+    assert!(chimed.terminate().success());
+    let ke_line = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    let _ = writeln!(
+        std::io::stderr(),
+        "nts-ke under hostile clients: good client {good} of {tries} (slowest {slowest:?}); \
+         resident {rss_before} -> {rss_after} KiB; {ke_line}"
+    );
+    assert_eq!(good, tries, "every good exchange succeeds: {ke_line}");
+    assert!(tries >= 5, "{tries} good exchanges in 6 s");
+    assert!(
+        rss_after < rss_before + 32 * 1024,
+        "resident {rss_before} -> {rss_after} KiB"
+    );
+    for (kind, least) in [
+        ("failed.timeout", 8),
+        ("failed.tls", 4),
+        ("failed.request", 1),
+        ("address_limited", 4),
+        ("refused", 1),
+    ] {
+        assert!(count_in(&ke_line, kind) >= least, "{kind}: {ke_line}");
+    }
+}
