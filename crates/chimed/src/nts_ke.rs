@@ -490,7 +490,9 @@ impl AddressPlace {
         map: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
         ip: std::net::IpAddr,
     ) -> Option<Self> {
-        let mut m = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut m = map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = m.entry(ip).or_insert(0);
         if *n >= MAX_SESSIONS_PER_ADDRESS {
             return None;

@@ -1055,7 +1055,9 @@ fn nts_ke_holds_up_against_hostile_clients() {
         hostile.push(std::thread::spawn(move || {
             let mut s = ke_connect(ke, addr(0, 2));
             let start = Instant::now();
-            let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+            let hello = [
+                0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+            ];
             for b in hello.iter().cycle() {
                 if start.elapsed() > hold || s.write_all(&[*b]).is_err() {
                     break;
@@ -1076,7 +1078,9 @@ fn nts_ke_holds_up_against_hostile_clients() {
     for _ in 0..4 {
         hostile.push(std::thread::spawn(move || {
             let mut s = ke_connect(ke, addr(0, 4));
-            let mut half = vec![0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03];
+            let mut half = vec![
+                0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03,
+            ];
             half.extend_from_slice(&[0x42; 40]);
             let _ = s.write_all(&half);
             s.set_read_timeout(Some(hold)).unwrap();

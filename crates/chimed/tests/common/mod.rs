@@ -37,8 +37,8 @@ impl Chronyd {
     /// Starts `chronyd -x -d` as a local stratum-3 server on 127.0.0.1 and waits until it answers.
     pub fn start() -> Self {
         for _ in 0..5 {
-            let mut c = Self::spawn(None, free_udp_port());
-            if c.wait_ready(Duration::from_secs(10)) {
+            let mut c = Self::spawn(None, free_udp_port(), true);
+            if c.wait_ready(Duration::from_secs(10), true) {
                 return c;
             }
             c.stop();
@@ -50,18 +50,31 @@ impl Chronyd {
     /// namespace's own loopback: nothing else there holds the port), without waiting: the test
     /// cannot reach it from here, so whoever uses it waits (chimed logs when it is synchronised).
     pub fn start_in(netns: &str, port: u16) -> Self {
-        Self::spawn(Some(netns), port)
+        Self::spawn(Some(netns), port, true)
     }
 
-    fn spawn(netns: Option<&str>, port: u16) -> Self {
+    /// Starts chronyd on 127.0.0.1 `port` (one that a chronyd just stopped held), synchronised to
+    /// its local reference or, with `synchronised` false, with no reference at all: it then
+    /// answers every client as unsynchronised (leap 3, stratum 0). Waits until it answers so.
+    pub fn start_on(port: u16, synchronised: bool) -> Self {
+        let mut c = Self::spawn(None, port, synchronised);
+        assert!(
+            c.wait_ready(Duration::from_secs(10), synchronised),
+            "chronyd did not answer on port {port}"
+        );
+        c
+    }
+
+    fn spawn(netns: Option<&str>, port: u16, local: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("chrony.conf");
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\n\
+                "port {port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\n{local}\
                  cmdport 0\npidfile {d}/chronyd.pid\ndriftfile {d}/drift\n",
-                d = dir.path().display()
+                d = dir.path().display(),
+                local = if local { "local stratum 3\n" } else { "" }
             ),
         )
         .unwrap();
@@ -87,7 +100,7 @@ impl Chronyd {
         self.child.id()
     }
 
-    fn wait_ready(&mut self, limit: Duration) -> bool {
+    fn wait_ready(&mut self, limit: Duration, synchronised: bool) -> bool {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
@@ -102,8 +115,10 @@ impl Chronyd {
             sock.send_to(&req, self.addr()).unwrap();
             let mut buf = [0u8; 256];
             if let Ok((n, _)) = sock.recv_from(&mut buf) {
-                // Synchronised to its local reference: leap != 3 and stratum 3.
-                if n >= 48 && buf[0] >> 6 != 3 && buf[1] == 3 {
+                // Synchronised to its local reference: leap != 3 and stratum 3; or, asked for
+                // no reference, answering as unsynchronised.
+                let synced = buf[0] >> 6 != 3 && buf[1] == 3;
+                if n >= 48 && synced == synchronised {
                     return true;
                 }
             }

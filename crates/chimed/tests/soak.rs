@@ -1,0 +1,503 @@
+//! The soak: chimed serving NTP, NTS and Roughtime beside a chronyd under a steady load while a
+//! fault schedule runs, every reply checked, and figures printed at the end. `SOAK_SECONDS`
+//! (default 60, as CI runs it; `scripts/soak` runs 600 for the record in docs/RELIABILITY.md) and
+//! `SOAK_NTP_RATE` (requests per second, default 1000) set it.
+//!
+//! Every 24 s cycle: 4 s normal; chronyd killed (4 s), restarted, 2 s; its port answering
+//! garbage (3 s), chronyd again, 2 s; chronyd with no reference, answering unsynchronised (3 s),
+//! synchronised again, 2 s; a burst at three times the NTP load (1 s), 3 s. Throughout: SIGHUP every 2 s, online-key and
+//! NTS cookie-key rotations every 3 and 5 s. chimed runs with `--stale-after 2 --poll-interval 0.5`.
+//!
+//! Checked: every NTP reply answers one of our requests in server mode, and claims to be
+//! synchronised (leap not 3, stratum not 0) only with chronyd's stratum; every Roughtime reply
+//! verifies; chronyd as an NTS client polls throughout and is never sent a NAK. Counted as false:
+//! a synchronised NTP reply, or any Roughtime reply, sent while the upstream had been down or
+//! garbage for longer than the stale time and a poll (3 s with margin) or unsynchronised for
+//! longer than a poll (1.5 s). Figures: how long chimed took to turn unsynchronised and back,
+//! the NTP answered share overall and during the bursts, resident memory and open descriptors
+//! at the start and the end.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use chime_roughtime::{VerifyPolicy, Version, build_request, verify_reply};
+use common::{Chimed, Chronyd, ChronydClient, certificate, count_in};
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What the upstream was doing from `start` to `end` (Unix seconds), when not serving
+/// synchronised time.
+#[derive(Clone, Copy, Debug)]
+struct Fault {
+    start: f64,
+    end: f64,
+    kind: &'static str,
+    /// How long chimed may take to notice.
+    grace: f64,
+}
+
+/// A run of NTP replies that all claimed synchronisation, or all did not, each within 50 ms of
+/// the one before: when the first and the last came, and how many. (Runs, not replies, so that a
+/// long soak at a high rate keeps little.)
+#[derive(Clone, Copy)]
+struct Seen {
+    from: f64,
+    to: f64,
+    synced: bool,
+    count: u64,
+}
+
+impl Seen {
+    /// Whether the run has a reply in `window` (longer than the 50 ms that may separate two).
+    fn meets(&self, window: &std::ops::Range<f64>) -> bool {
+        self.to >= window.start && self.from < window.end
+    }
+}
+
+#[derive(Default)]
+struct NtpCounts {
+    sent: AtomicU64,
+    answered: AtomicU64,
+    wrong: AtomicU64,
+    burst_sent: AtomicU64,
+    burst_answered: AtomicU64,
+}
+
+fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// The upstream's port answering 48 bytes of nonsense to every request, until `stop`.
+fn garbage(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    let sock = UdpSocket::bind(("127.0.0.1", port)).expect("the upstream's port, free again");
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        while !stop.load(Relaxed) {
+            if let Ok((_, from)) = sock.recv_from(&mut buf) {
+                let mut junk = [0u8; 48];
+                for b in &mut junk {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    *b = x as u8;
+                }
+                let _ = sock.send_to(&junk, from);
+            }
+        }
+    })
+}
+
+#[test]
+fn soak_under_faults() {
+    let seconds = env("SOAK_SECONDS", 60);
+    let rate = env("SOAK_NTP_RATE", 1000);
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "soak");
+    let rt_key = common::chime_keygen();
+    let first = Chronyd::start();
+    let upstream_port = first.port;
+    let flags = common::nts_flags(&cert, &key);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(common::roughtime_flags(rt_key.file.to_str().unwrap()));
+    args.extend([
+        "-4",
+        "2",
+        "--stale-after",
+        "2",
+        "--poll-interval",
+        "0.5",
+        "--nts-rotation",
+        "5",
+        "--roughtime-rotation",
+        "3",
+        "--roughtime-gather",
+        "0",
+    ]);
+    let mut chimed = Chimed::mirroring(&first.addr().to_string(), &args);
+    let ke_port = chimed.logged_addr("nts-ke listening on ").port();
+    let roughtime = chimed.roughtime_addr();
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let ntp = chimed.addr;
+    let pid = chimed.pid().as_raw() as u32;
+    let nts_client = ChronydClient::start(&[
+        format!("server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"),
+        format!("ntstrustedcerts {}", cert.display()),
+    ]);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let bursting = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(NtpCounts::default());
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+
+    // NTP: four sockets, requests paced every millisecond; the transmit timestamp carries the
+    // send time (Unix ns), which the reply echoes as its origin.
+    let sockets: Vec<UdpSocket> = (0..4)
+        .map(|_| {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            s
+        })
+        .collect();
+    let mut threads = Vec::new();
+    for s in &sockets {
+        let (s, stop, counts, seen, bursting) = (
+            s.try_clone().unwrap(),
+            stop.clone(),
+            counts.clone(),
+            seen.clone(),
+            bursting.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 128];
+            let mut mine = Vec::new();
+            while !stop.load(Relaxed) {
+                let Ok(n) = s.recv(&mut buf) else { continue };
+                let at = now();
+                let origin = u64::from_be_bytes(buf[24..32].try_into().unwrap());
+                let sent_at = origin as f64 / 1e9;
+                let ours = n == 48 && buf[0] & 7 == 4 && (0.0..=5.0).contains(&(at - sent_at));
+                let synced = buf[0] >> 6 != 3 && buf[1] != 0;
+                if !ours || (synced && buf[1] != 3) {
+                    counts.wrong.fetch_add(1, Relaxed);
+                    continue;
+                }
+                counts.answered.fetch_add(1, Relaxed);
+                if bursting.load(Relaxed) {
+                    counts.burst_answered.fetch_add(1, Relaxed);
+                }
+                match mine.last_mut() {
+                    Some(Seen {
+                        to,
+                        synced: was,
+                        count,
+                        ..
+                    }) if *was == synced && at - *to < 0.05 => {
+                        *to = at;
+                        *count += 1;
+                    }
+                    _ => mine.push(Seen {
+                        from: at,
+                        to: at,
+                        synced,
+                        count: 1,
+                    }),
+                }
+            }
+            seen.lock().unwrap().extend(mine);
+        }));
+    }
+    {
+        let (stop, counts, bursting) = (stop.clone(), counts.clone(), bursting.clone());
+        let sockets: Vec<UdpSocket> = sockets.iter().map(|s| s.try_clone().unwrap()).collect();
+        threads.push(std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut due = 0u64;
+            let mut next_socket = 0;
+            let mut request = [0u8; 48];
+            request[0] = 0x23;
+            while !stop.load(Relaxed) {
+                let burst = bursting.load(Relaxed);
+                let per_s = if burst { 3 * rate } else { rate };
+                let elapsed = start.elapsed().as_secs_f64();
+                let target = (elapsed * per_s as f64) as u64;
+                // A rate change restarts the count from here.
+                if target < due || target > due + per_s {
+                    due = target;
+                }
+                while due < target {
+                    let t = (now() * 1e9) as u64;
+                    request[40..48].copy_from_slice(&t.to_be_bytes());
+                    if sockets[next_socket].send_to(&request, ntp).is_ok() {
+                        counts.sent.fetch_add(1, Relaxed);
+                        if burst {
+                            counts.burst_sent.fetch_add(1, Relaxed);
+                        }
+                    }
+                    next_socket = (next_socket + 1) % sockets.len();
+                    due += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }));
+    }
+
+    // Roughtime: one request at a time, each reply verified; when each verified reply came.
+    let public: [u8; 32] = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(&rt_key.public_base64)
+            .unwrap()
+            .try_into()
+            .unwrap()
+    };
+    let rt_seen: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let rt_wrong = Arc::new(AtomicU64::new(0));
+    let rt_sent = Arc::new(AtomicU64::new(0));
+    {
+        let (stop, rt_seen, rt_wrong, rt_sent) = (
+            stop.clone(),
+            rt_seen.clone(),
+            rt_wrong.clone(),
+            rt_sent.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let policy = VerifyPolicy::new(10_000_000);
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                n += 1;
+                let mut nonce = [0u8; 32];
+                nonce[..8].copy_from_slice(&n.to_le_bytes());
+                let mut request = vec![0u8; chime_roughtime::REQUEST_LEN];
+                let len = build_request(&mut request, &[Version::Rfc10049], &nonce, None).unwrap();
+                request.truncate(len);
+                rt_sent.fetch_add(1, Relaxed);
+                let _ = sock.send_to(&request, roughtime);
+                let mut buf = [0u8; 2048];
+                let deadline = Instant::now() + Duration::from_millis(300);
+                while Instant::now() < deadline {
+                    let Ok((len, _)) = sock.recv_from(&mut buf) else {
+                        break;
+                    };
+                    match verify_reply(&request, &buf[..len], &public, &policy) {
+                        Ok(_) => {
+                            rt_seen.lock().unwrap().push(now());
+                            break;
+                        }
+                        // A late reply to an earlier request is not this one's.
+                        Err(_) if verify_any_earlier(&buf[..len]) => {}
+                        Err(_) => {
+                            rt_wrong.fetch_add(1, Relaxed);
+                            break;
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }));
+    }
+
+    // The fault schedule, and SIGHUP every 2 s.
+    let warm = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let (rss_start, fds_start) = (resident_kib(pid), open_fds(pid));
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut bursts: Vec<(f64, f64)> = Vec::new();
+    let mut upstream = Some(first);
+    let mut sighups = 0;
+    let end = warm + Duration::from_secs(seconds);
+    let mut cycle_start = Instant::now();
+    let mut last_hup = Instant::now();
+    let mut step = 0;
+    let sleep_until = |t: Instant, last_hup: &mut Instant, sighups: &mut u32| {
+        while Instant::now() < t {
+            if last_hup.elapsed() >= Duration::from_secs(2) {
+                nix::sys::signal::kill(chimed_pid(pid), nix::sys::signal::Signal::SIGHUP).unwrap();
+                *sighups += 1;
+                *last_hup = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    while Instant::now() + Duration::from_secs(4) < end {
+        let at = |s: u64| cycle_start + Duration::from_secs(s);
+        match step % 5 {
+            0 => sleep_until(at(4), &mut last_hup, &mut sighups),
+            1 => {
+                let start = now();
+                upstream.take().unwrap().stop();
+                sleep_until(at(8), &mut last_hup, &mut sighups);
+                // The fault ends as chronyd starts again: it may answer before it is seen to.
+                faults.push(Fault {
+                    start,
+                    end: now(),
+                    kind: "down",
+                    grace: 3.0,
+                });
+                upstream = Some(Chronyd::start_on(upstream_port, true));
+                sleep_until(at(10), &mut last_hup, &mut sighups);
+            }
+            2 => {
+                let start = now();
+                upstream.take().unwrap().stop();
+                let quit = Arc::new(AtomicBool::new(false));
+                let g = garbage(upstream_port, quit.clone());
+                sleep_until(at(13), &mut last_hup, &mut sighups);
+                quit.store(true, Relaxed);
+                g.join().unwrap();
+                // The fault ends as chronyd starts again: it may answer before it is seen to.
+                faults.push(Fault {
+                    start,
+                    end: now(),
+                    kind: "garbage",
+                    grace: 3.0,
+                });
+                upstream = Some(Chronyd::start_on(upstream_port, true));
+                sleep_until(at(15), &mut last_hup, &mut sighups);
+            }
+            3 => {
+                // Down for the moment chronyd restarts without a reference: counted from the
+                // stop, with the down grace.
+                let start = now();
+                upstream.take().unwrap().stop();
+                let unsynced = Chronyd::start_on(upstream_port, false);
+                sleep_until(at(18), &mut last_hup, &mut sighups);
+                drop(unsynced);
+                // The fault ends as chronyd starts again: it may answer before it is seen to.
+                faults.push(Fault {
+                    start,
+                    end: now(),
+                    kind: "unsynchronised",
+                    grace: 1.5,
+                });
+                upstream = Some(Chronyd::start_on(upstream_port, true));
+                sleep_until(at(20), &mut last_hup, &mut sighups);
+            }
+            _ => {
+                let start = now();
+                bursting.store(true, Relaxed);
+                sleep_until(at(21), &mut last_hup, &mut sighups);
+                bursting.store(false, Relaxed);
+                bursts.push((start, now()));
+                sleep_until(at(24), &mut last_hup, &mut sighups);
+                cycle_start = Instant::now();
+            }
+        }
+        step += 1;
+    }
+    sleep_until(end.max(Instant::now()), &mut last_hup, &mut sighups);
+    let (rss_end, fds_end) = (resident_kib(pid), open_fds(pid));
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let nts_measured = nts_client.measured();
+    drop(nts_client);
+    assert!(chimed.terminate().success(), "chimed exited badly");
+    let ntp_totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(2));
+    let log = chimed.log();
+    drop(upstream);
+
+    // The figures.
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    seen.sort_by(|a, b| a.from.total_cmp(&b.from));
+    let rt_seen = std::mem::take(&mut *rt_seen.lock().unwrap());
+    let mut out = String::new();
+    let mut false_ntp = 0;
+    let mut false_rt = 0;
+    for f in &faults {
+        let blind = f.start + f.grace..f.end;
+        let (fn_, fr) = (
+            seen.iter()
+                .filter(|r| r.synced && r.meets(&blind))
+                .map(|r| r.count)
+                .sum::<u64>(),
+            rt_seen.iter().filter(|t| blind.contains(t)).count(),
+        );
+        false_ntp += fn_;
+        false_rt += fr;
+        let turned = seen
+            .iter()
+            .find(|r| r.to >= f.start && !r.synced)
+            .map(|r| r.from.max(f.start) - f.start);
+        let back = seen
+            .iter()
+            .find(|r| r.to >= f.end && r.synced)
+            .map(|r| r.from.max(f.end) - f.end);
+        out.push_str(&format!(
+            "soak: upstream {} for {:.1} s: unsynchronised after {}, synchronised again {} \
+             after; {fn_} NTP (at most: the runs that reach in) and {fr} Roughtime replies claimed \
+             it after {:.1} s\n",
+            f.kind,
+            f.end - f.start,
+            turned.map_or("never".into(), |s| format!("{s:.2} s")),
+            back.map_or("never".into(), |s| format!("{s:.2} s")),
+            f.grace,
+        ));
+    }
+    let c = &counts;
+    let (sent, answered) = (c.sent.load(Relaxed), c.answered.load(Relaxed));
+    let (bsent, banswered) = (c.burst_sent.load(Relaxed), c.burst_answered.load(Relaxed));
+    out.push_str(&format!(
+        "soak: {seconds} s, {} fault cycles, {sighups} SIGHUPs; NTP {rate}/s: {answered} of {sent} \
+         answered ({:.2}%), {} wrong, {false_ntp} synchronised while the upstream was not; \
+         bursts at {}/s: {banswered} of {bsent} answered ({:.2}%)\n",
+        bursts.len(),
+        100.0 * answered as f64 / sent.max(1) as f64,
+        c.wrong.load(Relaxed),
+        3 * rate,
+        100.0 * banswered as f64 / bsent.max(1) as f64,
+    ));
+    out.push_str(&format!(
+        "soak: Roughtime: {} verified of {} sent, {} wrong, {false_rt} signed while the upstream \
+         was not synchronised; NTS: chronyd measured {nts_measured} times, NAKs {}; resident \
+         {rss_start} -> {rss_end} KiB, descriptors {fds_start} -> {fds_end}\n",
+        rt_seen.len(),
+        rt_sent.load(Relaxed),
+        rt_wrong.load(Relaxed),
+        count_in(&ntp_totals, "nts_nak"),
+    ));
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(out.as_bytes());
+    assert!(!faults.is_empty(), "{out}");
+    assert_eq!(c.wrong.load(Relaxed), 0, "{out}");
+    assert_eq!(false_ntp, 0, "{out}");
+    assert_eq!(false_rt, 0, "{out}");
+    assert_eq!(rt_wrong.load(Relaxed), 0, "{out}");
+    assert_eq!(count_in(&ntp_totals, "nts_nak"), 0, "{out}");
+    assert!(nts_measured > seconds as usize, "{out}");
+    assert!(!log.contains("panicked"), "{out}");
+    for f in &faults {
+        let turned = seen.iter().any(|r| !r.synced && r.meets(&(f.start..f.end)));
+        let back = seen
+            .iter()
+            .any(|r| r.synced && r.meets(&(f.end..f.end + 3.0)));
+        assert!(turned && back, "{f:?}: {out}");
+    }
+    assert!(answered as f64 >= 0.95 * sent as f64, "{out}");
+    assert!(rss_end < rss_start + 32 * 1024, "{out}");
+    assert!(fds_end <= fds_start + 8, "{out}");
+}
+
+fn chimed_pid(pid: u32) -> nix::unistd::Pid {
+    nix::unistd::Pid::from_raw(pid as i32)
+}
+
+/// Whether `reply` parses as a Roughtime reply at all (a late answer to an earlier request of
+/// ours is one; garbage is not).
+fn verify_any_earlier(reply: &[u8]) -> bool {
+    chime_roughtime::Reply::parse(reply).is_ok()
+}
