@@ -895,18 +895,9 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
     let mut current = secret_hex();
     put(&secret, &format!("secret {current}\n"));
 
-    let rt = [
-        "--roughtime-delegation",
-        live.to_str().unwrap(),
-        "--roughtime-ipv4-address",
-        "127.0.0.1:0",
-        "--roughtime-ipv4-threads",
-        "1",
-        "--roughtime-ipv6-threads",
-        "0",
-        "--nts-fleet-key",
-        secret.to_str().unwrap(),
-    ];
+    let mut rt =
+        common::roughtime_flags_for("--roughtime-delegation", live.to_str().unwrap()).to_vec();
+    rt.extend(["--nts-fleet-key", secret.to_str().unwrap()]);
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &rt);
     let roughtime = chimed.roughtime_addr();
     let client = ChronydClient::start(&[
@@ -1013,15 +1004,6 @@ fn ke_tls(
     tls
 }
 
-fn resident_kib(pid: nix::unistd::Pid) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
-}
-
 /// NTS-KE against hostile clients, all at once for some six seconds, while a good client
 /// (`chime ntp --nts`, a whole NTS-KE and an authenticated exchange) keeps asking:
 ///
@@ -1046,7 +1028,7 @@ fn nts_ke_holds_up_against_hostile_clients() {
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
     let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
     let pid = chimed.pid();
-    let rss_before = resident_kib(pid);
+    let rss_before = common::resident_kib(pid.as_raw() as u32);
     let addr = |c: u8, d: u8| IpAddr::V4(Ipv4Addr::new(127, 0, c, d));
     let hold = Duration::from_secs(6);
     let mut hostile = Vec::new();
@@ -1154,7 +1136,7 @@ fn nts_ke_holds_up_against_hostile_clients() {
         answer.windows(2).any(|w| w == [0x80, 0x02]),
         "no error record: {answer:?}"
     );
-    let rss_after = resident_kib(pid);
+    let rss_after = common::resident_kib(pid.as_raw() as u32);
     assert!(chimed.terminate().success());
     let ke_line = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     let _ = writeln!(

@@ -704,16 +704,8 @@ fn a_delegation_bundle_serves_without_the_long_term_key() {
     assert!(out.status.success(), "{out:?}");
     let chronyd = Chronyd::start();
     let flags = |file: &std::path::Path| {
-        vec![
-            "--roughtime-delegation".to_owned(),
-            file.to_str().unwrap().to_owned(),
-            "--roughtime-ipv4-address".to_owned(),
-            "127.0.0.1:0".to_owned(),
-            "--roughtime-ipv4-threads".to_owned(),
-            "1".to_owned(),
-            "--roughtime-ipv6-threads".to_owned(),
-            "0".to_owned(),
-        ]
+        common::roughtime_flags_for("--roughtime-delegation", file.to_str().unwrap())
+            .map(str::to_owned)
     };
     let args = flags(&bundle);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -831,16 +823,7 @@ fn a_bundle_running_low_is_served_with_a_warning() {
     let chronyd = Chronyd::start();
     let mut chimed = Chimed::mirroring(
         &chronyd.addr().to_string(),
-        &[
-            "--roughtime-delegation",
-            bundle.to_str().unwrap(),
-            "--roughtime-ipv4-address",
-            "127.0.0.1:0",
-            "--roughtime-ipv4-threads",
-            "1",
-            "--roughtime-ipv6-threads",
-            "0",
-        ],
+        &common::roughtime_flags_for("--roughtime-delegation", bundle.to_str().unwrap()),
     );
     let warned = chimed.wait_for(
         "roughtime: the delegation bundle runs out in ",

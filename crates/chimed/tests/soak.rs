@@ -79,15 +79,6 @@ struct NtpCounts {
     burst_answered: AtomicU64,
 }
 
-fn resident_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
-}
-
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -313,7 +304,7 @@ fn soak_under_faults() {
     // The fault schedule, and SIGHUP every 2 s.
     let warm = Instant::now();
     std::thread::sleep(Duration::from_secs(2));
-    let (rss_start, fds_start) = (resident_kib(pid), open_fds(pid));
+    let (rss_start, fds_start) = (common::resident_kib(pid), open_fds(pid));
     let mut faults: Vec<Fault> = Vec::new();
     let mut bursts: Vec<(f64, f64)> = Vec::new();
     let mut upstream = Some(first);
@@ -399,7 +390,7 @@ fn soak_under_faults() {
         step += 1;
     }
     sleep_until(end.max(Instant::now()), &mut last_hup, &mut sighups);
-    let (rss_end, fds_end) = (resident_kib(pid), open_fds(pid));
+    let (rss_end, fds_end) = (common::resident_kib(pid), open_fds(pid));
     stop.store(true, Relaxed);
     for t in threads {
         t.join().unwrap();

@@ -513,9 +513,14 @@ pub struct RoughtimeKey {
 /// `chime keygen` into a fresh temporary directory, with what it printed parsed.
 /// chimed's flags for Roughtime with `key_file` on 127.0.0.1 port 0, one IPv4 thread, no IPv6.
 pub fn roughtime_flags(key_file: &str) -> [&str; 8] {
+    roughtime_flags_for("--roughtime-key", key_file)
+}
+
+/// [`roughtime_flags`] with `flag` (`--roughtime-key` or `--roughtime-delegation`) naming `file`.
+pub fn roughtime_flags_for<'a>(flag: &'a str, file: &'a str) -> [&'a str; 8] {
     [
-        "--roughtime-key",
-        key_file,
+        flag,
+        file,
         "--roughtime-ipv4-address",
         "127.0.0.1:0",
         "--roughtime-ipv4-threads",
@@ -878,4 +883,14 @@ pub fn nts_flags(cert: &Path, key: &Path) -> Vec<String> {
     ]
     .map(str::to_owned)
     .to_vec()
+}
+
+/// The resident memory of process `pid`, in KiB (VmRSS).
+pub fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
