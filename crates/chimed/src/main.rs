@@ -14,6 +14,7 @@ mod ntp_worker;
 mod nts_ke;
 mod nts_keys;
 mod online_keys;
+mod per_address;
 mod privileges;
 mod reply;
 mod roughtime_tcp;

@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::nts_keys::{self, How};
+use crate::per_address::PerAddress;
 
 /// Sessions served at once; more wait for a slot.
 const MAX_SESSIONS: usize = 256;
@@ -421,8 +422,7 @@ pub(crate) async fn serve(
         }
     };
     let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
-    let per_address: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
-        Arc::default();
+    let per_address = PerAddress::default();
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -442,7 +442,7 @@ pub(crate) async fn serve(
                 continue;
             }
         }
-        let Some(place) = AddressPlace::take(&per_address, peer.ip()) else {
+        let Some(place) = per_address.take(peer.ip(), MAX_SESSIONS_PER_ADDRESS) else {
             counts.address_limited.fetch_add(1, Relaxed);
             debug!("nts-ke: {peer}: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
             continue;
@@ -475,48 +475,6 @@ pub(crate) async fn serve(
             kind.fetch_add(1, Relaxed);
             drop((permit, place));
         });
-    }
-}
-
-/// A session's place in its address's count; given back when dropped.
-struct AddressPlace {
-    map: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-    ip: std::net::IpAddr,
-}
-
-impl AddressPlace {
-    /// A place for one more session from `ip`, if it has fewer than the limit.
-    fn take(
-        map: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-        ip: std::net::IpAddr,
-    ) -> Option<Self> {
-        let mut m = map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = m.entry(ip).or_insert(0);
-        if *n >= MAX_SESSIONS_PER_ADDRESS {
-            return None;
-        }
-        *n += 1;
-        Some(Self {
-            map: map.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for AddressPlace {
-    fn drop(&mut self) {
-        let mut m = self
-            .map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = m.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.ip);
-            }
-        }
     }
 }
 

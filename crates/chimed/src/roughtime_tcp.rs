@@ -16,10 +16,9 @@
 //! (`idle`), the whole connection (`lifetime`) and a reply's write (a client that does not read
 //! is closed). Each way a connection ends is counted.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -33,6 +32,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{info, warn};
 
 use crate::clock;
+use crate::per_address::{PerAddress, Place};
 use crate::roughtime_worker::{self, DENIED, REASONS, Shared, UNSYNCHRONISED};
 use crate::stats::{Note, Published, Totals, WorkerStats};
 
@@ -201,7 +201,7 @@ pub(crate) fn spawn(
                     })
                 });
                 let signer = tokio::spawn(sign(queue, shared.clone(), stats, pq_now));
-                let addresses = Arc::new(Mutex::new(HashMap::new()));
+                let addresses = PerAddress::default();
                 let mut accepting = Vec::new();
                 for l in listeners {
                     match tokio::net::TcpListener::from_std(l) {
@@ -234,25 +234,14 @@ pub(crate) fn spawn(
     Ok(Service { stop, thread })
 }
 
-/// A connection's place in the per-address count; freed when the connection ends.
+/// A connection's place in the per-address count and in the open count; freed when it ends.
 struct Slot {
-    addresses: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    ip: IpAddr,
+    _place: Place,
     counts: Arc<Counts>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut map = self
-            .addresses
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
         self.counts.open.fetch_sub(1, Relaxed);
     }
 }
@@ -263,7 +252,7 @@ async fn accept(
     shared: Arc<Shared>,
     limits: Limits,
     counts: Arc<Counts>,
-    addresses: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    addresses: PerAddress,
 ) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -291,21 +280,13 @@ async fn accept(
             counts.refused_full.fetch_add(1, Relaxed);
             continue;
         }
-        {
-            let mut map = addresses
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let n = map.entry(ip).or_insert(0);
-            if *n >= limits.per_address {
-                counts.refused_address.fetch_add(1, Relaxed);
-                continue;
-            }
-            *n += 1;
-        }
+        let Some(place) = addresses.take(ip, limits.per_address) else {
+            counts.refused_address.fetch_add(1, Relaxed);
+            continue;
+        };
         counts.open.fetch_add(1, Relaxed);
         let slot = Slot {
-            addresses: addresses.clone(),
-            ip,
+            _place: place,
             counts: counts.clone(),
         };
         let _ = stream.set_nodelay(true);
