@@ -694,14 +694,7 @@ fn a_delegation_bundle_serves_without_the_long_term_key() {
     let key = chime_keygen();
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("server.bundle");
-    let out = Command::new(workspace_bin("chime"))
-        .args(["delegate", "--days", "2", "--key"])
-        .arg(&key.file)
-        .arg("--out")
-        .arg(&bundle)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    common::chime_delegate(&key.file, &bundle, &["--days", "2"]);
     let chronyd = Chronyd::start();
     let flags = |file: &std::path::Path| {
         common::roughtime_flags_for("--roughtime-delegation", file.to_str().unwrap())
@@ -738,14 +731,7 @@ fn a_delegation_bundle_serves_without_the_long_term_key() {
     // A new bundle for the same server, put in place and read on SIGHUP: the replies move to
     // its window at once. One that does not verify is refused and the one in force kept.
     let next = dir.path().join("next.bundle");
-    let out = Command::new(workspace_bin("chime"))
-        .args(["delegate", "--days", "3", "--key"])
-        .arg(&s._key.file)
-        .arg("--out")
-        .arg(&next)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    common::chime_delegate(&s._key.file, &next, &["--days", "3"]);
     std::fs::rename(&next, &bundle).unwrap();
     let mut s = s;
     nix::sys::signal::kill(s.chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
@@ -811,15 +797,8 @@ fn a_bundle_running_low_is_served_with_a_warning() {
     let key = chime_keygen();
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("short.bundle");
-    let out = Command::new(workspace_bin("chime"))
-        .args(["delegate", "--days", "1", "--step-hours", "12"])
-        .args(["--window-hours", "24", "--key"])
-        .arg(&key.file)
-        .arg("--out")
-        .arg(&bundle)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let plan = ["--days", "1", "--step-hours", "12", "--window-hours", "24"];
+    common::chime_delegate(&key.file, &bundle, &plan);
     let chronyd = Chronyd::start();
     let mut chimed = Chimed::mirroring(
         &chronyd.addr().to_string(),

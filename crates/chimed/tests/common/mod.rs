@@ -894,3 +894,16 @@ pub fn resident_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap()
 }
+
+/// `chime delegate --key KEY --out OUT` with `extra` flags (the plan: --days and the like): a
+/// delegation bundle, or a panic with what chime said.
+pub fn chime_delegate(key: &Path, out: &Path, extra: &[&str]) {
+    let made = run(Command::new(workspace_bin("chime"))
+        .arg("delegate")
+        .args(extra)
+        .arg("--key")
+        .arg(key)
+        .arg("--out")
+        .arg(out));
+    assert!(made.status.success(), "chime delegate {extra:?}: {made:?}");
+}
