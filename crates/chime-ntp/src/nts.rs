@@ -839,29 +839,69 @@ pub fn client_request(
     c2s: &[u8; KEY_LEN],
     nonce: [u8; NONCE_LEN],
 ) -> Vec<u8> {
-    let mut p = header.to_vec();
-    let field = |p: &mut Vec<u8>, ty: u16, body: &[u8]| {
-        p.extend_from_slice(&ty.to_be_bytes());
-        p.extend_from_slice(&((4 + body.len()) as u16).to_be_bytes());
-        p.extend_from_slice(body);
+    let mut p = vec![0; client_request_len(cookie.len(), placeholders)];
+    let len = client_request_into(&mut p, header, unique_id, cookie, placeholders, c2s, nonce);
+    p.truncate(len);
+    p
+}
+
+/// The length of a client request with a cookie of `cookie_len` bytes and `placeholders`
+/// placeholders.
+pub fn client_request_len(cookie_len: usize, placeholders: usize) -> usize {
+    Header::LEN + (4 + 32) + (1 + placeholders) * (4 + cookie_len) + 4 + 4 + NONCE_LEN + TAG_LEN
+}
+
+/// [`client_request`] written into `out` (at least [`client_request_len`] bytes) without
+/// allocating; returns the length written.
+///
+/// # Panics
+/// If `out` is shorter than [`client_request_len`].
+pub fn client_request_into(
+    out: &mut [u8],
+    header: &[u8; Header::LEN],
+    unique_id: &[u8; 32],
+    cookie: &[u8],
+    placeholders: usize,
+    c2s: &[u8; KEY_LEN],
+    nonce: [u8; NONCE_LEN],
+) -> usize {
+    let mut at = Header::LEN;
+    out[..at].copy_from_slice(header);
+    let field = |out: &mut [u8], at: &mut usize, ty: u16, body: Option<&[u8]>, len: usize| {
+        out[*at..*at + 2].copy_from_slice(&ty.to_be_bytes());
+        out[*at + 2..*at + 4].copy_from_slice(&((4 + len) as u16).to_be_bytes());
+        let room = &mut out[*at + 4..*at + 4 + len];
+        match body {
+            Some(b) => room.copy_from_slice(b),
+            None => room.fill(0),
+        }
+        *at += 4 + len;
     };
-    field(&mut p, ef::UNIQUE_IDENTIFIER, unique_id);
-    field(&mut p, ef::COOKIE, cookie);
+    field(out, &mut at, ef::UNIQUE_IDENTIFIER, Some(unique_id), 32);
+    field(out, &mut at, ef::COOKIE, Some(cookie), cookie.len());
     for _ in 0..placeholders {
-        field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
+        field(out, &mut at, ef::COOKIE_PLACEHOLDER, None, cookie.len());
     }
     let mut siv = Aes128Siv::new(c2s.into());
     // An empty plaintext cannot fail to encrypt.
     let tag = siv
-        .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
+        .encrypt_in_place_detached([&out[..at], &nonce[..]], &mut [])
         .unwrap_or_default();
-    let mut body = Vec::with_capacity(4 + NONCE_LEN + TAG_LEN);
-    body.extend_from_slice(&(NONCE_LEN as u16).to_be_bytes());
-    body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
-    body.extend_from_slice(&nonce);
-    body.extend_from_slice(&tag);
-    field(&mut p, ef::AUTHENTICATOR, &body);
-    p
+    let mut body = [0u8; 4 + NONCE_LEN + TAG_LEN];
+    body[..2].copy_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    body[2..4].copy_from_slice(&(TAG_LEN as u16).to_be_bytes());
+    body[4..4 + NONCE_LEN].copy_from_slice(&nonce);
+    body[4 + NONCE_LEN..].copy_from_slice(&tag);
+    field(out, &mut at, ef::AUTHENTICATOR, Some(&body), body.len());
+    at
+}
+
+/// The unique identifier a reply carries (the first, if it has several), for a client to find
+/// which of its requests the reply answers.
+pub fn reply_unique_id(reply: &[u8]) -> Option<&[u8]> {
+    fields(reply)
+        .find(|f| f.ty == ef::UNIQUE_IDENTIFIER)
+        .map(|f| &reply[f.body])
 }
 
 /// What the client makes of a reply to an NTS request.
@@ -1464,5 +1504,26 @@ mod tests {
             client_check_reply(&nak[..len], &uid, &S2C),
             Ok(ClientReply::Nak)
         );
+    }
+    #[test]
+    fn client_request_is_what_chronyd_sends_and_the_reply_names_it() {
+        let cookie = master().seal(&keys(), [1; 16]);
+        for placeholders in [0, 1, 7] {
+            let mut header = [0u8; 48];
+            Header::request(4, Mode::Client, NtpTimestamp(0x0102_0304_0506_0708))
+                .encode(&mut header);
+            let ours = client_request(
+                &header,
+                &[0xAB; 32],
+                &cookie,
+                placeholders,
+                &C2S,
+                [0x44; 16],
+            );
+            assert_eq!(ours, request(&cookie, placeholders, &C2S));
+            assert_eq!(ours.len(), client_request_len(cookie.len(), placeholders));
+            assert_eq!(reply_unique_id(&ours), Some(&[0xAB; 32][..]));
+        }
+        assert_eq!(reply_unique_id(&[0; 48]), None);
     }
 }

@@ -53,6 +53,12 @@ pub(crate) fn establish(
     ca: Option<&Path>,
     timeout: Duration,
 ) -> Result<Established> {
+    establish_with(&client_config(ca)?, host, port, timeout)
+}
+
+/// The TLS 1.3 client configuration of NTS-KE (ALPN `ntske/1`), trusting the certificates in `ca`
+/// (PEM) or else the system's store.
+pub(crate) fn client_config(ca: Option<&Path>) -> Result<Arc<ClientConfig>> {
     let mut roots = RootCertStore::empty();
     match ca {
         Some(path) => {
@@ -81,6 +87,16 @@ pub(crate) fn establish(
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![nts::ALPN.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// [`establish`] with a configuration made once by [`client_config`].
+pub(crate) fn establish_with(
+    config: &Arc<ClientConfig>,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Established> {
     let name = ServerName::try_from(host.to_owned())
         .with_context(|| format!("{host}: not a server name"))?;
     let ke_addr = (host, port)
@@ -92,7 +108,7 @@ pub(crate) fn establish(
         .with_context(|| format!("NTS-KE {ke_addr}: cannot connect"))?;
     tcp.set_read_timeout(Some(timeout))?;
     tcp.set_write_timeout(Some(timeout))?;
-    let conn = ClientConnection::new(Arc::new(config), name)?;
+    let conn = ClientConnection::new(config.clone(), name)?;
     let mut tls = StreamOwned::new(conn, tcp);
     tls.write_all(&nts::ke_request())
         .with_context(|| format!("NTS-KE {ke_addr}"))?;

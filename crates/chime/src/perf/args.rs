@@ -26,12 +26,12 @@ const MAX_SOCKETS: usize = 4096;
 /// timeout, with headroom, must fit.
 pub(crate) const MAX_INFLIGHT_SLOTS: usize = 1 << 24;
 
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("load").required(true).args(["rate", "steps"])))]
 pub(crate) struct LoadArgs {
     /// The server to load: ADDR:PORT, HOST:PORT or [IPv6]:PORT
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_target)]
-    pub(crate) target: SocketAddr,
+    pub(crate) target: Option<SocketAddr>,
 
     /// One fixed request rate, in requests per second (all threads together)
     #[arg(long, value_name = "N", value_parser = parse_rate,
@@ -103,6 +103,15 @@ pub(crate) struct LoadArgs {
     /// Draw answered rate against offered rate, and latency percentiles per step, as SVG
     #[arg(long, value_name = "FILE.svg", value_parser = parse_svg_path)]
     pub(crate) plot: Option<PathBuf>,
+}
+
+impl LoadArgs {
+    /// The server to load. Each protocol's flags make `--target` required (or, for NTS, filled in
+    /// from NTS-KE) before the run starts.
+    pub(crate) fn target(&self) -> SocketAddr {
+        self.target
+            .unwrap_or_else(|| usage("--target ADDR:PORT is required").exit())
+    }
 }
 
 /// `--steps START:FACTOR:COUNT`.
@@ -216,7 +225,7 @@ fn parse_target(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-fn parse_rate(s: &str) -> Result<f64, String> {
+pub(super) fn parse_rate(s: &str) -> Result<f64, String> {
     let rate: f64 = s
         .parse()
         .map_err(|_| format!("'{s}' is not a number of requests per second"))?;
@@ -236,7 +245,7 @@ fn check_rate(rate: f64) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_steps(s: &str) -> Result<Steps, String> {
+pub(super) fn parse_steps(s: &str) -> Result<Steps, String> {
     const FORM: &str = "expected START:FACTOR:COUNT, e.g. 20000:1.5:5";
     let parts: Vec<&str> = s.split(':').collect();
     let [start, factor, count] = parts[..] else {
@@ -277,7 +286,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-fn parse_positive_seconds(s: &str) -> Result<f64, String> {
+pub(super) fn parse_positive_seconds(s: &str) -> Result<f64, String> {
     let v = parse_seconds(s)?;
     // Below a millisecond a step holds no meaningful number of requests and a timeout no reply.
     if v < 0.001 {
@@ -286,7 +295,7 @@ fn parse_positive_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-fn parse_percent(s: &str) -> Result<f64, String> {
+pub(super) fn parse_percent(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("'{s}' is not a percentage"))?;
@@ -318,7 +327,7 @@ fn parse_batch(s: &str) -> Result<usize, String> {
     parse_count(s, "requests per batch", 1024)
 }
 
-fn parse_pid(s: &str) -> Result<u32, String> {
+pub(super) fn parse_pid(s: &str) -> Result<u32, String> {
     let pid: u32 = s
         .parse()
         .map_err(|_| format!("'{s}' is not a process ID"))?;

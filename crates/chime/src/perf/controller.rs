@@ -55,14 +55,14 @@ pub(crate) fn run<P: LoadProtocol>(
     let outputs = Outputs::create(load).unwrap_or_else(|e| e.exit());
 
     let sockets = match tcp {
-        None => bind_sockets(load.target, load.sockets)?,
+        None => bind_sockets(load.target(), load.sockets)?,
         Some(_) => Vec::new(),
     };
     let kernel_rx_timestamps =
         tcp.is_none() && sockets.iter().all(|s| s.capabilities().rx_timestamps);
     let watch = Watch {
         server_pid: load.server_pid,
-        target: load.target,
+        target: load.target(),
         client_ports: sockets
             .iter()
             .map(|s| s.local_addr().map(|a| a.port()))
@@ -78,7 +78,7 @@ pub(crate) fn run<P: LoadProtocol>(
     println!(
         "chime perf {}: {label} to {}, {} thread(s), {links}, {} s per step, timeout {} s, {}",
         P::NAME,
-        load.target,
+        load.target(),
         load.threads,
         load.duration,
         load.timeout,
@@ -179,7 +179,7 @@ pub(crate) fn run<P: LoadProtocol>(
 
     let run = RunReport {
         protocol: P::NAME,
-        target: load.target.to_string(),
+        target: load.target().to_string(),
         request,
         threads: load.threads,
         sockets: load.sockets,
@@ -195,7 +195,7 @@ pub(crate) fn run<P: LoadProtocol>(
     };
     outputs.write(
         &run,
-        &format!("chime perf {} ({label}) → {}", P::NAME, load.target),
+        &format!("chime perf {} ({label}) → {}", P::NAME, load.target()),
     )
 }
 
@@ -235,7 +235,7 @@ impl Pool {
             let worker = Worker {
                 index,
                 threads,
-                target: load.target,
+                target: load.target(),
                 sockets,
                 protocol: protocol.clone(),
                 inflight: InFlight::new(tag, plan.inflight_slots),

@@ -13,6 +13,7 @@ use super::args::LoadArgs;
 use super::protocol::{LoadProtocol, ReplyMatch, ServerTimes, Verdict};
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("server").required(true).multiple(true).args(["target", "nts"])))]
 pub(crate) struct Args {
     #[command(flatten)]
     pub(crate) load: LoadArgs,
@@ -25,6 +26,9 @@ pub(crate) struct Args {
     /// Association mode of the requests
     #[arg(long, value_name = "MODE", default_value = "3")]
     pub(crate) mode: RequestMode,
+
+    #[command(flatten)]
+    pub(crate) nts: super::nts::NtsArgs,
 }
 
 /// The request modes a server answers.
@@ -81,7 +85,9 @@ impl NtpLoad {
         }
     }
 
-    fn judge(&self, reply: &Header) -> Verdict {
+    /// What a client makes of a reply's header: the mode and version it asked for, a refusal, or
+    /// the timestamps a synchronised server must set.
+    pub(super) fn judge(&self, reply: &Header) -> Verdict {
         if reply.mode != self.mode.reply() || reply.version != self.version {
             return Verdict::Invalid;
         }
@@ -125,20 +131,28 @@ impl LoadProtocol for NtpLoad {
             return ReplyMatch::Unmatched;
         };
         let verdict = self.judge(&header);
-        let server = (verdict == Verdict::Valid
-            && header.receive_ts != NtpTimestamp::ZERO
-            && header.transmit_ts != NtpTimestamp::ZERO)
-            .then(|| ServerTimes {
-                receive_ns: unix_nanos(header.receive_ts, received_unix_secs),
-                transmit_ns: unix_nanos(header.transmit_ts, received_unix_secs),
-            });
         ReplyMatch::Matched {
             id: header.origin_ts.0,
             verdict,
-            server,
+            server: server_times(&header, verdict, received_unix_secs),
             signed: None,
         }
     }
+}
+
+/// The server's receive and transmit timestamps of a valid reply that sets both.
+pub(super) fn server_times(
+    header: &Header,
+    verdict: Verdict,
+    received_unix_secs: i64,
+) -> Option<ServerTimes> {
+    (verdict == Verdict::Valid
+        && header.receive_ts != NtpTimestamp::ZERO
+        && header.transmit_ts != NtpTimestamp::ZERO)
+        .then(|| ServerTimes {
+            receive_ns: unix_nanos(header.receive_ts, received_unix_secs),
+            transmit_ns: unix_nanos(header.transmit_ts, received_unix_secs),
+        })
 }
 
 /// An NTP timestamp as nanoseconds since the Unix epoch, in the era nearest `pivot_secs`.

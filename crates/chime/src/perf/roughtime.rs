@@ -13,6 +13,7 @@ use super::protocol::{LoadProtocol, ReplyMatch, Signed, Verdict};
 use crate::roughtime::{parse_key, parse_version};
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("server").required(true).args(["target"])))]
 pub(crate) struct Args {
     #[command(flatten)]
     pub(crate) load: LoadArgs,
