@@ -150,6 +150,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ADDR:PORT")]
     pub(crate) nts_ke_address: Option<SocketAddr>,
 
+    /// Threads that run NTS-KE sessions (the TLS handshakes), apart from the NTP and Roughtime
+    /// workers; the session limits and --nts-ratelimit hold across them all, 1 to 64 [default: 1]
+    #[arg(long, value_name = "N")]
+    pub(crate) nts_ke_threads: Option<usize>,
+
     /// Seconds between rotations of the key NTS cookies are sealed under; cookies sealed under
     /// the key before still work [default: 86400]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]

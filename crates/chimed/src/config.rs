@@ -55,6 +55,7 @@ struct File {
     nts_certificate: Option<PathBuf>,
     nts_private_key: Option<PathBuf>,
     nts_ke_address: Option<SocketAddr>,
+    nts_ke_threads: Option<usize>,
     nts_rotation: Option<f64>,
     nts_dump_dir: Option<PathBuf>,
     nts_fleet_key: Option<PathBuf>,
@@ -128,6 +129,8 @@ pub(crate) struct Nts {
     /// When the certificate expires, Unix seconds, if it could be read.
     pub(crate) not_after: Option<i64>,
     pub(crate) ke_address: SocketAddr,
+    /// `--nts-ke-threads`: the threads NTS-KE sessions run on.
+    pub(crate) ke_threads: usize,
     pub(crate) rotation: Duration,
     /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
     pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
@@ -307,6 +310,8 @@ const DEFAULT_ROUGHTIME_RECV_BUFFER: usize = 16 << 20;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
 /// --shed-target's default, CoDel's: see DEFAULT_SHED_INTERVAL.
 const DEFAULT_SHED_TARGET: f64 = 0.005;
+/// --nts-ke-threads: past the cores of any machine chimed runs on, handshakes only contend.
+const MAX_NTS_KE_THREADS: usize = 64;
 /// --shed-interval's default, CoDel's.
 const DEFAULT_SHED_INTERVAL: f64 = 0.1;
 /// Beyond a second a request is stale for any client; beyond ten seconds "standing" means little.
@@ -408,6 +413,13 @@ impl Settings {
         let (nts_key, nts_key_in) = pick!(nts_private_key, "nts-private-key");
         let (nts_ke, nts_ke_in) = pick!(nts_ke_address, "nts-ke-address");
         let (nts_rotation, nts_rotation_in) = pick!(nts_rotation, "nts-rotation");
+        let (nts_ke_threads, nts_ke_threads_in) = pick!(nts_ke_threads, "nts-ke-threads");
+        if let Some(n) = nts_ke_threads
+            && !(1..=MAX_NTS_KE_THREADS).contains(&n)
+        {
+            let r = format!("{n} is not between 1 and {MAX_NTS_KE_THREADS}");
+            return Err(invalid(&nts_ke_threads_in, r));
+        }
         let (nts_dump_dir, nts_dump_dir_in) = pick!(nts_dump_dir, "nts-dump-dir");
         let (nts_fleet_key, nts_fleet_key_in) = pick!(nts_fleet_key, "nts-fleet-key");
         let (nts_ntp_server, nts_ntp_server_in) = pick!(nts_ntp_server, "nts-ntp-server");
@@ -438,6 +450,7 @@ impl Settings {
             (None, None) => {
                 for (given, input) in [
                     (nts_ke.is_some(), &nts_ke_in),
+                    (nts_ke_threads.is_some(), &nts_ke_threads_in),
                     (
                         nts_rotation.is_some() && nts_fleet.is_none(),
                         &nts_rotation_in,
@@ -492,6 +505,7 @@ impl Settings {
                     tls: loaded.config,
                     not_after: loaded.not_after,
                     ke_address: nts_ke.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
+                    ke_threads: nts_ke_threads.unwrap_or(1),
                     rotation: Duration::from_secs_f64(rotation),
                     dump,
                     ratelimit: nts_ratelimit,

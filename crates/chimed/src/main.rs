@@ -635,34 +635,41 @@ async fn control_plane(
         tasks.push(tokio::spawn(metrics::serve(listener, sources)));
     }
     let mut nts_tls = None;
+    let mut ke_threads = None;
     if let Some(n) = nts {
         match n.listener.local_addr() {
             Ok(addr) => info!(
                 "nts-ke listening on {addr} (certificate {}, NTP server {}, NTP port {}, cookie \
-                 key rotated every {} s)",
+                 key rotated every {} s, {} thread{})",
                 n.settings.certificate.display(),
                 n.ntp.server.as_deref().unwrap_or("this one"),
                 n.ntp.port.unwrap_or(123),
-                n.settings.rotation.as_secs()
+                n.settings.rotation.as_secs(),
+                n.settings.ke_threads,
+                if n.settings.ke_threads == 1 { "" } else { "s" },
             ),
             Err(e) => warn!("nts-ke: cannot tell the bound address: {e}"),
         }
-        tasks.push(tokio::spawn(nts_ke::serve(
-            n.listener,
+        let limiter = n.settings.ratelimit.map(|r| {
+            let table = ClientTable::new(r.limit, r.clients, rand::random());
+            info!(
+                "nts-ke: rate limiting on: ntsratelimit {}, {} client addresses tracked",
+                r.limit,
+                table.capacity()
+            );
+            table
+        });
+        let shared = Arc::new(nts_ke::KeShared::new(
             n.tls.clone(),
             n.cookies.clone(),
             n.ntp.clone(),
             n.counts.clone(),
-            n.settings.ratelimit.map(|r| {
-                let table = ClientTable::new(r.limit, r.clients, rand::random());
-                info!(
-                    "nts-ke: rate limiting on: ntsratelimit {}, {} client addresses tracked",
-                    r.limit,
-                    table.capacity()
-                );
-                table
-            }),
-        )));
+            limiter,
+        ));
+        ke_threads = Some(
+            nts_ke::KeThreads::spawn(&n.listener, &shared, n.settings.ke_threads)
+                .context("cannot start the NTS-KE threads")?,
+        );
         nts_ke::log_expiry(&n.settings.certificate, n.settings.not_after);
         if let Some(t) = n.settings.not_after {
             n.counts
@@ -710,6 +717,9 @@ async fn control_plane(
     }
     for t in tasks {
         t.abort();
+    }
+    if let Some(t) = ke_threads {
+        t.stop();
     }
     Ok(())
 }

@@ -25,7 +25,8 @@ use tracing::{debug, info, warn};
 use crate::nts_keys::{self, How};
 use crate::per_address::PerAddress;
 
-/// Sessions served at once; more wait for a slot.
+/// Sessions served at once, over all the NTS-KE threads; more wait for a slot (each idle
+/// thread holds one while it waits to accept).
 const MAX_SESSIONS: usize = 256;
 /// Sessions served at once for one client address; more are closed at once (counted as
 /// `address_limited`), so that one host holding connections open cannot take every slot.
@@ -398,18 +399,91 @@ pub(crate) fn reload_fleet(
     }
 }
 
-/// Accepts NTS-KE sessions on `listener` until the task is aborted. With `limiter`
-/// (`--nts-ratelimit`), a connection from an address over its limit is closed at once, before
-/// the TLS handshake it would cost.
-pub(crate) async fn serve(
-    listener: std::net::TcpListener,
-    tls: Arc<ArcSwap<ServerConfig>>,
-    cookies: Arc<ArcSwap<CookieKeys>>,
-    ntp: Arc<nts::NtpNegotiation>,
-    counts: Arc<KeCounts>,
+/// What every NTS-KE thread shares, so that a limit holds for the server as a whole whichever
+/// thread accepts a connection: the certificate and cookie keys in force, the counts, the
+/// session slots, the sessions open per address and `--nts-ratelimit`'s table.
+pub(crate) struct KeShared {
+    pub(crate) tls: Arc<ArcSwap<ServerConfig>>,
+    pub(crate) cookies: Arc<ArcSwap<CookieKeys>>,
+    pub(crate) ntp: Arc<nts::NtpNegotiation>,
+    pub(crate) counts: Arc<KeCounts>,
     limiter: Option<ClientTable>,
+    slots: Arc<Semaphore>,
+    per_address: PerAddress,
+    /// The rate limiter's clock starts here, the same for every thread.
+    epoch: std::time::Instant,
+}
+
+impl KeShared {
+    pub(crate) fn new(
+        tls: Arc<ArcSwap<ServerConfig>>,
+        cookies: Arc<ArcSwap<CookieKeys>>,
+        ntp: Arc<nts::NtpNegotiation>,
+        counts: Arc<KeCounts>,
+        limiter: Option<ClientTable>,
+    ) -> Self {
+        Self {
+            tls,
+            cookies,
+            ntp,
+            counts,
+            limiter,
+            slots: Arc::new(Semaphore::new(MAX_SESSIONS)),
+            per_address: PerAddress::default(),
+            epoch: std::time::Instant::now(),
+        }
+    }
+}
+
+/// The NTS-KE threads (`--nts-ke-threads`), each accepting on the one listener with its own
+/// single-threaded runtime, so that a flood of handshakes delays neither the control plane's
+/// upstream polls nor its key rotations.
+pub(crate) struct KeThreads {
+    stop: tokio::sync::watch::Sender<bool>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl KeThreads {
+    /// Starts `threads` threads named `nts-ke`, serving `listener` until [`Self::stop`].
+    pub(crate) fn spawn(
+        listener: &std::net::TcpListener,
+        shared: &Arc<KeShared>,
+        threads: usize,
+    ) -> std::io::Result<Self> {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut handles = Vec::new();
+        for _ in 0..threads.max(1) {
+            let (listener, shared, stopped) =
+                (listener.try_clone()?, shared.clone(), stopped.clone());
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(
+                std::thread::Builder::new()
+                    .name("nts-ke".into())
+                    .spawn(move || runtime.block_on(serve(listener, shared, stopped)))?,
+            );
+        }
+        Ok(Self { stop, handles })
+    }
+
+    /// Stops accepting, ends the sessions in progress and waits for the threads.
+    pub(crate) fn stop(self) {
+        let _ = self.stop.send(true);
+        for h in self.handles {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Accepts NTS-KE sessions on `listener` (one thread's clone of it) until `stopped`. With the
+/// rate limiter (`--nts-ratelimit`), a connection from an address over its limit is closed at
+/// once, before the TLS handshake it would cost.
+async fn serve(
+    listener: std::net::TcpListener,
+    shared: Arc<KeShared>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
-    let epoch = std::time::Instant::now();
     let mut coin = Coin::new(rand::random());
     let listener = match listener
         .set_nonblocking(true)
@@ -421,39 +495,49 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let slots = Arc::new(Semaphore::new(MAX_SESSIONS));
-    let per_address = PerAddress::default();
+    let counts = &shared.counts;
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
+        let permit = tokio::select! {
+            p = shared.slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = stopped.changed() => return,
         };
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopped.changed() => return,
+        };
+        let (stream, peer) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 debug!("nts-ke: accept: {e}");
                 continue;
             }
         };
-        if let Some(table) = &limiter {
-            let now_ns = epoch.elapsed().as_nanos() as u64;
+        if let Some(table) = &shared.limiter {
+            let now_ns = shared.epoch.elapsed().as_nanos() as u64;
             if !matches!(table.check(peer.ip(), now_ns, &mut coin), Verdict::Answer) {
                 counts.rate_limited.fetch_add(1, Relaxed);
                 debug!("nts-ke: {peer}: over its rate limit, closed");
                 continue;
             }
         }
-        let Some(place) = per_address.take(peer.ip(), MAX_SESSIONS_PER_ADDRESS) else {
+        let Some(place) = shared.per_address.take(peer.ip(), MAX_SESSIONS_PER_ADDRESS) else {
             counts.address_limited.fetch_add(1, Relaxed);
             debug!("nts-ke: {peer}: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
             continue;
         };
         // The certificate in force now: SIGHUP may have replaced it.
-        let acceptor = TlsAcceptor::from(tls.load_full());
-        let (cookies, counts, ntp) = (cookies.clone(), counts.clone(), ntp.clone());
+        let acceptor = TlsAcceptor::from(shared.tls.load_full());
+        let shared = shared.clone();
         tokio::spawn(async move {
-            let outcome =
-                tokio::time::timeout(SESSION_TIMEOUT, session(stream, acceptor, &cookies, &ntp))
-                    .await;
+            let (cookies, counts) = (&shared.cookies, &shared.counts);
+            let outcome = tokio::time::timeout(
+                SESSION_TIMEOUT,
+                session(stream, acceptor, cookies, &shared.ntp),
+            )
+            .await;
             let kind = match outcome {
                 Ok(Ok(true)) => &counts.agreed,
                 Ok(Ok(false)) => &counts.refused,

@@ -593,7 +593,8 @@ fn ke_kept_open(mut stream: std::net::TcpStream, deadline: std::time::Instant) -
 
 /// `--nts-ratelimit` (chronyd's `ntsratelimit`): a real client is served within its burst; a
 /// flood of connections from one address is closed before any TLS, bar the few leaked; another
-/// address keeps its own burst; chimed's count of what it turned away is ours exactly.
+/// address keeps its own burst; chimed's count of what it turned away is ours exactly. NTS-KE
+/// runs on four threads here: one limit holds across them.
 #[test]
 fn nts_ke_rate_limit_turns_a_flood_away_before_tls() {
     let dir = tempfile::tempdir().unwrap();
@@ -608,6 +609,8 @@ fn nts_ke_rate_limit_turns_a_flood_away_before_tls() {
             "--nts-ratelimit-burst",
             "3",
             "--nts-ratelimit-leak",
+            "4",
+            "--nts-ke-threads",
             "4",
         ],
     );

@@ -1,0 +1,377 @@
+//! NTS under load: `chime perf ntp --nts` and `chime perf nts-ke` against the real chimed, and
+//! NTS-KE on several threads (`--nts-ke-threads`) with its limits, rate limit and key rotation
+//! the same whichever thread serves a session. Behaviour, not timings: every reply counted and
+//! verified, NAKs counted when the server's keys change under the load, chimed's own counts
+//! matching ours.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Chimed, Chronyd, certificate, count_in, run};
+
+/// chimed mirroring `chronyd` with NTS on an ephemeral NTS-KE port, plus `extra`; and that port.
+fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path, extra: &[&str]) -> (Chimed, u16) {
+    let flags = common::nts_flags(cert, key);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
+    let port = chimed.logged_addr("nts-ke listening on ").port();
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    (chimed, port)
+}
+
+/// `chime perf ARGS --json FILE`, waited for: its exit, stdout and the JSON report.
+fn perf(args: &[&str], json: &Path) -> (bool, String, serde_json::Value) {
+    let out = run(Command::new(common::workspace_bin("chime"))
+        .arg("perf")
+        .args(args)
+        .arg("--json")
+        .arg(json));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report = std::fs::read(json)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| panic!("no JSON report: {stdout}\n{stderr}"));
+    (out.status.success(), format!("{stdout}\n{stderr}"), report)
+}
+
+/// The number after `label` in `chime perf ntp --nts`'s closing line ("NTS: 3 NAKs ...").
+fn nts_summary(out: &str, label: &str) -> u64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("NTS: "))
+        .unwrap_or_else(|| panic!("no NTS summary: {out}"));
+    let at = line
+        .find(label)
+        .unwrap_or_else(|| panic!("{label}? {line}"));
+    line[..at]
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{label}: {line}"))
+}
+
+/// Authenticated NTP under load: every request spends a cookie, every reply is checked as a
+/// client checks it (identifier, authenticator, header, new cookies put to use), and chimed
+/// counts as many authenticated replies as the load generator verified.
+#[test]
+fn perf_ntp_nts_verifies_every_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
+    let json = dir.path().join("nts.json");
+    let ke = format!("127.0.0.1:{ke_port}");
+    let (ok, out, report) = perf(
+        &[
+            "ntp",
+            "--nts",
+            &ke,
+            "--nts-ca",
+            cert.to_str().unwrap(),
+            "--nts-sessions",
+            "6",
+            "--threads",
+            "2",
+            "--sockets",
+            "4",
+            "--rate",
+            "2000",
+            "--duration",
+            "1.5",
+            "--warmup",
+            "0.2",
+        ],
+        &json,
+    );
+    assert!(ok, "{out}");
+    let step = &report["steps"][0];
+    let (sent, answered) = (
+        step["sent"].as_u64().unwrap(),
+        step["answered"].as_u64().unwrap(),
+    );
+    assert!(sent >= 2900, "{step:#}");
+    assert!(answered * 100 >= sent * 99, "{step:#}");
+    assert_eq!(step["invalid"], 0, "{step:#}");
+    assert_eq!(step["refused"], 0, "{step:#}");
+    assert_eq!(report["request"]["nts"]["cookie_len"], 104, "{report:#}");
+    assert_eq!(nts_summary(&out, "NAKs"), 0, "{out}");
+    // Cookies come back with each reply: a session never runs out at this loss.
+    assert_eq!(nts_summary(&out, "requests reused"), 0, "{out}");
+    assert!(chimed.terminate().success());
+    let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    // The warm-up's replies and any late ones count at chimed, not in the step.
+    assert!(count_in(&ntp, "nts") >= answered, "{ntp}");
+    assert!(!ntp.contains("nts_nak="), "{ntp}");
+    let ke_totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&ke_totals, "agreed"), 6, "{ke_totals}");
+}
+
+/// The server's keys change under the load (a new fleet secret, no `previous`, and SIGHUP): the
+/// cookies the load generator holds no longer open, chimed answers NAKs, the generator counts
+/// them as refusals, runs NTS-KE again for each refused session, and is answered again.
+#[test]
+fn perf_ntp_nts_counts_naks_when_the_keys_change() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let secret = dir.path().join("fleet");
+    // Made aside and moved over: chime never overwrites a key file.
+    let new_secret = || {
+        let aside = dir.path().join("fleet.new");
+        let out = run(Command::new(common::workspace_bin("chime"))
+            .arg("nts-fleet-key")
+            .arg(&aside));
+        assert!(out.status.success(), "{out:?}");
+        std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::rename(&aside, &secret).unwrap();
+    };
+    new_secret();
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &["--nts-fleet-key", secret.to_str().unwrap()],
+    );
+    let json = dir.path().join("nak.json");
+    let ke = format!("127.0.0.1:{ke_port}");
+    let load = std::thread::spawn({
+        let (json, cert) = (json.clone(), cert.clone());
+        move || {
+            perf(
+                &[
+                    "ntp",
+                    "--nts",
+                    &ke,
+                    "--nts-ca",
+                    cert.to_str().unwrap(),
+                    "--nts-sessions",
+                    "4",
+                    "--rate",
+                    "1000",
+                    "--duration",
+                    "3",
+                    "--warmup",
+                    "0",
+                ],
+                &json,
+            )
+        }
+    });
+    // Once the load has run a while, the secret changes under it.
+    std::thread::sleep(Duration::from_millis(1200));
+    new_secret();
+    nix::sys::signal::kill(chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    chimed.wait_for("SIGHUP: NTS fleet secret reloaded", Duration::from_secs(2));
+    let (ok, out, report) = load.join().unwrap();
+    assert!(ok, "{out}");
+    let step = &report["steps"][0];
+    let refused = step["refused"].as_u64().unwrap();
+    assert!(refused >= 1, "{step:#}\n{out}");
+    assert_eq!(step["invalid"], 0, "{step:#}");
+    assert_eq!(nts_summary(&out, "NAKs"), refused, "{out}");
+    // Each of the four sessions was refused and made again, and the load was answered after.
+    assert_eq!(nts_summary(&out, "sessions made again"), 4, "{out}");
+    let answered = step["answered"].as_u64().unwrap();
+    assert!(answered + refused >= 2900, "{step:#}");
+    assert!(chimed.terminate().success());
+    let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&ntp, "nts_nak"), refused, "{ntp}");
+    let ke_totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&ke_totals, "agreed"), 8, "{ke_totals}");
+}
+
+/// Cold NTS-KE sessions at a fixed rate: every one completes, chimed agrees to exactly as many,
+/// and its CPU time per session is reported. Against a port with nothing listening every
+/// session is `refused`; trusting another certificate, every one fails in TLS.
+#[test]
+fn perf_nts_ke_counts_sessions_and_failures_by_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let (other, _) = certificate(dir.path(), "other");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
+    let ke = format!("127.0.0.1:{ke_port}");
+    let pid = chimed.pid().as_raw().to_string();
+    let session_args = |target: &str, ca: &Path| -> Vec<String> {
+        [
+            "nts-ke",
+            "--target",
+            target,
+            "--nts-ca",
+            ca.to_str().unwrap(),
+            "--rate",
+            "40",
+            "--duration",
+            "1",
+            "--timeout",
+            "2",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+
+    let mut good = session_args(&ke, &cert);
+    good.extend(["--server-pid".to_owned(), pid]);
+    let (ok, out, report) = perf(&strs(&good), &dir.path().join("good.json"));
+    assert!(ok, "{out}");
+    let step = &report["steps"][0];
+    assert_eq!(step["scheduled"], 40, "{step:#}");
+    assert_eq!(step["completed"], 40, "{step:#}");
+    assert_eq!(step["failed"], 0, "{step:#}");
+    assert!(
+        step["latency_ms"]["p50"].as_f64().unwrap() > 0.0,
+        "{step:#}"
+    );
+    let cpu = step["server_cpu"]["us_per_reply"].as_f64();
+    assert!(cpu.is_some_and(|us| us > 0.0), "{step:#}");
+
+    let (_, out, report) = perf(
+        &strs(&session_args(&ke, &other)),
+        &dir.path().join("tls.json"),
+    );
+    let step = &report["steps"][0];
+    assert_eq!(step["failures"]["tls"], 40, "{step:#}\n{out}");
+    assert_eq!(step["completed"], 0, "{step:#}");
+
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let (_, out, report) = perf(
+        &strs(&session_args(&closed, &cert)),
+        &dir.path().join("refused.json"),
+    );
+    let step = &report["steps"][0];
+    assert_eq!(step["failures"]["refused"], 40, "{step:#}\n{out}");
+
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "agreed"), 40, "{totals}");
+    assert_eq!(count_in(&totals, "failed.tls"), 40, "{totals}");
+}
+
+/// The CPU time, in clock ticks, each of chimed's NTS-KE threads (named `nts-ke`) has used.
+fn ke_thread_ticks(pid: u32) -> Vec<u64> {
+    let mut ticks = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() != "nts-ke" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks.push(f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap());
+    }
+    ticks
+}
+
+/// `--nts-ke-threads 4`: four threads named `nts-ke`, and a burst of sessions spreads over more
+/// than one of them; the per-address session limit holds across them (twelve silent connections
+/// from one address: eight held, four closed unserved); and a cookie-key rotation every second
+/// is seen alike by sessions whichever thread made them: under a 3 s authenticated load on
+/// sessions made by all four, no NAK and no invalid reply.
+#[test]
+fn nts_ke_on_four_threads_keeps_one_set_of_limits_and_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &["--nts-ke-threads", "4", "--nts-rotation", "1"],
+    );
+    chimed.wait_for("4 threads)", Duration::from_secs(1));
+    let pid = chimed.pid().as_raw() as u32;
+    assert_eq!(ke_thread_ticks(pid).len(), 4);
+    let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
+
+    // The per-address limit, across threads.
+    let silent: Vec<std::net::TcpStream> = (0..12)
+        .map(|_| std::net::TcpStream::connect(ke).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut held = 0;
+    for mut s in silent {
+        use std::io::Read as _;
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        match s.read(&mut [0u8; 8]) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(_) => held += 1,
+            Ok(_) => panic!("NTS-KE said something to a silent client"),
+        }
+    }
+    assert_eq!(held, 8, "silent connections held");
+
+    // A burst of sessions, and where they ran.
+    let before = ke_thread_ticks(pid);
+    let (ok, out, report) = perf(
+        &[
+            "nts-ke",
+            "--target",
+            &ke.to_string(),
+            "--nts-ca",
+            cert.to_str().unwrap(),
+            "--rate",
+            "100",
+            "--duration",
+            "1",
+            "--connections",
+            "16",
+        ],
+        &dir.path().join("burst.json"),
+    );
+    assert!(ok, "{out}");
+    assert_eq!(report["steps"][0]["completed"], 100, "{report:#}");
+    let after = ke_thread_ticks(pid);
+    let busy = before.iter().zip(&after).filter(|(b, a)| a > b).count();
+    assert!(busy >= 2, "one thread did it all: {before:?} -> {after:?}");
+
+    // Key rotation, alike for every thread's sessions.
+    let (ok, out, report) = perf(
+        &[
+            "ntp",
+            "--nts",
+            &ke.to_string(),
+            "--nts-ca",
+            cert.to_str().unwrap(),
+            "--nts-sessions",
+            "16",
+            "--rate",
+            "500",
+            "--duration",
+            "3",
+            "--warmup",
+            "0",
+        ],
+        &dir.path().join("rotation.json"),
+    );
+    assert!(ok, "{out}");
+    let step = &report["steps"][0];
+    assert_eq!(step["refused"], 0, "{step:#}");
+    assert_eq!(step["invalid"], 0, "{step:#}");
+    assert!(step["answered"].as_u64().unwrap() >= 1450, "{step:#}");
+
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "address_limited"), 4, "{totals}");
+    assert_eq!(count_in(&totals, "agreed"), 116, "{totals}");
+    let log = chimed.log();
+    assert!(log.matches("nts: cookie key rotated").count() >= 3, "{log}");
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
