@@ -9,19 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{CHRONYD, Chimed, Chronyd, ChronydClient, RKIK, certificate, count_in, peer, run};
-
-/// chimed mirroring `chronyd` with NTS on and `extra` flags, NTS-KE on a free loopback port;
-/// returns it and that port.
-fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path, extra: &[&str]) -> (Chimed, u16) {
-    let flags = common::nts_flags(cert, key);
-    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend_from_slice(extra);
-    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
-    let port = chimed.logged_addr("nts-ke listening on ").port();
-    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
-    (chimed, port)
-}
+use common::{
+    CHRONYD, Chimed, Chronyd, ChronydClient, RKIK, certificate, chimed_nts, count_in, peer, run,
+};
 
 /// `chronyd -Q` as an NTS client of 127.0.0.1 with NTS-KE on `ke_port`, trusting `trusted`:
 /// the offset it measured, or its output if it measured nothing. It gives up after 8 s, or 3 when

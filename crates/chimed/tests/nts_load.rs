@@ -10,18 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Chimed, Chronyd, certificate, count_in, run};
-
-/// chimed mirroring `chronyd` with NTS on an ephemeral NTS-KE port, plus `extra`; and that port.
-fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path, extra: &[&str]) -> (Chimed, u16) {
-    let flags = common::nts_flags(cert, key);
-    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend_from_slice(extra);
-    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
-    let port = chimed.logged_addr("nts-ke listening on ").port();
-    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
-    (chimed, port)
-}
+use common::{Chronyd, certificate, chimed_nts, count_in, run};
 
 /// `chime perf ARGS --json FILE`, waited for: its exit, stdout and the JSON report.
 fn perf(args: &[&str], json: &Path) -> (bool, String, serde_json::Value) {

@@ -885,6 +885,18 @@ pub fn nts_flags(cert: &Path, key: &Path) -> Vec<String> {
     .to_vec()
 }
 
+/// chimed mirroring `chronyd` with NTS (`cert`, `key`) on an ephemeral NTS-KE port, plus `extra`,
+/// synchronised; and that port.
+pub fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path, extra: &[&str]) -> (Chimed, u16) {
+    let flags = nts_flags(cert, key);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
+    let port = chimed.logged_addr("nts-ke listening on ").port();
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    (chimed, port)
+}
+
 /// The resident memory of process `pid`, in KiB (VmRSS).
 pub fn resident_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
