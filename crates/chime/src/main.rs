@@ -11,7 +11,8 @@ mod roughtime;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context as _;
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +40,13 @@ enum Command {
     NtsFleetKey(keygen::FleetArgs),
     /// Load-test a server: open-loop request rates, loss, latency percentiles
     Perf(perf::Args),
+    /// Write the manual pages (chime(1) and one per subcommand) and the bash, zsh and fish
+    /// completions into DIR (for packaging)
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Where to write them
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,6 +58,7 @@ fn main() -> ExitCode {
         Command::NtsFleetKey(args) => keygen::run_fleet(&args),
         Command::Delegate(args) => keygen::run_delegate(&args),
         Command::Perf(args) => perf::run(&args),
+        Command::GenerateDocs { dir } => generate_docs(&dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -58,4 +67,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `chime generate-docs DIR`: the pages and completions, from the flags' own definitions.
+fn generate_docs(dir: &std::path::Path) -> anyhow::Result<()> {
+    let context = || format!("{}", dir.display());
+    std::fs::create_dir_all(dir).with_context(context)?;
+    let mut cmd = Cli::command();
+    clap_mangen::generate_to(cmd.clone(), dir).with_context(context)?;
+    for shell in [
+        clap_complete::Shell::Bash,
+        clap_complete::Shell::Zsh,
+        clap_complete::Shell::Fish,
+    ] {
+        clap_complete::generate_to(shell, &mut cmd, "chime", dir).with_context(context)?;
+    }
+    Ok(())
 }

@@ -49,6 +49,11 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) check_config: bool,
 
+    /// Write the manual pages chimed(8) and chimed.toml(5) and the bash, zsh and fish completions
+    /// into DIR and exit (for packaging)
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub(crate) generate_docs: Option<PathBuf>,
+
     /// Seconds between polls of the upstream server [default: 1]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) poll_interval: Option<f64>,

@@ -9,6 +9,7 @@ mod acl;
 mod cli;
 mod clock;
 mod config;
+mod docs;
 mod metrics;
 mod ntp_worker;
 mod nts_ke;
@@ -67,6 +68,15 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => return bad_flags(&e),
     };
+    if let Some(dir) = &args.generate_docs {
+        return match docs::generate(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("chimed: --generate-docs {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,
         Err(e) => {

@@ -1,0 +1,139 @@
+//! The reference keeps up with the code: every flag `chimed --help` lists is in the flag reference
+//! (docs/FLAGS.adoc), in the manual page chimed(8) and, as a key of the same name, in chimed.toml(5)
+//! and the example config (configs/chimed.toml); every `chime` subcommand has its manual page
+//! naming each of its flags; and the completions are written for bash, zsh and fish.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::run;
+
+/// The long flags in a `--help` text: the first `--name` of each option line.
+fn long_flags(help: &str) -> Vec<String> {
+    let mut flags = Vec::new();
+    for line in help.lines() {
+        let line = line.trim_start();
+        if !line.starts_with('-') {
+            continue;
+        }
+        if let Some(at) = line.find("--") {
+            let name: String = line[at + 2..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            if !name.is_empty() && name != "help" && name != "version" {
+                flags.push(name);
+            }
+        }
+    }
+    flags
+}
+
+fn help_of(bin: &str, args: &[&str]) -> String {
+    let out = run(Command::new(common::workspace_bin(bin))
+        .args(args)
+        .arg("--help"));
+    assert!(out.status.success(), "{bin} {args:?} --help: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn repo_file(path: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `bin --generate-docs DIR` (chimed) or `bin generate-docs DIR` (chime), into a new directory.
+fn generated(bin: &str, args: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(Command::new(common::workspace_bin(bin))
+        .args(args)
+        .arg(dir.path()));
+    assert!(out.status.success(), "{bin} {args:?}: {out:?}");
+    dir
+}
+
+/// roff writes a dash in text as `\-`.
+fn in_roff(page: &str, text: &str) -> bool {
+    page.contains(&text.replace('-', "\\-"))
+}
+
+#[test]
+fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
+    let flags = long_flags(&help_of("chimed", &[]));
+    assert!(
+        flags.len() > 60,
+        "too few flags read from --help: {flags:?}"
+    );
+    let reference = repo_file("docs/FLAGS.adoc");
+    let example = repo_file("configs/chimed.toml");
+    let docs = generated("chimed", &["--generate-docs"]);
+    let man = std::fs::read_to_string(docs.path().join("chimed.8")).unwrap();
+    let config_man = std::fs::read_to_string(docs.path().join("chimed.toml.5")).unwrap();
+    let mut missing = Vec::new();
+    for flag in &flags {
+        if !reference.contains(&format!("`--{flag}")) {
+            missing.push(format!("--{flag}: not in docs/FLAGS.adoc"));
+        }
+        if !in_roff(&man, &format!("--{flag}")) {
+            missing.push(format!("--{flag}: not in chimed(8)"));
+        }
+        if flag == "config" || flag == "check-config" {
+            continue;
+        }
+        if !in_roff(&config_man, flag) {
+            missing.push(format!("{flag}: not in chimed.toml(5)"));
+        }
+        if !example.contains(&format!("# {flag} =")) && !example.contains(&format!("\n{flag} =")) {
+            missing.push(format!("{flag}: not in configs/chimed.toml"));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    for file in ["chimed.bash", "_chimed", "chimed.fish"] {
+        let text = std::fs::read_to_string(docs.path().join(file)).unwrap();
+        assert!(text.contains("nts-ke-threads"), "{file}");
+    }
+    // A flag that is not there is noticed: the check can fail.
+    assert!(!reference.contains("`--no-such-flag"));
+}
+
+#[test]
+fn every_chime_subcommand_has_a_manual_page_naming_its_flags() {
+    let docs = generated("chime", &["generate-docs"]);
+    let subcommands: [&[&str]; 9] = [
+        &["ntp"],
+        &["roughtime"],
+        &["keygen"],
+        &["delegate"],
+        &["nts-fleet-key"],
+        &["perf", "ntp"],
+        &["perf", "roughtime"],
+        &["perf", "nts-ke"],
+        &["perf"],
+    ];
+    let mut missing = Vec::new();
+    for sub in subcommands {
+        let page_name = format!("chime-{}.1", sub.join("-"));
+        let Ok(page) = std::fs::read_to_string(docs.path().join(&page_name)) else {
+            missing.push(format!("{page_name}: not written"));
+            continue;
+        };
+        for flag in long_flags(&help_of("chime", sub)) {
+            if !in_roff(&page, &format!("--{flag}")) {
+                missing.push(format!(
+                    "chime {}: --{flag} not in {page_name}",
+                    sub.join(" ")
+                ));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert!(docs.path().join("chime.1").exists());
+    // The generator itself is no part of the manual.
+    assert!(!docs.path().join("chime-generate-docs.1").exists());
+    for file in ["chime.bash", "_chime", "chime.fish"] {
+        let text = std::fs::read_to_string(docs.path().join(file)).unwrap();
+        assert!(text.contains("nts-sessions"), "{file}");
+    }
+}
