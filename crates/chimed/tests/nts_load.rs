@@ -319,6 +319,8 @@ fn nts_ke_on_four_threads_keeps_one_set_of_limits_and_keys() {
             "1",
             "--connections",
             "16",
+            "--sources",
+            "4",
         ],
         &dir.path().join("burst.json"),
     );

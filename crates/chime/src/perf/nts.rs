@@ -38,6 +38,13 @@ const COOKIES: usize = 8;
 /// The longest cookie accepted from a server (RFC 8915 leaves it open; servers use about 100).
 const MAX_COOKIE: usize = 256;
 
+/// NTS-KE sessions made at once before a run: under the per-address limits servers keep (chimed
+/// allows 8 at once from one address).
+const AT_ONCE: usize = 4;
+
+/// Tries at one NTS-KE session before a run gives up.
+const ATTEMPTS: usize = 3;
+
 /// Replaced sessions kept per thread to check late replies with.
 const RETIRED: usize = 64;
 
@@ -108,21 +115,31 @@ struct Rekey {
 }
 
 impl Shared {
-    /// Runs NTS-KE `sessions` times (eight at a time) and starts the helper that runs it again
-    /// after a NAK.
+    /// Runs NTS-KE `sessions` times ([`AT_ONCE`] at a time, each tried up to [`ATTEMPTS`]
+    /// times) and starts the helper that runs it again after a NAK.
     pub(crate) fn establish(ke: &KeServer, sessions: usize, threads: usize) -> Result<Arc<Self>> {
         let next = AtomicU32::new(1);
         let made: Mutex<Vec<(Session, std::net::SocketAddr)>> = Mutex::default();
         let first_error: Mutex<Option<anyhow::Error>> = Mutex::default();
         std::thread::scope(|s| {
-            for _ in 0..sessions.min(8) {
+            for _ in 0..sessions.min(AT_ONCE) {
                 s.spawn(|| {
                     while (next.load(Relaxed) as usize) <= sessions {
                         let id = next.fetch_add(1, Relaxed);
                         if id as usize > sessions {
                             break;
                         }
-                        match session(ke, id) {
+                        // A server may close a connection over its per-address limit (chimed's
+                        // is 8 at once) before the one before has quite ended: try again.
+                        let mut outcome = session(ke, id);
+                        for _ in 1..ATTEMPTS {
+                            if outcome.is_ok() {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(50));
+                            outcome = session(ke, id);
+                        }
+                        match outcome {
                             Ok(x) => made.lock().unwrap().push(x),
                             Err(e) => {
                                 first_error.lock().unwrap().get_or_insert(e);
