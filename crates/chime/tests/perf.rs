@@ -397,3 +397,52 @@ fn bad_arguments_get_one_line_naming_the_flag_and_exit_2() {
         );
     }
 }
+
+/// `--verdict` (and `--max-p99`, which turns it on) ends the run with PASS and exit status 0 when
+/// every step held the limits, and with FAIL, the limit named, and exit status 1 when one did not:
+/// a responder answering every other request fails --max-loss 10; chimed passes it, and fails
+/// a p99 limit no round trip can meet.
+#[test]
+fn the_verdict_passes_or_fails_the_run_and_the_exit_status_follows() {
+    let run = |target: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--target",
+            target,
+            "--rate",
+            "1000",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+            "--timeout",
+            "0.5",
+        ];
+        args.extend_from_slice(extra);
+        chime_perf(&args)
+    };
+    let half = Responder::start(Policy::EveryOther);
+    let (code, err, json) = run(&half.addr.to_string(), &["--verdict", "--max-loss", "10"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("verdict: FAIL") && err.contains("over --max-loss 10%"),
+        "{err}"
+    );
+    assert_eq!(json.unwrap()["verdict"]["pass"], false);
+
+    let chronyd = Chronyd::start();
+    let chimed = start_chimed(&chronyd);
+    let target = chimed.addr.to_string();
+    let (code, err, json) = run(
+        &target,
+        &["--verdict", "--max-loss", "10", "--max-p99", "1000"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json.unwrap()["verdict"]["pass"], true);
+    let (code, err, _) = run(&target, &["--max-p99", "0.000001"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("over --max-p99"), "{err}");
+    // Without a limit asked for there is no verdict, whatever the loss.
+    let (code, err, json) = run(&half.addr.to_string(), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(json.unwrap()["verdict"].is_null());
+}

@@ -73,6 +73,17 @@ pub(crate) struct LoadArgs {
           allow_negative_numbers = true)]
     pub(crate) max_loss: f64,
 
+    /// End with a verdict: PASS if every step kept lost and stale replies within --max-loss (and
+    /// its p99 round trip within --max-p99), else FAIL and exit status 1
+    #[arg(long)]
+    pub(crate) verdict: bool,
+
+    /// With --verdict (which it turns on): the highest p99 round trip a step may have, in
+    /// milliseconds
+    #[arg(long = "max-p99", value_name = "MS", value_parser = parse_milliseconds,
+          allow_negative_numbers = true)]
+    pub(crate) max_p99: Option<f64>,
+
     /// Sending threads; each also receives the replies to its own requests
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_threads)]
     pub(crate) threads: usize,
@@ -291,6 +302,16 @@ pub(super) fn parse_positive_seconds(s: &str) -> Result<f64, String> {
     // Below a millisecond a step holds no meaningful number of requests and a timeout no reply.
     if v < 0.001 {
         return Err(format!("{v} seconds is less than the minimum of 0.001"));
+    }
+    Ok(v)
+}
+
+fn parse_milliseconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of milliseconds"))?;
+    if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS * 1e3) {
+        return Err(format!("{v} ms is outside (0, {}]", MAX_SECONDS * 1e3));
     }
     Ok(v)
 }

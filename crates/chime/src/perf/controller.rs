@@ -168,6 +168,8 @@ pub(crate) fn run<P: LoadProtocol>(
         }
     }
 
+    let verdict = (load.verdict || load.max_p99.is_some())
+        .then(|| report::Verdict::of(&reports, load.max_loss, load.max_p99));
     let mut stdout = io::stdout().lock();
     report::table(&mut stdout, &reports)?;
     write!(
@@ -175,6 +177,9 @@ pub(crate) fn run<P: LoadProtocol>(
         "{}",
         report::summary(&reports, load.max_loss, stopped_early.as_deref())
     )?;
+    if let Some(v) = &verdict {
+        write!(stdout, "{}", v.text())?;
+    }
     drop(stdout);
 
     let run = RunReport {
@@ -191,12 +196,17 @@ pub(crate) fn run<P: LoadProtocol>(
         server_pid: load.server_pid,
         kernel_rx_timestamps,
         stopped_early,
+        verdict: verdict.clone(),
         steps: &reports,
     };
     outputs.write(
         &run,
         &format!("chime perf {} ({label}) → {}", P::NAME, load.target()),
-    )
+    )?;
+    match verdict {
+        Some(v) if !v.pass => bail!("verdict: FAIL ({})", v.failures.join("; ")),
+        _ => Ok(()),
+    }
 }
 
 /// The sending threads and the channels to and from them.

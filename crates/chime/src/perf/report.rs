@@ -27,7 +27,64 @@ pub(crate) struct RunReport<'a> {
     pub(crate) kernel_rx_timestamps: bool,
     /// Why stepping stopped before the last step, if it did.
     pub(crate) stopped_early: Option<String>,
+    /// With `--verdict` or `--max-p99`: whether every step held the limits, and where not.
+    pub(crate) verdict: Option<Verdict>,
     pub(crate) steps: &'a [StepReport],
+}
+
+/// The run against the limits the operator gave: every step within `--max-loss` (lost and stale
+/// together: what clients did not accept) and, if given, `--max-p99`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct Verdict {
+    pub(crate) pass: bool,
+    /// One line per limit a step broke.
+    pub(crate) failures: Vec<String>,
+}
+
+impl Verdict {
+    pub(crate) fn of(steps: &[StepReport], max_loss: f64, max_p99_ms: Option<f64>) -> Self {
+        let mut failures = Vec::new();
+        for s in steps {
+            let bad = s.loss_pct + s.stale_pct;
+            if bad > max_loss {
+                failures.push(format!(
+                    "step {} ({:.0}/s): {bad:.3}% lost or stale, over --max-loss {max_loss}%",
+                    s.step, s.offered_rate
+                ));
+            }
+            if let Some(limit) = max_p99_ms {
+                match &s.rtt_us {
+                    Some(p) if p.p99 / 1e3 > limit => failures.push(format!(
+                        "step {} ({:.0}/s): p99 round trip {:.3} ms, over --max-p99 {limit} ms",
+                        s.step,
+                        s.offered_rate,
+                        p.p99 / 1e3
+                    )),
+                    Some(_) => {}
+                    None => failures.push(format!(
+                        "step {} ({:.0}/s): no reply, so no p99 to hold to --max-p99",
+                        s.step, s.offered_rate
+                    )),
+                }
+            }
+        }
+        Self {
+            pass: failures.is_empty(),
+            failures,
+        }
+    }
+
+    /// The verdict's lines for people.
+    pub(crate) fn text(&self) -> String {
+        if self.pass {
+            return "Verdict: PASS (every step within the limits)\n".to_owned();
+        }
+        let mut text = "Verdict: FAIL\n".to_owned();
+        for f in &self.failures {
+            let _ = writeln!(text, "  {f}");
+        }
+        text
+    }
 }
 
 /// Writes the table of steps.
