@@ -463,6 +463,72 @@ fn sighup_reloads_the_nts_certificate() {
     chime_ntp_nts(&spec, &b_cert).expect("the certificate in force is kept");
 }
 
+/// A renewal after chimed has dropped root (`-u nobody`, whose group is `nogroup`): a renewed key
+/// that is `root:nogroup` mode 0640, as an ACME deploy hook should leave it, is read on SIGHUP and
+/// served; a renewed key left `root:root` 0600, as ACME clients write them, cannot be read by the
+/// user chimed now runs as, so SIGHUP says why and the pair in force is kept.
+#[test]
+fn a_renewed_key_reaches_chimed_after_it_dropped_root() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::{Gid, Group, chown};
+    let nogroup = Group::from_name("nogroup")
+        .unwrap()
+        .expect("a nogroup group")
+        .gid;
+    let dir = tempfile::tempdir().unwrap();
+    // nobody must reach the files: the directory is searchable, the certificates readable.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pair = |name: &str, group: Gid, mode: u32| {
+        let (cert, key) = certificate(dir.path(), name);
+        std::fs::set_permissions(&cert, std::fs::Permissions::from_mode(0o644)).unwrap();
+        chown(&key, None, Some(group)).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        (cert, key)
+    };
+    let (a_cert, a_key) = pair("a", nogroup, 0o640);
+    let (b_cert, b_key) = pair("b", nogroup, 0o640);
+    let (c_cert, c_key) = pair("c", Gid::from_raw(0), 0o600);
+    let (cert, key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
+    // Renewed the way a deploy hook should: each file written aside and renamed over, with its
+    // owner and mode.
+    let install = |from_cert: &Path, from_key: &Path| {
+        for (from, to) in [(from_cert, &cert), (from_key, &key)] {
+            let aside = to.with_extension("new");
+            std::fs::copy(from, &aside).unwrap();
+            let meta = std::fs::metadata(from).unwrap();
+            use std::os::unix::fs::MetadataExt as _;
+            chown(&aside, None, Some(Gid::from_raw(meta.gid()))).unwrap();
+            std::fs::set_permissions(&aside, meta.permissions()).unwrap();
+            std::fs::rename(&aside, to).unwrap();
+        }
+    };
+    install(&a_cert, &a_key);
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &["-u", "nobody"]);
+    let spec = format!("127.0.0.1:{ke_port}");
+    chime_ntp_nts(&spec, &a_cert).expect("the first certificate");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", chimed.pid())).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        !uid.split_whitespace().skip(1).any(|u| u == "0"),
+        "still root: {uid}"
+    );
+
+    install(&b_cert, &b_key);
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    chimed.wait_for("SIGHUP: NTS certificate reloaded", Duration::from_secs(5));
+    chime_ntp_nts(&spec, &b_cert).expect("the renewed certificate, read as nobody");
+
+    install(&c_cert, &c_key);
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    let warned = chimed.wait_for("keeping the one in force", Duration::from_secs(5));
+    assert!(
+        warned.contains("live.key") && warned.contains("ermission denied"),
+        "{warned}"
+    );
+    chime_ntp_nts(&spec, &b_cert).expect("the pair in force is kept");
+}
+
 /// With `--nts-dump-dir`, a restarted chimed opens the cookies its predecessor handed out: a
 /// chronyd polling four times a second across the restart gets authenticated replies from the
 /// new process with no NAK and no new NTS-KE session. The same restart without the directory
