@@ -201,6 +201,29 @@ pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option
             s.step, m.mean, m.max, s.verified
         );
     }
+    // The round trips of the step that mattered: the only one, or the one most accepted.
+    if let Some(s) = steps
+        .iter()
+        .max_by(|a, b| a.accepted_rate.total_cmp(&b.accepted_rate))
+        && s.answered > 0
+    {
+        text.push_str(&distribution_text(s));
+    }
+    if let Some((s, worst)) = steps
+        .iter()
+        .filter_map(|s| s.slowest.map(|w| (s, w)))
+        .max_by(|a, b| a.1.rtt_us.total_cmp(&b.1.rtt_us))
+    {
+        let when = jiff::Timestamp::from_nanosecond(i128::from(worst.sent_unix_ns))
+            .map_or_else(|_| worst.sent_unix_ns.to_string(), |t| t.to_string());
+        let _ = writeln!(
+            text,
+            "Slowest reply: {} at step {} ({:.0}/s offered), to the request sent at {when}.",
+            fmt_us(worst.rtt_us),
+            s.step,
+            s.offered_rate
+        );
+    }
     if let Some(why) = stopped_early {
         let _ = writeln!(text, "Stopped early: {why} (--max-loss {max_loss}%).");
     }
@@ -208,6 +231,51 @@ pub(crate) fn summary(steps: &[StepReport], max_loss: f64, stopped_early: Option
         for warning in warnings(s) {
             let _ = writeln!(text, "warning: step {}: {warning}", s.step);
         }
+    }
+    text
+}
+
+/// A latency, in the unit that reads best.
+fn fmt_us(us: f64) -> String {
+    if us >= 1e6 {
+        format!("{:.2} s", us / 1e6)
+    } else if us >= 1e3 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+/// The widest bar, in characters.
+const BAR: usize = 40;
+
+/// Step `s`'s round trips as text bars, one per latency range that has any.
+fn distribution_text(s: &StepReport) -> String {
+    let mut text = format!(
+        "Round trips at step {} ({:.0}/s offered), {} replies:\n",
+        s.step, s.offered_rate, s.answered
+    );
+    let most = s.rtt_ranges.iter().copied().max().unwrap_or(0).max(1);
+    let mut lower = 0.0;
+    for (i, &n) in s.rtt_ranges.iter().enumerate() {
+        let label = match crate::perf::stats::RANGES_US.get(i) {
+            Some(&upper) => {
+                let l = format!("{:>9} – {:<9}", fmt_us(lower), fmt_us(upper));
+                lower = upper;
+                l
+            }
+            None => format!("{:>9} and more  ", fmt_us(lower)),
+        };
+        if n == 0 {
+            continue;
+        }
+        let width = ((n as f64 / most as f64) * BAR as f64).ceil() as usize;
+        let _ = writeln!(
+            text,
+            "  {label} {:<BAR$} {n} ({:.2}%)",
+            "#".repeat(width),
+            100.0 * n as f64 / s.answered.max(1) as f64
+        );
     }
     text
 }

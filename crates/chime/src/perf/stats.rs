@@ -43,6 +43,8 @@ pub(crate) struct StepStats {
     pub(crate) t2_before_t1: u64,
     /// Round-trip time T4 − T1.
     pub(crate) rtt: Histogram<u64>,
+    /// The answered request with the longest round trip: (T4 − T1, T1), nanoseconds.
+    pub(crate) slowest: Option<(i64, i64)>,
     /// The server's receive timestamp minus our send time, T2 − T1, for the first datagram of
     /// each `sendmmsg` only, whose T1 is exact (see `InFlight::commit`).
     pub(crate) t2_t1: Histogram<u64>,
@@ -76,6 +78,7 @@ impl StepStats {
             first_error: None,
             t2_before_t1: 0,
             rtt: histogram(),
+            slowest: None,
             t2_t1: histogram(),
             t3_t2: histogram(),
             send_lag: histogram(),
@@ -113,6 +116,9 @@ impl StepStats {
             self.first_error.clone_from(&other.first_error);
         }
         self.t2_before_t1 += other.t2_before_t1;
+        if other.slowest.map(|o| o.0) > self.slowest.map(|m| m.0) {
+            self.slowest = other.slowest;
+        }
         self.verified += other.verified;
         for (mine, theirs) in self.path_lens.iter_mut().zip(other.path_lens) {
             *mine += theirs;
@@ -165,6 +171,33 @@ impl Percentiles {
             max: us(h.max()),
         })
     }
+}
+
+/// Upper bounds of the latency ranges the summary draws as bars, in microseconds; the last range
+/// is everything above the last bound.
+pub(crate) const RANGES_US: [f64; 12] = [
+    25.0, 50.0, 100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 10e3, 25e3, 100e3, 1e6,
+];
+
+/// How many round trips fell in each of [`RANGES_US`] (and one more, above the last).
+pub(crate) fn distribution(h: &Histogram<u64>) -> Vec<u64> {
+    let mut counts = Vec::with_capacity(RANGES_US.len() + 1);
+    let mut below = 0;
+    for upper in RANGES_US {
+        let upto = h.count_between(0, (upper * 1e3) as u64);
+        counts.push(upto - below);
+        below = upto;
+    }
+    counts.push(h.len() - below);
+    counts
+}
+
+/// The answered request with the longest round trip in a step, for the summary to name.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub(crate) struct Slowest {
+    pub(crate) rtt_us: f64,
+    /// When it was sent, Unix nanoseconds.
+    pub(crate) sent_unix_ns: i64,
 }
 
 /// The Merkle paths of a step's answered replies (signed protocols): how wide the server's trees,
@@ -245,6 +278,9 @@ pub(crate) struct StepReport {
     pub(crate) recv_errors: u64,
     /// Round-trip time T4 − T1.
     pub(crate) rtt_us: Option<Percentiles>,
+    /// Round trips per latency range ([`RANGES_US`], then above the last).
+    pub(crate) rtt_ranges: Vec<u64>,
+    pub(crate) slowest: Option<Slowest>,
     /// The server's receive timestamp error T2 − T1, on the first datagram of each batch.
     pub(crate) t2_t1_us: Option<Percentiles>,
     /// The server's processing time T3 − T2.
@@ -312,6 +348,11 @@ impl StepReport {
             duplicate: 0,
             recv_errors: s.recv_errors,
             rtt_us: Percentiles::of(&s.rtt),
+            rtt_ranges: distribution(&s.rtt),
+            slowest: s.slowest.map(|(rtt, t1)| Slowest {
+                rtt_us: rtt as f64 / 1e3,
+                sent_unix_ns: t1,
+            }),
             t2_t1_us: Percentiles::of(&s.t2_t1),
             t3_t2_us: Percentiles::of(&s.t3_t2),
             t2_before_t1: s.t2_before_t1,
@@ -345,6 +386,28 @@ mod tests {
         assert_eq!(r.invalid, 6);
         assert_eq!((r.sent_rate, r.answered_rate), (50.0, 45.0));
         assert!(r.rtt_us.is_none());
+    }
+
+    #[test]
+    fn round_trips_fall_in_their_ranges_and_the_slowest_survives_a_merge() {
+        let mut a = StepStats::new();
+        for ns in [10_000, 20_000, 30_000, 2_000_000_000] {
+            record_ns(&mut a.rtt, ns);
+        }
+        let d = distribution(&a.rtt);
+        assert_eq!(d.len(), RANGES_US.len() + 1);
+        // 10 and 20 µs under 25 µs, 30 µs under 50 µs, 2 s above the last bound (1 s).
+        assert_eq!((d[0], d[1], d[RANGES_US.len()]), (2, 1, 1));
+        assert_eq!(d.iter().sum::<u64>(), 4);
+        a.slowest = Some((30_000, 7));
+        let mut b = StepStats::new();
+        b.slowest = Some((90_000, 8));
+        let mut c = StepStats::new();
+        c.slowest = Some((5_000, 9));
+        a.merge(&b);
+        a.merge(&c);
+        a.merge(&StepStats::new());
+        assert_eq!(a.slowest, Some((90_000, 8)));
     }
 
     #[test]

@@ -451,6 +451,9 @@ impl<P: LoadProtocol> Book<P> {
                         let rtt = t4_ns - slot.t1_ns;
                         stats.stale += u64::from(rtt > self.stale_ns);
                         record_ns(&mut stats.rtt, rtt);
+                        if stats.slowest.is_none_or(|(worst, _)| rtt > worst) {
+                            stats.slowest = Some((rtt, slot.t1_ns));
+                        }
                         if let Some(signed) = signed {
                             stats.record_signed(signed);
                         }
