@@ -137,3 +137,53 @@ fn every_chime_subcommand_has_a_manual_page_naming_its_flags() {
         assert!(text.contains("nts-sessions"), "{file}");
     }
 }
+
+/// docs/METRICS.md names every metric family chimed serves (every `"chimed_…"` name written in
+/// `src/metrics.rs`) and every reason `chimed_requests_dropped_total` can carry.
+#[test]
+fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
+    let doc = repo_file("docs/METRICS.md");
+    let source = repo_file("crates/chimed/src/metrics.rs");
+    let mut families: Vec<&str> = source
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.starts_with("chimed_")
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+        .collect();
+    families.sort_unstable();
+    families.dedup();
+    assert!(families.len() >= 30, "too few families read: {families:?}");
+    let mut reasons: Vec<String> = chime_ntp::Drop::ALL_REASONS
+        .iter()
+        .map(|r| (*r).to_owned())
+        .chain(
+            chime_roughtime::DropReason::ALL
+                .iter()
+                .map(|r| r.label().to_owned()),
+        )
+        .collect();
+    // The reasons the daemon adds: `labels[X] = "reason";` in the two workers.
+    for worker in ["ntp_worker.rs", "roughtime_worker.rs"] {
+        let text = repo_file(&format!("crates/chimed/src/{worker}"));
+        for line in text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("labels["))
+        {
+            if let Some(r) = line.split('"').nth(1) {
+                reasons.push(r.to_owned());
+            }
+        }
+    }
+    assert!(reasons.contains(&"nts_invalid".to_owned()), "{reasons:?}");
+    let missing: Vec<String> = families
+        .iter()
+        .map(|f| (*f).to_owned())
+        .chain(reasons)
+        .filter(|name| !doc.contains(&format!("`{name}`")))
+        .collect();
+    assert!(missing.is_empty(), "not in docs/METRICS.md: {missing:?}");
+}
