@@ -159,6 +159,9 @@ pub(crate) fn run<P: LoadProtocol>(
         }
     }
 
+    // The live line goes before the report is printed.
+    drop(line);
+
     // Late and duplicate replies are counted until the threads stop.
     for finished in pool.stop()? {
         for r in &mut reports {
@@ -389,23 +392,33 @@ impl Outputs {
     }
 }
 
-/// The live progress line on stderr, drawn only when stderr is a terminal.
+/// The live progress line on stderr (indicatif), drawn only when stderr is a terminal, in colour
+/// there: the phase (warm-up or step N/M at its rate), the time it has run, and what was sent and
+/// answered per second since the last redraw.
 struct ProgressLine {
-    enabled: bool,
+    bar: Option<indicatif::ProgressBar>,
     counters: Vec<Arc<Progress>>,
-    label: String,
     last_draw: Instant,
-    /// Totals when the current label began, and at the last redraw.
+    /// Totals when the current phase began, and at the last redraw.
     base: (u64, u64),
     last: (u64, u64),
 }
 
 impl ProgressLine {
     fn new(counters: &[Arc<Progress>]) -> Self {
+        let bar = io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner:.green} {prefix:.bold.cyan} [{elapsed_precise}] {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar
+        });
         let mut line = Self {
-            enabled: io::stderr().is_terminal(),
+            bar,
             counters: counters.to_vec(),
-            label: String::new(),
             last_draw: Instant::now(),
             base: (0, 0),
             last: (0, 0),
@@ -425,15 +438,21 @@ impl ProgressLine {
     }
 
     fn begin(&mut self, label: String) {
-        self.label = label;
         self.base = self.totals();
         self.last = self.base;
         self.last_draw = Instant::now();
+        if let Some(bar) = &self.bar {
+            bar.reset_elapsed();
+            bar.set_prefix(label);
+            bar.set_message("starting");
+        }
     }
 
     fn show(&mut self) {
         let elapsed = self.last_draw.elapsed();
-        if !self.enabled || elapsed < PROGRESS_INTERVAL {
+        let Some(bar) = &self.bar else { return };
+        if elapsed < PROGRESS_INTERVAL {
+            bar.tick();
             return;
         }
         let (sent, answered) = self.totals();
@@ -445,23 +464,30 @@ impl ProgressLine {
         } else {
             step_sent.saturating_sub(step_answered) as f64 / step_sent as f64 * 100.0
         };
-        eprint!(
-            "\r\x1b[K{}: sent {step_sent} ({:.0}/s), answered {step_answered} ({:.0}/s), \
-             not yet answered {unanswered:.2}%",
-            self.label,
+        bar.set_message(format!(
+            "sent {step_sent} ({:.0}/s), answered {step_answered} ({:.0}/s), not yet answered \
+             {unanswered:.2}%",
             rate(sent, self.last.0),
             rate(answered, self.last.1),
-        );
+        ));
         self.last = (sent, answered);
         self.last_draw = Instant::now();
     }
 
     fn end(&mut self, r: &StepReport) {
-        if self.enabled {
-            eprintln!(
-                "\r\x1b[Kstep {}: {:.0}/s offered, {:.1} answered/s, loss {:.3}%",
+        if let Some(bar) = &self.bar {
+            bar.println(format!(
+                "step {}: {:.0}/s offered, {:.1} answered/s, loss {:.3}%",
                 r.step, r.offered_rate, r.answered_rate, r.loss_pct
-            );
+            ));
+        }
+    }
+}
+
+impl Drop for ProgressLine {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
         }
     }
 }
