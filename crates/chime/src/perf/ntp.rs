@@ -163,14 +163,15 @@ fn unix_nanos(ts: NtpTimestamp, pivot_secs: i64) -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use chime_ntp::NtpShort;
 
     use super::*;
 
-    const NOW: i64 = 1_800_000_000;
+    pub(in crate::perf) const NOW: i64 = 1_800_000_000;
 
-    fn reply_to(request: &[u8], edit: impl FnOnce(&mut Header)) -> [u8; 48] {
+    /// A synchronised server's reply header to `request`, changed by `edit`.
+    pub(in crate::perf) fn reply_to(request: &[u8], edit: impl FnOnce(&mut Header)) -> [u8; 48] {
         let req = Header::parse(request).unwrap();
         let mut h = Header {
             leap: Leap::NoWarning,

@@ -454,8 +454,8 @@ pub(crate) struct NtsArgs {
 
 #[cfg(test)]
 mod tests {
+    use crate::perf::ntp::tests::{NOW, reply_to};
     use chime_ntp::nts::{Check, CookieKeys, check_request, write_nak, write_response};
-    use chime_ntp::{Leap, NtpShort};
 
     use super::*;
 
@@ -497,24 +497,8 @@ mod tests {
     /// What chimed answers: the header of a synchronised server echoing the request's transmit
     /// timestamp, then the NTS fields.
     fn answer(request: &[u8], master: &CookieKeys) -> Vec<u8> {
-        let req = Header::parse(request).unwrap();
         let mut reply = vec![0u8; request.len()];
-        Header {
-            leap: Leap::NoWarning,
-            version: 4,
-            mode: Mode::Server,
-            stratum: 3,
-            poll: 0,
-            precision: -24,
-            root_delay: NtpShort(0),
-            root_dispersion: NtpShort(0),
-            reference_id: [127, 127, 1, 1],
-            reference_ts: NtpTimestamp::from_unix(1_800_000_000, 0),
-            origin_ts: req.transmit_ts,
-            receive_ts: NtpTimestamp::from_unix(1_800_000_001, 0),
-            transmit_ts: NtpTimestamp::from_unix(1_800_000_001, 5_000),
-        }
-        .encode((&mut reply[..48]).try_into().unwrap());
+        reply[..48].copy_from_slice(&reply_to(request, |_| {}));
         match check_request(request, master) {
             Check::Verified(v) => {
                 let n = write_response(&mut reply, request, &v, [3; 16], || {
@@ -548,10 +532,7 @@ mod tests {
         // A cookie spent, seven held: no placeholder, as chronyd sends it.
         assert_eq!(n, nts::client_request_len(nts::COOKIE_LEN, 0));
         let reply = answer(&buf[..n], &master);
-        assert_eq!(
-            verdict(load.match_reply(&reply, 1_800_000_001)),
-            (42, Verdict::Valid)
-        );
+        assert_eq!(verdict(load.match_reply(&reply, NOW)), (42, Verdict::Valid));
         // The new cookie went back to the session.
         assert_eq!(load.sessions[0].cookies.len(), 8);
 
@@ -560,16 +541,13 @@ mod tests {
         let mut forged = reply.clone();
         forged[47] ^= 1;
         assert_eq!(
-            verdict(load.match_reply(&forged, 1_800_000_001)),
+            verdict(load.match_reply(&forged, NOW)),
             (42, Verdict::Invalid)
         );
         let mut foreign = reply.clone();
         let at = reply.windows(20).position(|w| w == [0x77; 20]).unwrap();
         foreign[at] ^= 1;
-        assert_eq!(
-            load.match_reply(&foreign, 1_800_000_001),
-            ReplyMatch::Unmatched
-        );
+        assert_eq!(load.match_reply(&foreign, NOW), ReplyMatch::Unmatched);
     }
 
     #[test]
@@ -581,30 +559,21 @@ mod tests {
         // Two held after this one: five placeholders bring it back to eight.
         assert_eq!(n, nts::client_request_len(nts::COOKIE_LEN, 5));
         let reply = answer(&buf[..n], &master);
-        assert_eq!(
-            verdict(load.match_reply(&reply, 1_800_000_001)).1,
-            Verdict::Valid
-        );
+        assert_eq!(verdict(load.match_reply(&reply, NOW)).1, Verdict::Valid);
         assert_eq!(load.sessions[0].cookies.len(), 8);
 
         // The server's key changes: the next request gets a NAK.
         let other = CookieKeys::new(6, [8; 32]);
         let n = load.fill_request(2, &mut buf);
         let nak = answer(&buf[..n], &other);
-        assert_eq!(
-            verdict(load.match_reply(&nak, 1_800_000_001)),
-            (2, Verdict::Refused)
-        );
+        assert_eq!(verdict(load.match_reply(&nak, NOW)), (2, Verdict::Refused));
         assert_eq!(load.shared.naks.load(Relaxed), 1);
         let r = rx.try_recv().expect("a re-key asked for");
         assert_eq!(r.old, 9);
         // A second NAK for the same session asks for nothing more.
         let n = load.fill_request(3, &mut buf);
         let nak = answer(&buf[..n], &other);
-        assert_eq!(
-            verdict(load.match_reply(&nak, 1_800_000_001)).1,
-            Verdict::Refused
-        );
+        assert_eq!(verdict(load.match_reply(&nak, NOW)).1, Verdict::Refused);
         assert!(rx.try_recv().is_err());
 
         // The helper's new session takes the old one's place; a late reply for the old one is
@@ -622,9 +591,6 @@ mod tests {
         r.inbox.lock().unwrap().push((r.old, fresh));
         load.fill_request(4, &mut buf);
         assert_eq!(load.sessions[0].id, 10);
-        assert_eq!(
-            verdict(load.match_reply(&nak, 1_800_000_001)).1,
-            Verdict::Refused
-        );
+        assert_eq!(verdict(load.match_reply(&nak, NOW)).1, Verdict::Refused);
     }
 }
