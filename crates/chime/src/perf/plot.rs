@@ -1,16 +1,17 @@
-//! `--plot FILE.svg`: two panels drawn with plotters' SVG backend. On the left, answered rate
+//! `--plot FILE.svg`: three panels drawn with plotters' SVG backend. On the left, answered rate
 //! against offered rate, as ntpperf's plots show it (a server keeping up lies on the diagonal;
-//! where it bends away is its capacity); on the right, latency percentiles per step against
-//! offered rate, on a logarithmic axis because they span orders of magnitude.
+//! where it bends away is its capacity); in the middle, latency percentiles per step against
+//! offered rate, on a logarithmic axis because they span orders of magnitude; on the right, the
+//! most accepted step's round trips as bars per latency range, as the text summary draws them.
 
 use std::path::Path;
 
 use anyhow::Result;
 use plotters::prelude::*;
 
-use super::stats::StepReport;
+use super::stats::{RANGES_US, StepReport};
 
-const WIDTH: u32 = 1200;
+const WIDTH: u32 = 1800;
 const HEIGHT: u32 = 520;
 
 /// One line of the latency panel: its name, colour, and (offered rate, µs) points.
@@ -21,7 +22,8 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
     let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 18))?;
-    let (left, right) = root.split_horizontally(WIDTH / 2);
+    let panels = root.split_evenly((1, 3));
+    let (left, right, third) = (&panels[0], &panels[1], &panels[2]);
 
     let x_hi = steps.iter().map(|s| s.offered_rate).fold(0.0, f64::max) * 1.1;
 
@@ -31,7 +33,7 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
         .map(|s| (s.offered_rate, s.answered_rate))
         .collect();
     let y_hi = answered.iter().map(|p| p.1).fold(x_hi, f64::max);
-    let mut chart = ChartBuilder::on(&left)
+    let mut chart = ChartBuilder::on(left)
         .caption("Answered rate", ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(40)
@@ -74,7 +76,7 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
     let (l_lo, l_hi) = log_range(series.iter().flat_map(|s| s.2.iter().map(|p| p.1)));
     // Headroom above the highest line for the legend.
     let l_hi = l_hi * 4.0;
-    let mut chart = ChartBuilder::on(&right)
+    let mut chart = ChartBuilder::on(right)
         .caption(
             "Latency (round trip, and server receive error)",
             ("sans-serif", 16),
@@ -119,7 +121,71 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
             .border_style(BLACK.mix(0.3))
             .draw()?;
     }
+    distribution(third, steps)?;
     root.present()?;
+    Ok(())
+}
+
+/// The most accepted step's round trips, as the share of its replies in each latency range.
+fn distribution<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    steps: &[StepReport],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let Some(s) = steps
+        .iter()
+        .max_by(|a, b| a.accepted_rate.total_cmp(&b.accepted_rate))
+        .filter(|s| s.answered > 0)
+    else {
+        return Ok(());
+    };
+    let n = s.rtt_ranges.len() as u32;
+    let shares: Vec<(u32, f64)> = (0..n)
+        .zip(&s.rtt_ranges)
+        .map(|(i, &c)| (i, 100.0 * c as f64 / s.answered as f64))
+        .collect();
+    let label = |i: u32| match RANGES_US.get(i as usize) {
+        Some(&us) if us >= 1e6 => format!("≤{}s", us / 1e6),
+        Some(&us) if us >= 1e3 => format!("≤{}ms", us / 1e3),
+        Some(&us) => format!("≤{us}µs"),
+        None => ">1s".to_owned(),
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!(
+                "Round trips at step {} ({:.0}/s offered)",
+                s.step, s.offered_rate
+            ),
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0..n).into_segmented(), 0.0..100.0)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc("round trip")
+        .y_desc("% of replies")
+        .x_labels(n as usize)
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => label(*i),
+            _ => String::new(),
+        })
+        .draw()?;
+    chart.draw_series(shares.into_iter().map(|(i, share)| {
+        let mut bar = Rectangle::new(
+            [
+                (SegmentValue::Exact(i), 0.0),
+                (SegmentValue::Exact(i + 1), share),
+            ],
+            BLUE.filled(),
+        );
+        bar.set_margin(0, 0, 3, 3);
+        bar
+    }))?;
     Ok(())
 }
 
@@ -167,6 +233,7 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
         assert!(svg.contains("offered requests/s") && svg.contains("p99.9"));
+        assert!(svg.contains("Round trips at step") && svg.contains("% of replies"));
     }
 
     #[test]
