@@ -5,11 +5,13 @@
 //!
 //! `SOAK_CPU_SHARE=P` (percent of one core; the record uses it, CI does not) puts chimed in a CPU
 //! cgroup with that quota, so that one generator can offer more than chimed can answer. The soak
-//! then first finds chimed's capacity with `chime perf ntp` (the best step with under 1% lost or
-//! stale), runs its NTP load at 70% of it and its bursts, 3 s long, at three times it, and
-//! reports the bursts' goodput (replies accepted within 1 s, per second) against the capacity,
-//! failing below half of it. chimed runs with one NTP thread on CPU 0, and everything else, this
-//! test and the chronyds, on CPU 1.
+//! then finds chimed's capacity for its own NTP client, amid the Roughtime load, the NTS client
+//! and the SIGHUPs (a ladder of 2 s steps from half what `chime perf ntp` finds, up to the first
+//! with 1% or more not accepted: the most accepted per second in any step), runs its NTP load at
+//! 70% of it and its bursts, 3 s long, at three times it, and reports the bursts' goodput
+//! (replies accepted within 1 s, per second) against the capacity, failing below 90% of it over
+//! all the bursts. chimed runs with one NTP thread on CPU 0, and everything else, this test and
+//! the chronyds, on CPU 1.
 //!
 //! Every 24 s cycle: 4 s normal; chronyd killed (4 s), restarted, 2 s; its port answering
 //! garbage (3 s), chronyd again, 2 s; chronyd with no reference, answering unsynchronised (3 s),
@@ -79,15 +81,62 @@ impl Seen {
     }
 }
 
+/// The NTP generator's requests carry a tag in the origin's lowest bits: what the load was doing
+/// when it sent them.
+const TAGS: u64 = 32;
+/// The steady load.
+const STEADY: u64 = 0;
+/// A burst.
+const BURST: u64 = 1;
+/// The capacity ladder's steps are tagged from here on.
+const LADDER: u64 = 2;
+
+/// What the generator is told to send: `per_s` requests a second, tagged `tag`.
+fn load_of(per_s: u64, tag: u64) -> u64 {
+    per_s * TAGS + tag
+}
+
+/// Requests sent, answered, and answered within 1 s (what a client accepts), for one tag.
 #[derive(Default)]
-struct NtpCounts {
+struct Tagged {
     sent: AtomicU64,
     answered: AtomicU64,
+    accepted: AtomicU64,
+}
+
+#[derive(Default)]
+struct NtpCounts {
     wrong: AtomicU64,
-    burst_sent: AtomicU64,
-    burst_answered: AtomicU64,
-    /// Burst replies within 1 s of their request: what a client accepts.
-    burst_accepted: AtomicU64,
+    by_tag: [Tagged; TAGS as usize],
+}
+
+impl NtpCounts {
+    fn get(&self, tag: u64) -> (u64, u64, u64) {
+        let t = &self.by_tag[tag as usize];
+        (
+            t.sent.load(Relaxed),
+            t.answered.load(Relaxed),
+            t.accepted.load(Relaxed),
+        )
+    }
+}
+
+/// chimed's CPU time so far, user and system, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // /proc counts in USER_HZ, 100 on every architecture Linux runs on today.
+    ticks as f64 / 100.0
+}
+
+/// One step of the capacity ladder: the rate offered, for how long, and chimed's CPU time in it.
+struct Step {
+    rate: f64,
+    seconds: f64,
+    cpu: f64,
 }
 
 /// A CPU cgroup holding chimed to `share` percent of one core with a 1 ms quota (v2's `cpu.max`,
@@ -250,27 +299,19 @@ fn soak_under_faults() {
     let ntp = chimed.addr;
     let pid = chimed.pid().as_raw() as u32;
     let cap = (share > 0).then(|| CpuCap::hold(pid, share));
-    let capacity = cap.as_ref().map(|_| capacity(ntp, pid, dir.path()));
-    let (rate, burst_rate) = match capacity {
-        Some(c) => ((0.7 * c) as u64, (3.0 * c) as u64),
-        None => {
-            let rate = env("SOAK_NTP_RATE", 1000);
-            (rate, 3 * rate)
-        }
-    };
-    if let Some(c) = capacity {
-        eprintln!(
-            "soak: chimed held to {share}% of a core: capacity {c:.0} replies/s; load {rate}/s, \
-             bursts {burst_rate}/s"
-        );
-    }
+    let perf_capacity = cap.as_ref().map(|_| capacity(ntp, pid, dir.path()));
     let nts_client = ChronydClient::start(&[
         format!("server 127.0.0.1 nts ntsport {ke_port} minpoll -2 maxpoll -2"),
         format!("ntstrustedcerts {}", cert.display()),
     ]);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let bursting = Arc::new(AtomicBool::new(false));
+    // What the NTP generator sends: requests per second, shifted past the tag it marks them with.
+    let load = Arc::new(AtomicU64::new(if share > 0 {
+        load_of(0, STEADY)
+    } else {
+        load_of(env("SOAK_NTP_RATE", 1000), STEADY)
+    }));
     let counts = Arc::new(NtpCounts::default());
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
 
@@ -313,13 +354,10 @@ fn soak_under_faults() {
                     counts.wrong.fetch_add(1, Relaxed);
                     continue;
                 }
-                counts.answered.fetch_add(1, Relaxed);
-                // The generator marks a burst's requests in the origin's lowest bit.
-                if origin & 1 == 1 {
-                    counts.burst_answered.fetch_add(1, Relaxed);
-                    if at - sent_at < 1.0 {
-                        counts.burst_accepted.fetch_add(1, Relaxed);
-                    }
+                let tagged = &counts.by_tag[(origin % TAGS) as usize];
+                tagged.answered.fetch_add(1, Relaxed);
+                if at - sent_at < 1.0 {
+                    tagged.accepted.fetch_add(1, Relaxed);
                 }
                 match mine.last_mut() {
                     Some(Seen {
@@ -343,31 +381,29 @@ fn soak_under_faults() {
         }));
     }
     {
-        let (stop, counts, bursting) = (stop.clone(), counts.clone(), bursting.clone());
+        let (stop, counts, load) = (stop.clone(), counts.clone(), load.clone());
         let sockets: Vec<UdpSocket> = sockets.iter().map(|s| s.try_clone().unwrap()).collect();
         threads.push(std::thread::spawn(move || {
             let start = Instant::now();
             let mut due = 0u64;
+            let mut was = u64::MAX;
             let mut next_socket = 0;
             let mut request = [0u8; 48];
             request[0] = 0x23;
             while !stop.load(Relaxed) {
-                let burst = bursting.load(Relaxed);
-                let per_s = if burst { burst_rate } else { rate };
+                let now_load = load.load(Relaxed);
+                let (per_s, tag) = (now_load / TAGS, now_load % TAGS);
                 let elapsed = start.elapsed().as_secs_f64();
                 let target = (elapsed * per_s as f64) as u64;
-                // A rate change restarts the count from here.
-                if target < due || target > due + per_s {
-                    due = target;
+                // A new rate or tag restarts the count from here.
+                if now_load != was {
+                    (due, was) = (target, now_load);
                 }
                 while due < target {
-                    let t = (now() * 1e9) as u64 & !1 | u64::from(burst);
+                    let t = (now() * 1e9) as u64 / TAGS * TAGS + tag;
                     request[40..48].copy_from_slice(&t.to_be_bytes());
                     if sockets[next_socket].send_to(&request, ntp).is_ok() {
-                        counts.sent.fetch_add(1, Relaxed);
-                        if burst {
-                            counts.burst_sent.fetch_add(1, Relaxed);
-                        }
+                        counts.by_tag[tag as usize].sent.fetch_add(1, Relaxed);
                     }
                     next_socket = (next_socket + 1) % sockets.len();
                     due += 1;
@@ -435,18 +471,9 @@ fn soak_under_faults() {
         }));
     }
 
-    // The fault schedule, and SIGHUP every 2 s.
-    let warm = Instant::now();
-    std::thread::sleep(Duration::from_secs(2));
-    let (rss_start, fds_start) = (common::resident_kib(pid), open_fds(pid));
-    let mut faults: Vec<Fault> = Vec::new();
-    let mut bursts: Vec<(f64, f64)> = Vec::new();
-    let mut upstream = Some(first);
+    // SIGHUP every 2 s, from here to the end.
     let mut sighups = 0;
-    let end = warm + Duration::from_secs(seconds);
-    let mut cycle_start = Instant::now();
     let mut last_hup = Instant::now();
-    let mut step = 0;
     let sleep_until = |t: Instant, last_hup: &mut Instant, sighups: &mut u32| {
         while Instant::now() < t {
             if last_hup.elapsed() >= Duration::from_secs(2) {
@@ -457,6 +484,106 @@ fn soak_under_faults() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+
+    // Held to a share of a core, chimed's capacity for this test's own client, amid the
+    // Roughtime load, the NTS client and the SIGHUPs that also run during the bursts: a ladder
+    // of 2 s steps 10% apart from half what `chime perf` found, up to the first step with 1% or
+    // more not accepted, and the most accepted per second in any of them. This client costs chimed more per reply than `chime perf` does (a
+    // wake-up of a blocked receiving thread per few replies, made on chimed's CPU over
+    // loopback), so the two capacities differ, and the bursts must be set against this one.
+    let mut ladder: Vec<Step> = Vec::new();
+    if let Some(pc) = perf_capacity {
+        let mut rate = 0.5 * pc;
+        for k in 0..TAGS - LADDER {
+            let (started, cpu) = (Instant::now(), cpu_seconds(pid));
+            load.store(load_of(rate as u64, LADDER + k), Relaxed);
+            sleep_until(
+                started + Duration::from_secs(2),
+                &mut last_hup,
+                &mut sighups,
+            );
+            load.store(load_of(0, STEADY), Relaxed);
+            let (seconds, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds(pid) - cpu);
+            ladder.push(Step { rate, seconds, cpu });
+            sleep_until(
+                Instant::now() + Duration::from_millis(300),
+                &mut last_hup,
+                &mut sighups,
+            );
+            let (sent, answered, _) = counts.get(LADDER + k);
+            if (answered as f64) < 0.99 * sent as f64 {
+                break;
+            }
+            rate *= 1.1;
+        }
+        // Every reply a client accepts is in by now.
+        sleep_until(
+            Instant::now() + Duration::from_secs(1),
+            &mut last_hup,
+            &mut sighups,
+        );
+    }
+    let steps: Vec<String> = (0..ladder.len() as u64)
+        .map(|k| {
+            let (sent, _, accepted) = counts.get(LADDER + k);
+            let step = &ladder[k as usize];
+            format!(
+                "{:.0}/s {:.1}% ({:.2} µs)",
+                step.rate,
+                100.0 * accepted as f64 / sent.max(1) as f64,
+                1e6 * step.cpu / accepted.max(1) as f64
+            )
+        })
+        .collect();
+    if !steps.is_empty() {
+        eprintln!(
+            "soak: the ladder, offered and accepted (chimed's CPU per reply): {}",
+            steps.join(", ")
+        );
+    }
+    // The capacity: the most replies accepted per second in any step, the last one (past its
+    // 1%) included, so that the bursts are held to the peak chimed showed.
+    let best = (0..ladder.len() as u64)
+        .map(|k| {
+            let (_, _, accepted) = counts.get(LADDER + k);
+            let step = &ladder[k as usize];
+            (
+                accepted as f64 / step.seconds,
+                step.cpu / accepted.max(1) as f64,
+            )
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    let capacity = perf_capacity.map(|_| best.map_or(0.0, |(c, _)| c));
+    let (rate, burst_rate) = match capacity {
+        Some(c) => ((0.7 * c) as u64, (3.0 * c) as u64),
+        None => {
+            let rate = env("SOAK_NTP_RATE", 1000);
+            (rate, 3 * rate)
+        }
+    };
+    if let (Some(pc), Some(c)) = (perf_capacity, capacity) {
+        eprintln!(
+            "soak: chimed held to {share}% of a core: capacity {c:.0} replies/s for this client \
+             ({:.2} µs of chimed's CPU each; `chime perf` found {pc:.0}/s); load {rate}/s, \
+             bursts {burst_rate}/s",
+            best.map_or(0.0, |(_, cpu)| cpu * 1e6),
+        );
+        assert!(c > 0.0, "no step of the capacity ladder was answered");
+    }
+    load.store(load_of(rate, STEADY), Relaxed);
+
+    // The fault schedule.
+    let warm = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let (rss_start, fds_start) = (common::resident_kib(pid), open_fds(pid));
+    let mut faults: Vec<Fault> = Vec::new();
+    // Each burst's start and end, and how many burst replies had been accepted when it began.
+    let mut bursts: Vec<(f64, f64, u64)> = Vec::new();
+    let mut burst_cpu = 0.0;
+    let mut upstream = Some(first);
+    let end = warm + Duration::from_secs(seconds);
+    let mut cycle_start = Instant::now();
+    let mut step = 0;
     while Instant::now() + Duration::from_secs(4) < end {
         let at = |s: u64| cycle_start + Duration::from_secs(s);
         match step % 5 {
@@ -512,11 +639,12 @@ fn soak_under_faults() {
                 sleep_until(at(20), &mut last_hup, &mut sighups);
             }
             _ => {
-                let start = now();
-                bursting.store(true, Relaxed);
+                let (start, cpu, (_, _, accepted)) = (now(), cpu_seconds(pid), counts.get(BURST));
+                load.store(load_of(burst_rate, BURST), Relaxed);
                 sleep_until(at(20 + burst_secs), &mut last_hup, &mut sighups);
-                bursting.store(false, Relaxed);
-                bursts.push((start, now()));
+                load.store(load_of(rate, STEADY), Relaxed);
+                bursts.push((start, now(), accepted));
+                burst_cpu += cpu_seconds(pid) - cpu;
                 sleep_until(at(24), &mut last_hup, &mut sighups);
                 cycle_start = Instant::now();
             }
@@ -574,16 +702,25 @@ fn soak_under_faults() {
         ));
     }
     let c = &counts;
-    let (sent, answered) = (c.sent.load(Relaxed), c.answered.load(Relaxed));
-    let (bsent, banswered) = (c.burst_sent.load(Relaxed), c.burst_answered.load(Relaxed));
-    let (steady_sent, steady_answered) = (sent - bsent, answered - banswered);
-    let burst_seconds: f64 = bursts.iter().map(|(a, b)| b - a).sum();
-    let goodput = c.burst_accepted.load(Relaxed) as f64 / burst_seconds.max(1e-9);
+    let (steady_sent, steady_answered, _) = c.get(STEADY);
+    let (bsent, banswered, baccepted) = c.get(BURST);
+    let burst_seconds: f64 = bursts.iter().map(|(a, b, _)| b - a).sum();
+    let goodput = baccepted as f64 / burst_seconds.max(1e-9);
+    // Each burst's goodput: its replies are all in before the next burst begins.
+    let mut each: Vec<f64> = bursts
+        .iter()
+        .enumerate()
+        .map(|(i, (a, b, from))| {
+            let to = bursts.get(i + 1).map_or(baccepted, |next| next.2);
+            (to - from) as f64 / (b - a)
+        })
+        .collect();
+    each.sort_by(f64::total_cmp);
     out.push_str(&format!(
         "soak: {seconds} s, {} fault cycles, {sighups} SIGHUPs; NTP {rate}/s: {steady_answered} of \
          {steady_sent} answered ({:.2}%), {} wrong, {false_ntp} synchronised while the upstream \
          was not; bursts at {burst_rate}/s: {banswered} of {bsent} answered ({:.2}%), {goodput:.0} \
-         accepted/s{}\n",
+         accepted/s{}, {:.2} µs of chimed's CPU per accepted reply\n",
         bursts.len(),
         100.0 * steady_answered as f64 / steady_sent.max(1) as f64,
         c.wrong.load(Relaxed),
@@ -592,7 +729,17 @@ fn soak_under_faults() {
             " ({:.1}% of the capacity, {c:.0}/s)",
             100.0 * goodput / c
         )),
+        1e6 * burst_cpu / baccepted.max(1) as f64,
     ));
+    if let (Some(c), Some(low), Some(high)) = (capacity, each.first(), each.last()) {
+        out.push_str(&format!(
+            "soak: each burst's goodput, of the capacity: lowest {:.1}%, median {:.1}%, highest \
+             {:.1}%\n",
+            100.0 * low / c,
+            100.0 * each[each.len() / 2] / c,
+            100.0 * high / c,
+        ));
+    }
     out.push_str(&format!(
         "soak: Roughtime: {} verified of {} sent, {} wrong, {false_rt} signed while the upstream \
          was not synchronised; NTS: chronyd measured {nts_measured} times, NAKs {}; resident \
@@ -620,10 +767,11 @@ fn soak_under_faults() {
         assert!(turned && back, "{f:?}: {out}");
     }
     assert!(steady_answered as f64 >= 0.95 * steady_sent as f64, "{out}");
-    // Held at 97-108% of capacity by ntpperf-results/run-overload-burst.sh, but at 59-78% here
-    // (docs/RELIABILITY.md): the check guards against a collapse, not for the 90% issue 21 asks.
+    // Goodput held at three times capacity: over all the bursts, against the capacity found at
+    // the start (the machine's speed drifts over a long run, so single bursts are reported, not
+    // held to it).
     if let Some(c) = capacity {
-        assert!(goodput >= 0.5 * c, "{out}");
+        assert!(goodput >= 0.9 * c, "{out}");
     }
     assert!(rss_end < rss_start + 32 * 1024, "{out}");
     assert!(fds_end <= fds_start + 8, "{out}");
