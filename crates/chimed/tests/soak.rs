@@ -749,6 +749,7 @@ fn soak_under_faults() {
         rt_wrong.load(Relaxed),
         count_in(&ntp_totals, "nts_nak"),
     ));
+    out.push_str(&format!("soak: chimed's {}\n", ntp_totals.trim()));
     use std::io::Write as _;
     let _ = std::io::stderr().write_all(out.as_bytes());
     assert!(!faults.is_empty(), "{out}");
