@@ -806,10 +806,12 @@ fn soak_under_faults() {
             .collect();
         out.push_str(&format!(
             "soak: each burst's goodput, of its round's capacity: lowest {:.1}%, median {:.1}%, \
-             highest {:.1}%; the rounds' capacities: {}\n",
+             highest {:.1}%, {} of {} at 90% or more; the rounds' capacities: {}\n",
             100.0 * low,
             100.0 * each[each.len() / 2],
             100.0 * high,
+            each.iter().filter(|&&r| r >= 0.9).count(),
+            each.len(),
             rounds.join(", "),
         ));
     }
