@@ -7,12 +7,19 @@
 //! connections are served at once and further ones are closed at once. It never touches the data
 //! plane: workers publish their counts (see `stats::Published`) and the endpoint only reads them.
 
-use std::fmt::Write as _;
+use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use chime_ntp::Leap;
 use chime_roughtime::Version;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::info::Info;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::warn;
@@ -20,7 +27,7 @@ use tracing::warn;
 use crate::clock;
 use crate::ntp_worker;
 use crate::roughtime_worker;
-use crate::stats::{Note, PublishedCounts, Registry};
+use crate::stats::{Note, Published, PublishedCounts, Registry};
 
 /// What the endpoint reports on.
 pub(crate) struct Sources {
@@ -96,7 +103,7 @@ type Body = http_body_util::Full<bytes::Bytes>;
 
 /// The answer to a request hyper has parsed: the page for `GET` and `HEAD` of `/metrics` (hyper
 /// leaves out a `HEAD` answer's body), 404 elsewhere, 405 for other methods.
-fn respond<B>(request: &hyper::Request<B>, sources: &Sources) -> hyper::Response<Body> {
+fn respond<B>(request: &hyper::Request<B>, sources: &Arc<Sources>) -> hyper::Response<Body> {
     if request.uri().path() != "/metrics" {
         return plain(
             hyper::StatusCode::NOT_FOUND,
@@ -108,7 +115,9 @@ fn respond<B>(request: &hyper::Request<B>, sources: &Sources) -> hyper::Response
             let mut r = hyper::Response::new(Body::from(render(sources)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                hyper::header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             r
         }
@@ -129,10 +138,51 @@ fn plain(status: hyper::StatusCode, body: &'static str) -> hyper::Response<Body>
 /// Picks one count out of a worker's counts.
 type CountOf = fn(&PublishedCounts) -> u64;
 
-/// One metric family's help and type lines.
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// A sample's labels.
+type Labels = Vec<(&'static str, String)>;
+
+/// The labels of a worker's series.
+fn worker_labels(w: &Published) -> Labels {
+    vec![
+        ("service", w.service.to_string()),
+        ("family", w.family.to_string()),
+        ("thread", w.thread.to_string()),
+    ]
+}
+
+/// A metric family with one sample and no labels. A counter's name ends in `_total`, which the
+/// encoder adds itself.
+fn single<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> fmt::Result {
+    metric.encode(enc.encode_descriptor(base(name, &metric), help, None, metric.metric_type())?)
+}
+
+/// A counter family with a sample for each label set (none at all is a family without series).
+/// Its name ends in `_total`, which the encoder adds itself.
+fn counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, u64)>,
+) -> fmt::Result {
+    let base = name.strip_suffix("_total").unwrap_or(name);
+    let mut family = enc.encode_descriptor(base, help, None, MetricType::Counter)?;
+    for (labels, n) in samples {
+        ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The name a family is described by: a counter's without its `_total`.
+fn base<'n, M: EncodeMetric>(name: &'n str, metric: &M) -> &'n str {
+    match metric.metric_type() {
+        MetricType::Counter => name.strip_suffix("_total").unwrap_or(name),
+        _ => name,
+    }
 }
 
 /// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
@@ -160,22 +210,45 @@ const NOTE_METRICS: [(&str, &str); crate::stats::NTP_NOTES] = [
     ),
 ];
 
-/// Every metric, in Prometheus' text exposition format 0.0.4.
-pub(crate) fn render(sources: &Sources) -> String {
+/// Every metric, in the OpenMetrics text format, through prometheus-client's encoder.
+pub(crate) fn render(sources: &Arc<Sources>) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Collected(sources.clone())));
     let mut out = String::with_capacity(16 << 10);
-    family(&mut out, "chimed_build_info", "gauge", "chimed's version.");
-    let _ = writeln!(
-        out,
-        "chimed_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    family(
-        &mut out,
+    // Writing to a String cannot fail, and nothing here returns an error of its own.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// The endpoint's sources as a prometheus-client collector: every value is read afresh at each
+/// scrape, from what the workers and the control plane publish.
+struct Collected(Arc<Sources>);
+
+impl std::fmt::Debug for Collected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Collected")
+    }
+}
+
+impl Collector for Collected {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        collect(&self.0, &mut enc)
+    }
+}
+
+fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
+    single(
+        enc,
+        "chimed_build",
+        "chimed's version.",
+        Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+    )?;
+    single(
+        enc,
         "chimed_start_time_seconds",
-        "gauge",
         "When chimed started, Unix seconds.",
-    );
-    let _ = writeln!(out, "chimed_start_time_seconds {}", sources.started_unix);
+        ConstGauge::new(sources.started_unix),
+    )?;
 
     let workers = sources.registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
@@ -216,258 +289,193 @@ pub(crate) fn render(sources: &Sources) -> String {
         ),
     ];
     for (name, help, value) in per_worker {
-        family(&mut out, name, "counter", help);
-        for (w, c) in &counts {
-            let _ = writeln!(
-                out,
-                "{name}{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
-                w.service,
-                w.family,
-                w.thread,
-                value(c)
-            );
-        }
+        counters(
+            enc,
+            name,
+            help,
+            counts.iter().map(|(w, c)| (worker_labels(w), value(c))),
+        )?;
     }
     let of = |service: &'static str| counts.iter().filter(move |(w, _)| w.service == service);
     for (i, (name, help)) in NOTE_METRICS.iter().enumerate() {
-        family(&mut out, name, "counter", help);
-        for (w, c) in of("ntp") {
-            let _ = writeln!(
-                out,
-                "{name}{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
-                w.service, w.family, w.thread, c.notes[i]
-            );
-        }
+        counters(
+            enc,
+            name,
+            help,
+            of("ntp").map(|(w, c)| (worker_labels(w), c.notes[i])),
+        )?;
     }
-    family(
-        &mut out,
+    counters(
+        enc,
         "chimed_roughtime_replies_total",
-        "counter",
         "Roughtime replies by the version they speak: its VER number (1 is RFC 10049), or google.",
-    );
-    for (w, c) in of("roughtime") {
-        for v in Version::ALL {
-            let _ = writeln!(
-                out,
-                "chimed_roughtime_replies_total{{service=\"{}\",family=\"{}\",thread=\"{}\",\
-                 version=\"{}\"}} {}",
-                w.service,
-                w.family,
-                w.thread,
-                v.label(),
-                c.notes[Note::Roughtime(v).index()]
-            );
-        }
-    }
-    family(
-        &mut out,
+        of("roughtime").flat_map(|(w, c)| {
+            Version::ALL.into_iter().map(|v| {
+                let mut labels = worker_labels(w);
+                labels.push(("version", v.label().to_string()));
+                (labels, c.notes[Note::Roughtime(v).index()])
+            })
+        }),
+    )?;
+    counters(
+        enc,
         "chimed_roughtime_greased_total",
-        "counter",
         "Roughtime replies made deliberately invalid by --roughtime-grease (also counted by \
          version in chimed_roughtime_replies_total).",
-    );
-    for (w, c) in of("roughtime") {
-        let _ = writeln!(
-            out,
-            "chimed_roughtime_greased_total{{service=\"{}\",family=\"{}\",thread=\"{}\"}} {}",
-            w.service,
-            w.family,
-            w.thread,
-            c.notes[Note::Greased.index()]
-        );
-    }
-    family(
-        &mut out,
+        of("roughtime").map(|(w, c)| (worker_labels(w), c.notes[Note::Greased.index()])),
+    )?;
+    counters(
+        enc,
         "chimed_requests_dropped_total",
-        "counter",
         "Datagrams dropped without a reply, by reason.",
-    );
-    for (w, c) in &counts {
-        for (reason, n) in w.labels.iter().zip(&c.dropped) {
-            let _ = writeln!(
-                out,
-                "chimed_requests_dropped_total{{service=\"{}\",family=\"{}\",thread=\"{}\",\
-                 reason=\"{reason}\"}} {n}",
-                w.service, w.family, w.thread
-            );
-        }
-    }
+        counts.iter().flat_map(|(w, c)| {
+            w.labels.iter().zip(&c.dropped).map(|(reason, n)| {
+                let mut labels = worker_labels(w);
+                labels.push(("reason", (*reason).to_string()));
+                (labels, *n)
+            })
+        }),
+    )?;
 
     if let Some(tcp) = &sources.roughtime_tcp {
-        family(
-            &mut out,
+        counters(
+            enc,
             "chimed_roughtime_tcp_connections_total",
-            "counter",
             "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
              --roughtime-tcp-connections; refused_address: as many from the address as \
              --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
              ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
              Roughtime or too long, closed_unanswered: a request dropped, closed_slow: a reply \
              not read in time, closed_error).",
-        );
-        for (outcome, n) in tcp.outcomes() {
-            let _ = writeln!(
-                out,
-                "chimed_roughtime_tcp_connections_total{{outcome=\"{outcome}\"}} {n}"
-            );
-        }
-        family(
-            &mut out,
+            tcp.outcomes()
+                .into_iter()
+                .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),
+        )?;
+        single(
+            enc,
             "chimed_roughtime_tcp_open_connections",
-            "gauge",
             "Roughtime TCP connections open now.",
-        );
-        let _ = writeln!(
-            out,
-            "chimed_roughtime_tcp_open_connections {}",
-            tcp.open.load(std::sync::atomic::Ordering::Relaxed)
-        );
+            ConstGauge::new(tcp.open.load(Relaxed) as i64),
+        )?;
     }
     if let Some(ke) = &sources.nts_ke {
-        family(
-            &mut out,
+        counters(
+            enc,
             "chimed_nts_ke_sessions_total",
-            "counter",
             "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
              failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
              rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
              8 sessions from that address already).",
-        );
-        for (outcome, n) in [
-            ("agreed", &ke.agreed),
-            ("refused", &ke.refused),
-            ("failed", &ke.failed),
-            ("rate_limited", &ke.rate_limited),
-            ("address_limited", &ke.address_limited),
-        ] {
-            let _ = writeln!(
-                out,
-                "chimed_nts_ke_sessions_total{{outcome=\"{outcome}\"}} {}",
-                n.load(std::sync::atomic::Ordering::Relaxed)
-            );
-        }
-        family(
-            &mut out,
+            [
+                ("agreed", &ke.agreed),
+                ("refused", &ke.refused),
+                ("failed", &ke.failed),
+                ("rate_limited", &ke.rate_limited),
+                ("address_limited", &ke.address_limited),
+            ]
+            .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
+        )?;
+        counters(
+            enc,
             "chimed_nts_ke_failures_total",
-            "counter",
             "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
              alert), timeout (5 s for the whole session), request (longer than 16 KiB, or cut off \
              before End of Message), io (reading or writing).",
-        );
-        for (kind, n) in ke.failures() {
-            let _ = writeln!(out, "chimed_nts_ke_failures_total{{kind=\"{kind}\"}} {n}");
-        }
-    }
-    if let Some(ke) = &sources.nts_ke {
-        let t = ke
-            .certificate_not_after
-            .load(std::sync::atomic::Ordering::Relaxed);
+            ke.failures()
+                .into_iter()
+                .map(|(kind, n)| (vec![("kind", kind.to_string())], n)),
+        )?;
+        let t = ke.certificate_not_after.load(Relaxed);
         if t != i64::MIN {
-            family(
-                &mut out,
+            single(
+                enc,
                 "chimed_nts_certificate_not_after_seconds",
-                "gauge",
                 "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
-            );
-            let _ = writeln!(out, "chimed_nts_certificate_not_after_seconds {t}");
+                ConstGauge::new(t),
+            )?;
         }
     }
-    upstream(&mut out, &sources.ntp);
+    upstream(enc, &sources.ntp)?;
     if let Some(rt) = &sources.roughtime {
         let d = rt.delegation.load();
-        family(
-            &mut out,
+        single(
+            enc,
             "chimed_roughtime_online_key_not_before_seconds",
-            "gauge",
             "Start of the current online key's validity (MINT), Unix seconds.",
-        );
-        let _ = writeln!(
-            out,
-            "chimed_roughtime_online_key_not_before_seconds {}",
-            d.mint_unix_s()
-        );
-        family(
-            &mut out,
+            ConstGauge::new(d.mint_unix_s()),
+        )?;
+        single(
+            enc,
             "chimed_roughtime_online_key_not_after_seconds",
-            "gauge",
             "End of the current online key's validity (MAXT), Unix seconds; it is replaced well \
              before.",
-        );
-        let _ = writeln!(
-            out,
-            "chimed_roughtime_online_key_not_after_seconds {}",
-            d.maxt_unix_s()
-        );
+            ConstGauge::new(d.maxt_unix_s()),
+        )?;
     }
     if let Some(bundle) = sources.roughtime.as_ref().and_then(|rt| rt.bundle.as_ref()) {
-        family(
-            &mut out,
-            "chimed_roughtime_delegation_end_seconds",
-            "gauge",
-            "When the delegation bundle (--roughtime-delegation) runs out: the end of its last \
-             window, Unix seconds. After it nothing is signed.",
-        );
         let end = bundle
             .load()
             .windows()
             .last()
             .map_or(0, |d| d.maxt_unix_s());
-        let _ = writeln!(out, "chimed_roughtime_delegation_end_seconds {end}");
+        single(
+            enc,
+            "chimed_roughtime_delegation_end_seconds",
+            "When the delegation bundle (--roughtime-delegation) runs out: the end of its last \
+             window, Unix seconds. After it nothing is signed.",
+            ConstGauge::new(end),
+        )?;
     }
-    out
+    Ok(())
 }
 
 /// The mirrored upstream as last polled, and what a reply sent now says about the clock.
-fn upstream(out: &mut String, ntp: &ntp_worker::Shared) {
+fn upstream(enc: &mut DescriptorEncoder, ntp: &ntp_worker::Shared) -> fmt::Result {
     let now = clock::read().ntp();
     let state = ntp.state.load();
     let served = state.served_at(now, &ntp.policy);
-    let gauges: [(&str, &str, f64); 5] = [
+    let flags: [(&str, &str, i64); 4] = [
         (
             "chimed_upstream_synchronised",
             "1 if the upstream's last good reply said it was synchronised.",
-            f64::from(u8::from(state.is_synchronised())),
+            i64::from(state.is_synchronised()),
         ),
         (
             "chimed_upstream_stratum",
             "The upstream's stratum as last mirrored (0: unsynchronised).",
-            f64::from(state.stratum),
+            i64::from(state.stratum),
         ),
         (
             "chimed_upstream_leap",
             "The upstream's leap indicator as last mirrored (3: unsynchronised).",
-            f64::from(leap_number(state.leap)),
+            i64::from(leap_number(state.leap)),
         ),
         (
             "chimed_served_synchronised",
             "1 if replies sent now say synchronised: the upstream is, and its last good reply is \
              younger than --stale-after.",
-            f64::from(u8::from(served.is_synchronised())),
-        ),
-        (
-            "chimed_served_root_distance_seconds",
-            "Root delay / 2 + root dispersion that replies sent now carry, the dispersion grown \
-             since the last good poll.",
-            served.root_distance(),
+            i64::from(served.is_synchronised()),
         ),
     ];
-    for (name, help, value) in gauges {
-        family(out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {value}");
+    for (name, help, value) in flags {
+        single(enc, name, help, ConstGauge::new(value))?;
     }
+    single(
+        enc,
+        "chimed_served_root_distance_seconds",
+        "Root delay / 2 + root dispersion that replies sent now carry, the dispersion grown since \
+         the last good poll.",
+        ConstGauge::new(served.root_distance()),
+    )?;
     if let Some(updated) = state.updated {
-        family(
-            out,
+        single(
+            enc,
             "chimed_upstream_last_reply_age_seconds",
-            "gauge",
             "Seconds since the upstream's last good reply.",
-        );
-        let _ = writeln!(
-            out,
-            "chimed_upstream_last_reply_age_seconds {}",
-            now.wrapping_diff_seconds(updated)
-        );
+            ConstGauge::new(now.wrapping_diff_seconds(updated)),
+        )?;
     }
+    Ok(())
 }
 
 fn leap_number(leap: Leap) -> u8 {
@@ -486,11 +494,11 @@ mod tests {
 
     use super::*;
 
-    fn sources() -> Sources {
+    fn sources() -> Arc<Sources> {
         let registry = Arc::new(Registry::default());
         // One worker, so that the per-worker families have a series.
         let _worker = registry.register("ntp", "ipv4", 0, &chime_ntp::Drop::ALL_REASONS);
-        Sources {
+        Arc::new(Sources {
             registry,
             ntp: Arc::new(ntp_worker::Shared {
                 state: ArcSwap::from_pointee(ServerState::unsynchronised()),
@@ -508,7 +516,7 @@ mod tests {
             started_unix: 0,
             nts_ke: None,
             roughtime_tcp: None,
-        }
+        })
     }
 
     #[test]
@@ -533,6 +541,14 @@ mod tests {
         // Unsynchronised upstream, never polled: no reply age, served as unsynchronised.
         let page = render(&s);
         assert!(page.contains("chimed_served_synchronised 0\n"), "{page}");
+        // OpenMetrics: a counter described without its _total, and the page's end marked.
+        assert!(
+            page.contains(
+                "# TYPE chimed_requests_received counter\nchimed_requests_received_total{"
+            ),
+            "{page}"
+        );
+        assert!(page.ends_with("# EOF\n"), "{page}");
         assert!(
             !page.contains("chimed_upstream_last_reply_age_seconds"),
             "{page}"

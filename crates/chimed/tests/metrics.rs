@@ -228,7 +228,7 @@ fn counters_and_upstream_follow_what_chimed_saw() {
     assert!(
         page["content_type"]
             .as_str()
-            .is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
+            .is_some_and(|t| t.starts_with("application/openmetrics-text; version=1.0.0")),
         "{}",
         page["content_type"]
     );

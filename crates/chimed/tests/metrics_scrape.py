@@ -1,5 +1,7 @@
 """Scrapes chimed's metrics endpoint once and parses it with the Prometheus project's own Python
-parser (prometheus-client), for metrics.rs. Run it with the python of scripts/setup's metrics venv:
+OpenMetrics parser (prometheus-client), for metrics.rs. The parser is strict: a page without its
+closing "# EOF", a counter sample without "_total" or a family described twice is refused. Run it
+with the python of scripts/setup's metrics venv:
 
     python metrics_scrape.py URL
 
@@ -13,7 +15,7 @@ import json
 import sys
 import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 
 def main() -> int:
