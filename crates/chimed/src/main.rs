@@ -675,6 +675,7 @@ async fn control_plane(
             n.ntp.clone(),
             n.counts.clone(),
             limiter,
+            ntp.clone(),
         ));
         ke_threads = Some(
             nts_ke::KeThreads::spawn(&n.listener, &shared, n.settings.ke_threads)

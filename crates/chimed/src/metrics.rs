@@ -365,13 +365,14 @@ fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
             "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
              failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
              rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
-             8 sessions from that address already).",
+             8 sessions from that address already), denied (closed unserved: --allow/--deny).",
             [
                 ("agreed", &ke.agreed),
                 ("refused", &ke.refused),
                 ("failed", &ke.failed),
                 ("rate_limited", &ke.rate_limited),
                 ("address_limited", &ke.address_limited),
+                ("denied", &ke.denied),
             ]
             .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
         )?;

@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
+use crate::ntp_worker;
 use crate::nts_keys::{self, How};
 use crate::per_address::PerAddress;
 
@@ -47,6 +48,8 @@ pub(crate) struct KeCounts {
     pub(crate) rate_limited: AtomicU64,
     /// Connections closed unserved: their address already had [`MAX_SESSIONS_PER_ADDRESS`].
     pub(crate) address_limited: AtomicU64,
+    /// Connections closed unserved: `--allow`/`--deny` refuse their address.
+    pub(crate) denied: AtomicU64,
     /// The failed sessions (also in `failed`) by what went wrong: the TLS handshake (or bytes
     /// that are not TLS), the time limit, the request (too long, or cut off before End of
     /// Message), or reading and writing.
@@ -65,6 +68,7 @@ impl Default for KeCounts {
             failed: AtomicU64::new(0),
             rate_limited: AtomicU64::new(0),
             address_limited: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
             failed_tls: AtomicU64::new(0),
             failed_timeout: AtomicU64::new(0),
             failed_request: AtomicU64::new(0),
@@ -77,12 +81,13 @@ impl Default for KeCounts {
 impl KeCounts {
     pub(crate) fn line(&self) -> String {
         let mut line = format!(
-            "agreed={} refused={} failed={} rate_limited={} address_limited={}",
+            "agreed={} refused={} failed={} rate_limited={} address_limited={} denied={}",
             self.agreed.load(Relaxed),
             self.refused.load(Relaxed),
             self.failed.load(Relaxed),
             self.rate_limited.load(Relaxed),
-            self.address_limited.load(Relaxed)
+            self.address_limited.load(Relaxed),
+            self.denied.load(Relaxed)
         );
         for (kind, n) in self.failures() {
             line.push_str(&format!(" failed.{kind}={n}"));
@@ -401,13 +406,15 @@ pub(crate) fn reload_fleet(
 
 /// What every NTS-KE thread shares, so that a limit holds for the server as a whole whichever
 /// thread accepts a connection: the certificate and cookie keys in force, the counts, the
-/// session slots, the sessions open per address and `--nts-ratelimit`'s table.
+/// session slots, the sessions open per address, `--nts-ratelimit`'s table, and the access rules
+/// (NTP's, which SIGHUP reloads).
 pub(crate) struct KeShared {
     pub(crate) tls: Arc<ArcSwap<ServerConfig>>,
     pub(crate) cookies: Arc<ArcSwap<CookieKeys>>,
     pub(crate) ntp: Arc<nts::NtpNegotiation>,
     pub(crate) counts: Arc<KeCounts>,
     limiter: Option<ClientTable>,
+    access: Arc<ntp_worker::Shared>,
     slots: Arc<Semaphore>,
     per_address: PerAddress,
     /// The rate limiter's clock starts here, the same for every thread.
@@ -421,6 +428,7 @@ impl KeShared {
         ntp: Arc<nts::NtpNegotiation>,
         counts: Arc<KeCounts>,
         limiter: Option<ClientTable>,
+        access: Arc<ntp_worker::Shared>,
     ) -> Self {
         Self {
             tls,
@@ -428,6 +436,7 @@ impl KeShared {
             ntp,
             counts,
             limiter,
+            access,
             slots: Arc::new(Semaphore::new(MAX_SESSIONS)),
             per_address: PerAddress::default(),
             epoch: std::time::Instant::now(),
@@ -515,6 +524,13 @@ async fn serve(
                 continue;
             }
         };
+        // The access rules first, as for NTP and Roughtime: a denied address costs no TLS.
+        let acl = shared.access.acl.load();
+        if !acl.is_open() && !acl.permits(peer.ip()) {
+            counts.denied.fetch_add(1, Relaxed);
+            debug!("nts-ke: {peer}: refused by the access rules, closed");
+            continue;
+        }
         if let Some(table) = &shared.limiter {
             let now_ns = shared.epoch.elapsed().as_nanos() as u64;
             if !matches!(table.check(peer.ip(), now_ns, &mut coin), Verdict::Answer) {

@@ -647,6 +647,28 @@ fn ke_kept_open(mut stream: std::net::TcpStream, deadline: std::time::Instant) -
     }
 }
 
+/// The access rules hold for NTS-KE as for NTP and Roughtime: a denied address's connection is
+/// closed before any TLS and counted as `denied`, while an allowed one gets a whole NTS exchange.
+#[test]
+fn nts_ke_closes_a_denied_address_before_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &["--deny", "127.0.0.2"]);
+    let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    assert!(
+        !ke_kept_open(ke_connect(ke, [127, 0, 0, 2].into()), deadline),
+        "127.0.0.2 is denied, but its NTS-KE connection was kept open"
+    );
+    let r = chime_ntp_nts(&ke.to_string(), &cert).expect("chime ntp --nts from 127.0.0.1");
+    assert!(r["nts"]["cookies"].as_u64() > Some(0), "{r}");
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "denied"), 1, "{totals}");
+    assert_eq!(count_in(&totals, "agreed"), 1, "{totals}");
+}
+
 /// `--nts-ratelimit` (chronyd's `ntsratelimit`): a real client is served within its burst; a
 /// flood of connections from one address is closed before any TLS, bar the few leaked; another
 /// address keeps its own burst; chimed's count of what it turned away is ours exactly. NTS-KE
