@@ -463,46 +463,54 @@ fn sighup_reloads_the_nts_certificate() {
     chime_ntp_nts(&spec, &b_cert).expect("the certificate in force is kept");
 }
 
-/// A renewal after chimed has dropped root (`-u nobody`, whose group is `nogroup`): a renewed key
-/// that is `root:nogroup` mode 0640, as an ACME deploy hook should leave it, is read on SIGHUP and
-/// served; a renewed key left `root:root` 0600, as ACME clients write them, cannot be read by the
-/// user chimed now runs as, so SIGHUP says why and the pair in force is kept.
+/// A renewal after chimed has dropped root (`-u nobody`, whose group is `nogroup`), through the
+/// certbot deploy hook this repository ships (`configs/certbot-deploy-chimed`): given certbot's
+/// live directory, where the key is `root:root` 0600, it installs the pair as `root:nogroup`
+/// (0644 and 0640) and sends the SIGHUP, and chimed serves the renewed certificate. A renewed key
+/// left `root:root` 0600, as certbot writes it, cannot be read by the user chimed now runs as, so
+/// SIGHUP says why and the pair in force is kept.
 #[test]
 fn a_renewed_key_reaches_chimed_after_it_dropped_root() {
     use nix::sys::signal::{Signal, kill};
-    use nix::unistd::{Gid, Group, chown};
-    let nogroup = Group::from_name("nogroup")
-        .unwrap()
-        .expect("a nogroup group")
-        .gid;
     let dir = tempfile::tempdir().unwrap();
     // nobody must reach the files: the directory is searchable, the certificates readable.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let pair = |name: &str, group: Gid, mode: u32| {
+    // A certbot live directory per certificate: fullchain.pem, and privkey.pem root-only.
+    let lineage = |name: &str| {
         let (cert, key) = certificate(dir.path(), name);
-        std::fs::set_permissions(&cert, std::fs::Permissions::from_mode(0o644)).unwrap();
-        chown(&key, None, Some(group)).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
-        (cert, key)
+        let live = dir.path().join(format!("live-{name}"));
+        std::fs::create_dir(&live).unwrap();
+        std::fs::copy(&cert, live.join("fullchain.pem")).unwrap();
+        std::fs::copy(&key, live.join("privkey.pem")).unwrap();
+        std::fs::set_permissions(
+            live.join("privkey.pem"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        (cert, live)
     };
-    let (a_cert, a_key) = pair("a", nogroup, 0o640);
-    let (b_cert, b_key) = pair("b", nogroup, 0o640);
-    let (c_cert, c_key) = pair("c", Gid::from_raw(0), 0o600);
-    let (cert, key) = (dir.path().join("live.pem"), dir.path().join("live.key"));
-    // Renewed the way a deploy hook should: each file written aside and renamed over, with its
-    // owner and mode.
-    let install = |from_cert: &Path, from_key: &Path| {
-        for (from, to) in [(from_cert, &cert), (from_key, &key)] {
-            let aside = to.with_extension("new");
-            std::fs::copy(from, &aside).unwrap();
-            let meta = std::fs::metadata(from).unwrap();
-            use std::os::unix::fs::MetadataExt as _;
-            chown(&aside, None, Some(Gid::from_raw(meta.gid()))).unwrap();
-            std::fs::set_permissions(&aside, meta.permissions()).unwrap();
-            std::fs::rename(&aside, to).unwrap();
-        }
+    let (a_cert, a_live) = lineage("a");
+    let (b_cert, b_live) = lineage("b");
+    let (_, c_live) = lineage("c");
+    let nts = dir.path().join("nts");
+    let (cert, key) = (nts.join("fullchain.pem"), nts.join("privkey.pem"));
+    let hook = |live: &Path, reload: &str| {
+        let out = common::run(
+            Command::new(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/certbot-deploy-chimed"),
+            )
+            .env("RENEWED_LINEAGE", live)
+            .env("CHIMED_NTS_DIR", &nts)
+            .env("CHIMED_GROUP", "nogroup")
+            .env("CHIMED_RELOAD", reload),
+        );
+        assert!(
+            out.status.success(),
+            "the deploy hook: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
-    install(&a_cert, &a_key);
+    hook(&a_live, "true");
     let chronyd = Chronyd::start();
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &["-u", "nobody"]);
     let spec = format!("127.0.0.1:{ke_port}");
@@ -514,16 +522,19 @@ fn a_renewed_key_reaches_chimed_after_it_dropped_root() {
         "still root: {uid}"
     );
 
-    install(&b_cert, &b_key);
-    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    hook(&b_live, &format!("kill -HUP {}", chimed.pid()));
     chimed.wait_for("SIGHUP: NTS certificate reloaded", Duration::from_secs(5));
     chime_ntp_nts(&spec, &b_cert).expect("the renewed certificate, read as nobody");
 
-    install(&c_cert, &c_key);
+    // Renewed without the hook: certbot's root-only key copied over as it is.
+    std::fs::copy(c_live.join("fullchain.pem"), &cert).unwrap();
+    std::fs::copy(c_live.join("privkey.pem"), &key).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    nix::unistd::chown(&key, None, Some(nix::unistd::Gid::from_raw(0))).unwrap();
     kill(chimed.pid(), Signal::SIGHUP).unwrap();
     let warned = chimed.wait_for("keeping the one in force", Duration::from_secs(5));
     assert!(
-        warned.contains("live.key") && warned.contains("ermission denied"),
+        warned.contains("privkey.pem") && warned.contains("ermission denied"),
         "{warned}"
     );
     chime_ntp_nts(&spec, &b_cert).expect("the pair in force is kept");
