@@ -683,6 +683,7 @@ fn soak_under_faults() {
                 // shedding's doing.
                 let round = round_capacity.map(|last| {
                     let c = climb(&counts, &load, &mut hup, &mut next_tag, 0.9 * last, 4);
+                    assert!(c.capacity > 0.0, "no step of a round's ladder was answered");
                     load.store(load_of(rate, STEADY), Relaxed);
                     hup.sleep_until(Instant::now() + Duration::from_secs(1));
                     c.capacity
