@@ -255,10 +255,7 @@ fn ke_thread_ticks(pid: u32) -> Vec<u64> {
             continue;
         }
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        ticks.push(f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap());
+        ticks.push(common::stat_cpu_ticks(&stat));
     }
     ticks
 }

@@ -127,12 +127,8 @@ impl NtpCounts {
 /// chimed's CPU time so far, user and system, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     // /proc counts in USER_HZ, 100 on every architecture Linux runs on today.
-    ticks as f64 / 100.0
+    common::stat_cpu_ticks(&stat) as f64 / 100.0
 }
 
 /// One burst: when it began and ended (Unix seconds), how many burst replies had been accepted

@@ -897,6 +897,15 @@ pub fn chimed_nts(chronyd: &Chronyd, cert: &Path, key: &Path, extra: &[&str]) ->
     (chimed, port)
 }
 
+/// User plus system CPU time, in clock ticks (USER_HZ), from the text of a `/proc` `stat` file, a
+/// process's or a thread's: the 12th and 13th fields after the command's closing parenthesis.
+pub fn stat_cpu_ticks(stat: &str) -> u64 {
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// The resident memory of process `pid`, in KiB (VmRSS).
 pub fn resident_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
