@@ -180,6 +180,30 @@ impl RxBatch {
         &mut self.headers.hdrs[start..]
     }
 
+    /// Empties the batch, for a backend that fills it datagram by datagram ([`Self::push`]).
+    pub(crate) fn reset(&mut self) {
+        self.len = 0;
+        self.shed = 0;
+    }
+
+    /// Adds one datagram received other than by `recvmmsg` (the AF_XDP backend): its metadata
+    /// and payload, cut to `max_datagram` bytes (and marked truncated) if longer. Returns
+    /// `false` if the batch is full.
+    pub(crate) fn push(&mut self, mut meta: RecvMeta, payload: &[u8]) -> bool {
+        let i = self.len;
+        if i == self.capacity() {
+            return false;
+        }
+        let n = payload.len().min(self.max_datagram);
+        let start = i * self.max_datagram;
+        self.bufs[start..start + n].copy_from_slice(&payload[..n]);
+        meta.truncated = n < payload.len();
+        meta.len = n;
+        self.metas[i] = meta;
+        self.len += 1;
+        true
+    }
+
     /// Decodes the `n` headers after the datagrams already here, which `recvmmsg` just filled,
     /// into metadata. `fixed_dst` is the socket's own address when it is bound to one: the
     /// destination of every datagram, for sockets that do not ask for packet info.

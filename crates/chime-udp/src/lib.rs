@@ -42,6 +42,7 @@ mod shed;
 mod sockaddr;
 mod socket;
 mod sys;
+pub mod xdp;
 
 pub use crate::{
     affinity::allowed_cpus,

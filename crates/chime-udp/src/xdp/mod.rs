@@ -1,0 +1,641 @@
+//! The AF_XDP backend: the same [`BatchHandler`]s served from frames the driver hands over
+//! directly, without the kernel's UDP/IP stack or a socket per protocol.
+//!
+//! An XDP program ([`bpf`]) on the interface redirects plain UDP to the served addresses and ports
+//! into one AF_XDP socket per receive queue ([`xsk`]) and passes everything else to the kernel.
+//! One worker thread per queue takes batches of frames off its RX ring, checks each and copies
+//! its payload into the [`RxBatch`] of the protocol its port belongs to ([`frame`]), runs that
+//! protocol's handler, writes each reply over its request's frame with the headers swapped, and
+//! puts the frames on the TX ring: no syscall per batch in zero-copy mode, one (the send kick) in
+//! copy mode.
+//!
+//! Receive times come from the XDP program, which reads `CLOCK_MONOTONIC` as it sees each frame
+//! and leaves the reading in the frame's metadata; the worker converts it with one pair of clock
+//! reads per batch. That is the same moment a kernel software receive timestamp marks, at the
+//! driver, before any queueing. A frame whose metadata did not come through gets the time the
+//! worker took the batch, and [`XdpWorkers::rx_times`] says which happened. Transmit timestamps
+//! are not available here, so handlers never see [`BatchHandler::tx_timestamps`] on this path.
+//!
+//! The program is attached through a BPF link owned by [`XdpWorkers`], so it is detached when they
+//! are dropped or the process dies.
+
+mod bpf;
+mod frame;
+mod xsk;
+
+use std::{
+    ffi::CString,
+    fs, io,
+    net::{IpAddr, SocketAddr},
+    os::fd::OwnedFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+pub use xsk::XdpMode;
+
+use crate::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch, affinity};
+
+/// One protocol served through XDP: the addresses and ports its requests are sent to, and the
+/// batch sizes of its handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdpGroup {
+    /// What the group is, for logs ("ntp", "roughtime").
+    pub name: String,
+    /// The UDP addresses served. An unspecified IP (`0.0.0.0`, `::`) stands for every address of
+    /// that family the interface has when the workers are bound.
+    pub addrs: Vec<SocketAddr>,
+    /// The most datagrams per handler call.
+    pub batch_size: usize,
+    /// Payloads longer than this reach the handler truncated.
+    pub max_datagram: usize,
+}
+
+/// How to serve through XDP on one interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdpConfig {
+    /// The interface's name.
+    pub interface: String,
+    /// Worker threads, one per receive queue from queue 0: the interface must have this many.
+    pub threads: usize,
+    /// The protocols served; a frame goes to the first group one of whose addresses it was sent to.
+    pub groups: Vec<XdpGroup>,
+    /// Zero-copy or copy mode; `None` tries zero-copy and falls back to copy.
+    pub mode: Option<XdpMode>,
+    /// CPUs to pin the threads to, as [`crate::WorkerConfig::cpus`].
+    pub cpus: Vec<usize>,
+    /// The most frames taken off the RX ring at once.
+    pub batch_size: usize,
+}
+
+impl XdpConfig {
+    /// One thread on `interface`, no groups yet, the mode the driver allows.
+    pub fn new(interface: impl Into<String>) -> Self {
+        Self {
+            interface: interface.into(),
+            threads: 1,
+            groups: Vec::new(),
+            mode: None,
+            cpus: Vec::new(),
+            batch_size: 64,
+        }
+    }
+}
+
+/// UMEM frames per socket and entries per ring: 16 MiB of frames, enough to keep a full RX ring
+/// and a full TX ring in flight.
+const FRAMES: u32 = 4096;
+const RING: u32 = 2048;
+
+/// How long an idle worker waits for frames before looking at the stop flag again.
+const IDLE_WAIT_MS: i32 = 100;
+
+/// The sockets made and the program attached, no thread started yet.
+#[derive(Debug)]
+pub struct XdpBound {
+    cfg: XdpConfig,
+    sockets: Vec<xsk::Xsk>,
+    link: OwnedFd,
+    _map: OwnedFd,
+    mode: XdpMode,
+    targets: Vec<Vec<SocketAddr>>,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// The interface's receive queues, from sysfs.
+fn rx_queues(interface: &str) -> io::Result<usize> {
+    let dir = format!("/sys/class/net/{interface}/queues");
+    Ok(fs::read_dir(&dir)?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .count())
+}
+
+/// Every address of the interface, from `getifaddrs`.
+fn interface_addrs(interface: &str) -> io::Result<Vec<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a live pointer for the kernel's list; freed below.
+    crate::sys::cvt(unsafe { libc::getifaddrs(&mut head) })?;
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is an element of the list getifaddrs made, not yet freed.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: the name is a NUL-terminated string of the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if name.to_bytes() != interface.as_bytes() {
+            continue;
+        }
+        // SAFETY: `ifa_addr` is non-null and points at a sockaddr of the family it states, of
+        // at least that family's size.
+        let addr = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                    Some(IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes()))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                    Some(IpAddr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => None,
+            }
+        };
+        out.extend(addr);
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; nothing borrowed from it remains.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+impl XdpBound {
+    /// Makes one AF_XDP socket per thread on queues `0..threads`, loads the program for the
+    /// groups' addresses and attaches it to the interface.
+    ///
+    /// Errors name what failed: an interface that does not exist or has too few queues, a
+    /// kernel without AF_XDP or a process without `CAP_NET_ADMIN` / `CAP_BPF`, a driver without
+    /// native XDP, or an interface that already has an XDP program (another process's, or one
+    /// attached by `ip link`).
+    pub fn bind(cfg: XdpConfig) -> io::Result<Self> {
+        let iface = &cfg.interface;
+        if cfg.threads == 0 || cfg.groups.is_empty() || cfg.batch_size == 0 {
+            return Err(invalid(format!(
+                "XDP on {iface}: at least one thread, one protocol and a batch of one are needed"
+            )));
+        }
+        let c_name = CString::new(iface.as_str())
+            .map_err(|_| invalid(format!("interface name {iface:?} has a NUL byte")))?;
+        // SAFETY: a NUL-terminated name; the call only reads it.
+        let ifindex = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("XDP: no interface named {iface}"),
+            ));
+        }
+        let queues = rx_queues(iface)
+            .map_err(|e| io::Error::new(e.kind(), format!("XDP on {iface}: its queues: {e}")))?;
+        if cfg.threads > queues {
+            return Err(invalid(format!(
+                "XDP on {iface}: {} threads asked for, but the interface has {queues} receive \
+                 queue(s): one thread serves one queue",
+                cfg.threads
+            )));
+        }
+        let own = interface_addrs(iface)?;
+        let mut targets = Vec::new();
+        let mut prog_targets = Vec::new();
+        for g in &cfg.groups {
+            let mut addrs = Vec::new();
+            for a in &g.addrs {
+                if a.ip().is_unspecified() {
+                    for &ip in own.iter().filter(|ip| ip.is_ipv4() == a.is_ipv4()) {
+                        addrs.push(SocketAddr::new(ip, a.port()));
+                    }
+                } else {
+                    addrs.push(*a);
+                }
+            }
+            prog_targets.extend(addrs.iter().map(|a| (Some(a.ip()), a.port())));
+            targets.push(addrs);
+        }
+        if prog_targets.is_empty() {
+            return Err(invalid(format!(
+                "XDP on {iface}: none of the addresses to serve is on the interface"
+            )));
+        }
+        let ctx = |what: &str, e: io::Error| {
+            let hint = match e.raw_os_error() {
+                Some(libc::EPERM) => " (needs CAP_NET_ADMIN and CAP_BPF, or root)",
+                Some(libc::EBUSY) | Some(libc::EEXIST) => {
+                    " (the interface already has an XDP program: detach it with \
+                     `ip link set dev IFACE xdp off`)"
+                }
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
+                    " (the driver may lack native XDP or AF_XDP support)"
+                }
+                _ => "",
+            };
+            io::Error::new(e.kind(), format!("XDP on {iface}: {what}: {e}{hint}"))
+        };
+        let map = bpf::create_xskmap(queues as u32).map_err(|e| ctx("making the socket map", e))?;
+        let mut sockets = Vec::with_capacity(cfg.threads);
+        let mut mode = cfg.mode.unwrap_or(XdpMode::ZeroCopy);
+        for q in 0..cfg.threads as u32 {
+            let sock = match xsk::Xsk::new(ifindex, q, FRAMES, RING, mode) {
+                Err(e) if cfg.mode.is_none() && mode == XdpMode::ZeroCopy && q == 0 => {
+                    tracing::debug!(error = %e, "no zero-copy AF_XDP; trying copy mode");
+                    mode = XdpMode::Copy;
+                    xsk::Xsk::new(ifindex, q, FRAMES, RING, mode)
+                }
+                other => other,
+            }
+            .map_err(|e| ctx(&format!("an AF_XDP socket on queue {q}"), e))?;
+            bpf::set_xskmap(&map, q, sock.fd()).map_err(|e| ctx("filling the socket map", e))?;
+            sockets.push(sock);
+        }
+        let prog = bpf::load_xdp(&bpf::program(
+            std::os::fd::AsRawFd::as_raw_fd(&map),
+            &prog_targets,
+        ))
+        .map_err(|e| ctx("loading the XDP program", e))?;
+        let link =
+            bpf::attach_xdp(&prog, ifindex).map_err(|e| ctx("attaching the XDP program", e))?;
+        tracing::info!(
+            interface = %iface,
+            threads = cfg.threads,
+            ?mode,
+            targets = ?prog_targets,
+            "XDP program attached"
+        );
+        Ok(Self {
+            cfg,
+            sockets,
+            link,
+            _map: map,
+            mode,
+            targets,
+        })
+    }
+
+    /// Copy mode or zero-copy, as the driver granted.
+    pub fn mode(&self) -> XdpMode {
+        self.mode
+    }
+
+    /// The addresses each group is served on, wildcards resolved.
+    pub fn addrs(&self) -> &[Vec<SocketAddr>] {
+        &self.targets
+    }
+
+    /// Starts one thread per queue, each with a handler per group made by `make(thread, group)`.
+    pub fn spawn(
+        self,
+        stop: Arc<AtomicBool>,
+        mut make: impl FnMut(usize, usize) -> Box<dyn BatchHandler>,
+    ) -> io::Result<XdpWorkers> {
+        let stats = Arc::new(XdpStats::default());
+        let (started_tx, started_rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        let mut failure = None;
+        for (i, sock) in self.sockets.into_iter().enumerate() {
+            let groups = self
+                .cfg
+                .groups
+                .iter()
+                .zip(&self.targets)
+                .enumerate()
+                .map(|(g, (group, addrs))| Group {
+                    addrs: addrs.clone(),
+                    handler: make(i, g),
+                    rx: RxBatch::new(group.batch_size, group.max_datagram),
+                    tx: TxBatch::new(group.batch_size, group.max_datagram),
+                    reqs: Vec::with_capacity(group.batch_size),
+                })
+                .collect();
+            let worker = XdpWorker {
+                sock,
+                groups,
+                stop: Arc::clone(&stop),
+                stats: Arc::clone(&stats),
+                cpu: (!self.cfg.cpus.is_empty()).then(|| self.cfg.cpus[i % self.cfg.cpus.len()]),
+                batch_size: self.cfg.batch_size,
+            };
+            let started = started_tx.clone();
+            match thread::Builder::new()
+                .name(format!("xdp-{i}"))
+                .spawn(move || worker.run(started))
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(started_tx);
+        for _ in 0..threads.len() {
+            match started_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failure.get_or_insert(e);
+                }
+                Err(_) => {
+                    failure.get_or_insert_with(|| {
+                        io::Error::other("an XDP worker exited while starting")
+                    });
+                    break;
+                }
+            }
+        }
+        let workers = XdpWorkers {
+            threads,
+            stop,
+            stats,
+            mode: self.mode,
+            _link: self.link,
+        };
+        if let Some(e) = failure {
+            let _ = workers.join();
+            return Err(e);
+        }
+        Ok(workers)
+    }
+}
+
+/// Counts the XDP workers keep beside their handlers', for the metrics.
+#[derive(Debug, Default)]
+pub struct XdpStats {
+    /// Frames the program redirected that were not a well-formed request to a served address
+    /// (bad checksum, lengths that do not add up): dropped.
+    pub malformed: AtomicU64,
+    /// Frames whose receive time came from the XDP program.
+    pub rx_times_from_program: AtomicU64,
+    /// Frames whose receive time is the worker's, read once per batch, because the program's
+    /// did not come through.
+    pub rx_times_from_worker: AtomicU64,
+    /// Replies the TX ring had no room for: dropped.
+    pub tx_ring_full: AtomicU64,
+}
+
+/// Running XDP workers; dropping them (or [`Self::join`]) stops them and detaches the program.
+#[derive(Debug)]
+pub struct XdpWorkers {
+    threads: Vec<thread::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<XdpStats>,
+    mode: XdpMode,
+    /// Declared last so that the threads are joined before the program is detached.
+    _link: OwnedFd,
+}
+
+impl XdpWorkers {
+    /// Copy mode or zero-copy, as the driver granted.
+    pub fn mode(&self) -> XdpMode {
+        self.mode
+    }
+
+    /// The workers' own counts.
+    pub fn stats(&self) -> &XdpStats {
+        &self.stats
+    }
+
+    /// Whether any worker has stopped.
+    pub fn any_finished(&self) -> bool {
+        self.threads.iter().any(thread::JoinHandle::is_finished)
+    }
+
+    /// Stops the workers, waits for them (at most about [`IDLE_WAIT_MS`] each), and detaches the
+    /// program. Returns the first panic's payload if a handler panicked.
+    pub fn join(mut self) -> thread::Result<()> {
+        self.stop.store(true, Ordering::Release);
+        let mut result = Ok(());
+        for t in std::mem::take(&mut self.threads) {
+            if let Err(p) = t.join()
+                && result.is_ok()
+            {
+                result = Err(p);
+            }
+        }
+        result
+    }
+}
+
+impl Drop for XdpWorkers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// One protocol on one worker.
+struct Group {
+    addrs: Vec<SocketAddr>,
+    handler: Box<dyn BatchHandler>,
+    rx: RxBatch,
+    tx: TxBatch,
+    /// The frames of the batch in `rx`, in the same order: their UMEM addresses and what was in
+    /// them.
+    reqs: Vec<(u64, frame::Request)>,
+}
+
+struct XdpWorker {
+    sock: xsk::Xsk,
+    groups: Vec<Group>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<XdpStats>,
+    cpu: Option<usize>,
+    batch_size: usize,
+}
+
+/// `CLOCK_REALTIME` minus `CLOCK_MONOTONIC`, in nanoseconds: added to the program's monotonic
+/// reading it gives the time of day. Read once per batch, so a clock step shows from the next.
+fn realtime_offset() -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one live timespec for the kernel to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let mono = i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec);
+    let real = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_nanos() as i128;
+    real - mono
+}
+
+impl XdpWorker {
+    fn run(mut self, started: mpsc::Sender<io::Result<()>>) {
+        if let Some(cpu) = self.cpu
+            && let Err(e) = affinity::pin_current_thread(cpu)
+        {
+            let _ = started.send(Err(io::Error::new(
+                e.kind(),
+                format!("pinning an XDP worker to CPU {cpu}: {e}"),
+            )));
+            return;
+        }
+        let _ = started.send(Ok(()));
+        drop(started);
+        let mut frames: Vec<(u64, usize)> = Vec::with_capacity(self.batch_size);
+        let mut out: Vec<(u64, usize)> = Vec::with_capacity(self.batch_size);
+        let mut batches = 0u32;
+        while !self.stop.load(Ordering::Acquire) {
+            self.sock.collect_completed();
+            self.sock.refill();
+            frames.clear();
+            self.sock
+                .receive(self.batch_size as u32, |addr, len| frames.push((addr, len)));
+            if frames.is_empty() {
+                self.report_drops();
+                for g in &mut self.groups {
+                    g.handler.idle();
+                }
+                self.sock.wait(IDLE_WAIT_MS);
+                continue;
+            }
+            self.take(&frames);
+            out.clear();
+            for g in &mut self.groups {
+                if g.rx.is_empty() {
+                    continue;
+                }
+                g.handler.handle(&g.rx, &mut g.tx);
+                if !g.tx.is_empty() {
+                    g.handler.before_send(&mut g.tx);
+                }
+                Self::build_replies(&mut self.sock, g, &mut out);
+            }
+            let queued = self.sock.transmit(&out);
+            for &(addr, _) in &out[queued..] {
+                self.sock.recycle(addr);
+            }
+            if queued < out.len() {
+                self.stats
+                    .tx_ring_full
+                    .fetch_add((out.len() - queued) as u64, Ordering::Relaxed);
+            }
+            for g in &mut self.groups {
+                if !g.tx.is_empty() {
+                    let outcome = SendOutcome {
+                        sent: g.tx.len(),
+                        ..SendOutcome::default()
+                    };
+                    g.handler.after_send(&outcome);
+                    g.tx.clear();
+                }
+            }
+            batches += 1;
+            if batches >= crate::DROPS_EVERY {
+                batches = 0;
+                self.report_drops();
+            }
+        }
+        self.report_drops();
+        for g in &mut self.groups {
+            g.handler.finish();
+        }
+    }
+
+    fn report_drops(&mut self) {
+        if let Ok(s) = self.sock.stats()
+            && let Some(g) = self.groups.first_mut()
+        {
+            // The handlers' count is the kernel's 32-bit wrapping one.
+            g.handler.receive_drops(s.rx_dropped as u32);
+        }
+    }
+
+    /// Sorts the received frames into their groups' batches, dropping and counting any that are
+    /// not a well-formed request to a served address.
+    fn take(&mut self, frames: &[(u64, usize)]) {
+        for g in &mut self.groups {
+            g.rx.reset();
+            g.reqs.clear();
+        }
+        let offset = realtime_offset();
+        let mut batch_time = None;
+        let (mut from_program, mut from_worker, mut malformed) = (0u64, 0u64, 0u64);
+        for &(addr, len) in frames {
+            let Some(buf) = self.sock.frame_mut(addr, bpf::META_LEN, len) else {
+                malformed += 1;
+                self.sock.recycle(addr);
+                continue;
+            };
+            let (meta, pkt) = buf.split_at_mut(bpf::META_LEN);
+            let magic = u64::from_ne_bytes(meta[8..16].try_into().expect("8 bytes"));
+            let timestamp = if magic == bpf::META_MAGIC {
+                meta[8..16].fill(0);
+                from_program += 1;
+                let mono = u64::from_ne_bytes(meta[..8].try_into().expect("8 bytes"));
+                Timestamp::from_nanos(i128::from(mono) + offset)
+            } else {
+                from_worker += 1;
+                *batch_time.get_or_insert_with(Timestamp::now)
+            };
+            let group = frame::parse(pkt).ok().and_then(|req| {
+                let g = self
+                    .groups
+                    .iter()
+                    .position(|g| g.addrs.contains(&req.dst))?;
+                Some((g, req))
+            });
+            let Some((g, req)) = group else {
+                malformed += 1;
+                self.sock.recycle(addr);
+                continue;
+            };
+            let group = &mut self.groups[g];
+            let mut m = RecvMeta::new(req.src, 0);
+            m.dst_ip = Some(req.dst.ip());
+            m.reply_ip = Some(req.dst.ip());
+            m.timestamp = Some(timestamp);
+            let (off, n) = req.payload;
+            if group.rx.push(m, &pkt[off..off + n]) {
+                group.reqs.push((addr, req));
+            } else {
+                self.sock.recycle(addr);
+            }
+        }
+        let s = &self.stats;
+        s.rx_times_from_program
+            .fetch_add(from_program, Ordering::Relaxed);
+        s.rx_times_from_worker
+            .fetch_add(from_worker, Ordering::Relaxed);
+        if malformed > 0 {
+            s.malformed.fetch_add(malformed, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes each reply of `g` over the frame of the request it answers, and gives the frames
+    /// of requests without a reply back. Replies come in request order, one per request at most,
+    /// so walking both lists together pairs them: a reply goes to its request's sender.
+    fn build_replies(sock: &mut xsk::Xsk, g: &mut Group, out: &mut Vec<(u64, usize)>) {
+        let mut reqs = g.reqs.iter();
+        for (dst, payload) in g.tx.iter() {
+            let mut found = None;
+            for &(addr, req) in reqs.by_ref() {
+                if req.src == dst {
+                    found = Some((addr, req));
+                    break;
+                }
+                sock.recycle(addr);
+            }
+            let Some((addr, req)) = found else {
+                // A reply to no request of the batch: handlers do not send those.
+                debug_assert!(
+                    false,
+                    "a reply to {dst} that no request of the batch asked for"
+                );
+                break;
+            };
+            let off = req.payload.0;
+            if off + payload.len() > xsk::Xsk::room(addr) {
+                sock.recycle(addr);
+                continue;
+            }
+            let Some(f) = sock.frame_mut(addr, 0, xsk::Xsk::room(addr)) else {
+                sock.recycle(addr);
+                continue;
+            };
+            f[off..off + payload.len()].copy_from_slice(payload);
+            let len = frame::make_reply(f, &req, payload.len());
+            out.push((addr, len));
+        }
+        for &(addr, _) in reqs {
+            sock.recycle(addr);
+        }
+    }
+}
