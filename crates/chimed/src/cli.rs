@@ -89,6 +89,28 @@ pub(crate) struct Args {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub(crate) cpus: Option<Vec<usize>>,
 
+    /// Serve NTP and Roughtime on this interface through AF_XDP: an XDP program hands their UDP
+    /// to chimed before the kernel's network stack, everything else (ARP, ICMP, TCP, other
+    /// ports) goes on to the kernel. Needs root or CAP_NET_ADMIN + CAP_BPF and a driver with
+    /// native XDP. Bypasses the firewall and socket counters; no interleaved mode on this path.
+    /// The sockets still serve what arrives elsewhere (see docs/XDP.md) [default: off]
+    #[arg(long, value_name = "IFACE")]
+    pub(crate) xdp: Option<String>,
+
+    /// --xdp: worker threads, one per receive queue from queue 0 [default: 1]
+    #[arg(long, value_name = "N")]
+    pub(crate) xdp_threads: Option<usize>,
+
+    /// --xdp: `zero-copy`, `copy`, or `auto` (zero-copy where the driver can, else copy)
+    /// [default: auto]
+    #[arg(long, value_name = "MODE")]
+    pub(crate) xdp_mode: Option<String>,
+
+    /// --xdp: if XDP cannot start, log why and serve through the sockets alone instead of
+    /// exiting [default: exit]
+    #[arg(long)]
+    pub(crate) xdp_fallback: bool,
+
     /// Seconds between per-thread statistics log lines; 0 logs them only at exit [default: 60]
     #[arg(long, value_name = "SECS", value_parser = parse_seconds_or_zero)]
     pub(crate) stats_interval: Option<f64>,

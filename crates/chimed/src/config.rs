@@ -37,6 +37,10 @@ struct File {
     shed_target: Option<f64>,
     shed_interval: Option<f64>,
     cpus: Option<Vec<usize>>,
+    xdp: Option<String>,
+    xdp_threads: Option<usize>,
+    xdp_mode: Option<String>,
+    xdp_fallback: Option<bool>,
     stats_interval: Option<f64>,
     metrics_address: Option<SocketAddr>,
     allow: Option<Vec<String>>,
@@ -100,6 +104,8 @@ pub(crate) struct Settings {
     /// Shedding under a standing overload, NTP and Roughtime alike; `None`: off.
     pub(crate) shed: Option<ShedConfig>,
     pub(crate) cpus: Vec<usize>,
+    /// AF_XDP on an interface, if asked for.
+    pub(crate) xdp: Option<Xdp>,
     pub(crate) stats_interval: Option<Duration>,
     /// Where the metrics endpoint listens; off if `None`.
     pub(crate) metrics_address: Option<SocketAddr>,
@@ -160,6 +166,72 @@ impl fmt::Debug for Fleet {
             .field("period", &self.period)
             .finish_non_exhaustive()
     }
+}
+
+/// `--xdp` and its options: serving through AF_XDP on one interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Xdp {
+    pub(crate) interface: String,
+    pub(crate) threads: usize,
+    /// `None`: zero-copy where the driver can, else copy.
+    pub(crate) mode: Option<chime_udp::xdp::XdpMode>,
+    /// Serve through the sockets alone if XDP cannot start, rather than exit.
+    pub(crate) fallback: bool,
+}
+
+/// `xdp` and its options. An option without `xdp` is an error rather than silently ignored.
+fn xdp_settings(args: &Args, file: &File, path: Option<&Path>) -> Result<Option<Xdp>, ConfigError> {
+    let from = |on_cli: bool, key| input(key, if on_cli { None } else { path });
+    let iface = args.xdp.clone().or_else(|| file.xdp.clone());
+    let threads = args.xdp_threads.or(file.xdp_threads);
+    let mode = args.xdp_mode.clone().or_else(|| file.xdp_mode.clone());
+    let fallback = args.xdp_fallback || file.xdp_fallback.unwrap_or(false);
+    let Some(interface) = iface else {
+        for (set, on_cli, key) in [
+            (threads.is_some(), args.xdp_threads.is_some(), "xdp-threads"),
+            (mode.is_some(), args.xdp_mode.is_some(), "xdp-mode"),
+            (fallback, args.xdp_fallback, "xdp-fallback"),
+        ] {
+            if set {
+                return Err(invalid(
+                    &from(on_cli, key),
+                    "has no effect without xdp (an interface)",
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    let iface_in = from(args.xdp.is_some(), "xdp");
+    if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ', '\0']) {
+        return Err(invalid(
+            &iface_in,
+            format!("{interface:?} is not an interface name"),
+        ));
+    }
+    let threads = threads.unwrap_or(1);
+    if threads == 0 {
+        return Err(invalid(
+            &from(args.xdp_threads.is_some(), "xdp-threads"),
+            "must be at least 1",
+        ));
+    }
+    let mode = match mode.as_deref() {
+        None | Some("auto") => None,
+        Some("copy") => Some(chime_udp::xdp::XdpMode::Copy),
+        Some("zero-copy") => Some(chime_udp::xdp::XdpMode::ZeroCopy),
+        Some(other) => {
+            return Err(invalid(
+                &from(args.xdp_mode.is_some(), "xdp-mode"),
+                format!("{other:?} is not auto, copy or zero-copy"),
+            ));
+        }
+    };
+    Ok(Some(Xdp {
+        interface,
+        threads,
+        mode,
+        fallback,
+    }))
 }
 
 /// `ratelimit` and its options.
@@ -398,6 +470,7 @@ impl Settings {
             interval: Duration::from_secs_f64(shed_interval),
         });
         let (cpus, _) = pick!(cpus, "cpus");
+        let xdp = xdp_settings(args, &file, path)?;
         let (stats, stats_in) = pick!(stats_interval, "stats-interval");
         let (metrics_address, _) = pick!(metrics_address, "metrics-address");
         let (allow, allow_in) = pick!(allow, "allow");
@@ -760,6 +833,7 @@ impl Settings {
             batch_size,
             shed,
             cpus: cpus.unwrap_or_default(),
+            xdp,
             stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
             metrics_address,
             acl,

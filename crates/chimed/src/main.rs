@@ -343,6 +343,10 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         .as_ref()
         .and_then(|rt| rt.tcp)
         .map(|limits| (rt_listeners, limits));
+    let xdp_bound = match &settings.xdp {
+        Some(x) => bind_xdp(x, &settings, &ntp_bound, &rt_bound)?,
+        None => None,
+    };
     privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -372,6 +376,33 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         join_all(running);
         return Err(e);
     }
+    let xdp_workers = match xdp_bound {
+        Some(bound) => {
+            let rt_shared = roughtime.as_ref().map(|(_, _, shared)| shared.clone());
+            let rt_batch = settings.roughtime.as_ref().map_or(1, |rt| rt.batch_size);
+            let spawned = bound.spawn(stop.clone(), |i, group| -> Box<dyn BatchHandler> {
+                match (group, &rt_shared) {
+                    (0, _) => {
+                        let published = register("ntp", "xdp", i, &ntp_worker::LABELS);
+                        Box::new(NtpWorker::new(ntp.clone(), published).without_interleaved())
+                    }
+                    (_, Some(shared)) => {
+                        let published = register("roughtime", "xdp", i, &roughtime_worker::LABELS);
+                        Box::new(RoughtimeWorker::new(shared.clone(), rt_batch, published))
+                    }
+                    (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
+                }
+            });
+            match spawned {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    join_all(running);
+                    return Err(anyhow::Error::new(e).context("cannot start the XDP threads"));
+                }
+            }
+        }
+        None => None,
+    };
     let tcp_counts = Arc::new(roughtime_tcp::Counts::default());
     let tcp_totals = Arc::new(stats::Totals::default());
     let tcp_service = match (rt_tcp, &roughtime) {
@@ -477,6 +508,22 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     // Stop receiving (join sets the stop flag and wakes the workers); each worker finishes the
     // batch in hand, flushes its counters and exits.
     join_all(running);
+    if let Some(x) = xdp_workers {
+        let s = x.stats();
+        info!(
+            "xdp totals at exit: malformed {}, receive times from the XDP program {}, from the \
+             worker {}, replies the TX ring had no room for {}",
+            s.malformed.load(std::sync::atomic::Ordering::Relaxed),
+            s.rx_times_from_program
+                .load(std::sync::atomic::Ordering::Relaxed),
+            s.rx_times_from_worker
+                .load(std::sync::atomic::Ordering::Relaxed),
+            s.tx_ring_full.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        if x.join().is_err() {
+            warn!("an XDP worker thread panicked");
+        }
+    }
     if let Some(service) = tcp_service {
         service.stop();
         info!(
@@ -538,6 +585,58 @@ fn bind(
         threads,
         workers,
     }))
+}
+
+/// Makes the AF_XDP sockets and attaches the program for `--xdp`, serving the addresses and
+/// ports the sockets were bound to (so a port-0 bind's real port). With `--xdp-fallback` a
+/// failure is logged and the sockets serve alone.
+fn bind_xdp(
+    x: &config::Xdp,
+    settings: &Settings,
+    ntp: &[Bound],
+    rt: &[Bound],
+) -> Result<Option<chime_udp::xdp::XdpBound>> {
+    use chime_udp::xdp::{XdpBound, XdpConfig, XdpGroup};
+    let mut cfg = XdpConfig::new(x.interface.clone());
+    cfg.threads = x.threads;
+    cfg.mode = x.mode;
+    cfg.cpus = settings.cpus.clone();
+    cfg.batch_size = settings.batch_size;
+    cfg.groups.push(XdpGroup {
+        name: "ntp".into(),
+        addrs: ntp.iter().map(|b| b.workers.local_addr()).collect(),
+        batch_size: settings.batch_size,
+        max_datagram: 2048,
+    });
+    if let Some(r) = &settings.roughtime {
+        cfg.groups.push(XdpGroup {
+            name: "roughtime".into(),
+            addrs: rt.iter().map(|b| b.workers.local_addr()).collect(),
+            batch_size: r.batch_size,
+            max_datagram: 2048,
+        });
+    }
+    match XdpBound::bind(cfg) {
+        Ok(b) => {
+            info!(
+                "xdp on {}: {} thread(s), {} mode, receive times from the XDP program; serving \
+                 {:?}; interleaved NTP requests get basic replies on this path",
+                x.interface,
+                x.threads,
+                match b.mode() {
+                    chime_udp::xdp::XdpMode::ZeroCopy => "zero-copy",
+                    chime_udp::xdp::XdpMode::Copy => "copy",
+                },
+                b.addrs()
+            );
+            Ok(Some(b))
+        }
+        Err(e) if x.fallback => {
+            warn!("{e}; --xdp-fallback: serving through the sockets alone");
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("--xdp {}", x.interface))),
+    }
 }
 
 fn start<H: BatchHandler>(

@@ -91,6 +91,9 @@ pub(crate) struct NtpWorker {
     coin: Coin,
     /// The interleaved replies of the batch in hand.
     marks: Marks,
+    /// Whether this worker's path gives transmit timestamps, so that it may answer in
+    /// interleaved mode (the AF_XDP path does not).
+    interleaved: bool,
 }
 
 impl NtpWorker {
@@ -109,7 +112,15 @@ impl NtpWorker {
             pivot_unix: now_unix,
             coin: Coin::new(rand::random()),
             marks: Marks::default(),
+            interleaved: true,
         }
+    }
+
+    /// A worker on a path without transmit timestamps (AF_XDP): interleaved requests get basic
+    /// replies, which claim nothing about when the previous reply left.
+    pub(crate) fn without_interleaved(mut self) -> Self {
+        self.interleaved = false;
+        self
     }
 }
 
@@ -223,7 +234,7 @@ impl BatchHandler for NtpWorker {
         if self.marks.any {
             self.marks = Marks::default();
         }
-        let txlog = self.shared.txlog.as_ref();
+        let txlog = self.shared.txlog.as_ref().filter(|_| self.interleaved);
         let cookie_keys = self.shared.nts.as_ref().map(|k| k.load());
         let zone = self.zone.clone();
         let limiter = self.shared.ratelimit.as_ref().map(|table| {
