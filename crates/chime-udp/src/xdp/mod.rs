@@ -305,7 +305,9 @@ impl XdpBound {
                     reqs: Vec::with_capacity(group.batch_size),
                 })
                 .collect();
+            let name = format!("xdp-{i}");
             let worker = XdpWorker {
+                span: tracing::info_span!("worker", thread = %name),
                 sock,
                 groups,
                 stop: Arc::clone(&stop),
@@ -315,7 +317,7 @@ impl XdpBound {
             };
             let started = started_tx.clone();
             match thread::Builder::new()
-                .name(format!("xdp-{i}"))
+                .name(name)
                 .spawn(move || worker.run(started))
             {
                 Ok(t) => threads.push(t),
@@ -431,6 +433,7 @@ struct Group {
 }
 
 struct XdpWorker {
+    span: tracing::Span,
     sock: xsk::Xsk,
     groups: Vec<Group>,
     stop: Arc<AtomicBool>,
@@ -458,6 +461,8 @@ fn realtime_offset() -> i128 {
 
 impl XdpWorker {
     fn run(mut self, started: mpsc::Sender<io::Result<()>>) {
+        let span = self.span.clone();
+        let _span = span.enter();
         if let Some(cpu) = self.cpu
             && let Err(e) = affinity::pin_current_thread(cpu)
         {

@@ -1,0 +1,472 @@
+//! chimed serving through AF_XDP (`--xdp`) on one end of a veth pair between two network
+//! namespaces this test makes (and removes when it ends): the server's, holding chronyd -x (the
+//! mirror, on its own loopback) and chimed, and the client's, from which real clients query.
+//!
+//! NTP (chronyd -Q, chime over IPv4 and IPv6, chronyd over NTS) and Roughtime (chime, which
+//! verifies every signature) must be answered by the XDP workers, not the sockets; ICMP, NTS-KE
+//! over TCP and another UDP port must still reach the kernel; frames with a bad checksum or length
+//! sent to the served port must be dropped and counted; and no XDP program may be left on the
+//! interface after chimed exits, on SIGTERM or SIGKILL.
+//!
+//! The client's veth sends complete UDP checksums (`ethtool -K tx off`), as a frame off a wire
+//! has them: by default a veth leaves the checksum to be finished by hardware that is not there,
+//! which the kernel's own receive path trusts and chimed's, seeing only the frame, cannot.
+//!
+//! Fixed ports are fine here: each namespace has its own, with nothing else in it.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{
+    Chimed, Chronyd, ChronydClient, certificate_for, count_in, in_netns, run, workspace_bin,
+};
+use nix::sys::signal::{self, Signal};
+
+const SERVER_V4: &str = "10.201.0.1";
+const CLIENT_V4: &str = "10.201.0.2";
+const SERVER_V6: &str = "fd01::1";
+const CLIENT_V6: &str = "fd01::2";
+const IFACE: &str = "xs0";
+const MIRROR_PORT: u16 = 11123;
+
+fn ip(args: &[&str]) {
+    let out = run(Command::new("ip").args(args));
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The two namespaces and their veth pair (one queue each way); removed on drop.
+struct Pair {
+    server: String,
+    client: String,
+}
+
+impl Pair {
+    fn build(tag: &str) -> Self {
+        let tag = format!("chime-xdp-{tag}-{}", std::process::id());
+        let p = Pair {
+            server: format!("{tag}-s"),
+            client: format!("{tag}-c"),
+        };
+        let (s, c) = (p.server.as_str(), p.client.as_str());
+        for ns in [s, c] {
+            ip(&["netns", "add", ns]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        ip(&[
+            "link",
+            "add",
+            IFACE,
+            "numrxqueues",
+            "1",
+            "numtxqueues",
+            "1",
+            "netns",
+            s,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "xc0",
+            "numrxqueues",
+            "1",
+            "numtxqueues",
+            "1",
+            "netns",
+            c,
+        ]);
+        for (ns, dev, v4, v6) in [
+            (s, IFACE, SERVER_V4, SERVER_V6),
+            (c, "xc0", CLIENT_V4, CLIENT_V6),
+        ] {
+            ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev]);
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        let out = run(in_netns(Some(c), "ethtool").args(["-K", "xc0", "tx", "off"]));
+        assert!(out.status.success(), "ethtool in the client: {out:?}");
+        p
+    }
+
+    /// Whether the server's interface has an XDP program attached, as `ip link` shows it.
+    fn has_xdp(&self) -> bool {
+        let out = run(Command::new("ip").args(["-n", &self.server, "link", "show", IFACE]));
+        // "prog/xdp id N name chimed_xdp": not just "xdp", which the namespace's name holds.
+        String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+    }
+
+    fn in_client(&self, program: &str) -> Command {
+        in_netns(Some(&self.client), program)
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for ns in [&self.server, &self.client] {
+            let _ = run(Command::new("ip").args(["netns", "del", ns]));
+        }
+    }
+}
+
+fn assert_root() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "the XDP tests make network namespaces and attach XDP programs: run them as root"
+    );
+}
+
+/// chimed in the server's namespace, mirroring its chronyd, with `extra` flags; returns once
+/// it is synchronised.
+fn chimed(pair: &Pair, extra: &[&str]) -> Chimed {
+    let upstream = format!("127.0.0.1:{MIRROR_PORT}");
+    let mut args = vec![
+        "-s",
+        &upstream,
+        "-4",
+        "1",
+        "-a",
+        "0.0.0.0:123",
+        "--xdp",
+        IFACE,
+    ];
+    args.extend_from_slice(extra);
+    let mut c = Chimed::start_in(Some(&pair.server), &args, "running:");
+    c.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    c
+}
+
+/// `chime ARGS` in the client's namespace, its JSON output parsed.
+fn chime(pair: &Pair, args: &[&str]) -> Result<serde_json::Value, String> {
+    let out = run(in_netns(Some(&pair.client), workspace_bin("chime")).args(args));
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))
+}
+
+/// Sends raw Ethernet frames out of the client's veth (a Python AF_PACKET socket, as a capture
+/// tool would): each hex string is one frame.
+fn send_frames(pair: &Pair, frames: &[String]) {
+    let script = "import socket,sys\n\
+                  s=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n\
+                  s.bind(('xc0',0))\n\
+                  for f in sys.argv[1:]: s.send(bytes.fromhex(f))\n";
+    let out = run(pair.in_client("python3").args(["-c", script]).args(frames));
+    assert!(out.status.success(), "sending raw frames: {out:?}");
+}
+
+/// One IPv4 UDP frame from the client to the server's port 123 carrying a 48-byte NTP request,
+/// with a correct IPv4 header checksum and the UDP checksum and length given.
+fn ntp_frame(server_mac: &str, client_mac: &str, udp_len: u16, udp_checksum: u16) -> String {
+    let mut ip = vec![0x45, 0, 0, 76, 0, 0, 0x40, 0, 64, 17, 0, 0];
+    ip.extend(SERVER_V4.parse::<std::net::Ipv4Addr>().unwrap().octets());
+    // Client first, then server: the source, then the destination.
+    ip.splice(
+        12..12,
+        CLIENT_V4.parse::<std::net::Ipv4Addr>().unwrap().octets(),
+    );
+    let sum = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let check = !((sum & 0xffff) + (sum >> 16)) as u16;
+    ip[10..12].copy_from_slice(&check.to_be_bytes());
+    let mut udp = vec![];
+    udp.extend(40000u16.to_be_bytes());
+    udp.extend(123u16.to_be_bytes());
+    udp.extend(udp_len.to_be_bytes());
+    udp.extend(udp_checksum.to_be_bytes());
+    let mut ntp = [0u8; 48];
+    ntp[0] = 0x23;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "{}{}0800{}{}{}",
+        server_mac.replace(':', ""),
+        client_mac.replace(':', ""),
+        hex(&ip),
+        hex(&udp),
+        hex(&ntp)
+    )
+}
+
+fn mac(ns: &str, dev: &str) -> String {
+    let out = run(in_netns(Some(ns), "cat").arg(format!("/sys/class/net/{dev}/address")));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() {
+    assert_root();
+    let pair = Pair::build("serve");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate_for(dir.path(), "xdp", &format!("IP:{SERVER_V4}"));
+    let rt_key = common::chime_keygen();
+    let mut server = chimed(
+        &pair,
+        &[
+            "-6",
+            "1",
+            "--ipv6-address",
+            "[::]:123",
+            "--roughtime-key",
+            rt_key.file.to_str().unwrap(),
+            "--roughtime-ipv4-address",
+            "0.0.0.0:2002",
+            "--roughtime-ipv4-threads",
+            "1",
+            "--roughtime-ipv6-threads",
+            "0",
+            "--nts-certificate",
+            cert.to_str().unwrap(),
+            "--nts-private-key",
+            key.to_str().unwrap(),
+            "--nts-ke-address",
+            "0.0.0.0:4460",
+        ],
+    );
+    let line = server.wait_for("xdp on xs0:", Duration::from_secs(1));
+    assert!(line.contains("copy mode"), "veth has no zero-copy: {line}");
+    assert!(
+        pair.has_xdp(),
+        "no XDP program on {IFACE} while chimed runs"
+    );
+
+    // NTP over IPv4, chronyd as the client.
+    let out = run(pair.in_client(common::CHRONYD).args([
+        "-Q",
+        "-t",
+        "10",
+        "-u",
+        "root",
+        &format!("server {SERVER_V4} iburst maxsamples 4"),
+        &format!("pidfile {}/q.pid", dir.path().display()),
+        "cmdport 0",
+    ]));
+    let text = format!("{out:?}");
+    assert!(
+        text.contains("System clock wrong by"),
+        "chronyd -Q through XDP: {text}"
+    );
+    // NTP over IPv6, and Roughtime, with chime.
+    let r = chime(
+        &pair,
+        &[
+            "ntp",
+            "--json",
+            "--timeout",
+            "2",
+            &format!("[{SERVER_V6}]:123"),
+        ],
+    )
+    .expect("chime ntp over IPv6 through XDP");
+    assert_eq!(r["stratum"], 3, "{r}");
+    let r = chime(
+        &pair,
+        &[
+            "roughtime",
+            "--json",
+            "--timeout",
+            "2",
+            "--public-key",
+            &rt_key.public_base64,
+            &format!("{SERVER_V4}:2002"),
+        ],
+    )
+    .expect("chime roughtime through XDP");
+    assert!(r["midpoint_unix_us"].is_number(), "{r}");
+    // NTS: NTS-KE over TCP reaches the kernel's listener, NTS-authenticated NTP comes through
+    // XDP.
+    let client = ChronydClient::start_in(
+        Some(&pair.client),
+        &[
+            format!("server {SERVER_V4} iburst nts minpoll -4 maxpoll -4"),
+            format!("ntstrustedcerts {}", cert.display()),
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while client.measured() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        client.measured() >= 3,
+        "chronyd measured {} times over NTS",
+        client.measured()
+    );
+    drop(client);
+
+    // ICMP over both families, and another UDP port, still reach the kernel.
+    for addr in [SERVER_V4, SERVER_V6] {
+        let out = run(pair.in_client("ping").args(["-c", "1", "-W", "2", addr]));
+        assert!(out.status.success(), "ping {addr}: {out:?}");
+    }
+    let echo = in_netns(Some(&pair.server), "python3")
+        .args([
+            "-c",
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+             s.bind(('0.0.0.0',5353))\nprint('ready',flush=True)\n\
+             d,a=s.recvfrom(100)\ns.sendto(d,a)\n",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(echo.stdout.unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    let out = run(pair.in_client("python3").args([
+        "-c",
+        &format!(
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+             s.settimeout(2)\ns.sendto(b'kernel',('{SERVER_V4}',5353))\n\
+             assert s.recv(100)==b'kernel'\n"
+        ),
+    ]));
+    assert!(out.status.success(), "UDP to another port: {out:?}");
+
+    // Frames to the served port with a bad UDP checksum and a UDP length past the IP length:
+    // through the program (plain IPv4 UDP to 123), then dropped and counted by the worker.
+    let (smac, cmac) = (mac(&pair.server, IFACE), mac(&pair.client, "xc0"));
+    send_frames(
+        &pair,
+        &[
+            ntp_frame(&smac, &cmac, 56, 0x1234),
+            ntp_frame(&smac, &cmac, 200, 0),
+        ],
+    );
+    // A well-formed one after them, so that the two were taken before chimed stops.
+    chime(
+        &pair,
+        &[
+            "ntp",
+            "--json",
+            "--timeout",
+            "2",
+            &format!("{SERVER_V4}:123"),
+        ],
+    )
+    .expect("chime ntp after the bad frames");
+
+    server.terminate();
+    server.wait_for("ntp totals at exit", Duration::from_secs(2));
+    let log = server.log();
+    let totals = log
+        .lines()
+        .find(|l| l.contains("xdp totals at exit"))
+        .unwrap_or_else(|| panic!("no XDP totals: {log}"));
+    assert_eq!(count_after(totals, "malformed "), 2, "{totals}");
+    assert_eq!(count_after(totals, "from the worker "), 0, "{totals}");
+    let xdp_ntp = log
+        .lines()
+        .find(|l| l.contains("worker{thread=xdp-0}") && l.contains("ntp stats at exit"))
+        .unwrap_or_else(|| panic!("no XDP NTP stats: {log}"));
+    let xdp_rt = log
+        .lines()
+        .find(|l| l.contains("worker{thread=xdp-0}") && l.contains("roughtime stats at exit"))
+        .unwrap_or_else(|| panic!("no XDP Roughtime stats: {log}"));
+    let socket_ntp: u64 = log
+        .lines()
+        .filter(|l| l.contains("worker{thread=ntp-ipv") && l.contains("stats at exit"))
+        .map(|l| count_in(l, "received"))
+        .sum();
+    // chronyd -Q (up to 4), chime over IPv6 and the last one, and chronyd over NTS (3 or more).
+    assert!(count_in(xdp_ntp, "answered") >= 6, "{xdp_ntp}");
+    assert!(count_in(xdp_ntp, "nts") >= 3, "{xdp_ntp}");
+    assert_eq!(count_in(xdp_rt, "answered"), 1, "{xdp_rt}");
+    assert_eq!(socket_ntp, 0, "NTP reached the sockets, not XDP:\n{log}");
+    assert!(!pair.has_xdp(), "the XDP program outlived chimed");
+}
+
+/// The number after `label` in `line`.
+fn count_after(line: &str, label: &str) -> u64 {
+    line.split(label)
+        .nth(1)
+        .and_then(|r| r.split([',', ' ']).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count after {label:?} in {line}"))
+}
+
+#[test]
+fn a_killed_chimed_leaves_no_program_and_bad_setups_say_why() {
+    assert_root();
+    let pair = Pair::build("exit");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let server = chimed(&pair, &[]);
+    assert!(pair.has_xdp());
+    signal::kill(server.pid(), Signal::SIGKILL).unwrap();
+    drop(server);
+    // The link's last descriptor closes as the kernel reaps the process.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pair.has_xdp() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pair.has_xdp(), "a SIGKILLed chimed left its XDP program");
+    // And the next one starts at once.
+    let mut again = chimed(&pair, &[]);
+    again.terminate();
+
+    let upstream = format!("127.0.0.1:{MIRROR_PORT}");
+    for (extra, want) in [
+        (vec!["--xdp", "nosuch0"], "no interface named nosuch0"),
+        (
+            vec!["--xdp", IFACE, "--xdp-threads", "2"],
+            "1 receive queue(s)",
+        ),
+    ] {
+        let out = run(in_netns(Some(&pair.server), workspace_bin("chimed"))
+            .args(["-s", &upstream, "-4", "1", "-a", "0.0.0.0:123"])
+            .args(&extra));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.contains(want), "{extra:?}: {err}");
+    }
+    // Asked to, it serves through the sockets alone instead.
+    let mut fallback = Chimed::start_in(
+        Some(&pair.server),
+        &[
+            "-s",
+            &upstream,
+            "-4",
+            "1",
+            "-a",
+            "0.0.0.0:123",
+            "--xdp",
+            "nosuch0",
+            "--xdp-fallback",
+        ],
+        "running:",
+    );
+    fallback.wait_for("serving through the sockets alone", Duration::from_secs(1));
+    fallback.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    chime(
+        &pair,
+        &[
+            "ntp",
+            "--json",
+            "--timeout",
+            "2",
+            &format!("{SERVER_V4}:123"),
+        ],
+    )
+    .expect("chime ntp through the sockets");
+    fallback.terminate();
+}
