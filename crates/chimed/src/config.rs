@@ -1188,6 +1188,43 @@ mod tests {
         assert!(e.to_string().contains("Nowhere/Atlantis"), "{e}");
     }
 
+    #[test]
+    fn xdp_options_need_an_interface_and_a_known_mode() {
+        let e = resolve_with("xdp-threads = 2\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("xdp-threads") && e.contains("without xdp"),
+            "{e}"
+        );
+        let e = resolve_with("", &["--xdp-fallback"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--xdp-fallback"), "{e}");
+        let e = resolve_with("xdp = \"eth0\"\n", &["--xdp-mode", "fast"]).unwrap_err();
+        assert!(e.to_string().contains("\"fast\""), "{e}");
+        let e = resolve_with("xdp = \"eth0/1\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not an interface name"), "{e}");
+        let s = resolve_with(
+            "xdp = \"eth0\"\nxdp-mode = \"zero-copy\"\n",
+            &["--xdp-threads", "4"],
+        )
+        .unwrap();
+        assert_eq!(
+            s.xdp,
+            Some(Xdp {
+                interface: "eth0".into(),
+                threads: 4,
+                mode: Some(chime_udp::xdp::XdpMode::ZeroCopy),
+                fallback: false,
+            })
+        );
+        let s = resolve_with("", &[]).unwrap();
+        assert_eq!(s.xdp, None);
+    }
+
     /// A Roughtime key file of seed [7; 32] in `dir`, with this mode.
     fn key_file(dir: &tempfile::TempDir, mode: u32) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
