@@ -84,6 +84,14 @@ Shared machines (other work competing for the CPUs spoils a step; see other_cpu_
 Placement (optional, taskset CPU lists; default: let the scheduler decide):
   --server-cpus LIST  SERVER_CPUS
   --client-cpus LIST  CLIENT_CPUS
+  --napi-threads yes  NAPI_THREADS  receive each side's packets in a NAPI kernel thread (GRO on,
+                                  /sys/class/net/*/threaded), pinned with its side: vs's with the
+                                  server, vc's with the client, and count vs's thread's CPU as the
+                                  server's. Without it a veth receives on the sender's CPU, so
+                                  the server's receive path (the IP/UDP stack, or an XDP program)
+                                  runs on the client's CPU and the client's on the server's; a
+                                  NIC whose interrupts go to the server's core does neither
+                                  (default no; needs ethtool and --server-cpus, --client-cpus)
 
 Example:
   sudo NTPPERF=/path/to/ntpperf RSNTP=/path/to/rsntp ./run-comparison.sh
@@ -121,6 +129,8 @@ RATELIMIT_ARGS=${RATELIMIT_ARGS:---ratelimit --ratelimit-interval -6 --ratelimit
 SERVER_CPUS=${SERVER_CPUS:-}
 CLIENT_CPUS=${CLIENT_CPUS:-}
 RMEM=${RMEM:-}
+NAPI_THREADS=${NAPI_THREADS:-no}
+NAPI_PIDS=()
 OLD_RMEM=
 
 while [[ $# -gt 0 ]]; do
@@ -129,7 +139,7 @@ while [[ $# -gt 0 ]]; do
         -h | --help) usage; exit 0 ;;
         --ntpperf | --chronyd | --chimed | --rsntp | --servers | --out | --rate-start | --rate-max | \
             --rate-mult | --step-time | --stop-loss | --settle | --server-cpus | --client-cpus | \
-            --max-other | --retries | --ratelimit-args | --ntp-mode | --rmem) ;;
+            --max-other | --retries | --ratelimit-args | --ntp-mode | --rmem | --napi-threads) ;;
         *) die "unknown option $opt (see --help)" ;;
     esac
     [[ $# -ge 2 ]] || die "option $opt needs a value (see --help)"
@@ -153,6 +163,7 @@ while [[ $# -gt 0 ]]; do
         --ratelimit-args) RATELIMIT_ARGS=$2 ;;
         --ntp-mode) NTP_MODE=$2 ;;
         --rmem) RMEM=$2 ;;
+        --napi-threads) NAPI_THREADS=$2 ;;
     esac
     shift 2
 done
@@ -189,6 +200,14 @@ is_uint "$RETRIES" || die "--retries '$RETRIES': want a count"
 for tool in ip iptables timeout awk sha256sum; do
     command -v "$tool" >/dev/null || die "'$tool' not found in PATH"
 done
+case $NAPI_THREADS in
+    no) ;;
+    yes)
+        [[ -n $SERVER_CPUS && -n $CLIENT_CPUS ]] || die "--napi-threads yes needs --server-cpus and --client-cpus"
+        command -v ethtool >/dev/null || die "'ethtool' not found in PATH (needed for --napi-threads)"
+        ;;
+    *) die "--napi-threads '$NAPI_THREADS': want yes or no" ;;
+esac
 if [[ -n $SERVER_CPUS || -n $CLIENT_CPUS ]]; then
     command -v taskset >/dev/null || die "'taskset' not found in PATH (needed for --*-cpus)"
 fi
@@ -206,7 +225,7 @@ for s in "${server_list[@]}"; do
     case $s in
         chronyd) ;;
         chimed-[1-9] | chimed-[1-9][0-9] | chimed-rl-[1-9] | chimed-rl-[1-9][0-9] | \
-            chimed-noshed-[1-9] | chimed-noshed-[1-9][0-9])
+            chimed-noshed-[1-9] | chimed-noshed-[1-9][0-9] | chimed-xdp-[1-9] | chimed-xdp-[1-9][0-9])
             if [[ ! -x $CHIMED ]] && ((explicit_servers)); then
                 die "server $s asked for, but chimed binary '$CHIMED' is missing"
             fi
@@ -214,7 +233,7 @@ for s in "${server_list[@]}"; do
         rsntp-[1-9] | rsntp-[1-9][0-9])
             [[ -n $RSNTP ]] || die "server $s asked for, but no rsntp binary given (--rsntp PATH)"
             ;;
-        *) die "unknown server '$s' (want chronyd, chimed-N, chimed-rl-N, chimed-noshed-N or rsntp-N)" ;;
+        *) die "unknown server '$s' (want chronyd, chimed-N, chimed-rl-N, chimed-noshed-N, chimed-xdp-N or rsntp-N)" ;;
     esac
 done
 
@@ -301,6 +320,30 @@ setup_network() {
     # ... where ntpperf reads them with pcap; the client kernel must not answer them itself.
     ip netns exec "$NS_C" iptables -t raw -A PREROUTING -p udp -d "$CLIENT_NET" -j DROP
     SERVER_MAC=$(ip netns exec "$NS_S" cat /sys/class/net/vs/address)
+    if [[ $NAPI_THREADS == yes ]]; then
+        ip netns exec "$NS_S" ethtool -K vs gro on >/dev/null
+        ip netns exec "$NS_C" ethtool -K vc gro on >/dev/null
+        ip netns exec "$NS_S" sh -c 'echo 1 >/sys/class/net/vs/threaded'
+        ip netns exec "$NS_C" sh -c 'echo 1 >/sys/class/net/vc/threaded'
+        pin_napi
+    fi
+}
+
+# Pins the NAPI threads of vs to the server's CPUs and of vc to the client's, and lists vs's in
+# NAPI_PIDS. The kernel names them napi/<dev>-<id>; attaching or detaching an XDP program may
+# make new ones, so this runs again once each server is up.
+pin_napi() {
+    [[ $NAPI_THREADS == yes ]] || return 0
+    NAPI_PIDS=()
+    local d comm
+    for d in /proc/[0-9]*; do
+        read -r comm 2>/dev/null <"$d/comm" || continue
+        case $comm in
+            napi/vs-*) taskset -pc "$SERVER_CPUS" "${d#/proc/}" >/dev/null; NAPI_PIDS+=("${d#/proc/}") ;;
+            napi/vc-*) taskset -pc "$CLIENT_CPUS" "${d#/proc/}" >/dev/null ;;
+        esac
+    done
+    ((${#NAPI_PIDS[@]} > 0)) || die "--napi-threads: no napi/vs-* kernel thread found"
 }
 
 # Waits until the process `pid` is alive and has a UDP socket bound to `hex` (/proc/net/udp form)
@@ -365,6 +408,10 @@ EOF
             if [[ $name == chimed-noshed-* ]]; then
                 printf '%s\n' --shed-target 0
             fi
+            if [[ $name == chimed-xdp-* ]]; then
+                # The same sockets, and NTP on vs through AF_XDP: N XDP threads, one per queue.
+                printf '%s\n' --xdp vs --xdp-threads "$threads"
+            fi
             if [[ $name == chimed-rl-* ]]; then
                 local -a extra
                 read -r -a extra <<<"$RATELIMIT_ARGS"
@@ -400,7 +447,15 @@ sample() {
         read -r -a f <<<"$st"
         SERVER_TICKS=$((f[11] + f[12]))
     fi
-    local ticks=$SERVER_TICKS
+    local ticks=$SERVER_TICKS pid
+    # With --napi-threads, the server's receive path runs in vs's NAPI threads: its CPU too.
+    for pid in "${NAPI_PIDS[@]}"; do
+        if read -r st 2>/dev/null <"/proc/$pid/stat"; then
+            st=${st##*) }
+            read -r -a f <<<"$st"
+            ticks=$((ticks + f[11] + f[12]))
+        fi
+    done
     local rx=0 tx=0 rxd=0 txd=0
     while read -r name rest; do
         if [[ $name == vs:* ]]; then
@@ -428,7 +483,7 @@ sample() {
             break
         fi
     done <"/proc/$MIRROR_PID/net/snmp"
-    local client_ticks=0 pid
+    local client_ticks=0
     for pid in "${CLIENT_PIDS[@]}"; do
         if read -r st 2>/dev/null <"/proc/$pid/stat"; then
             st=${st##*) }
@@ -630,6 +685,7 @@ run_server() {
     else
         sleep "$SETTLE"
         kill -0 "$SERVER_PID" 2>/dev/null || status="died during settle"
+        pin_napi
     fi
     # The receive buffer the kernel gave each of the server's sockets on port 123 (ss -m's rb).
     local rb
@@ -733,7 +789,7 @@ write_setup() {
         fi
         echo "ladder: start $RATE_START, max $RATE_MAX, mult $RATE_MULT, step ${STEP_TIME}s," \
             "stop after a step losing > $STOP_LOSS%"
-        echo "placement: server CPUs ${SERVER_CPUS:-any}, client CPUs ${CLIENT_CPUS:-any}"
+        echo "placement: server CPUs ${SERVER_CPUS:-any}, client CPUs ${CLIENT_CPUS:-any}, NAPI threads: $NAPI_THREADS"
         echo "disturbed: other processes > $MAX_OTHER% of a CPU in a step's window; retries $RETRIES"
         echo "network: netns $NS_S (vs $SERVER_IP, MAC $SERVER_MAC) <-> netns $NS_C (vc $CLIENT_IP);" \
             "clients $CLIENT_NET; ntpperf $NTPPERF_MODE -l"
