@@ -601,7 +601,11 @@ fn bind_xdp(
     cfg.threads = x.threads;
     cfg.mode = x.mode;
     cfg.cpus = settings.cpus.clone();
-    cfg.batch_size = settings.batch_size;
+    // Frames taken per loop: enough for a whole batch of either protocol, so that a Roughtime
+    // signature can cover as many requests as on its sockets.
+    cfg.batch_size = settings
+        .batch_size
+        .max(settings.roughtime.as_ref().map_or(0, |r| r.batch_size));
     cfg.groups.push(XdpGroup {
         name: "ntp".into(),
         addrs: ntp.iter().map(|b| b.workers.local_addr()).collect(),

@@ -223,6 +223,10 @@ impl XdpBound {
                     " (the interface already has an XDP program: detach it with \
                      `ip link set dev IFACE xdp off`)"
                 }
+                Some(libc::ENOBUFS) | Some(libc::ENOMEM) => {
+                    " (the frames are locked memory: raise RLIMIT_MEMLOCK, e.g. LimitMEMLOCK= in \
+                     the unit, or grant CAP_IPC_LOCK)"
+                }
                 Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
                     " (the driver may lack native XDP or AF_XDP support)"
                 }
