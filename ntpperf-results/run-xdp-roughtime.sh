@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# run-xdp-roughtime.sh: Roughtime over a veth pair, one core: chimed through AF_XDP (--xdp),
+# chimed through its sockets, and roughenough-server, each loaded in turn by `chime perf
+# roughtime` at one fixed rate above their capacities, for several rounds with the order rotated
+# (the cores here drift between a slow and a fast state; rotation gives each server both).
+#
+# Topology, in two network namespaces this script makes and removes:
+#   client netns: chime perf (CPU 1) on vc 10.97.0.2, sending complete UDP checksums
+#                 (ethtool -K vc tx off: see docs/XDP.md, "Checksums, and veth")
+#   server netns: the server under test (CPU 0) on vs 10.97.0.1:2002; chronyd -x on its loopback
+#                 for chimed to mirror (chimed signs nothing while unsynchronised)
+#
+# Every reply is matched to its request by nonce, and one in --verify-every has its signatures and
+# Merkle path verified. The figure that counts is replies the client accepted per second: chime
+# perf's answered, less its stale replies. CPU per reply is the server process's (chime perf
+# --server-pid). All three sign with one long-term key (chime keygen's seed is the hex line
+# roughenough reads) and serve RFC 10049 version 1, each with its default batch size.
+#
+# This script fetches and builds nothing: it is given the binaries.
+#
+# Usage: sudo run-xdp-roughtime.sh --out DIR [--rounds N] [--rate R] [--duration S]
+#                                  [--chimed PATH] [--chime PATH] [--roughenough PATH]
+# Outputs in DIR: <server>-round<N>.json (chime perf's), rounds.csv, summary.txt.
+
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+out=
+rounds=3
+rate=200000
+duration=5
+verify_every=1000
+chimed=$repo/target/release/chimed
+chime=$repo/target/release/chime
+roughenough=/opt/chime-peers/bin/roughenough_server
+die() { echo "run-xdp-roughtime.sh: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+    [[ $# -ge 2 ]] || die "option $1 needs a value"
+    case $1 in
+        --out) out=$2 ;;
+        --rounds) rounds=$2 ;;
+        --rate) rate=$2 ;;
+        --duration) duration=$2 ;;
+        --chimed) chimed=$2 ;;
+        --chime) chime=$2 ;;
+        --roughenough) roughenough=$2 ;;
+        *) die "unknown option $1" ;;
+    esac
+    shift 2
+done
+[[ -n $out ]] || die "--out DIR is required"
+[[ $EUID -eq 0 ]] || die "must run as root (network namespaces, XDP)"
+for b in "$chimed" "$chime" "$roughenough" /usr/sbin/chronyd; do
+    [[ -x $b ]] || die "$b is not an executable"
+done
+for tool in ip ethtool taskset python3; do
+    command -v "$tool" >/dev/null || die "'$tool' not found in PATH"
+done
+mkdir -p "$out"
+
+tag=$$
+NS_S=chime-xrt-s-$tag
+NS_C=chime-xrt-c-$tag
+work=$(mktemp -d)
+server_pid=
+mirror_pid=
+cleanup() {
+    [[ -z $server_pid ]] || kill "$server_pid" 2>/dev/null || true
+    [[ -z $mirror_pid ]] || kill "$mirror_pid" 2>/dev/null || true
+    wait 2>/dev/null || true
+    ip netns del "$NS_S" 2>/dev/null || true
+    ip netns del "$NS_C" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip netns add "$NS_S"
+ip netns add "$NS_C"
+ip link add vs numrxqueues 1 numtxqueues 1 netns "$NS_S" type veth peer name vc \
+    numrxqueues 1 numtxqueues 1 netns "$NS_C"
+for ns in "$NS_S" "$NS_C"; do
+    ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1
+    ip -n "$ns" link set lo up
+done
+ip -n "$NS_S" addr add 10.97.0.1/24 dev vs
+ip -n "$NS_C" addr add 10.97.0.2/24 dev vc
+ip -n "$NS_S" link set vs up
+ip -n "$NS_C" link set vc up
+ip netns exec "$NS_C" ethtool -K vc tx off >/dev/null
+
+printf 'port 11123\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\ncmdport 0\npidfile %s/chronyd.pid\ndriftfile %s/drift\n' \
+    "$work" "$work" >"$work/chrony.conf"
+ip netns exec "$NS_S" /usr/sbin/chronyd -x -d -u root -f "$work/chrony.conf" >"$work/chronyd.log" 2>&1 &
+mirror_pid=$!
+
+"$chime" keygen "$work/key" >"$work/keygen.txt"
+public=$(sed -n 's/^public key (base64): //p' "$work/keygen.txt")
+grep -v '^#' "$work/key" | grep . >"$work/seed"
+chmod 600 "$work/seed"
+
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "kernel: $(uname -sr)"
+    echo "cpus: $(nproc) ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1))"
+    sha256sum "$chimed" "$chime" "$roughenough"
+    echo "chime commit: $(git -C "$repo" rev-parse HEAD)$(git -C "$repo" diff --quiet HEAD || echo ' (work tree has changes)')"
+    echo "rate $rate/s offered to each server, $duration s per server per round, $rounds rounds, verify 1 in $verify_every"
+} >"$out/setup.txt"
+
+start_server() {
+    local name=$1
+    local -a cmd
+    case $name in
+        chimed-xdp | chimed)
+            cmd=("$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s 127.0.0.1:11123 --stats-interval 0
+                --roughtime-key "$work/key" --roughtime-ipv4-address 10.97.0.1:2002
+                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0)
+            [[ $name == chimed ]] || cmd+=(--xdp vs)
+            ;;
+        roughenough-server)
+            cmd=(env NO_COLOR=1 "$roughenough" -i 10.97.0.1 -p 2002 -j 1 -q
+                --metrics-interval 86400 --seed-file "$work/seed")
+            ;;
+    esac
+    ip netns exec "$NS_S" taskset -c 0 "${cmd[@]}" >"$work/$name.log" 2>&1 &
+    server_pid=$!
+    local _
+    for _ in $(seq 100); do
+        kill -0 "$server_pid" 2>/dev/null || break
+        if ip netns exec "$NS_C" "$chime" roughtime 10.97.0.1:2002 --public-key "$public" \
+            --timeout 0.2 >/dev/null 2>&1; then
+            return
+        fi
+        sleep 0.1
+    done
+    cat "$work/$name.log" >&2
+    die "$name did not answer"
+}
+
+# The server's own process: `ip netns exec` and `env` exec it, so server_pid is it.
+servers=(chimed-xdp chimed roughenough-server)
+echo "round,server,offered_per_s,answered_per_s,accepted_per_s,stale_pct,lost_pct,cpu_us_per_reply" >"$out/rounds.csv"
+for round in $(seq "$rounds"); do
+    shift_by=$(((round - 1) % ${#servers[@]}))
+    order=("${servers[@]:shift_by}" "${servers[@]:0:shift_by}")
+    for name in "${order[@]}"; do
+        echo "== round $round: $name" >&2
+        start_server "$name"
+        json=$out/$name-round$round.json
+        ip netns exec "$NS_C" taskset -c 1 "$chime" perf roughtime --target 10.97.0.1:2002 \
+            --public-key "$public" --rate "$rate" --duration "$duration" --warmup 1 \
+            --verify-every "$verify_every" --server-pid "$server_pid" --json "$json" \
+            | tail -n 2 >&2
+        kill "$server_pid"
+        wait "$server_pid" 2>/dev/null || true
+        server_pid=
+        python3 - "$json" "$round" "$name" >>"$out/rounds.csv" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["steps"][-1]
+offered = s["sent_rate"]
+answered = s["answered_rate"]
+accepted = s["accepted_rate"]
+stale = s["stale_pct"]
+lost = s["loss_pct"]
+cpu = (s.get("server_cpu") or {}).get("us_per_reply") or float("nan")
+print(f"{sys.argv[2]},{sys.argv[3]},{offered:.0f},{answered:.0f},{accepted:.0f},{stale:.2f},{lost:.2f},{cpu:.3f}")
+EOF
+    done
+done
+
+python3 - "$out/rounds.csv" >"$out/summary.txt" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+by = {}
+for r in rows:
+    by.setdefault(r["server"], []).append(r)
+print("Roughtime, one core, over veth: replies accepted per second (answered, less stale) and the")
+print("server's CPU per reply; ratios are chimed-xdp's over each other server's, per round and of means")
+print()
+print(f"{'round':6}{'server':20}{'accepted/s':>12}{'lost %':>8}{'CPU us':>9}{'ratio':>8}")
+for r in rows:
+    xdp = next(x for x in rows if x["round"] == r["round"] and x["server"] == "chimed-xdp")
+    ratio = float(xdp["accepted_per_s"]) / max(float(r["accepted_per_s"]), 1)
+    print(f"{r['round']:6}{r['server']:20}{float(r['accepted_per_s']):12.0f}{float(r['lost_pct']):8.2f}{float(r['cpu_us_per_reply']):9.2f}{ratio:8.2f}")
+print()
+mean = {k: sum(float(x["accepted_per_s"]) for x in v) / len(v) for k, v in by.items()}
+for k, v in mean.items():
+    if k == "chimed-xdp":
+        print(f"mean {k:20}{v:12.0f} accepted/s")
+        continue
+    print(f"mean {k:20}{v:12.0f} accepted/s  chimed-xdp / {k}: {mean['chimed-xdp'] / v:.2f}")
+EOF
+cat "$out/summary.txt"
