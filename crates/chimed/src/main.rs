@@ -462,6 +462,17 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
             started_unix: clock::read().unix_secs(),
             nts_ke: settings.nts.as_ref().map(|_| ke_counts.clone()),
             roughtime_tcp: tcp_service.as_ref().map(|_| tcp_counts.clone()),
+            xdp: xdp_workers
+                .as_ref()
+                .zip(settings.xdp.as_ref())
+                .map(|(w, x)| metrics::Xdp {
+                    interface: x.interface.clone(),
+                    mode: match w.mode() {
+                        chime_udp::xdp::XdpMode::ZeroCopy => "zero-copy",
+                        chime_udp::xdp::XdpMode::Copy => "copy",
+                    },
+                    stats: w.stats(),
+                }),
         };
         (listener, Arc::new(sources))
     });

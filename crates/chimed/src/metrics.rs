@@ -40,6 +40,15 @@ pub(crate) struct Sources {
     pub(crate) nts_ke: Option<Arc<crate::nts_ke::KeCounts>>,
     /// Roughtime's TCP connections, if Roughtime over TCP is on.
     pub(crate) roughtime_tcp: Option<Arc<crate::roughtime_tcp::Counts>>,
+    /// The AF_XDP workers' own counts, their interface and mode, if `--xdp` is on.
+    pub(crate) xdp: Option<Xdp>,
+}
+
+/// What the metrics say about `--xdp`.
+pub(crate) struct Xdp {
+    pub(crate) interface: String,
+    pub(crate) mode: &'static str,
+    pub(crate) stats: Arc<chime_udp::xdp::XdpStats>,
 }
 
 /// The longest request head hyper buffers (its minimum); a longer one gets 431.
@@ -396,6 +405,42 @@ fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
             )?;
         }
     }
+    if let Some(x) = &sources.xdp {
+        single(
+            enc,
+            "chimed_xdp",
+            "AF_XDP on (--xdp): the interface and the mode the driver granted (zero-copy or copy).",
+            Info::new(vec![
+                ("interface", x.interface.clone()),
+                ("mode", x.mode.to_string()),
+            ]),
+        )?;
+        let s = &x.stats;
+        counters(
+            enc,
+            "chimed_xdp_frames_dropped_total",
+            "Frames the XDP program redirected that the XDP workers dropped: malformed (a bad \
+             checksum, lengths that do not add up, not to a served address), tx_ring_full (the \
+             reply found no room to be sent).",
+            [
+                ("malformed", &s.malformed),
+                ("tx_ring_full", &s.tx_ring_full),
+            ]
+            .map(|(reason, n)| (vec![("reason", reason.to_string())], n.load(Relaxed))),
+        )?;
+        counters(
+            enc,
+            "chimed_xdp_receive_times_total",
+            "Where XDP requests' receive times came from: program (read by the XDP program as it \
+             saw the frame, the usual) or worker (read once per batch, the program's reading \
+             missing).",
+            [
+                ("program", &s.rx_times_from_program),
+                ("worker", &s.rx_times_from_worker),
+            ]
+            .map(|(source, n)| (vec![("source", source.to_string())], n.load(Relaxed))),
+        )?;
+    }
     upstream(enc, &sources.ntp)?;
     if let Some(rt) = &sources.roughtime {
         let d = rt.delegation.load();
@@ -517,6 +562,7 @@ mod tests {
             started_unix: 0,
             nts_ke: None,
             roughtime_tcp: None,
+            xdp: None,
         })
     }
 

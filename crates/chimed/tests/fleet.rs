@@ -14,8 +14,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -147,18 +147,6 @@ impl Drop for Net {
     }
 }
 
-/// Runs `f` on a thread that has entered network namespace `ns`: its sockets are made there.
-fn within<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
 /// One member: its chronyd, its chimed, and where its metrics are (inside its namespace).
 struct Member {
     /// 1 to 3.
@@ -190,16 +178,7 @@ fn sum(page: &str, name: &str, labels: &str) -> u64 {
 
 impl Member {
     fn counts(&self) -> Counts {
-        let addr = self.metrics;
-        let page = within(&self.ns, move || {
-            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: chimed\r\n\r\n")
-                .unwrap();
-            let mut page = String::new();
-            s.read_to_string(&mut page).unwrap();
-            page
-        });
+        let page = common::scrape_in(&self.ns, self.metrics);
         Counts {
             ntp: sum(&page, "chimed_replies_sent_total", "service=\"ntp\""),
             nts: sum(&page, "chimed_nts_replies_total", ""),

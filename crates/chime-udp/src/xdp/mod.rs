@@ -393,9 +393,9 @@ impl XdpWorkers {
         self.mode
     }
 
-    /// The workers' own counts.
-    pub fn stats(&self) -> &XdpStats {
-        &self.stats
+    /// The workers' own counts, shared with whoever reads them (the metrics).
+    pub fn stats(&self) -> Arc<XdpStats> {
+        Arc::clone(&self.stats)
     }
 
     /// Whether any worker has stopped.

@@ -393,6 +393,32 @@ pub fn in_netns(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Co
     }
 }
 
+/// Runs `f` on a thread that has entered network namespace `ns`: its sockets are made there.
+pub fn within<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// `GET /metrics` from chimed's endpoint at `addr` inside network namespace `ns`: the page.
+pub fn scrape_in(ns: &str, addr: SocketAddr) -> String {
+    within(ns, move || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: chimed\r\n\r\n")
+            .unwrap();
+        let mut page = String::new();
+        s.read_to_string(&mut page).unwrap();
+        page
+    })
+}
+
 pub fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap()
 }
