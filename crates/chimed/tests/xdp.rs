@@ -293,6 +293,18 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
     )
     .expect("chime roughtime through XDP");
     assert!(r["midpoint_unix_us"].is_number(), "{r}");
+    // And an independent client, which exits 0 only for a reply that verified.
+    let client = common::peer(
+        "ROUGHENOUGH_CLIENT",
+        "/opt/chime-peers/bin/roughenough_client",
+    );
+    let out = run(in_netns(Some(&pair.client), client)
+        .args([SERVER_V4, "2002", "-k", &rt_key.public_base64, "-P", "1"])
+        .env("NO_COLOR", "1"));
+    assert!(
+        out.status.success(),
+        "roughenough_client through XDP: {out:?}"
+    );
     // NTS: NTS-KE over TCP reaches the kernel's listener, NTS-authenticated NTP comes through
     // XDP. The client asks for interleaved mode too, which this path does not claim: every reply
     // must be basic (through the sockets the third on would be interleaved).
@@ -390,7 +402,7 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
             .any(|l| l.starts_with("chimed_replies_sent_total{")
                 && l.contains("family=\"xdp\"")
                 && l.contains("service=\"roughtime\"")
-                && l.ends_with(" 1")),
+                && l.ends_with(" 2")),
         "no Roughtime reply counted under family xdp:\n{page}"
     );
 
@@ -419,7 +431,7 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
     // chronyd -Q (up to 4), chime over IPv6 and the last one, and chronyd over NTS (5 or more).
     assert!(count_in(xdp_ntp, "answered") >= 8, "{xdp_ntp}");
     assert!(count_in(xdp_ntp, "nts") >= 5, "{xdp_ntp}");
-    assert_eq!(count_in(xdp_rt, "answered"), 1, "{xdp_rt}");
+    assert_eq!(count_in(xdp_rt, "answered"), 2, "{xdp_rt}");
     assert_eq!(socket_ntp, 0, "NTP reached the sockets, not XDP:\n{log}");
     assert!(!pair.has_xdp(), "the XDP program outlived chimed");
 }
@@ -448,8 +460,37 @@ fn a_killed_chimed_leaves_no_program_and_bad_setups_say_why() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!pair.has_xdp(), "a SIGKILLed chimed left its XDP program");
-    // And the next one starts at once.
+    // And the next one starts at once; while it runs, a second chimed on the interface is
+    // refused, saying why, and leaves the first's program in place.
     let mut again = chimed(&pair, &[]);
+    let out = run(in_netns(Some(&pair.server), workspace_bin("chimed")).args([
+        "-s",
+        &format!("127.0.0.1:{MIRROR_PORT}"),
+        "-4",
+        "1",
+        "-a",
+        "0.0.0.0:1123",
+        "--xdp",
+        IFACE,
+    ]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("another AF_XDP socket holds the queue"),
+        "{err}"
+    );
+    assert!(pair.has_xdp());
+    chime(
+        &pair,
+        &[
+            "ntp",
+            "--json",
+            "--timeout",
+            "2",
+            &format!("{SERVER_V4}:123"),
+        ],
+    )
+    .expect("the first chimed still serves");
     again.terminate();
 
     let upstream = format!("127.0.0.1:{MIRROR_PORT}");

@@ -34,7 +34,7 @@ use std::{
         mpsc,
     },
     thread,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 pub use xsk::XdpMode;
@@ -160,6 +160,29 @@ fn interface_addrs(interface: &str) -> io::Result<Vec<IpAddr>> {
     Ok(out)
 }
 
+/// How long binding a queue is retried while another AF_XDP socket still holds it.
+const BUSY_WAIT: Duration = Duration::from_secs(2);
+
+/// Makes the socket for queue `queue`, retrying for up to [`BUSY_WAIT`] while the queue is busy:
+/// the kernel releases a dead process's AF_XDP sockets a little after the process is gone (its
+/// program is detached at once), so a chimed restarted at once, or after `kill -9`, would
+/// otherwise find its queues still taken by its predecessor.
+fn socket_waiting_out_the_last(ifindex: u32, queue: u32, mode: XdpMode) -> io::Result<xsk::Xsk> {
+    let deadline = Instant::now() + BUSY_WAIT;
+    loop {
+        match xsk::Xsk::new(ifindex, queue, FRAMES, RING, mode) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                tracing::debug!(
+                    queue,
+                    "queue busy; waiting for its last socket to be released"
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl XdpBound {
     /// Makes one AF_XDP socket per thread on queues `0..threads`, loads the program for the
     /// groups' addresses and attaches it to the interface.
@@ -219,6 +242,10 @@ impl XdpBound {
         let ctx = |what: &str, e: io::Error| {
             let hint = match e.raw_os_error() {
                 Some(libc::EPERM) => " (needs CAP_NET_ADMIN and CAP_BPF, or root)",
+                Some(libc::EBUSY) if what.starts_with("an AF_XDP socket") => {
+                    " (another AF_XDP socket holds the queue: another chimed on this interface, \
+                     or another program's)"
+                }
                 Some(libc::EBUSY) | Some(libc::EEXIST) => {
                     " (the interface already has an XDP program: detach it with \
                      `ip link set dev IFACE xdp off`)"
@@ -238,11 +265,11 @@ impl XdpBound {
         let mut sockets = Vec::with_capacity(cfg.threads);
         let mut mode = cfg.mode.unwrap_or(XdpMode::ZeroCopy);
         for q in 0..cfg.threads as u32 {
-            let sock = match xsk::Xsk::new(ifindex, q, FRAMES, RING, mode) {
+            let sock = match socket_waiting_out_the_last(ifindex, q, mode) {
                 Err(e) if cfg.mode.is_none() && mode == XdpMode::ZeroCopy && q == 0 => {
                     tracing::debug!(error = %e, "no zero-copy AF_XDP; trying copy mode");
                     mode = XdpMode::Copy;
-                    xsk::Xsk::new(ifindex, q, FRAMES, RING, mode)
+                    socket_waiting_out_the_last(ifindex, q, mode)
                 }
                 other => other,
             }
