@@ -388,6 +388,26 @@ impl XdpBound {
     }
 }
 
+/// What the XDP workers do to a frame, without the network: checks `frame` as a worker does and,
+/// if it is a well-formed UDP request, turns it into a reply carrying the request's first
+/// `reply_len` payload bytes (at most all of them), then checks that reply the same way. Returns
+/// the reply's length, or `None` for a frame a worker would drop. For the fuzzer, which must find
+/// no frame that panics here, and no reply that does not parse back as going the other way.
+///
+/// # Panics
+/// If the reply does not parse, or does not go from the request's destination back to its
+/// source: a bug.
+#[doc(hidden)]
+pub fn answer_frame_in_place(frame: &mut [u8], reply_len: usize) -> Option<usize> {
+    let req = frame::parse(frame).ok()?;
+    let len = reply_len.min(req.payload.1);
+    let n = frame::make_reply(frame, &req, len);
+    let reply = frame::parse(&frame[..n]).expect("a reply parses");
+    assert_eq!((reply.src, reply.dst), (req.dst, req.src), "the reply goes back");
+    assert_eq!(reply.payload, (req.payload.0, len));
+    Some(n)
+}
+
 /// Counts the XDP workers keep beside their handlers', for the metrics.
 #[derive(Debug, Default)]
 pub struct XdpStats {
