@@ -620,14 +620,12 @@ fn bind_xdp(
     cfg.groups.push(XdpGroup {
         name: "ntp".into(),
         addrs: ntp.iter().map(|b| b.workers.local_addr()).collect(),
-        batch_size: settings.batch_size,
         max_datagram: 2048,
     });
-    if let Some(r) = &settings.roughtime {
+    if settings.roughtime.is_some() {
         cfg.groups.push(XdpGroup {
             name: "roughtime".into(),
             addrs: rt.iter().map(|b| b.workers.local_addr()).collect(),
-            batch_size: r.batch_size,
             max_datagram: 2048,
         });
     }

@@ -50,8 +50,6 @@ pub struct XdpGroup {
     /// The UDP addresses served. An unspecified IP (`0.0.0.0`, `::`) stands for every address of
     /// that family the interface has when the workers are bound.
     pub addrs: Vec<SocketAddr>,
-    /// The most datagrams per handler call.
-    pub batch_size: usize,
     /// Payloads longer than this reach the handler truncated.
     pub max_datagram: usize,
 }
@@ -69,7 +67,9 @@ pub struct XdpConfig {
     pub mode: Option<XdpMode>,
     /// CPUs to pin the threads to, as [`crate::WorkerConfig::cpus`].
     pub cpus: Vec<usize>,
-    /// The most frames taken off the RX ring at once.
+    /// The most frames taken off the RX ring at once, and so the most requests of one protocol a
+    /// handler is given at once (a handler whose own limit is lower drops and counts the rest,
+    /// as Roughtime's does past its batch size).
     pub batch_size: usize,
 }
 
@@ -331,9 +331,9 @@ impl XdpBound {
                 .map(|(g, (group, addrs))| Group {
                     addrs: addrs.clone(),
                     handler: make(i, g),
-                    rx: RxBatch::new(group.batch_size, group.max_datagram),
-                    tx: TxBatch::new(group.batch_size, group.max_datagram),
-                    reqs: Vec::with_capacity(group.batch_size),
+                    rx: RxBatch::new(self.cfg.batch_size, group.max_datagram),
+                    tx: TxBatch::new(self.cfg.batch_size, group.max_datagram),
+                    reqs: Vec::with_capacity(self.cfg.batch_size),
                 })
                 .collect();
             let name = format!("xdp-{i}");
@@ -403,7 +403,11 @@ pub fn answer_frame_in_place(frame: &mut [u8], reply_len: usize) -> Option<usize
     let len = reply_len.min(req.payload.1);
     let n = frame::make_reply(frame, &req, len);
     let reply = frame::parse(&frame[..n]).expect("a reply parses");
-    assert_eq!((reply.src, reply.dst), (req.dst, req.src), "the reply goes back");
+    assert_eq!(
+        (reply.src, reply.dst),
+        (req.dst, req.src),
+        "the reply goes back"
+    );
     assert_eq!(reply.payload, (req.payload.0, len));
     Some(n)
 }
