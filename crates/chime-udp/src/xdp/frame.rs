@@ -47,12 +47,22 @@ fn be16(b: &[u8], at: usize) -> u16 {
 
 /// Adds `data` to a ones'-complement sum as big-endian 16-bit words (an odd last byte padded with
 /// zero, as RFC 1071 says).
-fn sum(mut acc: u64, data: &[u8]) -> u64 {
-    let mut words = data.chunks_exact(8);
+///
+/// The bulk is summed as native little-endian 32-bit words, which the compiler vectorises: a
+/// 32-bit word is its two 16-bit halves modulo 0xffff, and a ones'-complement sum of byte-swapped
+/// words is the byte-swapped sum (RFC 1071 §2(B)), so folding and swapping gives the big-endian
+/// sum. Roughtime's requests are 1 KiB: this is on the hot path of every one.
+fn sum(acc: u64, data: &[u8]) -> u64 {
+    let mut words = data.chunks_exact(4);
+    let mut native: u64 = 0;
     for w in &mut words {
-        let v = u64::from_be_bytes(w.try_into().expect("8 bytes"));
-        acc += (v >> 48) + ((v >> 32) & 0xffff) + ((v >> 16) & 0xffff) + (v & 0xffff);
+        native += u64::from(u32::from_le_bytes(w.try_into().expect("4 bytes")));
     }
+    // Fold to 16 bits (each step keeps the value modulo 0xffff), then swap to big-endian.
+    while native > 0xffff {
+        native = (native & 0xffff) + (native >> 16);
+    }
+    let mut acc = acc + u64::from((native as u16).swap_bytes());
     let mut rest = words.remainder().chunks_exact(2);
     for w in &mut rest {
         acc += u64::from(be16(w, 0));
@@ -245,9 +255,20 @@ pub(crate) mod tests {
         assert_eq!(fold(sum(0, &data)), !0xddf2);
         // An odd length pads with zero, and the word path agrees with the byte path.
         assert_eq!(fold(sum(0, &[0xab])), !0xab00);
-        let long: Vec<u8> = (0..=255).collect();
-        let bytewise = long.chunks(2).map(|w| u64::from(be16(w, 0))).sum::<u64>();
-        assert_eq!(fold(sum(0, &long)), fold(bytewise));
+        // Against a plain byte-by-byte RFC 1071 sum, at every length and alignment up to 80
+        // bytes, with words that carry.
+        let data: Vec<u8> = (0..200u32).map(|i| (i * 97 + 13) as u8 | 0x80).collect();
+        for start in 0..4 {
+            for len in 0..80 {
+                let d = &data[start..start + len];
+                let plain: u64 = d
+                    .chunks(2)
+                    .map(|w| (u64::from(w[0]) << 8) | w.get(1).map_or(0, |&b| u64::from(b)))
+                    .sum();
+                assert_eq!(fold(sum(0, d)), fold(plain), "{len} bytes from {start}");
+            }
+        }
+        assert_eq!(fold(sum(0, &[0xff; 1024])), fold(512 * 0xffff));
     }
 
     #[test]
