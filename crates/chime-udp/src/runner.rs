@@ -262,21 +262,8 @@ impl BoundWorkers {
         }
         drop(started_tx);
 
-        // Every started thread reports once; a thread that dies first drops its sender, so this
-        // ends rather than waits forever.
-        for _ in 0..threads.len() {
-            match started_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    failure.get_or_insert(e);
-                }
-                Err(mpsc::RecvError) => {
-                    failure.get_or_insert_with(|| {
-                        io::Error::other("a worker thread exited while starting")
-                    });
-                    break;
-                }
-            }
+        if let Some(e) = await_starts(threads.len(), &started_rx, "a worker thread") {
+            failure.get_or_insert(e);
         }
         let workers = Workers {
             threads,
@@ -338,16 +325,47 @@ impl Workers {
     /// Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop();
-        let mut result = Ok(());
-        for t in std::mem::take(&mut self.threads) {
-            if let Err(panic) = t.join()
-                && result.is_ok()
-            {
-                result = Err(panic);
+        join_every(std::mem::take(&mut self.threads))
+    }
+}
+
+/// Waits for each of `n` threads just spawned to report that it started (and pinned itself), and
+/// returns the first error reported. Every started thread reports once; a thread that dies first
+/// drops its sender, so this ends rather than waits forever.
+pub(crate) fn await_starts(
+    n: usize,
+    started: &mpsc::Receiver<io::Result<()>>,
+    what: &str,
+) -> Option<io::Error> {
+    let mut failure = None;
+    for _ in 0..n {
+        match started.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                failure.get_or_insert(e);
+            }
+            Err(mpsc::RecvError) => {
+                failure.get_or_insert_with(|| {
+                    io::Error::other(format!("{what} exited while starting"))
+                });
+                break;
             }
         }
-        result
     }
+    failure
+}
+
+/// Waits for every thread, after the first panic too; returns the first panic's payload.
+pub(crate) fn join_every(threads: Vec<thread::JoinHandle<()>>) -> thread::Result<()> {
+    let mut result = Ok(());
+    for t in threads {
+        if let Err(panic) = t.join()
+            && result.is_ok()
+        {
+            result = Err(panic);
+        }
+    }
+    result
 }
 
 impl Drop for Workers {

@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{
-    Chimed, Chronyd, ChronydClient, RKIK, certificate_for, in_netns, peer, run, workspace_bin,
+    Chimed, Chronyd, ChronydClient, RKIK, certificate_for, in_netns, ip, peer, run, workspace_bin,
 };
 use nix::sys::signal::{self, Signal};
 
@@ -38,16 +38,6 @@ struct Net {
     client: String,
     router: String,
     members: Vec<String>,
-}
-
-fn ip(args: &[&str]) {
-    let out = run(Command::new("ip").args(args));
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 impl Net {

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    Chimed, Chronyd, ChronydClient, certificate_for, count_in, in_netns, run, workspace_bin,
+    Chimed, Chronyd, ChronydClient, certificate_for, count_in, in_netns, ip, run, workspace_bin,
 };
 use nix::sys::signal::{self, Signal};
 
@@ -30,16 +30,6 @@ const SERVER_V6: &str = "fd01::1";
 const CLIENT_V6: &str = "fd01::2";
 const IFACE: &str = "xs0";
 const MIRROR_PORT: u16 = 11123;
-
-fn ip(args: &[&str]) {
-    let out = run(Command::new("ip").args(args));
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The two namespaces and their veth pair (one queue each way); removed on drop.
 struct Pair {
@@ -130,9 +120,14 @@ fn assert_root() {
     );
 }
 
-/// chimed in the server's namespace, mirroring its chronyd, with `extra` flags; returns once
-/// it is synchronised.
+/// chimed in the server's namespace, mirroring its chronyd, with `--xdp IFACE` and `extra`
+/// flags; returns once it is synchronised.
 fn chimed(pair: &Pair, extra: &[&str]) -> Chimed {
+    chimed_on(pair, IFACE, extra)
+}
+
+/// [`chimed`] with `--xdp iface`.
+fn chimed_on(pair: &Pair, iface: &str, extra: &[&str]) -> Chimed {
     let upstream = format!("127.0.0.1:{MIRROR_PORT}");
     let mut args = vec![
         "-s",
@@ -142,7 +137,7 @@ fn chimed(pair: &Pair, extra: &[&str]) -> Chimed {
         "-a",
         "0.0.0.0:123",
         "--xdp",
-        IFACE,
+        iface,
     ];
     args.extend_from_slice(extra);
     let mut c = Chimed::start_in(Some(&pair.server), &args, "running:");
@@ -157,6 +152,20 @@ fn chime(pair: &Pair, args: &[&str]) -> Result<serde_json::Value, String> {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {out:?}"))
+}
+
+/// `chime ntp` from the client to the server's IPv4 address.
+fn ntp_v4(pair: &Pair) -> Result<serde_json::Value, String> {
+    chime(
+        pair,
+        &[
+            "ntp",
+            "--json",
+            "--timeout",
+            "2",
+            &format!("{SERVER_V4}:123"),
+        ],
+    )
 }
 
 /// Sends raw Ethernet frames out of the client's veth (a Python AF_PACKET socket, as a capture
@@ -376,17 +385,7 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
         ],
     );
     // A well-formed one after them, so that the two were taken before chimed stops.
-    chime(
-        &pair,
-        &[
-            "ntp",
-            "--json",
-            "--timeout",
-            "2",
-            &format!("{SERVER_V4}:123"),
-        ],
-    )
-    .expect("chime ntp after the bad frames");
+    ntp_v4(&pair).expect("chime ntp after the bad frames");
 
     // The metrics say so too, inside the server's namespace.
     let page = common::scrape_in(&pair.server, "127.0.0.1:9123".parse().unwrap());
@@ -480,17 +479,7 @@ fn a_killed_chimed_leaves_no_program_and_bad_setups_say_why() {
         "{err}"
     );
     assert!(pair.has_xdp());
-    chime(
-        &pair,
-        &[
-            "ntp",
-            "--json",
-            "--timeout",
-            "2",
-            &format!("{SERVER_V4}:123"),
-        ],
-    )
-    .expect("the first chimed still serves");
+    ntp_v4(&pair).expect("the first chimed still serves");
     again.terminate();
 
     let upstream = format!("127.0.0.1:{MIRROR_PORT}");
@@ -510,33 +499,8 @@ fn a_killed_chimed_leaves_no_program_and_bad_setups_say_why() {
         assert!(last.contains(want), "{extra:?}: {err}");
     }
     // Asked to, it serves through the sockets alone instead.
-    let mut fallback = Chimed::start_in(
-        Some(&pair.server),
-        &[
-            "-s",
-            &upstream,
-            "-4",
-            "1",
-            "-a",
-            "0.0.0.0:123",
-            "--xdp",
-            "nosuch0",
-            "--xdp-fallback",
-        ],
-        "running:",
-    );
+    let mut fallback = chimed_on(&pair, "nosuch0", &["--xdp-fallback"]);
     fallback.wait_for("serving through the sockets alone", Duration::from_secs(1));
-    fallback.wait_for("synchronised: stratum 3", Duration::from_secs(10));
-    chime(
-        &pair,
-        &[
-            "ntp",
-            "--json",
-            "--timeout",
-            "2",
-            &format!("{SERVER_V4}:123"),
-        ],
-    )
-    .expect("chime ntp through the sockets");
+    ntp_v4(&pair).expect("chime ntp through the sockets");
     fallback.terminate();
 }

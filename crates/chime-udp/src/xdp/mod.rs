@@ -359,19 +359,8 @@ impl XdpBound {
             }
         }
         drop(started_tx);
-        for _ in 0..threads.len() {
-            match started_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    failure.get_or_insert(e);
-                }
-                Err(_) => {
-                    failure.get_or_insert_with(|| {
-                        io::Error::other("an XDP worker exited while starting")
-                    });
-                    break;
-                }
-            }
+        if let Some(e) = crate::runner::await_starts(threads.len(), &started_rx, "an XDP worker") {
+            failure.get_or_insert(e);
         }
         let workers = XdpWorkers {
             threads,
@@ -458,15 +447,7 @@ impl XdpWorkers {
     /// program. Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop.store(true, Ordering::Release);
-        let mut result = Ok(());
-        for t in std::mem::take(&mut self.threads) {
-            if let Err(p) = t.join()
-                && result.is_ok()
-            {
-                result = Err(p);
-            }
-        }
-        result
+        crate::runner::join_every(std::mem::take(&mut self.threads))
     }
 }
 

@@ -393,6 +393,17 @@ pub fn in_netns(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Co
     }
 }
 
+/// Runs `ip ARGS` (iproute2), failing the test with its error output if it fails.
+pub fn ip(args: &[&str]) {
+    let out = run(Command::new("ip").args(args));
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs `f` on a thread that has entered network namespace `ns`: its sockets are made there.
 pub fn within<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let path = format!("/run/netns/{ns}");
