@@ -334,6 +334,7 @@ impl XdpBound {
                     rx: RxBatch::new(self.cfg.batch_size, group.max_datagram),
                     tx: TxBatch::new(self.cfg.batch_size, group.max_datagram),
                     reqs: Vec::with_capacity(self.cfg.batch_size),
+                    built: 0..0,
                 })
                 .collect();
             let name = format!("xdp-{i}");
@@ -466,6 +467,8 @@ struct Group {
     /// The frames of the batch in `rx`, in the same order: their UMEM addresses and what was in
     /// them.
     reqs: Vec<(u64, frame::Request)>,
+    /// Where this group's replies of the batch in hand are in the frames put on the TX ring.
+    built: std::ops::Range<usize>,
 }
 
 struct XdpWorker {
@@ -530,6 +533,7 @@ impl XdpWorker {
             self.take(&frames);
             out.clear();
             for g in &mut self.groups {
+                g.built = out.len()..out.len();
                 if g.rx.is_empty() {
                     continue;
                 }
@@ -538,6 +542,7 @@ impl XdpWorker {
                     g.handler.before_send(&mut g.tx);
                 }
                 Self::build_replies(&mut self.sock, g, &mut out);
+                g.built.end = out.len();
             }
             let queued = self.sock.transmit(&out);
             for &(addr, _) in &out[queued..] {
@@ -550,9 +555,16 @@ impl XdpWorker {
             }
             for g in &mut self.groups {
                 if !g.tx.is_empty() {
+                    // Its replies that found room on the TX ring were sent; the others, and any
+                    // that could not be written into a frame, failed.
+                    let sent = g.built.end.min(queued).saturating_sub(g.built.start);
+                    let errors = g.tx.len() - sent;
                     let outcome = SendOutcome {
-                        sent: g.tx.len(),
-                        ..SendOutcome::default()
+                        sent,
+                        errors,
+                        // ENOBUFS, as a full socket send queue says: no allocation.
+                        last_error: (errors > 0)
+                            .then(|| io::Error::from_raw_os_error(libc::ENOBUFS)),
                     };
                     g.handler.after_send(&outcome);
                     g.tx.clear();
