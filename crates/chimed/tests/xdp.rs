@@ -31,7 +31,7 @@ const CLIENT_V6: &str = "fd01::2";
 const IFACE: &str = "xs0";
 const MIRROR_PORT: u16 = 11123;
 
-/// The two namespaces and their veth pair (one queue each way); removed on drop.
+/// The two namespaces and their veth pair; removed on drop.
 struct Pair {
     server: String,
     client: String,
@@ -39,6 +39,12 @@ struct Pair {
 
 impl Pair {
     fn build(tag: &str) -> Self {
+        Self::with_queues(tag, 1)
+    }
+
+    /// The pair with `queues` receive and transmit queues on each end.
+    fn with_queues(tag: &str, queues: usize) -> Self {
+        let q = queues.to_string();
         let tag = format!("chime-xdp-{tag}-{}", std::process::id());
         let p = Pair {
             server: format!("{tag}-s"),
@@ -54,9 +60,9 @@ impl Pair {
             "add",
             IFACE,
             "numrxqueues",
-            "1",
+            &q,
             "numtxqueues",
-            "1",
+            &q,
             "netns",
             s,
             "type",
@@ -65,9 +71,9 @@ impl Pair {
             "name",
             "xc0",
             "numrxqueues",
-            "1",
+            &q,
             "numtxqueues",
-            "1",
+            &q,
             "netns",
             c,
         ]);
@@ -503,4 +509,40 @@ fn a_killed_chimed_leaves_no_program_and_bad_setups_say_why() {
     fallback.wait_for("serving through the sockets alone", Duration::from_secs(1));
     ntp_v4(&pair).expect("chime ntp through the sockets");
     fallback.terminate();
+}
+
+#[test]
+fn each_queue_has_its_thread() {
+    assert_root();
+    let pair = Pair::with_queues("queues", 2);
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let mut server = chimed(&pair, &["--xdp-threads", "2"]);
+    server.wait_for("xdp on xs0: 2 thread(s)", Duration::from_secs(1));
+    // Each query from a new source port: the client's veth spreads flows over its two transmit
+    // queues by hash, and a veth delivers transmit queue i to the peer's receive queue i.
+    let mut answered = 0;
+    for _ in 0..24 {
+        if ntp_v4(&pair).is_ok() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 24);
+    server.terminate();
+    server.wait_for("ntp totals at exit", Duration::from_secs(2));
+    let log = server.log();
+    let per_thread: Vec<u64> = (0..2)
+        .map(|i| {
+            log.lines()
+                .find(|l| {
+                    l.contains(&format!("worker{{thread=xdp-{i}}}"))
+                        && l.contains("ntp stats at exit")
+                })
+                .map_or(0, |l| count_in(l, "answered"))
+        })
+        .collect();
+    assert_eq!(per_thread.iter().sum::<u64>(), 24, "{log}");
+    assert!(
+        per_thread.iter().all(|&n| n > 0),
+        "one queue's thread answered nothing: {per_thread:?}\n{log}"
+    );
 }
