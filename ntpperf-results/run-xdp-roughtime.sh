@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# run-xdp-roughtime.sh: Roughtime over a veth pair, one core: chimed through AF_XDP (--xdp),
-# chimed through its sockets, and roughenough-server, each loaded in turn by `chime perf
-# roughtime` at one fixed rate above their capacities, for several rounds with the order rotated
-# (the cores here drift between a slow and a fast state; rotation gives each server both).
+# run-xdp-roughtime.sh: Roughtime (or, with --protocol ntp, NTP) over a veth pair, one core:
+# chimed through AF_XDP (--xdp), chimed through its sockets, and (Roughtime) roughenough-server,
+# each loaded in turn by `chime perf` at one fixed rate above their capacities, for several rounds
+# with the order rotated (the cores here drift between a slow and a fast state; rotation gives
+# each server both).
+#
+# --napi-threads yes receives each side's packets in a NAPI kernel thread pinned with its side
+# (vs's with the server on CPU 0, vc's with chime perf on CPU 1), so that everything the server's
+# kernel does for a request, XDP program and copies or IP/UDP stack and socket queue, runs on the
+# server's core as it would with a NIC whose interrupts go there, and is counted in the server's
+# CPU per reply. Without it a veth receives on the sender's core. ntpperf cannot be used there:
+# when the server's core falls behind, veth pushes back on the sender, and ntpperf exits on the
+# first ENOBUFS; chime perf counts those as send errors and goes on.
 #
 # Topology, in two network namespaces this script makes and removes:
 #   client netns: chime perf (CPU 1) on vc 10.97.0.2, sending complete UDP checksums
@@ -18,7 +27,8 @@
 #
 # This script fetches and builds nothing: it is given the binaries.
 #
-# Usage: sudo run-xdp-roughtime.sh --out DIR [--rounds N] [--rate R] [--duration S]
+# Usage: sudo run-xdp-roughtime.sh --out DIR [--protocol roughtime|ntp] [--napi-threads yes|no]
+#                                  [--rounds N] [--rate R] [--duration S]
 #                                  [--chimed PATH] [--chime PATH] [--roughenough PATH]
 # Outputs in DIR: <server>-round<N>.json (chime perf's), rounds.csv, summary.txt.
 
@@ -34,6 +44,8 @@ verify_every=1000
 chimed=$repo/target/release/chimed
 chime=$repo/target/release/chime
 roughenough=/opt/chime-peers/bin/roughenough_server
+protocol=roughtime
+napi=no
 die() { echo "run-xdp-roughtime.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
     [[ $# -ge 2 ]] || die "option $1 needs a value"
@@ -45,11 +57,15 @@ while [[ $# -gt 0 ]]; do
         --chimed) chimed=$2 ;;
         --chime) chime=$2 ;;
         --roughenough) roughenough=$2 ;;
+        --protocol) protocol=$2 ;;
+        --napi-threads) napi=$2 ;;
         *) die "unknown option $1" ;;
     esac
     shift 2
 done
 [[ -n $out ]] || die "--out DIR is required"
+[[ $protocol == roughtime || $protocol == ntp ]] || die "--protocol: roughtime or ntp, not '$protocol'"
+[[ $napi == yes || $napi == no ]] || die "--napi-threads: yes or no, not '$napi'"
 [[ $EUID -eq 0 ]] || die "must run as root (network namespaces, XDP)"
 for b in "$chimed" "$chime" "$roughenough" /usr/sbin/chronyd; do
     [[ -x $b ]] || die "$b is not an executable"
@@ -88,6 +104,39 @@ ip -n "$NS_C" addr add 10.97.0.2/24 dev vc
 ip -n "$NS_S" link set vs up
 ip -n "$NS_C" link set vc up
 ip netns exec "$NS_C" ethtool -K vc tx off >/dev/null
+napi_pids=()
+if [[ $napi == yes ]]; then
+    ip netns exec "$NS_S" ethtool -K vs gro on >/dev/null
+    ip netns exec "$NS_C" ethtool -K vc gro on >/dev/null
+    ip netns exec "$NS_S" sh -c 'echo 1 >/sys/class/net/vs/threaded'
+    ip netns exec "$NS_C" sh -c 'echo 1 >/sys/class/net/vc/threaded'
+fi
+# Pins the NAPI threads (napi/vs-*, napi/vc-*) with their sides and lists vs's in napi_pids.
+pin_napi() {
+    [[ $napi == yes ]] || return 0
+    napi_pids=()
+    local d comm
+    for d in /proc/[0-9]*; do
+        read -r comm 2>/dev/null <"$d/comm" || continue
+        case $comm in
+            napi/vs-*) taskset -pc 0 "${d#/proc/}" >/dev/null; napi_pids+=("${d#/proc/}") ;;
+            napi/vc-*) taskset -pc 1 "${d#/proc/}" >/dev/null ;;
+        esac
+    done
+    ((${#napi_pids[@]} > 0)) || die "no napi/vs-* thread"
+}
+# utime + stime of the server's NAPI threads, in clock ticks.
+napi_ticks() {
+    local t=0 pid st
+    local -a f
+    for pid in "${napi_pids[@]}"; do
+        read -r st <"/proc/$pid/stat" || continue
+        st=${st##*) }
+        read -r -a f <<<"$st"
+        t=$((t + f[11] + f[12]))
+    done
+    echo "$t"
+}
 
 printf 'port 11123\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\ncmdport 0\npidfile %s/chronyd.pid\ndriftfile %s/drift\n' \
     "$work" "$work" >"$work/chrony.conf"
@@ -105,7 +154,7 @@ chmod 600 "$work/seed"
     echo "cpus: $(nproc) ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1))"
     sha256sum "$chimed" "$chime" "$roughenough"
     echo "chime commit: $(git -C "$repo" rev-parse HEAD)$(git -C "$repo" diff --quiet HEAD || echo ' (work tree has changes)')"
-    echo "rate $rate/s offered to each server, $duration s per server per round, $rounds rounds, verify 1 in $verify_every"
+    echo "protocol $protocol, NAPI threads $napi; rate $rate/s offered to each server, $duration s per server per round, $rounds rounds, verify 1 in $verify_every"
 } >"$out/setup.txt"
 
 start_server() {
@@ -113,9 +162,13 @@ start_server() {
     local -a cmd
     case $name in
         chimed-xdp | chimed)
-            cmd=("$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s 127.0.0.1:11123 --stats-interval 0
-                --roughtime-key "$work/key" --roughtime-ipv4-address 10.97.0.1:2002
-                --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0)
+            if [[ $protocol == ntp ]]; then
+                cmd=("$chimed" -4 1 -a 10.97.0.1:123 -6 0 -s 127.0.0.1:11123 --stats-interval 0)
+            else
+                cmd=("$chimed" -4 1 -a 127.0.0.1:0 -6 0 -s 127.0.0.1:11123 --stats-interval 0
+                    --roughtime-key "$work/key" --roughtime-ipv4-address 10.97.0.1:2002
+                    --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0)
+            fi
             [[ $name == chimed ]] || cmd+=(--xdp vs)
             ;;
         roughenough-server)
@@ -128,7 +181,10 @@ start_server() {
     local _
     for _ in $(seq 100); do
         kill -0 "$server_pid" 2>/dev/null || break
-        if ip netns exec "$NS_C" "$chime" roughtime 10.97.0.1:2002 --public-key "$public" \
+        if [[ $protocol == ntp ]]; then
+            ip netns exec "$NS_C" "$chime" ntp 10.97.0.1:123 --timeout 0.2 --require-synchronised \
+                >/dev/null 2>&1 && return
+        elif ip netns exec "$NS_C" "$chime" roughtime 10.97.0.1:2002 --public-key "$public" \
             --timeout 0.2 >/dev/null 2>&1; then
             return
         fi
@@ -140,6 +196,7 @@ start_server() {
 
 # The server's own process: `ip netns exec` and `env` exec it, so server_pid is it.
 servers=(chimed-xdp chimed roughenough-server)
+[[ $protocol == roughtime ]] || servers=(chimed-xdp chimed)
 echo "round,server,offered_per_s,answered_per_s,accepted_per_s,stale_pct,lost_pct,cpu_us_per_reply" >"$out/rounds.csv"
 for round in $(seq "$rounds"); do
     shift_by=$(((round - 1) % ${#servers[@]}))
@@ -147,15 +204,25 @@ for round in $(seq "$rounds"); do
     for name in "${order[@]}"; do
         echo "== round $round: $name" >&2
         start_server "$name"
+        pin_napi
         json=$out/$name-round$round.json
-        ip netns exec "$NS_C" taskset -c 1 "$chime" perf roughtime --target 10.97.0.1:2002 \
-            --public-key "$public" --rate "$rate" --duration "$duration" --warmup 1 \
-            --verify-every "$verify_every" --server-pid "$server_pid" --json "$json" \
+        if [[ $protocol == ntp ]]; then
+            load=(perf ntp --target 10.97.0.1:123)
+        else
+            load=(perf roughtime --target 10.97.0.1:2002 --public-key "$public"
+                --verify-every "$verify_every")
+        fi
+        t0=$(napi_ticks)
+        ip netns exec "$NS_C" taskset -c 1 "$chime" "${load[@]}" --rate "$rate" \
+            --duration "$duration" --warmup 1 --server-pid "$server_pid" --json "$json" \
             | tail -n 2 >&2
+        # The server's NAPI threads' CPU over the whole load (warm-up included), for the CSV.
+        echo $(($(napi_ticks) - t0)) >"$out/$name-round$round.napi-ticks"
         kill "$server_pid"
         wait "$server_pid" 2>/dev/null || true
         server_pid=
-        python3 - "$json" "$round" "$name" >>"$out/rounds.csv" <<'EOF'
+        python3 - "$json" "$round" "$name" "$out/$name-round$round.napi-ticks" "$duration" \
+            >>"$out/rounds.csv" <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 s = d["steps"][-1]
@@ -165,6 +232,12 @@ accepted = s["accepted_rate"]
 stale = s["stale_pct"]
 lost = s["loss_pct"]
 cpu = (s.get("server_cpu") or {}).get("us_per_reply") or float("nan")
+# Add the server's NAPI threads (--napi-threads yes): their ticks over the warm-up second and the
+# step, spread over the replies of both at the step's rate (an estimate: the warm-up is not in
+# the step's counts).
+ticks = int(open(sys.argv[4]).read() or 0)
+if ticks and answered > 0:
+    cpu += ticks / 100 * 1e6 / (answered * (float(sys.argv[5]) + 1))
 print(f"{sys.argv[2]},{sys.argv[3]},{offered:.0f},{answered:.0f},{accepted:.0f},{stale:.2f},{lost:.2f},{cpu:.3f}")
 EOF
     done
@@ -176,7 +249,7 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 by = {}
 for r in rows:
     by.setdefault(r["server"], []).append(r)
-print("Roughtime, one core, over veth: replies accepted per second (answered, less stale) and the")
+print("One core, over veth: replies accepted per second (answered, less stale) and the")
 print("server's CPU per reply; ratios are chimed-xdp's over each other server's, per round and of means")
 print()
 print(f"{'round':6}{'server':20}{'accepted/s':>12}{'lost %':>8}{'CPU us':>9}{'ratio':>8}")
