@@ -278,6 +278,12 @@ fn nts_ke_on_four_threads_keeps_one_set_of_limits_and_keys() {
     );
     chimed.wait_for("4 threads)", Duration::from_secs(1));
     let pid = chimed.pid().as_raw() as u32;
+    // A thread names itself once it runs, which may be just after chimed logged that it started
+    // them: wait for the four names (seen once in CI: 3 of 4 when read at once).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while ke_thread_ticks(pid).len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(ke_thread_ticks(pid).len(), 4);
     let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
 
