@@ -618,13 +618,11 @@ fn bind_xdp(
         .batch_size
         .max(settings.roughtime.as_ref().map_or(0, |r| r.batch_size));
     cfg.groups.push(XdpGroup {
-        name: "ntp".into(),
         addrs: ntp.iter().map(|b| b.workers.local_addr()).collect(),
         max_datagram: 2048,
     });
     if settings.roughtime.is_some() {
         cfg.groups.push(XdpGroup {
-            name: "roughtime".into(),
             addrs: rt.iter().map(|b| b.workers.local_addr()).collect(),
             max_datagram: 2048,
         });

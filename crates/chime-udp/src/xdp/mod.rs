@@ -42,11 +42,9 @@ pub use xsk::XdpMode;
 use crate::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch, affinity};
 
 /// One protocol served through XDP: the addresses and ports its requests are sent to, and the
-/// batch sizes of its handler.
+/// longest payload its handler takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct XdpGroup {
-    /// What the group is, for logs ("ntp", "roughtime").
-    pub name: String,
     /// The UDP addresses served. An unspecified IP (`0.0.0.0`, `::`) stands for every address of
     /// that family the interface has when the workers are bound.
     pub addrs: Vec<SocketAddr>,
@@ -437,11 +435,6 @@ impl XdpWorkers {
     /// The workers' own counts, shared with whoever reads them (the metrics).
     pub fn stats(&self) -> Arc<XdpStats> {
         Arc::clone(&self.stats)
-    }
-
-    /// Whether any worker has stopped.
-    pub fn any_finished(&self) -> bool {
-        self.threads.iter().any(thread::JoinHandle::is_finished)
     }
 
     /// Stops the workers, waits for them (at most about [`IDLE_WAIT_MS`] each), and detaches the
