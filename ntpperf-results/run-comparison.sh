@@ -108,6 +108,8 @@ note() {
 }
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=napi.sh
+. "$script_dir/napi.sh"
 repo_dir=$(dirname "$script_dir")
 
 NTPPERF=${NTPPERF:-}
@@ -321,29 +323,15 @@ setup_network() {
     ip netns exec "$NS_C" iptables -t raw -A PREROUTING -p udp -d "$CLIENT_NET" -j DROP
     SERVER_MAC=$(ip netns exec "$NS_S" cat /sys/class/net/vs/address)
     if [[ $NAPI_THREADS == yes ]]; then
-        ip netns exec "$NS_S" ethtool -K vs gro on >/dev/null
-        ip netns exec "$NS_C" ethtool -K vc gro on >/dev/null
-        ip netns exec "$NS_S" sh -c 'echo 1 >/sys/class/net/vs/threaded'
-        ip netns exec "$NS_C" sh -c 'echo 1 >/sys/class/net/vc/threaded'
+        napi_threaded "$NS_S" "$NS_C"
         pin_napi
     fi
 }
 
-# Pins the NAPI threads of vs to the server's CPUs and of vc to the client's, and lists vs's in
-# NAPI_PIDS. The kernel names them napi/<dev>-<id>; attaching or detaching an XDP program may
-# make new ones, so this runs again once each server is up.
+# Pins the NAPI threads with their sides (napi.sh) and lists the server's in NAPI_PIDS.
 pin_napi() {
     [[ $NAPI_THREADS == yes ]] || return 0
-    NAPI_PIDS=()
-    local d comm
-    for d in /proc/[0-9]*; do
-        read -r comm 2>/dev/null <"$d/comm" || continue
-        case $comm in
-            napi/vs-*) taskset -pc "$SERVER_CPUS" "${d#/proc/}" >/dev/null; NAPI_PIDS+=("${d#/proc/}") ;;
-            napi/vc-*) taskset -pc "$CLIENT_CPUS" "${d#/proc/}" >/dev/null ;;
-        esac
-    done
-    ((${#NAPI_PIDS[@]} > 0)) || die "--napi-threads: no napi/vs-* kernel thread found"
+    napi_pin "$SERVER_CPUS" "$CLIENT_CPUS" || die "--napi-threads: no napi/vs-* kernel thread found"
 }
 
 # Waits until the process `pid` is alive and has a UDP socket bound to `hex` (/proc/net/udp form)
@@ -447,15 +435,9 @@ sample() {
         read -r -a f <<<"$st"
         SERVER_TICKS=$((f[11] + f[12]))
     fi
-    local ticks=$SERVER_TICKS pid
     # With --napi-threads, the server's receive path runs in vs's NAPI threads: its CPU too.
-    for pid in "${NAPI_PIDS[@]}"; do
-        if read -r st 2>/dev/null <"/proc/$pid/stat"; then
-            st=${st##*) }
-            read -r -a f <<<"$st"
-            ticks=$((ticks + f[11] + f[12]))
-        fi
-    done
+    napi_ticks
+    local ticks=$((SERVER_TICKS + NAPI_TICKS)) pid
     local rx=0 tx=0 rxd=0 txd=0
     while read -r name rest; do
         if [[ $name == vs:* ]]; then

@@ -35,6 +35,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=napi.sh
+. "$here/napi.sh"
 repo=$(dirname "$here")
 out=
 rounds=3
@@ -104,38 +106,13 @@ ip -n "$NS_C" addr add 10.97.0.2/24 dev vc
 ip -n "$NS_S" link set vs up
 ip -n "$NS_C" link set vc up
 ip netns exec "$NS_C" ethtool -K vc tx off >/dev/null
-napi_pids=()
-if [[ $napi == yes ]]; then
-    ip netns exec "$NS_S" ethtool -K vs gro on >/dev/null
-    ip netns exec "$NS_C" ethtool -K vc gro on >/dev/null
-    ip netns exec "$NS_S" sh -c 'echo 1 >/sys/class/net/vs/threaded'
-    ip netns exec "$NS_C" sh -c 'echo 1 >/sys/class/net/vc/threaded'
-fi
-# Pins the NAPI threads (napi/vs-*, napi/vc-*) with their sides and lists vs's in napi_pids.
+NAPI_PIDS=()
+NAPI_TICKS=0
+[[ $napi == no ]] || napi_threaded "$NS_S" "$NS_C"
+# Pins the NAPI threads with their sides (napi.sh) and lists the server's in NAPI_PIDS.
 pin_napi() {
     [[ $napi == yes ]] || return 0
-    napi_pids=()
-    local d comm
-    for d in /proc/[0-9]*; do
-        read -r comm 2>/dev/null <"$d/comm" || continue
-        case $comm in
-            napi/vs-*) taskset -pc 0 "${d#/proc/}" >/dev/null; napi_pids+=("${d#/proc/}") ;;
-            napi/vc-*) taskset -pc 1 "${d#/proc/}" >/dev/null ;;
-        esac
-    done
-    ((${#napi_pids[@]} > 0)) || die "no napi/vs-* thread"
-}
-# utime + stime of the server's NAPI threads, in clock ticks.
-napi_ticks() {
-    local t=0 pid st
-    local -a f
-    for pid in "${napi_pids[@]}"; do
-        read -r st <"/proc/$pid/stat" || continue
-        st=${st##*) }
-        read -r -a f <<<"$st"
-        t=$((t + f[11] + f[12]))
-    done
-    echo "$t"
+    napi_pin 0 1 || die "no napi/vs-* thread"
 }
 
 printf 'port 11123\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\ncmdport 0\npidfile %s/chronyd.pid\ndriftfile %s/drift\n' \
@@ -212,12 +189,14 @@ for round in $(seq "$rounds"); do
             load=(perf roughtime --target 10.97.0.1:2002 --public-key "$public"
                 --verify-every "$verify_every")
         fi
-        t0=$(napi_ticks)
+        napi_ticks
+        t0=$NAPI_TICKS
         ip netns exec "$NS_C" taskset -c 1 "$chime" "${load[@]}" --rate "$rate" \
             --duration "$duration" --warmup 1 --server-pid "$server_pid" --json "$json" \
             | tail -n 2 >&2
         # The server's NAPI threads' CPU over the whole load (warm-up included), for the CSV.
-        echo $(($(napi_ticks) - t0)) >"$out/$name-round$round.napi-ticks"
+        napi_ticks
+        echo $((NAPI_TICKS - t0)) >"$out/$name-round$round.napi-ticks"
         kill "$server_pid"
         wait "$server_pid" 2>/dev/null || true
         server_pid=
