@@ -139,11 +139,11 @@ fn every_chime_subcommand_has_a_manual_page_naming_its_flags() {
 }
 
 /// docs/METRICS.md names every metric family chimed serves (every `"chimed_…"` name written in
-/// `src/metrics.rs`) and every reason `chimed_requests_dropped_total` can carry.
+/// `src/observe/metrics.rs`) and every reason `chimed_requests_dropped_total` can carry.
 #[test]
 fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
     let doc = repo_file("docs/METRICS.md");
-    let source = repo_file("crates/chimed/src/metrics.rs");
+    let source = repo_file("crates/chimed/src/observe/metrics.rs");
     let mut families: Vec<&str> = source
         .split('"')
         .skip(1)
@@ -167,7 +167,7 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
         )
         .collect();
     // The reasons the daemon adds: `labels[X] = "reason";` in the two workers.
-    for worker in ["ntp_worker.rs", "roughtime_worker.rs"] {
+    for worker in ["ntp/worker.rs", "roughtime/udp.rs"] {
         let text = repo_file(&format!("crates/chimed/src/{worker}"));
         for line in text
             .lines()

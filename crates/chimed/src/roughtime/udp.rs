@@ -18,9 +18,9 @@ use chime_roughtime::{
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::clock;
-use crate::ntp_worker;
+use crate::ntp::worker as ntp_worker;
+use crate::observe::stats::{Note, Published, Totals, WorkerStats};
 use crate::reply;
-use crate::stats::{Note, Published, Totals, WorkerStats};
 
 /// Drop reasons: the protocol's own, then the daemon's three.
 pub(crate) const REASONS: usize = DropReason::COUNT + 3;

@@ -22,9 +22,9 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use crate::ntp_worker;
-use crate::nts_keys::{self, How};
-use crate::per_address::PerAddress;
+use crate::access::per_address::PerAddress;
+use crate::ntp::worker as ntp_worker;
+use crate::nts::keys::{self as nts_keys, How};
 
 /// Sessions served at once, over all the NTS-KE threads; more wait for a slot (each idle
 /// thread holds one while it waits to accept).

@@ -31,10 +31,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{info, warn};
 
+use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
-use crate::per_address::{PerAddress, Place};
-use crate::roughtime_worker::{self, DENIED, REASONS, Shared, UNSYNCHRONISED};
-use crate::stats::{Note, Published, Totals, WorkerStats};
+use crate::observe::stats::{Note, Published, Totals, WorkerStats};
+use crate::roughtime::udp::{self as roughtime_worker, DENIED, REASONS, Shared, UNSYNCHRONISED};
 
 /// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
 pub(crate) const IN_FLIGHT: usize = 16;

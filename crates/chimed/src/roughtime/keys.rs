@@ -20,7 +20,7 @@ use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
 use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
-use crate::roughtime_worker::Shared;
+use crate::roughtime::udp::Shared;
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
 /// and a clock that steps back a little.

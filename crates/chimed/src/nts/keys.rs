@@ -47,7 +47,7 @@ pub(crate) fn path_in(dir: &Path) -> PathBuf {
 /// Reads the saved keys; `Ok(None)` if there is no file yet. An error names the file and, for a
 /// bad line, its number.
 pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
-    let Some(text) = crate::secret_file::read(path, "the NTS cookie keys")? else {
+    let Some(text) = crate::config::secret_file::read(path, "the NTS cookie keys")? else {
         return Ok(None);
     };
     parse(&text)
@@ -63,7 +63,7 @@ pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);
 /// for a bad line, its number.
 pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, String> {
     let shown = path.display();
-    let text = crate::secret_file::read(path, "the NTS fleet secret")?
+    let text = crate::config::secret_file::read(path, "the NTS fleet secret")?
         .ok_or_else(|| format!("{shown}: no such file (chime nts-fleet-key makes one)"))?;
     parse_fleet_file(&text).map_err(|e| format!("{shown}: {e}"))
 }

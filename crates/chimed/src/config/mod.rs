@@ -4,6 +4,10 @@
 //! file (`--config`), the built-in default. The file uses the flags' long names as keys and rejects
 //! any key it does not know, so a typo is an error rather than a silently ignored line.
 
+pub(crate) mod cli;
+pub(crate) mod docs;
+pub(crate) mod secret_file;
+
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -16,8 +20,8 @@ use chime_ntp::{ClientTable, RateLimit, TxLog};
 use chime_roughtime::Grease;
 use chime_udp::ShedConfig;
 
-use crate::acl::Acl;
-use crate::cli::{self, Args};
+use self::cli::Args;
+use crate::access::acl::Acl;
 
 /// The config file, as written. Every key is optional.
 #[derive(Debug, Default, Deserialize)]
@@ -139,7 +143,7 @@ pub(crate) struct Nts {
     pub(crate) ke_threads: usize,
     pub(crate) rotation: Duration,
     /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
-    pub(crate) dump: Option<(PathBuf, Option<crate::nts_keys::Saved>)>,
+    pub(crate) dump: Option<(PathBuf, Option<crate::nts::keys::Saved>)>,
     /// `--nts-ratelimit`: NTS-KE connections per client address.
     pub(crate) ratelimit: Option<RateLimiting>,
     /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address, and its port if
@@ -153,7 +157,7 @@ pub(crate) struct Nts {
 #[derive(Clone)]
 pub(crate) struct Fleet {
     pub(crate) path: PathBuf,
-    pub(crate) secrets: crate::nts_keys::FleetSecrets,
+    pub(crate) secrets: crate::nts::keys::FleetSecrets,
     pub(crate) period: Duration,
 }
 
@@ -298,7 +302,7 @@ pub(crate) struct Roughtime {
     /// The ways to make them so (`--roughtime-grease-kinds`); all by default.
     pub(crate) grease_kinds: Vec<Grease>,
     /// Roughtime over TCP and its bounds; `None`: UDP only (`--roughtime-tcp-connections 0`).
-    pub(crate) tcp: Option<crate::roughtime_tcp::Limits>,
+    pub(crate) tcp: Option<crate::roughtime::tcp::Limits>,
     /// The experimental ML-DSA-44 suite's long-term key file and seed (`--roughtime-mldsa-key`).
     pub(crate) mldsa: Option<(PathBuf, Zeroizing<[u8; 32]>)>,
 }
@@ -510,7 +514,7 @@ impl Settings {
                 return Err(invalid(&nts_fleet_key_in, r));
             }
             Some(path) => {
-                let secrets = crate::nts_keys::load_fleet(&path)
+                let secrets = crate::nts::keys::load_fleet(&path)
                     .map_err(|r| invalid(&nts_fleet_key_in, r))?;
                 Some(Fleet {
                     path,
@@ -557,7 +561,7 @@ impl Settings {
                     Some(Ok((name, port))) => (Some(name), port),
                     Some(Err(r)) => return Err(invalid(&nts_ntp_server_in, r)),
                 };
-                let loaded = crate::nts_ke::load(&certificate, &key)
+                let loaded = crate::nts::ke::load(&certificate, &key)
                     .map_err(|r| invalid(&nts_cert_in, r))?;
                 let dump = match nts_dump_dir {
                     None => None,
@@ -566,8 +570,8 @@ impl Settings {
                             let r = format!("{}: not a directory", dir.display());
                             return Err(invalid(&nts_dump_dir_in, r));
                         }
-                        let file = crate::nts_keys::path_in(&dir);
-                        let saved = crate::nts_keys::load(&file)
+                        let file = crate::nts::keys::path_in(&dir);
+                        let saved = crate::nts::keys::load(&file)
                             .map_err(|r| invalid(&nts_dump_dir_in, r))?;
                         Some((file, saved))
                     }
@@ -606,7 +610,7 @@ impl Settings {
             }
             (false, None) => None,
             (true, zone) => {
-                crate::tz::load(zone.as_deref()).map_err(|r| invalid(&timezone_in, r))?;
+                crate::clock::tz::load(zone.as_deref()).map_err(|r| invalid(&timezone_in, r))?;
                 Some(zone)
             }
         };
@@ -679,7 +683,7 @@ impl Settings {
         check_positive(tcp_idle).map_err(|r| invalid(&tcp_idle_in, r))?;
         let tcp_lifetime = tcp_life.unwrap_or(DEFAULT_TCP_LIFETIME);
         check_positive(tcp_lifetime).map_err(|r| invalid(&tcp_life_in, r))?;
-        let tcp = (tcp_connections > 0).then(|| crate::roughtime_tcp::Limits {
+        let tcp = (tcp_connections > 0).then(|| crate::roughtime::tcp::Limits {
             connections: tcp_connections,
             per_address: tcp_per_address,
             idle: Duration::from_secs_f64(tcp_idle),
@@ -693,8 +697,9 @@ impl Settings {
                     let r = "the ML-DSA-44 suite is TCP only, and roughtime-tcp-connections is 0";
                     return Err(invalid(&rt_pq_in, r));
                 }
-                let text = crate::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")
-                    .map_err(|r| invalid(&rt_pq_in, r))?;
+                let text =
+                    crate::config::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")
+                        .map_err(|r| invalid(&rt_pq_in, r))?;
                 let seed = chime_roughtime::mldsa::parse_key_file(&text)
                     .map_err(|e| invalid(&rt_pq_in, format!("{}: {e}", file.display())))?;
                 Some((file, Zeroizing::new(seed)))
@@ -1045,14 +1050,15 @@ fn load(path: &Path) -> Result<File, ConfigError> {
 /// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
 /// keys sign as this server) and one whose certificates do not verify.
 pub(crate) fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
-    let text = crate::secret_file::read_existing(path, "online keys that sign as this server")?;
+    let text =
+        crate::config::secret_file::read_existing(path, "online keys that sign as this server")?;
     chime_roughtime::Bundle::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
 /// anyone sign times in this server's name.
 fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
-    let text = crate::secret_file::read_existing(path, "the Roughtime long-term key")?;
+    let text = crate::config::secret_file::read_existing(path, "the Roughtime long-term key")?;
     chime_roughtime::parse_key_file(&text)
         .map(Zeroizing::new)
         .map_err(|e| format!("{}: not a key file: {e}", path.display()))

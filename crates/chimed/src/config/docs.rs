@@ -12,7 +12,7 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::roff::{Roff, bold, italic, roman};
 
-use crate::cli::Args;
+use crate::config::cli::Args;
 
 /// Flags that are not config-file keys.
 const NOT_KEYS: [&str; 4] = ["config", "check-config", "generate-docs", "help"];

@@ -10,11 +10,11 @@ use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, TxLog, Verdict};
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
-use crate::acl::Acl;
+use crate::access::acl::Acl;
 use crate::clock;
+use crate::clock::tz::Zone;
+use crate::observe::stats::{Note, Published, Totals, WorkerStats};
 use crate::reply;
-use crate::stats::{Note, Published, Totals, WorkerStats};
-use crate::tz::Zone;
 
 /// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
 /// `rate_limited` (over `--ratelimit`, neither leaked nor kissed) and `nts_invalid` (NTS fields

@@ -25,9 +25,9 @@ use tokio::sync::Semaphore;
 use tracing::warn;
 
 use crate::clock;
-use crate::ntp_worker;
-use crate::roughtime_worker;
-use crate::stats::{Note, Published, PublishedCounts, Registry};
+use crate::ntp::worker as ntp_worker;
+use crate::observe::stats::{Note, Published, PublishedCounts, Registry};
+use crate::roughtime::udp as roughtime_worker;
 
 /// What the endpoint reports on.
 pub(crate) struct Sources {
@@ -37,9 +37,9 @@ pub(crate) struct Sources {
     /// When the daemon started, Unix seconds.
     pub(crate) started_unix: i64,
     /// The NTS-KE server's sessions, if NTS is on.
-    pub(crate) nts_ke: Option<Arc<crate::nts_ke::KeCounts>>,
+    pub(crate) nts_ke: Option<Arc<crate::nts::ke::KeCounts>>,
     /// Roughtime's TCP connections, if Roughtime over TCP is on.
-    pub(crate) roughtime_tcp: Option<Arc<crate::roughtime_tcp::Counts>>,
+    pub(crate) roughtime_tcp: Option<Arc<crate::roughtime::tcp::Counts>>,
     /// The AF_XDP workers' own counts, their interface and mode, if `--xdp` is on.
     pub(crate) xdp: Option<Xdp>,
 }
@@ -196,7 +196,7 @@ fn base<'n, M: EncodeMetric>(name: &'n str, metric: &M) -> &'n str {
 
 /// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
 /// `chimed_roughtime_replies_total`, labelled by version.
-const NOTE_METRICS: [(&str, &str); crate::stats::NTP_NOTES] = [
+const NOTE_METRICS: [(&str, &str); crate::observe::stats::NTP_NOTES] = [
     (
         "chimed_kod_sent_total",
         "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
@@ -552,7 +552,7 @@ mod tests {
                 totals: Default::default(),
                 stats_interval: None,
                 zone: ArcSwapOption::empty(),
-                acl: ArcSwap::from_pointee(crate::acl::Acl::default()),
+                acl: ArcSwap::from_pointee(crate::access::acl::Acl::default()),
                 ratelimit: None,
                 epoch: std::time::Instant::now(),
                 txlog: None,

@@ -18,7 +18,7 @@ use tokio::time::{self, Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::clock;
-use crate::ntp_worker::Shared;
+use crate::ntp::worker::Shared;
 
 /// How the upstream looked at the last poll, to log changes once rather than every poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
