@@ -180,16 +180,18 @@ impl RxBatch {
         &mut self.headers.hdrs[start..]
     }
 
-    /// Empties the batch, for a backend that fills it datagram by datagram ([`Self::push`]).
-    pub(crate) fn reset(&mut self) {
+    /// Empties the batch, for a backend that fills it datagram by datagram ([`Self::push`]):
+    /// the AF_XDP backend, and tests that hand a [`crate::BatchHandler`] batches without a
+    /// socket.
+    pub fn reset(&mut self) {
         self.len = 0;
         self.shed = 0;
     }
 
-    /// Adds one datagram received other than by `recvmmsg` (the AF_XDP backend): its metadata
-    /// and payload, cut to `max_datagram` bytes (and marked truncated) if longer. Returns
-    /// `false` if the batch is full.
-    pub(crate) fn push(&mut self, mut meta: RecvMeta, payload: &[u8]) -> bool {
+    /// Adds one datagram received other than by `recvmmsg` (the AF_XDP backend, or a test): its
+    /// metadata and payload, cut to `max_datagram` bytes (and marked truncated) if longer.
+    /// Returns `false` if the batch is full.
+    pub fn push(&mut self, mut meta: RecvMeta, payload: &[u8]) -> bool {
         let i = self.len;
         if i == self.capacity() {
             return false;

@@ -437,6 +437,12 @@ impl XdpWorkers {
         Arc::clone(&self.stats)
     }
 
+    /// Whether any worker has stopped: after the stop flag was set, or because its handler
+    /// panicked. Lets a supervisor notice a dead worker without joining.
+    pub fn any_finished(&self) -> bool {
+        self.threads.iter().any(thread::JoinHandle::is_finished)
+    }
+
     /// Stops the workers, waits for them (at most about [`IDLE_WAIT_MS`] each), and detaches the
     /// program. Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
