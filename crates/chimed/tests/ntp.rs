@@ -577,7 +577,7 @@ fn chronyd_client_accepts_kod_rate() {
     assert!(err.contains("suggested poll interval 2^12 s"), "{err}");
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
-    assert!(totals.contains(" kod="), "{totals}");
+    assert!(count_in(&totals, "kod") > 0, "{totals}");
 }
 
 /// chronyd as a client in interleaved mode (`xleave`, RFC 9769) against chimed with two threads:
@@ -641,7 +641,7 @@ fn chronyd_xleave_client_gets_interleaved_replies_across_threads() {
         .find(|l| l.contains("ntp totals at exit"))
         .unwrap();
     assert!(
-        totals.contains(" interleaved=") && totals.contains("kernel_tx_timestamps="),
+        count_in(totals, "interleaved") > 0 && count_in(totals, "kernel_tx_timestamps") > 0,
         "{totals}"
     );
     for thread in ["ntp-ipv4-0", "ntp-ipv4-1"] {

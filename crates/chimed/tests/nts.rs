@@ -33,11 +33,8 @@ fn chronyd_synchronises_over_nts_from_chimed() {
     assert!(offset.abs() < 1e-3, "offset {offset}");
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
-    assert!(
-        totals.contains(" nts=") && !totals.contains(" nts=0 "),
-        "{totals}"
-    );
-    assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
+    assert!(count_in(&totals, "nts") > 0, "{totals}");
+    assert_eq!(count_in(&totals, "nts_nak"), 0, "NAKs: {totals}");
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert!(ke.contains("agreed=1 refused=0"), "{ke}");
 }
@@ -107,8 +104,9 @@ fn chronyd_refuses_a_server_it_does_not_trust() {
     );
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
-    assert!(
-        !totals.contains(" nts="),
+    assert_eq!(
+        count_in(&totals, "nts"),
+        0,
         "NTS replies without NTS-KE: {totals}"
     );
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
@@ -320,7 +318,7 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
     assert!(measured >= 18, "chronyd stopped measuring: {measured}");
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
-    assert!(totals.contains("nts_nak="), "no NAK: {totals}");
+    assert!(count_in(&totals, "nts_nak") > 0, "no NAK: {totals}");
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     let agreed: u32 = ke
         .split("agreed=")
@@ -865,7 +863,7 @@ fn a_fleet_member_opens_the_cookies_another_member_sealed() {
     assert!(second.terminate().success());
     let totals = second.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(count_in(&totals, "nts") >= 12, "{totals}");
-    assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
+    assert_eq!(count_in(&totals, "nts_nak"), 0, "NAKs: {totals}");
 }
 
 /// A fleet's two roles on separate members: one serves NTS-KE only (no NTP threads, a
@@ -916,7 +914,7 @@ fn an_nts_ke_member_sends_clients_to_an_ntp_member() {
     assert!(ntp_member.terminate().success());
     let totals = ntp_member.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(count_in(&totals, "nts") >= 2, "{totals}");
-    assert!(!totals.contains("nts_nak="), "NAKs: {totals}");
+    assert_eq!(count_in(&totals, "nts_nak"), 0, "NAKs: {totals}");
 }
 
 /// `chime perf` with `args` against `target` for four seconds at 500/s, its JSON report in
@@ -1060,7 +1058,7 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
         after - before
     );
     let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
-    assert!(!ntp.contains("nts_nak="), "NAKs: {ntp}");
+    assert_eq!(count_in(&ntp, "nts_nak"), 0, "NAKs: {ntp}");
     assert!(ntp.contains(" dropped=0 "), "{ntp}");
     let rt = chimed.wait_for("roughtime totals at exit", Duration::from_secs(1));
     assert!(rt.contains(" dropped=0 "), "{rt}");

@@ -65,6 +65,12 @@ impl Acl {
         self.rules.is_empty()
     }
 
+    /// Whether `ip` is served: the one access check of every service and transport (NTP, NTS-KE,
+    /// Roughtime over UDP, XDP and TCP). Without rules it looks at nothing.
+    pub(crate) fn serves(&self, ip: IpAddr) -> bool {
+        self.is_open() || self.permits(ip)
+    }
+
     /// Whether `ip` is served.
     pub(crate) fn permits(&self, ip: IpAddr) -> bool {
         let (v4, addr) = match ip {

@@ -13,6 +13,7 @@ use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 use crate::access::acl::Acl;
 use crate::clock;
 use crate::clock::tz::Zone;
+use crate::daemon::notify::Beat;
 use crate::observe::stats::{Note, Published, Totals, WorkerStats};
 use crate::reply;
 
@@ -94,6 +95,8 @@ pub(crate) struct NtpWorker {
     /// Whether this worker's path gives transmit timestamps, so that it may answer in
     /// interleaved mode (the AF_XDP path does not).
     interleaved: bool,
+    /// Advanced on every pass through the worker's loop, for the watchdog.
+    beat: Beat,
 }
 
 impl NtpWorker {
@@ -113,7 +116,14 @@ impl NtpWorker {
             coin: Coin::new(rand::random()),
             marks: Marks::default(),
             interleaved: true,
+            beat: Beat::default(),
         }
+    }
+
+    /// A worker whose every batch and idle wake-up the watchdog sees.
+    pub(crate) fn with_heartbeat(mut self, beat: Beat) -> Self {
+        self.beat = beat;
+        self
     }
 
     /// A worker on a path without transmit timestamps (AF_XDP): interleaved requests get basic
@@ -219,6 +229,7 @@ fn answer(
 
 impl BatchHandler for NtpWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
+        self.beat.beat();
         // One clock read and one snapshot load per batch: the fallback receive time for a
         // datagram without a kernel timestamp, and the header every reply in the batch carries.
         let reading = clock::read();
@@ -251,7 +262,7 @@ impl BatchHandler for NtpWorker {
         };
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
-            if !acl.is_open() && !acl.permits(meta.src.ip()) {
+            if !acl.serves(meta.src.ip()) {
                 self.stats.pending.drop_at(DENIED);
                 continue;
             }
@@ -343,6 +354,7 @@ impl BatchHandler for NtpWorker {
     }
 
     fn idle(&mut self) {
+        self.beat.beat();
         self.stats.tick(clock::read().unix_secs());
     }
 
@@ -356,5 +368,125 @@ impl BatchHandler for NtpWorker {
 
     fn finish(&mut self) {
         self.stats.finish();
+    }
+}
+
+/// What tests of the services built on the NTP side's state need.
+#[cfg(test)]
+pub(crate) mod testing {
+    use chime_ntp::{Leap, NtpShort};
+
+    use super::*;
+
+    /// A fresh state from a synchronised upstream, stratum 3, reference `LOCL`.
+    pub(crate) fn synchronised() -> ServerState {
+        ServerState {
+            leap: Leap::NoWarning,
+            stratum: 3,
+            precision: -20,
+            reference_id: *b"LOCL",
+            reference_ts: clock::now(),
+            root_delay: NtpShort::from_seconds(0.001),
+            root_dispersion: NtpShort::from_seconds(0.002),
+            updated: Some(clock::now()),
+        }
+    }
+
+    /// The NTP side's shared state with `state` mirrored and the subnets in `deny` refused.
+    pub(crate) fn shared(state: ServerState, deny: &[&str]) -> Arc<Shared> {
+        let deny: Vec<String> = deny.iter().map(|s| (*s).to_owned()).collect();
+        Arc::new(Shared {
+            state: ArcSwap::from_pointee(state),
+            policy: StalePolicy::default(),
+            totals: Default::default(),
+            stats_interval: None,
+            zone: ArcSwapOption::empty(),
+            acl: ArcSwap::from_pointee(Acl::new(&[], &deny).unwrap()),
+            ratelimit: None,
+            epoch: Instant::now(),
+            txlog: None,
+            nts: None,
+        })
+    }
+}
+
+/// The worker driven in process, without a socket: batches are filled by hand, and the replies
+/// read from the batch the worker queued them in.
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use chime_ntp::{Header, Leap};
+    use chime_udp::RecvMeta;
+
+    use super::testing::{shared, synchronised};
+    use super::*;
+
+    /// An NTPv4 client request (mode 3) with a transmit timestamp to be echoed.
+    fn request() -> [u8; 48] {
+        let mut r = [0u8; 48];
+        r[0] = 0x23;
+        r[40..48].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        r
+    }
+
+    /// Hands `worker` one batch of `datagrams` from `src`, as a worker thread would, and returns
+    /// the replies as they would be sent.
+    fn exchange(worker: &mut NtpWorker, src: &str, datagrams: &[&[u8]]) -> Vec<Vec<u8>> {
+        let src: SocketAddr = src.parse().unwrap();
+        let mut rx = RxBatch::new(8, 2048);
+        for d in datagrams {
+            assert!(rx.push(RecvMeta::new(src, d.len()), d));
+        }
+        let mut tx = TxBatch::new(8, 2048);
+        worker.handle(&rx, &mut tx);
+        if !tx.is_empty() {
+            worker.before_send(&mut tx);
+        }
+        tx.iter()
+            .map(|(to, reply)| {
+                assert_eq!(to, src, "a reply goes back to its sender");
+                reply.to_vec()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_client_gets_the_mirrored_state_in_a_reply_no_longer_than_its_request() {
+        let mut worker = NtpWorker::new(shared(synchronised(), &[]), None);
+        let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].len(), 48);
+        let h = Header::parse(&replies[0]).unwrap();
+        assert_eq!(
+            (h.leap, h.stratum, h.reference_id),
+            (Leap::NoWarning, 3, *b"LOCL")
+        );
+        assert_eq!(
+            replies[0][24..32],
+            request()[40..48],
+            "origin is the client's transmit"
+        );
+        assert_eq!(worker.stats.pending.received, 1);
+    }
+
+    #[test]
+    fn an_unsynchronised_upstream_is_served_as_such() {
+        let mut worker = NtpWorker::new(shared(ServerState::unsynchronised(), &[]), None);
+        let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
+        let h = Header::parse(&replies[0]).unwrap();
+        assert_eq!((h.leap, h.stratum), (Leap::Unsynchronised, 0));
+    }
+
+    #[test]
+    fn denied_and_malformed_requests_are_dropped_and_counted() {
+        let mut worker = NtpWorker::new(shared(synchronised(), &["198.51.100.0/24"]), None);
+        let denied = exchange(&mut worker, "198.51.100.7:123", &[&request()]);
+        let short = exchange(&mut worker, "192.0.2.1:40000", &[&request()[..47]]);
+        assert!(denied.is_empty() && short.is_empty());
+        let p = worker.stats.pending;
+        assert_eq!(p.received, 2);
+        assert_eq!(p.dropped[DENIED], 1);
+        assert_eq!(p.dropped[Drop::TooShort.index()], 1);
     }
 }

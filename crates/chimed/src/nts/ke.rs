@@ -23,8 +23,10 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::access::per_address::PerAddress;
+use crate::daemon::supervisor::{Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
+use tokio_util::sync::CancellationToken;
 
 /// Sessions served at once, over all the NTS-KE threads; more wait for a slot (each idle
 /// thread holds one while it waits to accept).
@@ -448,18 +450,17 @@ impl KeShared {
 /// single-threaded runtime, so that a flood of handshakes delays neither the control plane's
 /// upstream polls nor its key rotations.
 pub(crate) struct KeThreads {
-    stop: tokio::sync::watch::Sender<bool>,
     handles: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl KeThreads {
-    /// Starts `threads` threads named `nts-ke`, serving `listener` until [`Self::stop`].
+    /// Starts `threads` threads named `nts-ke`, serving `listener` until `stop` is cancelled.
     pub(crate) fn spawn(
         listener: &std::net::TcpListener,
         shared: &Arc<KeShared>,
         threads: usize,
+        stopped: &CancellationToken,
     ) -> std::io::Result<Self> {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut handles = Vec::new();
         for _ in 0..threads.max(1) {
             let (listener, shared, stopped) =
@@ -473,26 +474,34 @@ impl KeThreads {
                     .spawn(move || runtime.block_on(serve(listener, shared, stopped)))?,
             );
         }
-        Ok(Self { stop, handles })
+        Ok(Self { handles })
+    }
+}
+
+impl Threads for KeThreads {
+    fn any_finished(&self) -> bool {
+        self.handles
+            .iter()
+            .any(std::thread::JoinHandle::is_finished)
     }
 
-    /// Stops accepting, ends the sessions in progress and waits for the threads.
-    pub(crate) fn stop(self) {
-        let _ = self.stop.send(true);
+    /// Waits for the threads, which stop accepting and end the sessions in progress once the
+    /// stop signal is given.
+    fn stop(self: Box<Self>) -> Result<(), String> {
+        let mut result = Ok(());
         for h in self.handles {
-            let _ = h.join();
+            if let Err(panic) = h.join() {
+                result = result.and(Err(panic_message(panic)));
+            }
         }
+        result
     }
 }
 
 /// Accepts NTS-KE sessions on `listener` (one thread's clone of it) until `stopped`. With the
 /// rate limiter (`--nts-ratelimit`), a connection from an address over its limit is closed at
 /// once, before the TLS handshake it would cost.
-async fn serve(
-    listener: std::net::TcpListener,
-    shared: Arc<KeShared>,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) {
+async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: CancellationToken) {
     let mut coin = Coin::new(rand::random());
     let listener = match listener
         .set_nonblocking(true)
@@ -511,11 +520,11 @@ async fn serve(
                 Ok(p) => p,
                 Err(_) => return,
             },
-            _ = stopped.changed() => return,
+            () = stopped.cancelled() => return,
         };
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = stopped.changed() => return,
+            () = stopped.cancelled() => return,
         };
         let (stream, peer) = match accepted {
             Ok(s) => s,
@@ -526,7 +535,7 @@ async fn serve(
         };
         // The access rules first, as for NTP and Roughtime: a denied address costs no TLS.
         let acl = shared.access.acl.load();
-        if !acl.is_open() && !acl.permits(peer.ip()) {
+        if !acl.serves(peer.ip()) {
             counts.denied.fetch_add(1, Relaxed);
             debug!("nts-ke: {peer}: refused by the access rules, closed");
             continue;

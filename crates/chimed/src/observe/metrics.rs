@@ -259,7 +259,26 @@ fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
         ConstGauge::new(sources.started_unix),
     )?;
 
-    let workers = sources.registry.workers();
+    workers(enc, &sources.registry)?;
+    if let Some(tcp) = &sources.roughtime_tcp {
+        roughtime_tcp(enc, tcp)?;
+    }
+    if let Some(ke) = &sources.nts_ke {
+        nts_ke(enc, ke)?;
+    }
+    if let Some(x) = &sources.xdp {
+        xdp(enc, x)?;
+    }
+    upstream(enc, &sources.ntp)?;
+    if let Some(rt) = &sources.roughtime {
+        roughtime_keys(enc, rt)?;
+    }
+    Ok(())
+}
+
+/// Every worker thread's counters, labelled by service, family and thread.
+fn workers(enc: &mut DescriptorEncoder, registry: &Registry) -> fmt::Result {
+    let workers = registry.workers();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
     let per_worker: [(&str, &str, CountOf); 6] = [
         (
@@ -346,119 +365,130 @@ fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
         }),
     )?;
 
-    if let Some(tcp) = &sources.roughtime_tcp {
-        counters(
-            enc,
-            "chimed_roughtime_tcp_connections_total",
-            "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
-             --roughtime-tcp-connections; refused_address: as many from the address as \
-             --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
-             ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
-             Roughtime or too long, closed_unanswered: a request dropped, closed_slow: a reply \
-             not read in time, closed_error).",
-            tcp.outcomes()
-                .into_iter()
-                .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),
-        )?;
+    Ok(())
+}
+
+/// Roughtime over TCP: its connections.
+fn roughtime_tcp(enc: &mut DescriptorEncoder, tcp: &crate::roughtime::tcp::Counts) -> fmt::Result {
+    counters(
+        enc,
+        "chimed_roughtime_tcp_connections_total",
+        "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
+         --roughtime-tcp-connections; refused_address: as many from the address as \
+         --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
+         ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
+         Roughtime or too long, closed_unanswered: a request dropped, closed_slow: a reply \
+         not read in time, closed_error).",
+        tcp.outcomes()
+            .into_iter()
+            .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),
+    )?;
+    single(
+        enc,
+        "chimed_roughtime_tcp_open_connections",
+        "Roughtime TCP connections open now.",
+        ConstGauge::new(tcp.open.load(Relaxed) as i64),
+    )?;
+    Ok(())
+}
+
+/// NTS-KE: its sessions and its certificate.
+fn nts_ke(enc: &mut DescriptorEncoder, ke: &crate::nts::ke::KeCounts) -> fmt::Result {
+    counters(
+        enc,
+        "chimed_nts_ke_sessions_total",
+        "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
+         failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
+         rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
+         8 sessions from that address already), denied (closed unserved: --allow/--deny).",
+        [
+            ("agreed", &ke.agreed),
+            ("refused", &ke.refused),
+            ("failed", &ke.failed),
+            ("rate_limited", &ke.rate_limited),
+            ("address_limited", &ke.address_limited),
+            ("denied", &ke.denied),
+        ]
+        .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
+    )?;
+    counters(
+        enc,
+        "chimed_nts_ke_failures_total",
+        "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
+         alert), timeout (5 s for the whole session), request (longer than 16 KiB, or cut off \
+         before End of Message), io (reading or writing).",
+        ke.failures()
+            .into_iter()
+            .map(|(kind, n)| (vec![("kind", kind.to_string())], n)),
+    )?;
+    let t = ke.certificate_not_after.load(Relaxed);
+    if t != i64::MIN {
         single(
             enc,
-            "chimed_roughtime_tcp_open_connections",
-            "Roughtime TCP connections open now.",
-            ConstGauge::new(tcp.open.load(Relaxed) as i64),
+            "chimed_nts_certificate_not_after_seconds",
+            "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
+            ConstGauge::new(t),
         )?;
     }
-    if let Some(ke) = &sources.nts_ke {
-        counters(
-            enc,
-            "chimed_nts_ke_sessions_total",
-            "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
-             failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
-             rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
-             8 sessions from that address already), denied (closed unserved: --allow/--deny).",
-            [
-                ("agreed", &ke.agreed),
-                ("refused", &ke.refused),
-                ("failed", &ke.failed),
-                ("rate_limited", &ke.rate_limited),
-                ("address_limited", &ke.address_limited),
-                ("denied", &ke.denied),
-            ]
-            .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
-        )?;
-        counters(
-            enc,
-            "chimed_nts_ke_failures_total",
-            "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
-             alert), timeout (5 s for the whole session), request (longer than 16 KiB, or cut off \
-             before End of Message), io (reading or writing).",
-            ke.failures()
-                .into_iter()
-                .map(|(kind, n)| (vec![("kind", kind.to_string())], n)),
-        )?;
-        let t = ke.certificate_not_after.load(Relaxed);
-        if t != i64::MIN {
-            single(
-                enc,
-                "chimed_nts_certificate_not_after_seconds",
-                "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
-                ConstGauge::new(t),
-            )?;
-        }
-    }
-    if let Some(x) = &sources.xdp {
-        single(
-            enc,
-            "chimed_xdp",
-            "AF_XDP on (--xdp): the interface and the mode the driver granted (zero-copy or copy).",
-            Info::new(vec![
-                ("interface", x.interface.clone()),
-                ("mode", x.mode.to_string()),
-            ]),
-        )?;
-        let s = &x.stats;
-        counters(
-            enc,
-            "chimed_xdp_frames_dropped_total",
-            "Frames the XDP program redirected that the XDP workers dropped: malformed (a bad \
-             checksum, lengths that do not add up, not to a served address), tx_ring_full (the \
-             reply found no room to be sent).",
-            [
-                ("malformed", &s.malformed),
-                ("tx_ring_full", &s.tx_ring_full),
-            ]
-            .map(|(reason, n)| (vec![("reason", reason.to_string())], n.load(Relaxed))),
-        )?;
-        counters(
-            enc,
-            "chimed_xdp_receive_times_total",
-            "Where XDP requests' receive times came from: program (read by the XDP program as it \
-             saw the frame, the usual) or worker (read once per batch, the program's reading \
-             missing).",
-            [
-                ("program", &s.rx_times_from_program),
-                ("worker", &s.rx_times_from_worker),
-            ]
-            .map(|(source, n)| (vec![("source", source.to_string())], n.load(Relaxed))),
-        )?;
-    }
-    upstream(enc, &sources.ntp)?;
-    if let Some(rt) = &sources.roughtime {
-        let d = rt.delegation.load();
-        single(
-            enc,
-            "chimed_roughtime_online_key_not_before_seconds",
-            "Start of the current online key's validity (MINT), Unix seconds.",
-            ConstGauge::new(d.mint_unix_s()),
-        )?;
-        single(
-            enc,
-            "chimed_roughtime_online_key_not_after_seconds",
-            "End of the current online key's validity (MAXT), Unix seconds; it is replaced well \
-             before.",
-            ConstGauge::new(d.maxt_unix_s()),
-        )?;
-    }
-    if let Some(bundle) = sources.roughtime.as_ref().and_then(|rt| rt.bundle.as_ref()) {
+    Ok(())
+}
+
+/// AF_XDP: the interface and mode, and the workers' own counts.
+fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
+    single(
+        enc,
+        "chimed_xdp",
+        "AF_XDP on (--xdp): the interface and the mode the driver granted (zero-copy or copy).",
+        Info::new(vec![
+            ("interface", x.interface.clone()),
+            ("mode", x.mode.to_string()),
+        ]),
+    )?;
+    let s = &x.stats;
+    counters(
+        enc,
+        "chimed_xdp_frames_dropped_total",
+        "Frames the XDP program redirected that the XDP workers dropped: malformed (a bad \
+         checksum, lengths that do not add up, not to a served address), tx_ring_full (the \
+         reply found no room to be sent).",
+        [
+            ("malformed", &s.malformed),
+            ("tx_ring_full", &s.tx_ring_full),
+        ]
+        .map(|(reason, n)| (vec![("reason", reason.to_string())], n.load(Relaxed))),
+    )?;
+    counters(
+        enc,
+        "chimed_xdp_receive_times_total",
+        "Where XDP requests' receive times came from: program (read by the XDP program as it \
+         saw the frame, the usual) or worker (read once per batch, the program's reading \
+         missing).",
+        [
+            ("program", &s.rx_times_from_program),
+            ("worker", &s.rx_times_from_worker),
+        ]
+        .map(|(source, n)| (vec![("source", source.to_string())], n.load(Relaxed))),
+    )?;
+    Ok(())
+}
+
+/// Roughtime's online key, and the end of its delegation bundle if it has one.
+fn roughtime_keys(enc: &mut DescriptorEncoder, rt: &roughtime_worker::Shared) -> fmt::Result {
+    let d = rt.delegation.load();
+    single(
+        enc,
+        "chimed_roughtime_online_key_not_before_seconds",
+        "Start of the current online key's validity (MINT), Unix seconds.",
+        ConstGauge::new(d.mint_unix_s()),
+    )?;
+    single(
+        enc,
+        "chimed_roughtime_online_key_not_after_seconds",
+        "End of the current online key's validity (MAXT), Unix seconds; it is replaced well \
+         before.",
+        ConstGauge::new(d.maxt_unix_s()),
+    )?;
+    if let Some(bundle) = &rt.bundle {
         let end = bundle
             .load()
             .windows()

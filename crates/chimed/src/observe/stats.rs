@@ -143,6 +143,20 @@ impl<const N: usize> Counters<N> {
         Line {
             counters: self,
             labels,
+            zeros: false,
+        }
+    }
+
+    /// The counters as one line with every note and drop reason, zeros too: the line at exit,
+    /// which whoever reads it (an operator, a test) can take as complete.
+    pub(crate) fn display_all<'a>(
+        &'a self,
+        labels: &'a [&'static str; N],
+    ) -> impl fmt::Display + 'a {
+        Line {
+            counters: self,
+            labels,
+            zeros: true,
         }
     }
 }
@@ -150,6 +164,8 @@ impl<const N: usize> Counters<N> {
 struct Line<'a, const N: usize> {
     counters: &'a Counters<N>,
     labels: &'a [&'static str; N],
+    /// Whether notes and drop reasons that are zero are written too.
+    zeros: bool,
 }
 
 impl<const N: usize> fmt::Display for Line<'_, N> {
@@ -167,12 +183,12 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
             c.kernel_drops
         )?;
         for (n, label) in c.notes.iter().zip(NOTE_LABELS) {
-            if *n > 0 {
+            if *n > 0 || self.zeros {
                 write!(f, " {label}={n}")?;
             }
         }
         for (n, label) in c.dropped.iter().zip(self.labels) {
-            if *n > 0 {
+            if *n > 0 || self.zeros {
                 write!(f, " dropped.{label}={n}")?;
             }
         }
@@ -395,12 +411,17 @@ impl<const N: usize> WorkerStats<N> {
         }
     }
 
-    /// Flushes and logs this thread's counters if the stats interval has passed.
+    /// Flushes and logs this thread's counters if the stats interval has passed and something
+    /// was counted since the last line (an idle worker, which wakes now and then for the
+    /// watchdog, logs nothing new).
     pub(crate) fn tick(&mut self, now_unix: i64) {
         self.publish();
         let Some(interval) = self.interval else {
             return;
         };
+        if self.pending == Counters::default() {
+            return;
+        }
         if now_unix.saturating_sub(self.last_flush_unix) < interval.as_secs() as i64 {
             return;
         }
@@ -453,7 +474,7 @@ impl<const N: usize> WorkerStats<N> {
         info!(
             "{} stats at exit: {}",
             self.service,
-            self.lifetime.display(self.labels)
+            self.lifetime.display_all(self.labels)
         );
     }
 
@@ -494,5 +515,11 @@ mod tests {
             line.ends_with(" version.google=1 version.0x8000000b=2"),
             "{line}"
         );
+        // At exit, every counter: a reader can tell a zero from a counter that is not kept.
+        let all = c.display_all(&["x"]).to_string();
+        for label in NOTE_LABELS {
+            assert!(all.contains(&format!(" {label}=")), "{label}: {all}");
+        }
+        assert!(all.ends_with(" dropped.x=0"), "{all}");
     }
 }

@@ -2,5 +2,87 @@
 //! every transport signs with (online keys delegated by a long-term key or read from a bundle).
 
 pub(crate) mod keys;
+pub(crate) mod serve;
 pub(crate) mod tcp;
 pub(crate) mod udp;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use arc_swap::ArcSwap;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chime_roughtime::LongTermKey;
+use tracing::{info, warn};
+
+use crate::config::{self, RoughtimeKeys};
+use crate::ntp::worker as ntp_worker;
+
+/// What the control plane needs to keep Roughtime's keys current: what it signs with, the
+/// rotation interval, and the state the workers share.
+pub(crate) type Control = (keys::Signer, Duration, Arc<udp::Shared>);
+
+/// The state every Roughtime transport shares, with the first delegation made (or taken from the
+/// bundle), and what the control plane needs to keep it current. Logs what an operator needs to
+/// know about it: the public key, the online key, the hashing backend, gathering and grease.
+pub(crate) fn prepare(rt: &config::Roughtime, ntp: &Arc<ntp_worker::Shared>) -> Result<Control> {
+    let (signer, delegation, public, bundle) = match &rt.keys {
+        RoughtimeKeys::LongTerm { seed, .. } => {
+            let key = Arc::new(LongTermKey::from_seed(seed));
+            let delegation = keys::delegate(&key, rt.rotation)?;
+            let public = key.public_key();
+            (keys::Signer::Key(key), delegation, public, None)
+        }
+        RoughtimeKeys::Bundle { bundle, .. } => (
+            keys::Signer::Bundle,
+            keys::from_bundle(bundle),
+            bundle.long_term_public_key(),
+            Some(ArcSwap::from_pointee(bundle.clone())),
+        ),
+    };
+    info!(
+        "roughtime public key (base64): {} (hex {}), from {}",
+        BASE64.encode(public),
+        public
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
+        rt.keys.file().display()
+    );
+    info!("roughtime: {}", keys::describe(&delegation));
+    info!(
+        "roughtime: Merkle hashing on {}",
+        match chime_roughtime::HashBackend::detect() {
+            chime_roughtime::HashBackend::Avx512 => "AVX-512, eight requests at a time",
+            chime_roughtime::HashBackend::Avx2 => "AVX2, four requests at a time",
+            _ => "one request at a time (no AVX2 or AVX-512 on this CPU)",
+        }
+    );
+    if let Some(gather) = rt.gather {
+        info!(
+            "roughtime: under light load, requests are gathered for {} µs before signing (a lone \
+             request never waits; --roughtime-gather 0 turns this off)",
+            gather.as_micros()
+        );
+    }
+    if rt.grease > 0.0 {
+        let kinds: Vec<_> = rt.grease_kinds.iter().map(|k| k.label()).collect();
+        warn!(
+            "roughtime: --roughtime-grease {}: {:.3}% of replies are deliberately invalid ({}), \
+             for testing clients; no production server should send these",
+            rt.grease,
+            rt.grease * 100.0,
+            kinds.join(", ")
+        );
+    }
+    let shared = Arc::new(udp::Shared {
+        ntp: ntp.clone(),
+        delegation: ArcSwap::from_pointee(delegation),
+        totals: Default::default(),
+        grease: rt.grease,
+        grease_kinds: rt.grease_kinds.clone(),
+        bundle,
+    });
+    Ok((signer, rt.rotation, shared))
+}

@@ -23,18 +23,22 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use arc_swap::ArcSwap;
-use chime_roughtime::mldsa::{PqDelegation, PqLongTermKey, PqResponder};
+use chime_roughtime::mldsa::{PqDelegation, PqResponder};
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::supervisor::{Threads, panic_message};
 use tokio::time::{Instant, sleep_until, timeout};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
 use crate::observe::stats::{Note, Published, Totals, WorkerStats};
-use crate::roughtime::udp::{self as roughtime_worker, DENIED, REASONS, Shared, UNSYNCHRONISED};
+use crate::roughtime::serve;
+use crate::roughtime::udp::{self as roughtime_worker, REASONS, Shared};
 
 /// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
 pub(crate) const IN_FLIGHT: usize = 16;
@@ -120,49 +124,34 @@ struct Job {
     reply: mpsc::Sender<Option<Vec<u8>>>,
 }
 
-/// The running TCP service; [`stop`](Self::stop) ends it.
+/// The running TCP service, on a thread of its own until the stop signal.
 pub(crate) struct Service {
-    stop: oneshot::Sender<()>,
     thread: std::thread::JoinHandle<()>,
 }
 
-impl Service {
-    /// Closes every connection, flushes the signer's counters, and waits for the thread.
-    pub(crate) fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.thread.join();
+impl Threads for Service {
+    fn any_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits for the thread, which closes every connection and flushes the signer's counters
+    /// once the stop signal is given.
+    fn stop(self: Box<Self>) -> Result<(), String> {
+        self.thread.join().map_err(panic_message)
     }
 }
 
-/// The experimental ML-DSA-44 suite (`--roughtime-mldsa-key`), served here only: its long-term
-/// key, and how often its online key is replaced.
-pub(crate) struct Pq {
-    pub(crate) key: PqLongTermKey,
-    pub(crate) rotation: Duration,
-}
-
-/// An online ML-DSA-44 key valid from an hour ago for two rotations, certified by `key`.
-fn pq_delegation(key: &PqLongTermKey, rotation: Duration) -> PqDelegation {
-    let now = clock::read().unix_secs().max(0) as u64;
-    let d = key.delegate(
-        &rand::random(),
-        now.saturating_sub(3600),
-        now.saturating_add(2 * rotation.as_secs().max(1)),
-    );
-    let (mint, maxt) = d.window();
-    info!("roughtime ml-dsa-44: online key valid {mint} .. {maxt} (Unix seconds)");
-    d
-}
+/// Where the service counts: its connections, its replies and drops, and their metrics.
+pub(crate) type Counters = (Arc<Counts>, Arc<Totals<REASONS>>, Option<Arc<Published>>);
 
 /// Starts serving on `listeners` (bound before privileges were dropped) on a thread of its own.
 pub(crate) fn spawn(
     listeners: Vec<std::net::TcpListener>,
     shared: Arc<Shared>,
     limits: Limits,
-    counts: Arc<Counts>,
-    totals: Arc<Totals<REASONS>>,
-    published: Option<Arc<Published>>,
-    pq: Option<Pq>,
+    (counts, totals, published): Counters,
+    pq: Option<Arc<ArcSwap<PqDelegation>>>,
+    stopped: CancellationToken,
 ) -> Result<Service> {
     for l in &listeners {
         l.set_nonblocking(true)
@@ -172,7 +161,6 @@ pub(crate) fn spawn(
         .enable_all()
         .build()
         .context("cannot start the Roughtime TCP runtime")?;
-    let (stop, stopped) = oneshot::channel();
     let thread = std::thread::Builder::new()
         .name("roughtime-tcp".into())
         .spawn(move || {
@@ -185,27 +173,12 @@ pub(crate) fn spawn(
                     published,
                 );
                 let (jobs, queue) = mpsc::channel(4 * MAX_BATCH_SIZE);
-                // The ML-DSA-44 online key, made at once (ML-DSA keys take no time to make) and
-                // replaced every rotation.
-                let pq_now = pq
-                    .as_ref()
-                    .map(|p| Arc::new(ArcSwap::from_pointee(pq_delegation(&p.key, p.rotation))));
-                let rotating = pq.zip(pq_now.clone()).map(|(p, now)| {
-                    tokio::spawn(async move {
-                        let mut ticks = tokio::time::interval(p.rotation);
-                        ticks.tick().await;
-                        loop {
-                            ticks.tick().await;
-                            now.store(Arc::new(pq_delegation(&p.key, p.rotation)));
-                        }
-                    })
-                });
-                let signer = tokio::spawn(sign(queue, shared.clone(), stats, pq_now));
+                let signer = tokio::spawn(sign(queue, shared.clone(), stats, pq));
                 let addresses = PerAddress::default();
-                let mut accepting = Vec::new();
+                let mut accepting = tokio::task::JoinSet::new();
                 for l in listeners {
                     match tokio::net::TcpListener::from_std(l) {
-                        Ok(l) => accepting.push(tokio::spawn(accept(
+                        Ok(l) => drop(accepting.spawn(accept(
                             l,
                             jobs.clone(),
                             shared.clone(),
@@ -217,21 +190,21 @@ pub(crate) fn spawn(
                     }
                 }
                 drop(jobs);
-                let _ = stopped.await;
+                tokio::select! {
+                    () = stopped.cancelled() => {}
+                    // An accept loop never ends by itself: if one did, the service is over and
+                    // the supervisor, seeing this thread end, stops the daemon.
+                    _ = accepting.join_next() => error!("roughtime tcp: an accept loop ended"),
+                }
                 // The accept loops hold the connections' tasks' senders only through them:
                 // ending them and the connections lets the signer see its queue close.
-                for a in accepting {
-                    a.abort();
-                }
-                if let Some(r) = rotating {
-                    r.abort();
-                }
+                accepting.abort_all();
                 let _ = signer.await;
             });
             // Dropping the runtime ends the connection tasks still running.
         })
         .context("cannot start the Roughtime TCP thread")?;
-    Ok(Service { stop, thread })
+    Ok(Service { thread })
 }
 
 /// A connection's place in the per-address count and in the open count; freed when it ends.
@@ -272,7 +245,7 @@ async fn accept(
         counts.accepted.fetch_add(1, Relaxed);
         let ip = canonical(peer.ip());
         let acl = shared.ntp.acl.load();
-        if !acl.is_open() && !acl.permits(ip) {
+        if !acl.serves(ip) {
             counts.refused_denied.fetch_add(1, Relaxed);
             continue;
         }
@@ -479,23 +452,6 @@ async fn sign(
     stats.finish();
 }
 
-/// A batch of `n` begins: the time it is signed at and the state served, and its counts.
-fn begin(
-    shared: &Shared,
-    stats: &mut WorkerStats<REASONS>,
-    n: usize,
-) -> (clock::Reading, chime_ntp::state::ServedHeader) {
-    let reading = clock::read();
-    let served = shared
-        .ntp
-        .state
-        .load()
-        .served_at(reading.ntp(), &shared.ntp.policy);
-    stats.pending.received += n as u64;
-    stats.pending.batches += 1;
-    (reading, served)
-}
-
 /// One batch of the experimental ML-DSA-44 suite: the same checks and counts as [`answer`], one
 /// ML-DSA-44 signature over its tree.
 fn answer_pq(
@@ -505,31 +461,26 @@ fn answer_pq(
     stats: &mut WorkerStats<REASONS>,
     jobs: &[Job],
 ) {
-    let (reading, served) = begin(shared, stats, jobs.len());
-    let acl = shared.ntp.acl.load();
+    let Some(serving) = serve::begin(shared, stats, jobs.len()) else {
+        refuse_all(jobs);
+        return;
+    };
     responder.clear();
     let mut taken = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let outcome = if !served.is_synchronised() {
-            Err(UNSYNCHRONISED)
-        } else if !acl.is_open() && !acl.permits(job.peer) {
-            Err(DENIED)
-        } else {
-            responder
+        let added = serving.admits(job.peer, stats)
+            && responder
                 .add(&job.packet, delegation)
-                .map_err(|why| why.index())
-        };
-        match outcome {
-            Ok(_) => taken.push(job),
-            Err(reason) => {
-                stats.pending.drop_at(reason);
-                let _ = job.reply.try_send(None);
-            }
+                .map_err(|why| stats.pending.drop_at(why.index()))
+                .is_ok();
+        if added {
+            taken.push(job);
+        } else {
+            let _ = job.reply.try_send(None);
         }
     }
     if !taken.is_empty() {
-        let radius_us = (served.root_distance() * 1e6).ceil() as u64;
-        match responder.sign(reading.unix_micros(), radius_us, delegation) {
+        match responder.sign(serving.now_unix_us(), serving.radius_us(), delegation) {
             Ok(replies) => {
                 for (job, reply) in taken.iter().zip(replies) {
                     stats.pending.answered += 1;
@@ -544,7 +495,15 @@ fn answer_pq(
             }
         }
     }
-    stats.tick(reading.unix_secs());
+    serving.finish(stats);
+}
+
+/// Tells every connection of a batch that is not signed that its request gets no reply. A
+/// connection that went away meanwhile has closed its channel: the send fails, nothing more.
+fn refuse_all(jobs: &[Job]) {
+    for job in jobs {
+        let _ = job.reply.try_send(None);
+    }
 }
 
 /// One batch: the same checks, signature and counts as a UDP worker's receive batch.
@@ -555,37 +514,21 @@ fn answer(
     jobs: &[Job],
     tickets: &mut Vec<Option<chime_roughtime::Ticket>>,
 ) {
-    let (reading, served) = begin(shared, stats, jobs.len());
-    // A connection that went away meanwhile has closed its channel: the send fails, nothing more.
-    let drop_all = |stats: &mut WorkerStats<REASONS>, reason: usize| {
-        for job in jobs {
-            stats.pending.drop_at(reason);
-            let _ = job.reply.try_send(None);
-        }
-    };
-    if !served.is_synchronised() {
-        drop_all(stats, UNSYNCHRONISED);
-        stats.tick(reading.unix_secs());
+    let Some(serving) = serve::begin(shared, stats, jobs.len()) else {
+        refuse_all(jobs);
         return;
-    }
-    let delegation = shared.delegation.load();
-    let params = chime_roughtime::BatchParams {
-        now_unix_us: reading.unix_micros(),
-        radius_us: (served.root_distance() * 1e6).ceil() as u64,
-        delegation: &delegation,
     };
-    let mut batch = responder.begin(params);
+    let delegation = shared.delegation.load();
+    let mut batch = responder.begin(serving.params(&delegation));
     tickets.clear();
-    let acl = shared.ntp.acl.load();
     for job in jobs {
-        let ticket = if !acl.is_open() && !acl.permits(job.peer) {
-            stats.pending.drop_at(DENIED);
-            None
-        } else {
+        let ticket = if serving.admits(job.peer, stats) {
             batch
                 .add(&job.packet)
                 .map_err(|why| stats.pending.drop_at(why.index()))
                 .ok()
+        } else {
+            None
         };
         tickets.push(ticket);
     }
@@ -608,7 +551,7 @@ fn answer(
         });
         let _ = job.reply.try_send(reply);
     }
-    stats.tick(reading.unix_secs());
+    serving.finish(stats);
 }
 
 /// Binds a TCP listener on a Roughtime UDP socket's address (the same port: a port-0 bind's real
@@ -636,4 +579,133 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
         info!("roughtime over tcp on {bound}");
     }
     Ok(listener)
+}
+
+/// The signer's batches driven in process, without a connection: the serve rule as TCP follows
+/// it, for both suites.
+#[cfg(test)]
+mod tests {
+    use chime_roughtime::mldsa::PqLongTermKey;
+
+    use super::*;
+    use crate::roughtime::serve::testing::{request, shared, verify};
+    use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
+
+    /// Where a job's answer arrives: its reply, or `None` for none.
+    type Answer = mpsc::Receiver<Option<Vec<u8>>>;
+
+    /// `packets` as jobs from `peer`, and where each one's answer arrives.
+    fn jobs(packets: &[Vec<u8>], peer: &str) -> (Vec<Job>, Vec<Answer>) {
+        packets
+            .iter()
+            .map(|packet| {
+                let (reply, answer) = mpsc::channel(1);
+                let peer = peer.parse().unwrap();
+                let job = Job {
+                    packet: packet.clone(),
+                    peer,
+                    reply,
+                };
+                (job, answer)
+            })
+            .unzip()
+    }
+
+    fn stats() -> WorkerStats<REASONS> {
+        WorkerStats::new(
+            "test",
+            &roughtime_worker::LABELS,
+            None,
+            Default::default(),
+            None,
+        )
+    }
+
+    fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
+        answers
+            .iter_mut()
+            .map(|a| {
+                a.try_recv()
+                    .expect("every job is answered, with a reply or without")
+            })
+            .collect()
+    }
+
+    /// One Ed25519 batch of `packets` from `peer` over a state `synchronised` or not.
+    fn batch(
+        synchronised: bool,
+        deny: &[&str],
+        packets: &[Vec<u8>],
+        peer: &str,
+    ) -> (
+        Vec<Option<Vec<u8>>>,
+        crate::observe::stats::Counters<REASONS>,
+    ) {
+        let shared = shared(synchronised, deny);
+        let mut responder = Responder::new(ResponderConfig {
+            versions: VersionSet::ALL,
+            capacity: MAX_BATCH_SIZE,
+        })
+        .over_stream();
+        let (jobs, rx) = jobs(packets, peer);
+        let mut stats = stats();
+        answer(&mut responder, &shared, &mut stats, &jobs, &mut Vec::new());
+        (answers(rx), stats.pending)
+    }
+
+    #[test]
+    fn a_batch_over_tcp_is_signed_once_and_every_reply_verifies() {
+        let packets: Vec<_> = (0..3).map(request).collect();
+        let (replies, counts) = batch(true, &[], &packets, "192.0.2.1");
+        for (req, reply) in packets.iter().zip(&replies) {
+            verify(req, reply.as_deref().expect("answered"));
+        }
+        assert_eq!(
+            (counts.received, counts.batches, counts.answered),
+            (3, 1, 3)
+        );
+    }
+
+    #[test]
+    fn over_tcp_too_nothing_is_signed_while_unsynchronised() {
+        let (replies, counts) = batch(false, &[], &[request(1), request(2)], "192.0.2.1");
+        assert_eq!(replies, [None, None]);
+        assert_eq!(counts.dropped[UNSYNCHRONISED], 2);
+    }
+
+    #[test]
+    fn over_tcp_a_denied_sender_is_counted_and_not_answered() {
+        let (replies, counts) = batch(true, &["198.51.100.0/24"], &[request(1)], "198.51.100.9");
+        assert_eq!(replies, [None]);
+        assert_eq!(counts.dropped[DENIED], 1);
+    }
+
+    #[test]
+    fn the_mldsa_suite_follows_the_same_rule() {
+        let key = PqLongTermKey::from_seed(&[9; 32]);
+        let pq = crate::roughtime::keys::Pq::new(key, Duration::from_secs(3600));
+        let packet = chime_roughtime::mldsa::build_request(&[3; 32], &pq.key.public_key());
+        for (synchronised, deny, peer, answered, reason) in [
+            (true, &[][..], "192.0.2.1", true, None),
+            (false, &[][..], "192.0.2.1", false, Some(UNSYNCHRONISED)),
+            (
+                true,
+                &["198.51.100.0/24"][..],
+                "198.51.100.9",
+                false,
+                Some(DENIED),
+            ),
+        ] {
+            let shared = shared(synchronised, deny);
+            let (jobs, rx) = jobs(std::slice::from_ref(&packet), peer);
+            let mut stats = stats();
+            let mut responder = PqResponder::new(MAX_BATCH_SIZE);
+            answer_pq(&mut responder, &pq.now.load(), &shared, &mut stats, &jobs);
+            let replies = answers(rx);
+            assert_eq!(replies[0].is_some(), answered, "{synchronised} {peer}");
+            if let Some(reason) = reason {
+                assert_eq!(stats.pending.dropped[reason], 1, "{synchronised} {peer}");
+            }
+        }
+    }
 }

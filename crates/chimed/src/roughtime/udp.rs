@@ -12,15 +12,16 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use chime_ntp::Coin;
 use chime_roughtime::{
-    BatchParams, Delegation, DropReason, Grease, Responder, ResponderConfig, Ticket, Version,
-    VersionSet,
+    Delegation, DropReason, Grease, Responder, ResponderConfig, Ticket, Version, VersionSet,
 };
 use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
 
 use crate::clock;
+use crate::daemon::notify::Beat;
 use crate::ntp::worker as ntp_worker;
 use crate::observe::stats::{Note, Published, Totals, WorkerStats};
 use crate::reply;
+use crate::roughtime::serve;
 
 /// Drop reasons: the protocol's own, then the daemon's three.
 pub(crate) const REASONS: usize = DropReason::COUNT + 3;
@@ -105,6 +106,8 @@ pub(crate) struct RoughtimeWorker {
     /// Per datagram of the batch in hand, its ticket if the responder took it.
     tickets: Vec<Option<Ticket>>,
     greaser: Option<Greaser>,
+    /// Advanced on every pass through the worker's loop, for the watchdog.
+    beat: Beat,
 }
 
 impl RoughtimeWorker {
@@ -130,43 +133,29 @@ impl RoughtimeWorker {
             shared,
             responder,
             tickets: Vec::with_capacity(batch_size),
+            beat: Beat::default(),
         }
+    }
+
+    /// A worker whose every batch and idle wake-up the watchdog sees.
+    pub(crate) fn with_heartbeat(mut self, beat: Beat) -> Self {
+        self.beat = beat;
+        self
     }
 }
 
 impl BatchHandler for RoughtimeWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
-        let reading = clock::read();
-        let (now, now_unix) = (reading.ntp(), reading.unix_secs());
-        let served = self
-            .shared
-            .ntp
-            .state
-            .load()
-            .served_at(now, &self.shared.ntp.policy);
-        self.stats.pending.received += rx.len() as u64;
-        self.stats.pending.batches += 1;
-        if !served.is_synchronised() {
-            self.stats.pending.dropped[UNSYNCHRONISED] += rx.len() as u64;
-            self.stats.tick(now_unix);
+        self.beat.beat();
+        let Some(serving) = serve::begin(&self.shared, &mut self.stats, rx.len()) else {
             return;
-        }
-        let delegation = self.shared.delegation.load();
-        // The radius is the upstream's own error bound (root delay / 2 + root dispersion, the
-        // dispersion grown since the last poll); the responder rounds it up to each version's
-        // resolution and minimum.
-        let radius_us = (served.root_distance() * 1e6).ceil() as u64;
-        let params = BatchParams {
-            now_unix_us: reading.unix_micros(),
-            radius_us,
-            delegation: &delegation,
         };
+        let delegation = self.shared.delegation.load();
+        let params = serving.params(&delegation);
         let mut batch = self.responder.begin(params);
         self.tickets.clear();
-        let acl = self.shared.ntp.acl.load();
         for (meta, request) in rx.iter() {
-            let ticket = if !acl.is_open() && !acl.permits(meta.src.ip()) {
-                self.stats.pending.drop_at(DENIED);
+            let ticket = if !serving.admits(meta.src.ip(), &mut self.stats) {
                 None
             } else if meta.truncated {
                 self.stats.pending.drop_at(TRUNCATED);
@@ -199,7 +188,7 @@ impl BatchHandler for RoughtimeWorker {
                 }
             }
         }
-        self.stats.tick(now_unix);
+        serving.finish(&mut self.stats);
     }
 
     fn after_send(&mut self, outcome: &SendOutcome) {
@@ -207,6 +196,7 @@ impl BatchHandler for RoughtimeWorker {
     }
 
     fn idle(&mut self) {
+        self.beat.beat();
         self.stats.tick(clock::read().unix_secs());
     }
 
@@ -220,5 +210,58 @@ impl BatchHandler for RoughtimeWorker {
 
     fn finish(&mut self) {
         self.stats.finish();
+    }
+}
+
+/// The worker driven in process, without a socket: the serve rule as UDP and XDP follow it.
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use chime_udp::RecvMeta;
+
+    use super::*;
+    use crate::roughtime::serve::testing::{request, shared, verify};
+
+    /// One batch of `requests` from `src`; returns the replies.
+    fn exchange(worker: &mut RoughtimeWorker, src: &str, requests: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let src: SocketAddr = src.parse().unwrap();
+        let mut rx = RxBatch::new(8, 2048);
+        for r in requests {
+            assert!(rx.push(RecvMeta::new(src, r.len()), r));
+        }
+        let mut tx = TxBatch::new(8, 2048);
+        worker.handle(&rx, &mut tx);
+        tx.iter().map(|(_, reply)| reply.to_vec()).collect()
+    }
+
+    #[test]
+    fn a_batch_is_signed_once_and_every_reply_verifies() {
+        let mut worker = RoughtimeWorker::new(shared(true, &[]), 8, None);
+        let requests: Vec<_> = (0..3).map(request).collect();
+        let replies = exchange(&mut worker, "192.0.2.1:40000", &requests);
+        assert_eq!(replies.len(), 3);
+        for (req, reply) in requests.iter().zip(&replies) {
+            assert!(reply.len() <= req.len());
+            verify(req, reply);
+        }
+        let p = worker.stats.pending;
+        assert_eq!((p.received, p.batches), (3, 1));
+    }
+
+    #[test]
+    fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
+        let mut worker = RoughtimeWorker::new(shared(false, &[]), 8, None);
+        let replies = exchange(&mut worker, "192.0.2.1:40000", &[request(1), request(2)]);
+        assert!(replies.is_empty());
+        assert_eq!(worker.stats.pending.dropped[UNSYNCHRONISED], 2);
+    }
+
+    #[test]
+    fn a_denied_sender_is_counted_and_not_answered() {
+        let mut worker = RoughtimeWorker::new(shared(true, &["198.51.100.0/24"]), 8, None);
+        let replies = exchange(&mut worker, "198.51.100.7:40000", &[request(1)]);
+        assert!(replies.is_empty());
+        assert_eq!(worker.stats.pending.dropped[DENIED], 1);
     }
 }

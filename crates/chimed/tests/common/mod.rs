@@ -242,8 +242,19 @@ impl Chimed {
     /// [`start_until`](Self::start_until) inside network namespace `netns` (`ip netns exec`,
     /// which execs chimed: the child is chimed itself, and signals reach it).
     pub fn start_in(netns: Option<&str>, args: &[&str], ready: &str) -> Self {
+        Self::start_with_env(netns, args, &[], ready)
+    }
+
+    /// [`start_in`](Self::start_in) with these environment variables set for chimed.
+    pub fn start_with_env(
+        netns: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        ready: &str,
+    ) -> Self {
         let mut child = in_netns(netns, workspace_bin("chimed"))
             .args(args)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -445,14 +456,15 @@ pub fn chime_ntp(addr: SocketAddr) -> Result<serde_json::Value, String> {
     Ok(serde_json::from_slice(&out.stdout).unwrap())
 }
 
-/// The count after ` key=` in one of chimed's counter lines, or 0 if the line has none (chimed
-/// leaves out the notes and drop reasons that are zero).
+/// The count after `key=` in one of chimed's counter lines. The lines at exit carry every
+/// counter, zeros too, so a key that is missing is a counter chimed lost (or a misspelt key):
+/// that fails the test, never reads as 0.
+#[track_caller]
 pub fn count_in(line: &str, key: &str) -> u64 {
-    line.split(&format!(" {key}="))
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
+    line.split([' ', ':', '|'])
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
         .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or_else(|| panic!("no counter {key} in {line:?}"))
 }
 
 /// Checks the offset of one `chime ntp` exchange (its JSON `r`) against `expected` seconds. chime

@@ -1,0 +1,248 @@
+//! Binding every socket while still privileged (port 123 needs it), before any service starts:
+//! the NTP and Roughtime workers' UDP sockets, Roughtime's TCP listeners on the same ports, the
+//! NTS-KE and metrics listeners, and the AF_XDP sockets.
+
+use std::net::{SocketAddr, TcpListener};
+
+use anyhow::{Context, Result};
+use chime_udp::{BoundWorkers, WorkerConfig};
+use tracing::info;
+
+use crate::config::{self, Settings};
+use crate::daemon::notify::WORKER_WAKE;
+use crate::roughtime::tcp as roughtime_tcp;
+
+/// The two services chimed runs on chime-udp workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    Ntp,
+    Roughtime,
+}
+
+impl Service {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Ntp => "ntp",
+            Self::Roughtime => "roughtime",
+        }
+    }
+
+    /// The prefix of its address flags (`--ipv4-address`, `--roughtime-ipv4-address`).
+    fn flag_prefix(self) -> &'static str {
+        match self {
+            Self::Ntp => "",
+            Self::Roughtime => "roughtime-",
+        }
+    }
+}
+
+/// One service's sockets on one address family, bound and waiting for its threads.
+pub(crate) struct Group {
+    pub(crate) service: Service,
+    /// Whether its workers shed under overload (which needs receive timestamps).
+    pub(crate) shed: bool,
+    pub(crate) family: &'static str,
+    /// `ntp-ipv4`, `roughtime-ipv6`: the threads' names, and the service's.
+    pub(crate) name: &'static str,
+    pub(crate) threads: usize,
+    pub(crate) workers: BoundWorkers,
+}
+
+/// Everything chimed listens on, bound.
+pub(crate) struct Sockets {
+    pub(crate) metrics: Option<TcpListener>,
+    pub(crate) ntp: Vec<Group>,
+    /// NTS-KE's listener, and the NTP port it names to clients when that is not 123.
+    pub(crate) nts: Option<(TcpListener, Option<u16>)>,
+    pub(crate) roughtime: Vec<Group>,
+    /// Roughtime over TCP, on each Roughtime UDP socket's address and port.
+    pub(crate) roughtime_tcp: Option<(Vec<TcpListener>, roughtime_tcp::Limits)>,
+    pub(crate) xdp: Option<chime_udp::xdp::XdpBound>,
+}
+
+/// Binds everything `settings` asks for.
+pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
+    let metrics = match settings.metrics_address {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .with_context(|| format!("--metrics-address {addr}: cannot bind"))?,
+        ),
+        None => None,
+    };
+    let mut ntp = Vec::new();
+    for (family, threads, addr) in [
+        ("ipv4", settings.ipv4_threads, settings.ipv4_address),
+        ("ipv6", settings.ipv6_threads, settings.ipv6_address),
+    ] {
+        ntp.extend(group(settings, Service::Ntp, family, threads, addr)?);
+    }
+    let nts = match &settings.nts {
+        Some(nts) => {
+            let addr = nts.ke_address;
+            let listener = TcpListener::bind(addr)
+                .with_context(|| format!("--nts-ke-address {addr}: cannot bind"))?;
+            // NTS-KE tells clients the NTP port when it is not 123: the one --nts-ntp-server
+            // names, else this server's own (a port-0 bind's real one).
+            let port = nts
+                .ntp_port
+                .or_else(|| ntp.first().map(|g: &Group| g.workers.local_addr().port()))
+                .filter(|&p| p != 123);
+            Some((listener, port))
+        }
+        None => None,
+    };
+    let (roughtime, tcp_listeners) = roughtime(settings)?;
+    let roughtime_tcp = settings
+        .roughtime
+        .as_ref()
+        .and_then(|rt| rt.tcp)
+        .map(|limits| (tcp_listeners, limits));
+    let xdp = match &settings.xdp {
+        Some(x) => xdp(x, settings, &ntp, &roughtime)?,
+        None => None,
+    };
+    Ok(Sockets {
+        metrics,
+        ntp,
+        nts,
+        roughtime,
+        roughtime_tcp,
+        xdp,
+    })
+}
+
+/// Roughtime's UDP sockets, and its TCP listeners on the same addresses and ports.
+fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
+    let (mut groups, mut listeners) = (Vec::new(), Vec::new());
+    let Some(rt) = &settings.roughtime else {
+        return Ok((groups, listeners));
+    };
+    for (family, threads, addr) in [
+        ("ipv4", rt.ipv4_threads, rt.ipv4_address),
+        ("ipv6", rt.ipv6_threads, rt.ipv6_address),
+    ] {
+        // Port 0 lets the kernel choose the UDP port, which a TCP connection may hold: then
+        // choose again (a configured port is either free for both or an error).
+        let mut tries = 0;
+        loop {
+            let Some(bound) = group(settings, Service::Roughtime, family, threads, addr)? else {
+                break;
+            };
+            if rt.tcp.is_some() {
+                match roughtime_tcp::bind(bound.workers.local_addr()) {
+                    Ok(listener) => listeners.push(listener),
+                    Err(e) if addr.port() == 0 && tries < 20 => {
+                        tries += 1;
+                        tracing::debug!("roughtime: {e:#}; choosing another port");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            groups.push(bound);
+            break;
+        }
+    }
+    Ok((groups, listeners))
+}
+
+fn group(
+    settings: &Settings,
+    service: Service,
+    family: &'static str,
+    threads: usize,
+    addr: SocketAddr,
+) -> Result<Option<Group>> {
+    if threads == 0 {
+        return Ok(None);
+    }
+    let name = match (service, family) {
+        (Service::Ntp, "ipv4") => "ntp-ipv4",
+        (Service::Ntp, _) => "ntp-ipv6",
+        (Service::Roughtime, "ipv4") => "roughtime-ipv4",
+        (Service::Roughtime, _) => "roughtime-ipv6",
+    };
+    let mut cfg = WorkerConfig::new(name, addr, threads);
+    cfg.socket.recv_buffer = Some(settings.recv_buffer);
+    // An idle worker wakes up now and then, so that the watchdog can tell it is alive.
+    cfg.socket.read_timeout = Some(WORKER_WAKE);
+    cfg.batch_size = settings.batch_size;
+    cfg.cpus = settings.cpus.clone();
+    cfg.shed = settings.shed;
+    if let (Service::Roughtime, Some(rt)) = (service, &settings.roughtime) {
+        cfg.socket.recv_buffer = Some(rt.recv_buffer);
+        cfg.batch_size = rt.batch_size;
+        cfg.gather = rt.gather;
+    }
+    // Roughtime signs the time read once per batch; per-datagram kernel timestamps are there only
+    // to tell how long each request waited, for shedding.
+    cfg.socket.rx_timestamps = service == Service::Ntp || cfg.shed.is_some();
+    let flag = service.flag_prefix();
+    let shed = cfg.shed.is_some();
+    let workers = BoundWorkers::bind(cfg)
+        .with_context(|| format!("--{flag}{family}-address {addr}: cannot bind"))?;
+    Ok(Some(Group {
+        service,
+        shed,
+        family,
+        name,
+        threads,
+        workers,
+    }))
+}
+
+/// Makes the AF_XDP sockets and attaches the program for `--xdp`, serving the addresses and
+/// ports the sockets were bound to (so a port-0 bind's real port). With `--xdp-fallback` a
+/// failure is logged and the sockets serve alone.
+fn xdp(
+    x: &config::Xdp,
+    settings: &Settings,
+    ntp: &[Group],
+    rt: &[Group],
+) -> Result<Option<chime_udp::xdp::XdpBound>> {
+    use chime_udp::xdp::{XdpBound, XdpConfig, XdpGroup};
+    let mut cfg = XdpConfig::new(x.interface.clone());
+    cfg.threads = x.threads;
+    cfg.mode = x.mode;
+    cfg.cpus = settings.cpus.clone();
+    // Frames taken per loop: enough for a whole batch of either protocol, so that a Roughtime
+    // signature can cover as many requests as on its sockets.
+    cfg.batch_size = settings
+        .batch_size
+        .max(settings.roughtime.as_ref().map_or(0, |r| r.batch_size));
+    cfg.groups.push(XdpGroup {
+        addrs: ntp.iter().map(|b| b.workers.local_addr()).collect(),
+        max_datagram: 2048,
+    });
+    if settings.roughtime.is_some() {
+        cfg.groups.push(XdpGroup {
+            addrs: rt.iter().map(|b| b.workers.local_addr()).collect(),
+            max_datagram: 2048,
+        });
+    }
+    match XdpBound::bind(cfg) {
+        Ok(b) => {
+            info!(
+                "xdp on {}: {} thread(s), {} mode, receive times from the XDP program; serving \
+                 {:?}; interleaved NTP requests get basic replies on this path",
+                x.interface,
+                x.threads,
+                mode_name(b.mode()),
+                b.addrs()
+            );
+            Ok(Some(b))
+        }
+        Err(e) if x.fallback => {
+            tracing::warn!("{e}; --xdp-fallback: serving through the sockets alone");
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("--xdp {}", x.interface))),
+    }
+}
+
+pub(crate) fn mode_name(mode: chime_udp::xdp::XdpMode) -> &'static str {
+    match mode {
+        chime_udp::xdp::XdpMode::ZeroCopy => "zero-copy",
+        chime_udp::xdp::XdpMode::Copy => "copy",
+    }
+}

@@ -1,0 +1,123 @@
+//! What systemd is told (`Type=notify`, sd_notify(3)): ready once every socket is bound and every
+//! service started, reloading and ready again around a SIGHUP, stopping on SIGTERM, and the
+//! watchdog's keep-alive, sent only while the data plane is moving ([`Heartbeats`]). Without
+//! `NOTIFY_SOCKET` (not started by systemd) each of these does nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tracing::debug;
+
+/// Tells systemd that every service is up.
+pub(crate) fn ready() {
+    send(&[NotifyState::Ready]);
+}
+
+/// Tells systemd that a reload began: `RELOADING=1` with the monotonic time, as
+/// `Type=notify-reload` requires; [`ready`] ends it.
+pub(crate) fn reloading() {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now]),
+        Err(_) => send(&[NotifyState::Reloading]),
+    }
+}
+
+/// Tells systemd that chimed is stopping.
+pub(crate) fn stopping() {
+    send(&[NotifyState::Stopping]);
+}
+
+/// Feeds the watchdog.
+pub(crate) fn watchdog() {
+    send(&[NotifyState::Watchdog]);
+}
+
+/// How often to feed the watchdog, if systemd asked for one (`WatchdogSec=`): twice per period,
+/// as sd_watchdog_enabled(3) advises. Read as that page says: `WATCHDOG_USEC`, for this process
+/// unless `WATCHDOG_PID` names another (sd_notify's own `watchdog_enabled` wants the PID set).
+pub(crate) fn watchdog_interval() -> Option<Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID")
+        && pid.parse() != Ok(std::process::id())
+    {
+        return None;
+    }
+    (usec > 0).then(|| Duration::from_micros(usec / 2))
+}
+
+fn send(states: &[NotifyState]) {
+    // No NOTIFY_SOCKET is the usual case outside systemd; a failed send is not worth more than a
+    // debug line: systemd notices what it did not hear.
+    if let Err(e) = sd_notify::notify(false, states) {
+        debug!("sd_notify: {e}");
+    }
+}
+
+/// One counter per data-plane thread, which its handler advances on every pass through its loop:
+/// every batch, and every idle wake-up (the workers' sockets time out once a
+/// [`WORKER_WAKE`] without traffic). The watchdog is fed only if each advanced since it was last
+/// fed, so a worker stuck in a batch, or dead, starves it and systemd restarts chimed.
+#[derive(Debug, Default)]
+pub(crate) struct Heartbeats {
+    beats: Vec<(Arc<AtomicU64>, u64)>,
+}
+
+/// How long a data-plane thread waits for traffic before it wakes up to show it is alive.
+pub(crate) const WORKER_WAKE: Duration = Duration::from_secs(1);
+
+impl Heartbeats {
+    /// A new counter for one more thread.
+    pub(crate) fn add(&mut self) -> Beat {
+        let beat = Arc::new(AtomicU64::new(0));
+        self.beats.push((beat.clone(), 0));
+        Beat(beat)
+    }
+
+    /// Whether every thread has beaten since the last call (the first call compares with 0).
+    pub(crate) fn all_moved(&mut self) -> bool {
+        let mut all = true;
+        for (beat, seen) in &mut self.beats {
+            let now = beat.load(Ordering::Relaxed);
+            all &= now != *seen;
+            *seen = now;
+        }
+        all
+    }
+}
+
+/// A thread's heartbeat; see [`Heartbeats`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Beat(Arc<AtomicU64>);
+
+impl Beat {
+    /// One more pass through the thread's loop. Only this thread writes it, so a load and a
+    /// store (no read-modify-write) are enough.
+    pub(crate) fn beat(&self) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_moves_only_if_every_thread_beat() {
+        let mut hearts = Heartbeats::default();
+        let (a, b) = (hearts.add(), hearts.add());
+        assert!(!hearts.all_moved(), "nothing beat yet");
+        a.beat();
+        b.beat();
+        assert!(hearts.all_moved());
+        a.beat();
+        assert!(!hearts.all_moved(), "b did not beat since");
+        a.beat();
+        b.beat();
+        assert!(hearts.all_moved());
+    }
+}

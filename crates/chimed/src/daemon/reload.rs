@@ -1,0 +1,116 @@
+//! SIGHUP: what can change without a restart is loaded again, and anything that fails to load is
+//! reported with the state before kept: the NTS certificate and key, the NTS fleet secret, the
+//! Roughtime delegation bundle, the access rules from the config file, and the timezone in
+//! timezone-offset mode.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tracing::{info, warn};
+
+use crate::clock::tz;
+use crate::config::{self, Settings, cli::Args};
+use crate::ntp::worker as ntp_worker;
+use crate::nts::{ke as nts_ke, keys as nts_keys};
+use crate::roughtime::{keys as online_keys, udp as roughtime_worker};
+
+/// A fleet member's NTS keys (`--nts-fleet-key`): the secret file and the period, the secrets in
+/// force (SIGHUP replaces them), and the cookie keys derived from them.
+pub(crate) struct FleetKeys {
+    pub(crate) path: PathBuf,
+    pub(crate) period: Duration,
+    pub(crate) secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
+    pub(crate) cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
+}
+
+/// Where the NTS-KE's TLS configuration in force lives, the settings that name its files, and
+/// where the certificate's expiry is published.
+pub(crate) struct NtsTls {
+    pub(crate) tls: Arc<ArcSwap<rustls::ServerConfig>>,
+    pub(crate) settings: config::Nts,
+    pub(crate) counts: Arc<nts_ke::KeCounts>,
+}
+
+/// Everything a reload replaces, as the services run it.
+pub(crate) struct Reloadable {
+    pub(crate) ntp: Arc<ntp_worker::Shared>,
+    pub(crate) nts: Option<NtsTls>,
+    pub(crate) fleet: Option<FleetKeys>,
+    pub(crate) roughtime: Option<Arc<roughtime_worker::Shared>>,
+}
+
+impl Reloadable {
+    /// Reloads everything that can change without a restart.
+    pub(crate) fn reload(&self, args: &Args, settings: &Settings) {
+        if let Some(f) = &self.fleet {
+            nts_ke::reload_fleet(&f.path, &f.secrets, &f.cookies, f.period);
+        }
+        if let (Some(rt), Some(shared)) = (&settings.roughtime, &self.roughtime)
+            && let config::RoughtimeKeys::Bundle { file, .. } = &rt.keys
+        {
+            online_keys::reload_bundle(file, shared);
+        }
+        if let Some(nts) = &self.nts {
+            nts.reload();
+        }
+        match config::reload_acl(args) {
+            Ok(Some(acl)) => {
+                // Logged once in force, so that whoever reads the line can rely on it.
+                let shown = format!("{acl:?}");
+                self.ntp.acl.store(Arc::new(acl));
+                info!("SIGHUP: access rules reloaded: {shown}");
+            }
+            Ok(None) => info!("SIGHUP: no config file, so no access rules to reload"),
+            Err(e) => warn!("SIGHUP: {e}; keeping the access rules in force"),
+        }
+        if let Some(name) = &settings.tz_offset {
+            info!("SIGHUP: re-reading the timezone");
+            if let Err(e) = load_zone(name.as_deref(), &self.ntp, true) {
+                warn!("{e}; keeping the zone loaded before");
+            }
+        }
+    }
+}
+
+impl NtsTls {
+    fn reload(&self) {
+        let nts = &self.settings;
+        match nts_ke::load(&nts.certificate, &nts.private_key) {
+            Ok(loaded) => {
+                self.tls.store(loaded.config);
+                self.counts
+                    .certificate_not_after
+                    .store(loaded.not_after.unwrap_or(i64::MIN), Ordering::Relaxed);
+                info!(
+                    "SIGHUP: NTS certificate reloaded from {}",
+                    nts.certificate.display()
+                );
+                nts_ke::log_expiry(&nts.certificate, loaded.not_after);
+            }
+            Err(e) => warn!("SIGHUP: NTS certificate: {e}; keeping the one in force"),
+        }
+    }
+}
+
+/// Loads the timezone-offset mode's zone (afresh from disk on a reload) and publishes it to the
+/// workers, with the warning every start (and reload) owes the operator.
+pub(crate) fn load_zone(
+    name: Option<&str>,
+    shared: &ntp_worker::Shared,
+    reload: bool,
+) -> Result<(), String> {
+    let (zone, description) = if reload {
+        tz::reload(name)?
+    } else {
+        tz::load(name)?
+    };
+    shared.zone.store(Some(zone));
+    warn!(
+        "timezone-offset mode: NTP replies carry the local time of {description} as if it \
+         were UTC; clients that expect UTC will be wrong by that offset (Roughtime is never shifted)"
+    );
+    Ok(())
+}

@@ -1,0 +1,412 @@
+//! Starting every service on the supervisor, the same way: the data plane's worker groups (one
+//! per protocol and address family, and AF_XDP), Roughtime over TCP, NTS-KE, and the control
+//! plane's tasks (the upstream poller, key rotations, the metrics endpoint). Each is watched
+//! under its name from the moment it starts.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chime_ntp::ClientTable;
+use chime_ntp::nts::CookieKeys;
+use chime_udp::BatchHandler;
+use tracing::{info, warn};
+
+use crate::clock::{self, upstream};
+use crate::config::Settings;
+use crate::daemon::bind::{self, Group, Service, Sockets};
+use crate::daemon::notify::Heartbeats;
+use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
+use crate::daemon::supervisor::{ServiceError, Supervisor};
+use crate::ntp::worker::{self as ntp_worker, NtpWorker};
+use crate::nts::ke as nts_ke;
+use crate::observe::{metrics, stats};
+use crate::roughtime::udp::{self as roughtime_worker, RoughtimeWorker};
+use crate::roughtime::{self, keys as online_keys, tcp as roughtime_tcp};
+
+/// The services' shared state, made before any socket is bound.
+pub(crate) struct Prepared {
+    pub(crate) ntp: Arc<ntp_worker::Shared>,
+    /// NTS's first cookie keys and when they are next due to rotate (`--nts-dump-dir`'s keep
+    /// their schedule); `None` without NTS.
+    pub(crate) nts_start: Option<(CookieKeys, Duration)>,
+    pub(crate) roughtime: Option<roughtime::Control>,
+}
+
+/// What the daemon holds on to while the services run: what a reload replaces, and the counts
+/// it logs at exit.
+pub(crate) struct Running {
+    pub(crate) reloadable: Reloadable,
+    pub(crate) xdp: Option<Arc<chime_udp::xdp::XdpStats>>,
+    pub(crate) tcp: Option<(
+        Arc<roughtime_tcp::Counts>,
+        Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
+    )>,
+    pub(crate) ke_counts: Option<Arc<nts_ke::KeCounts>>,
+}
+
+/// Starts every service. On an error, the services already started are the supervisor's to stop.
+pub(crate) fn all(
+    sup: &mut Supervisor,
+    hearts: &mut Heartbeats,
+    settings: &mut Settings,
+    prepared: Prepared,
+    sockets: Sockets,
+) -> Result<Running> {
+    let registry = settings
+        .metrics_address
+        .map(|_| Arc::new(stats::Registry::default()));
+    let ntp = &prepared.ntp;
+    let rt_shared = prepared.roughtime.as_ref().map(|(_, _, s)| s.clone());
+    let register = |service, family, thread, labels| {
+        registry
+            .as_ref()
+            .map(|r: &Arc<stats::Registry>| r.register(service, family, thread, labels))
+    };
+    for group in sockets.ntp {
+        let family = group.family;
+        workers(sup, group, |i| {
+            let published = register("ntp", family, i, &ntp_worker::LABELS);
+            NtpWorker::new(ntp.clone(), published).with_heartbeat(hearts.add())
+        })?;
+    }
+    if let (Some(shared), Some(rt)) = (&rt_shared, &settings.roughtime) {
+        for group in sockets.roughtime {
+            let (family, batch) = (group.family, rt.batch_size);
+            workers(sup, group, |i| {
+                let published = register("roughtime", family, i, &roughtime_worker::LABELS);
+                RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(hearts.add())
+            })?;
+        }
+    }
+    let xdp = match sockets.xdp {
+        Some(bound) => Some(xdp(
+            sup,
+            hearts,
+            bound,
+            settings,
+            ntp,
+            rt_shared.as_ref(),
+            &register,
+        )?),
+        None => None,
+    };
+    let tcp = match (sockets.roughtime_tcp, &rt_shared) {
+        (Some((listeners, limits)), Some(shared)) => {
+            let published = register("roughtime", "tcp", 0, &roughtime_worker::LABELS);
+            Some(tcp(sup, listeners, limits, shared, settings, published)?)
+        }
+        _ => None,
+    };
+    let ke_counts = settings
+        .nts
+        .as_ref()
+        .map(|_| Arc::new(nts_ke::KeCounts::default()));
+    let nts = match (sockets.nts, &settings.nts, &ke_counts, &ntp.nts) {
+        (Some(listener), Some(_), Some(counts), Some(cookies)) => Some(nts_ke_service(
+            sup, listener, settings, counts, cookies, ntp,
+        )?),
+        _ => None,
+    };
+    if let Some((listener, registry)) = sockets.metrics.zip(registry) {
+        let sources = metrics::Sources {
+            registry,
+            ntp: ntp.clone(),
+            roughtime: rt_shared.clone(),
+            started_unix: clock::read().unix_secs(),
+            nts_ke: ke_counts.clone(),
+            roughtime_tcp: tcp.as_ref().map(|(counts, _)| counts.clone()),
+            xdp: xdp
+                .as_ref()
+                .zip(settings.xdp.as_ref())
+                .map(|((stats, mode), x)| metrics::Xdp {
+                    interface: x.interface.clone(),
+                    mode,
+                    stats: stats.clone(),
+                }),
+        };
+        match listener.local_addr() {
+            Ok(addr) => info!("metrics: http://{addr}/metrics"),
+            Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
+        }
+        sup.task("metrics", async move {
+            metrics::serve(listener, Arc::new(sources)).await;
+            Ok(())
+        });
+    }
+    let fleet = tasks(sup, settings, &prepared, nts.is_some());
+    Ok(Running {
+        reloadable: Reloadable {
+            ntp: prepared.ntp,
+            nts,
+            fleet,
+            roughtime: rt_shared,
+        },
+        xdp: xdp.map(|(stats, _)| stats),
+        tcp,
+        ke_counts,
+    })
+}
+
+/// Starts one group of workers and watches it under its name.
+fn workers<H: BatchHandler>(
+    sup: &mut Supervisor,
+    group: Group,
+    mut make: impl FnMut(usize) -> H,
+) -> Result<()> {
+    let addr = group.workers.local_addr();
+    let caps = group.workers.capabilities();
+    let name = group.name;
+    // The workers' own stop flag: the supervisor raises it (Workers::join) on the stop signal.
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = group
+        .workers
+        .spawn(stop, &mut make)
+        .with_context(|| format!("cannot start the {name} threads"))?;
+    sup.threads(name, running);
+    let service = group.service.name();
+    let timestamps = match (group.service, caps.rx_timestamps) {
+        (Service::Ntp, true) => "kernel receive timestamps: yes, ",
+        (Service::Ntp, false) => "kernel receive timestamps: no, ",
+        (Service::Roughtime, _) => "",
+    };
+    info!(
+        "{service} listening on {addr} ({} threads, {timestamps}pktinfo: {}, receive buffer {} \
+         bytes)",
+        group.threads,
+        if caps.pktinfo { "yes" } else { "no" },
+        caps.recv_buffer
+    );
+    if !caps.rx_timestamps && group.service == Service::Ntp {
+        warn!(
+            "{name}: no kernel receive timestamps; receive times are read once per batch instead"
+        );
+    }
+    if !caps.rx_timestamps && group.shed {
+        warn!(
+            "{name}: no kernel receive timestamps, so how long each waited is unknown: no shedding"
+        );
+    }
+    Ok(())
+}
+
+type Register<'a> = dyn Fn(&'static str, &'static str, usize, &'static [&'static str]) -> Option<Arc<stats::Published>>
+    + 'a;
+
+/// Starts the AF_XDP workers: group 0 answers NTP, group 1 Roughtime.
+fn xdp(
+    sup: &mut Supervisor,
+    hearts: &mut Heartbeats,
+    bound: chime_udp::xdp::XdpBound,
+    settings: &Settings,
+    ntp: &Arc<ntp_worker::Shared>,
+    rt_shared: Option<&Arc<roughtime_worker::Shared>>,
+    register: &Register<'_>,
+) -> Result<(Arc<chime_udp::xdp::XdpStats>, &'static str)> {
+    let rt_batch = settings.roughtime.as_ref().map_or(1, |rt| rt.batch_size);
+    let mode = bind::mode_name(bound.mode());
+    let running = bound
+        .spawn(
+            Arc::new(AtomicBool::new(false)),
+            |i, group| -> Box<dyn BatchHandler> {
+                let beat = hearts.add();
+                match (group, rt_shared) {
+                    (0, _) => {
+                        let published = register("ntp", "xdp", i, &ntp_worker::LABELS);
+                        let worker = NtpWorker::new(ntp.clone(), published);
+                        Box::new(worker.without_interleaved().with_heartbeat(beat))
+                    }
+                    (_, Some(shared)) => {
+                        let published = register("roughtime", "xdp", i, &roughtime_worker::LABELS);
+                        let worker = RoughtimeWorker::new(shared.clone(), rt_batch, published);
+                        Box::new(worker.with_heartbeat(beat))
+                    }
+                    (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
+                }
+            },
+        )
+        .context("cannot start the XDP threads")?;
+    let stats = running.stats();
+    sup.threads("xdp", running);
+    Ok((stats, mode))
+}
+
+/// Starts Roughtime over TCP.
+fn tcp(
+    sup: &mut Supervisor,
+    listeners: Vec<std::net::TcpListener>,
+    limits: roughtime_tcp::Limits,
+    shared: &Arc<roughtime_worker::Shared>,
+    settings: &Settings,
+    published: Option<Arc<stats::Published>>,
+) -> Result<(
+    Arc<roughtime_tcp::Counts>,
+    Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
+)> {
+    info!(
+        "roughtime tcp: at most {} connections, {} per address, closed after {} s idle or {} s \
+         in all",
+        limits.connections,
+        limits.per_address,
+        limits.idle.as_secs_f64(),
+        limits.lifetime.as_secs_f64()
+    );
+    let pq = settings
+        .roughtime
+        .as_ref()
+        .and_then(|rt| rt.mldsa.as_ref().map(|m| (rt.rotation, m)))
+        .map(|(rotation, (file, seed))| {
+            let key = chime_roughtime::mldsa::PqLongTermKey::from_seed(seed);
+            warn!(
+                "roughtime: EXPERIMENTAL ML-DSA-44 suite (0x90000001, part of no draft) served \
+                 over TCP, long-term key from {}; public key (base64): {}",
+                file.display(),
+                BASE64.encode(key.public_key())
+            );
+            online_keys::Pq::new(key, rotation)
+        });
+    let pq_now = pq.as_ref().map(|p| p.now.clone());
+    if let Some(pq) = pq {
+        sup.task("roughtime-mldsa-keys", async move {
+            online_keys::rotate_pq(pq).await;
+            Ok(())
+        });
+    }
+    let counts = Arc::new(roughtime_tcp::Counts::default());
+    let totals = Arc::new(stats::Totals::default());
+    let service = roughtime_tcp::spawn(
+        listeners,
+        shared.clone(),
+        limits,
+        (counts.clone(), totals.clone(), published),
+        pq_now,
+        sup.stop_signal(),
+    )?;
+    sup.threads("roughtime-tcp", service);
+    Ok((counts, totals))
+}
+
+/// Starts NTS-KE on its threads.
+fn nts_ke_service(
+    sup: &mut Supervisor,
+    (listener, port): (std::net::TcpListener, Option<u16>),
+    settings: &Settings,
+    counts: &Arc<nts_ke::KeCounts>,
+    cookies: &Arc<ArcSwap<CookieKeys>>,
+    ntp: &Arc<ntp_worker::Shared>,
+) -> Result<NtsTls> {
+    let nts = settings
+        .nts
+        .clone()
+        .context("NTS-KE without its settings")?;
+    let negotiation = Arc::new(chime_ntp::nts::NtpNegotiation {
+        server: nts.ntp_server.clone(),
+        port,
+    });
+    match listener.local_addr() {
+        Ok(addr) => info!(
+            "nts-ke listening on {addr} (certificate {}, NTP server {}, NTP port {}, cookie key \
+             rotated every {} s, {} thread{})",
+            nts.certificate.display(),
+            negotiation.server.as_deref().unwrap_or("this one"),
+            negotiation.port.unwrap_or(123),
+            nts.rotation.as_secs(),
+            nts.ke_threads,
+            if nts.ke_threads == 1 { "" } else { "s" },
+        ),
+        Err(e) => warn!("nts-ke: cannot tell the bound address: {e}"),
+    }
+    let limiter = nts.ratelimit.map(|r| {
+        let table = ClientTable::new(r.limit, r.clients, rand::random());
+        info!(
+            "nts-ke: rate limiting on: ntsratelimit {}, {} client addresses tracked",
+            r.limit,
+            table.capacity()
+        );
+        table
+    });
+    let tls = Arc::new(ArcSwap::new(nts.tls.clone()));
+    let shared = Arc::new(nts_ke::KeShared::new(
+        tls.clone(),
+        cookies.clone(),
+        negotiation,
+        counts.clone(),
+        limiter,
+        ntp.clone(),
+    ));
+    let threads = nts_ke::KeThreads::spawn(&listener, &shared, nts.ke_threads, &sup.stop_signal())
+        .context("cannot start the NTS-KE threads")?;
+    sup.threads("nts-ke", threads);
+    nts_ke::log_expiry(&nts.certificate, nts.not_after);
+    if let Some(t) = nts.not_after {
+        counts
+            .certificate_not_after
+            .store(t, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(NtsTls {
+        tls,
+        settings: nts,
+        counts: counts.clone(),
+    })
+}
+
+/// Starts the control plane's tasks: the upstream poller, Roughtime's key rotation, and NTS's
+/// cookie-key rotation (a fleet's keys follow its periods, with or without NTS-KE here).
+fn tasks(
+    sup: &mut Supervisor,
+    settings: &mut Settings,
+    prepared: &Prepared,
+    nts_ke_here: bool,
+) -> Option<FleetKeys> {
+    let ntp = prepared.ntp.clone();
+    let (server, interval) = (settings.server_address, settings.poll_interval);
+    sup.task("upstream", async move {
+        upstream::run(server, interval, ntp).await;
+        Ok::<(), ServiceError>(())
+    });
+    if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
+        sup.task("roughtime-keys", async move {
+            online_keys::run(signer, rotation, shared).await;
+            Ok(())
+        });
+    }
+    let cookies = prepared.ntp.nts.clone()?;
+    // The fleet's secrets are taken out of the settings, which live as long as the process: once
+    // SIGHUP replaces them, no copy of the old ones is left to outlive the replacement.
+    let Some(fleet) = settings.nts_fleet.take() else {
+        if let Some(nts) = &settings.nts {
+            let first = prepared
+                .nts_start
+                .as_ref()
+                .map_or(Duration::ZERO, |(_, next)| *next);
+            let (every, dump) = (nts.rotation, nts.dump.clone().map(|(path, _)| path));
+            sup.task("nts-cookie-keys", async move {
+                nts_ke::rotate(cookies, first, every, dump).await;
+                Ok(())
+            });
+        }
+        return None;
+    };
+    if !nts_ke_here {
+        info!(
+            "nts: no certificate, so no NTS-KE here: authenticated NTP for the cookies the \
+             fleet's NTS-KE members hand out"
+        );
+    }
+    let keys = FleetKeys {
+        path: fleet.path,
+        period: fleet.period,
+        secrets: Arc::new(ArcSwap::from_pointee(fleet.secrets)),
+        cookies,
+    };
+    let (cookies, secrets, period) = (keys.cookies.clone(), keys.secrets.clone(), keys.period);
+    sup.task("nts-fleet-keys", async move {
+        nts_ke::follow_fleet(cookies, secrets, period).await;
+        Ok(())
+    });
+    Some(keys)
+}
