@@ -57,20 +57,33 @@ pub(crate) async fn run(upstream: SocketAddr, interval: Duration, shared: Arc<Sh
     }
 }
 
+/// Why a poll got no state from the upstream; logged once when it starts failing.
+#[derive(Debug, thiserror::Error)]
+enum PollError {
+    #[error("cannot open socket: {0}")]
+    Socket(io::Error),
+    #[error("send failed: {0}")]
+    Send(io::Error),
+    #[error("no reply")]
+    NoReply,
+    #[error("connection refused")]
+    Refused,
+    #[error("receive failed: {0}")]
+    Receive(io::Error),
+}
+
 async fn poll_once(
     mirror: &mut Mirror,
     socket: &mut Option<UdpSocket>,
     upstream: SocketAddr,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), PollError> {
     if socket.is_none() {
         let local: SocketAddr = match upstream {
             SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
-        let s = UdpSocket::bind(local)
-            .await
-            .map_err(|e| format!("cannot open socket: {e}"))?;
+        let s = UdpSocket::bind(local).await.map_err(PollError::Socket)?;
         *socket = Some(s);
     }
     let Some(sock) = socket.as_ref() else {
@@ -80,19 +93,19 @@ async fn poll_once(
     if let Err(e) = sock.send_to(&request, upstream).await {
         // Start afresh next time: the socket may be what is broken.
         *socket = None;
-        return Err(format!("send failed: {e}"));
+        return Err(PollError::Send(e));
     }
     let mut buf = [0u8; 1024];
     loop {
         let received = time::timeout_at(deadline, sock.recv_from(&mut buf)).await;
         let (len, from) = match received {
-            Err(_) => return Err("no reply".into()),
+            Err(_) => return Err(PollError::NoReply),
             Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                return Err("connection refused".into());
+                return Err(PollError::Refused);
             }
             Ok(Err(e)) => {
                 *socket = None;
-                return Err(format!("receive failed: {e}"));
+                return Err(PollError::Receive(e));
             }
             Ok(Ok(got)) => got,
         };
@@ -113,7 +126,7 @@ fn report(
     upstream: SocketAddr,
     health: Health,
     state: &ServerState,
-    error: Option<&String>,
+    error: Option<&PollError>,
     shared: &Shared,
 ) {
     let stale = shared.policy.stale_after.as_secs_f64();
@@ -131,7 +144,7 @@ fn report(
         Health::Unreachable => warn!(
             "upstream {upstream} not answering ({}); clients are told the server is unsynchronised \
              if it stays so for {stale} s",
-            error.map_or("?", String::as_str)
+            error.map_or_else(|| "?".to_owned(), PollError::to_string)
         ),
         Health::Unknown => {}
     }
@@ -151,5 +164,73 @@ pub(crate) fn refid(state: &ServerState) -> String {
         text
     } else {
         format!("{}.{}.{}.{}", id[0], id[1], id[2], id[3])
+    }
+}
+
+/// The poller against an upstream in the same process, on a loopback socket: the mirror's state
+/// reaches the workers' snapshot, and an upstream that says it is unsynchronised is served so.
+#[cfg(test)]
+mod tests {
+    use chime_ntp::StalePolicy;
+
+    use super::*;
+    use crate::ntp::worker::testing::{self, shared};
+
+    /// An upstream that answers every request with `state`, as chronyd would, until dropped.
+    async fn upstream(state: ServerState) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let mut reply = [0u8; 48];
+            while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                let served = state.served_at(clock::now(), &StalePolicy::default());
+                let len =
+                    chime_ntp::respond(&buf[..n], from.port(), clock::now(), &served, &mut reply)
+                        .unwrap();
+                chime_ntp::stamp_transmit(&mut reply[..len], clock::now());
+                socket.send_to(&reply[..len], from).await.unwrap();
+            }
+        });
+        (addr, task)
+    }
+
+    /// Polls `state`'s upstream every 10 ms until the snapshot holds a reply, for at most 2 s.
+    fn mirrored(state: ServerState) -> ServerState {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (addr, server) = upstream(state).await;
+            let ntp = shared(ServerState::unsynchronised(), &[]);
+            let poller = tokio::spawn(run(addr, Duration::from_millis(10), ntp.clone()));
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while ntp.state.load().updated.is_none() && Instant::now() < deadline {
+                time::sleep(Duration::from_millis(5)).await;
+            }
+            poller.abort();
+            server.abort();
+            **ntp.state.load()
+        })
+    }
+
+    #[test]
+    fn a_synchronised_upstream_reaches_the_workers() {
+        let state = mirrored(testing::synchronised());
+        assert_eq!((state.leap, state.stratum), (Leap::NoWarning, 3));
+        assert_eq!(state.reference_id, *b"LOCL");
+        assert!(state.updated.is_some());
+    }
+
+    #[test]
+    fn an_upstream_that_says_it_is_unsynchronised_is_mirrored_so() {
+        let mut unsynchronised = testing::synchronised();
+        unsynchronised.leap = Leap::Unsynchronised;
+        let state = mirrored(unsynchronised);
+        assert!(state.updated.is_some(), "no reply mirrored");
+        assert!(!is_synchronised(&state));
+        let served = state.served_at(clock::now(), &StalePolicy::default());
+        assert!(!served.is_synchronised());
     }
 }

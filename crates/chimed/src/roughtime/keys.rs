@@ -233,3 +233,29 @@ pub(crate) async fn rotate_pq(pq: Pq) {
         pq.now.store(Arc::new(pq_delegation(&pq.key, pq.rotation)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_online_key_covers_now_for_two_rotations_and_changes_each_time() {
+        let key = LongTermKey::from_seed(&[5; 32]);
+        let rotation = Duration::from_secs(3600);
+        let now = crate::clock::read().since_epoch.as_secs();
+        let first = delegate(&key, rotation).unwrap();
+        assert!(first.mint_unix_s() <= now && now <= first.mint_unix_s() + BACKDATE.as_secs() + 1);
+        let lasts = first.maxt_unix_s() - now;
+        assert!((2 * 3600..=2 * 3600 + 1).contains(&lasts), "{lasts}");
+        let second = delegate(&key, rotation).unwrap();
+        assert_ne!(first.online_public_key(), second.online_public_key());
+    }
+
+    #[test]
+    fn the_mldsa_online_key_covers_now() {
+        let pq = Pq::new(PqLongTermKey::from_seed(&[6; 32]), Duration::from_secs(600));
+        let now = crate::clock::read().unix_secs() as u64;
+        let (mint, maxt) = pq.now.load().window();
+        assert!(mint < now && now < maxt, "{mint} {now} {maxt}");
+    }
+}
