@@ -7,10 +7,11 @@
 # Each build runs alone, pinned to CPU 0, with one NTP thread and one Roughtime thread on loopback,
 # mirroring a chronyd -x started here; `chime perf` runs pinned to CPU 1 and reads the server's CPU
 # time from /proc. Per round and build: `chime perf ntp --rate NTP_RATE` (above one core's
-# capacity: what counts is how many replies arrive in time to be accepted), then `chime perf
-# roughtime --rate RT_RATE` (below capacity: what counts is the CPU each reply cost). The
-# summary gives each round's figures, each build's mean, and B/A of the means with the per-round
-# range of B/A.
+# capacity: what counts is how many replies arrive in time to be accepted, and what each cost),
+# then `chime perf roughtime --rate RT_RATE` (below capacity: what counts is the CPU each reply
+# cost). The summary gives each round's figures, each build's mean, and B/A of the means with the
+# per-round range of B/A. The server's CPU % says whether the NTP run saturated it: if not, the
+# generator (or another process) was short of CPU, and only CPU per reply compares.
 #
 # This script builds nothing: it is given the binaries. Needs chronyd, taskset, python3.
 set -euo pipefail
@@ -129,7 +130,10 @@ def col(path, name):
         row = next(csv.DictReader(f))
     return float(row[name])
 for proto, name, what in [("ntp", "accepted_rate", "NTP accepted replies/s"),
-                          ("roughtime", "server_cpu_us_per_reply", "Roughtime server CPU us/reply")]:
+                          ("ntp", "server_cpu_us_per_reply", "NTP server CPU us/reply"),
+                          ("ntp", "server_cpu_pct", "NTP server CPU % (100: saturated)"),
+                          ("roughtime", "server_cpu_us_per_reply", "Roughtime server CPU us/reply"),
+                          ("roughtime", "accepted_rate", "Roughtime accepted replies/s")]:
     vals = {l: [col(f"{out}/{proto}-{l}-{r}.csv", name) for r in range(1, rounds + 1)] for l in "AB"}
     ratios = [b / a for a, b in zip(vals["A"], vals["B"])]
     print(f"{what}")
