@@ -136,7 +136,7 @@ fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
                         tracing::debug!("roughtime: {e:#}; choosing another port");
                         continue;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.into()),
                 }
             }
             groups.push(bound);

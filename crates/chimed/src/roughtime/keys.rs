@@ -13,7 +13,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -29,13 +28,15 @@ use crate::roughtime::udp::Shared;
 const BACKDATE: Duration = Duration::from_secs(60);
 
 /// A fresh online key delegated by `key`, valid for two rotation intervals from now.
-pub(crate) fn delegate(key: &LongTermKey, rotation: Duration) -> Result<Delegation> {
+pub(crate) fn delegate(
+    key: &LongTermKey,
+    rotation: Duration,
+) -> Result<Delegation, chime_roughtime::DelegationError> {
     let now = crate::clock::read().since_epoch.as_secs();
     let seed = Zeroizing::new(rand::random::<[u8; 32]>());
     let mint = now.saturating_sub(BACKDATE.as_secs());
     let maxt = now.saturating_add(2 * rotation.as_secs().max(1));
     key.delegate(OnlineKey::from_seed(&seed), mint, maxt)
-        .context("cannot delegate an online key")
 }
 
 pub(crate) fn describe(d: &Delegation) -> String {

@@ -9,7 +9,6 @@ pub(crate) mod udp;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
 use arc_swap::ArcSwap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -19,6 +18,27 @@ use tracing::{info, warn};
 use crate::config::{self, RoughtimeKeys};
 use crate::ntp::worker as ntp_worker;
 
+/// Why Roughtime cannot start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    /// The long-term key would not delegate an online key.
+    #[error("cannot delegate an online key: {0}")]
+    Delegate(#[from] chime_roughtime::DelegationError),
+    /// Roughtime over TCP could not be set up on this address.
+    #[error("roughtime tcp {addr}: cannot {what}: {source}")]
+    Tcp {
+        addr: std::net::SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// Roughtime over TCP's runtime or thread could not be started.
+    #[error("cannot start the Roughtime TCP {what}: {source}")]
+    TcpStart {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
 /// What the control plane needs to keep Roughtime's keys current: what it signs with, the
 /// rotation interval, and the state the workers share.
 pub(crate) type Control = (keys::Signer, Duration, Arc<udp::Shared>);
@@ -26,7 +46,10 @@ pub(crate) type Control = (keys::Signer, Duration, Arc<udp::Shared>);
 /// The state every Roughtime transport shares, with the first delegation made (or taken from the
 /// bundle), and what the control plane needs to keep it current. Logs what an operator needs to
 /// know about it: the public key, the online key, the hashing backend, gathering and grease.
-pub(crate) fn prepare(rt: &config::Roughtime, ntp: &Arc<ntp_worker::Shared>) -> Result<Control> {
+pub(crate) fn prepare(
+    rt: &config::Roughtime,
+    ntp: &Arc<ntp_worker::Shared>,
+) -> Result<Control, Error> {
     let (signer, delegation, public, bundle) = match &rt.keys {
         RoughtimeKeys::LongTerm { seed, .. } => {
             let key = Arc::new(LongTermKey::from_seed(seed));

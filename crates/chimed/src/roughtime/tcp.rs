@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
 use arc_swap::ArcSwap;
 use chime_roughtime::mldsa::{PqDelegation, PqResponder};
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
@@ -37,8 +36,8 @@ use tracing::{error, info, warn};
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
 use crate::observe::stats::{Note, Published, Totals, WorkerStats};
-use crate::roughtime::serve;
 use crate::roughtime::udp::{self as roughtime_worker, REASONS, Shared};
+use crate::roughtime::{Error, serve};
 
 /// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
 pub(crate) const IN_FLIGHT: usize = 16;
@@ -152,15 +151,21 @@ pub(crate) fn spawn(
     (counts, totals, published): Counters,
     pq: Option<Arc<ArcSwap<PqDelegation>>>,
     stopped: CancellationToken,
-) -> Result<Service> {
+) -> Result<Service, Error> {
     for l in &listeners {
-        l.set_nonblocking(true)
-            .context("roughtime tcp: cannot make the listener non-blocking")?;
+        l.set_nonblocking(true).map_err(|source| Error::Tcp {
+            addr: l.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into()),
+            what: "make the listener non-blocking",
+            source,
+        })?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("cannot start the Roughtime TCP runtime")?;
+        .map_err(|source| Error::TcpStart {
+            what: "runtime",
+            source,
+        })?;
     let thread = std::thread::Builder::new()
         .name("roughtime-tcp".into())
         .spawn(move || {
@@ -203,7 +208,10 @@ pub(crate) fn spawn(
             });
             // Dropping the runtime ends the connection tasks still running.
         })
-        .context("cannot start the Roughtime TCP thread")?;
+        .map_err(|source| Error::TcpStart {
+            what: "thread",
+            source,
+        })?;
     Ok(Service { thread })
 }
 
@@ -556,24 +564,21 @@ fn answer(
 
 /// Binds a TCP listener on a Roughtime UDP socket's address (the same port: a port-0 bind's real
 /// one).
-pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
+    let failed = |what| move |source| Error::Tcp { addr, what, source };
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )
-    .with_context(|| format!("roughtime tcp {addr}: cannot open a socket"))?;
+    .map_err(failed("open a socket"))?;
     if addr.is_ipv6() {
         // The IPv4 address has its own listener.
         socket.set_only_v6(true).ok();
     }
     socket.set_reuse_address(true).ok();
-    socket
-        .bind(&addr.into())
-        .with_context(|| format!("roughtime tcp {addr}: cannot bind"))?;
-    socket
-        .listen(1024)
-        .with_context(|| format!("roughtime tcp {addr}: cannot listen"))?;
+    socket.bind(&addr.into()).map_err(failed("bind"))?;
+    socket.listen(1024).map_err(failed("listen"))?;
     let listener: std::net::TcpListener = socket.into();
     if let Ok(bound) = listener.local_addr() {
         info!("roughtime over tcp on {bound}");
