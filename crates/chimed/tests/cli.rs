@@ -55,7 +55,7 @@ fn bad_flags_exit_2_naming_the_flag() {
 fn bad_config_file_exit_2_naming_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("chimed.toml");
-    std::fs::write(&path, "ipv4-threads = 2\nno-such-key = 1\n").unwrap();
+    std::fs::write(&path, "[ntp]\nno-such-key = 1\n").unwrap();
     let (code, err) = chimed(&["--config", path.to_str().unwrap(), "--check-config"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("chimed.toml") && err.contains("line 2") && err.contains("no-such-key"));
@@ -64,6 +64,36 @@ fn bad_config_file_exit_2_naming_file_and_line() {
     let (code, err) = chimed(&["--config", "/nonexistent/chimed.toml"]);
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent/chimed.toml"), "{err}");
+
+    // A key of the flat file that came before sections is named with its new place.
+    std::fs::write(&path, "# chimed\nnts-ke-threads = 2\n").unwrap();
+    let (code, err) = chimed(&["--config", path.to_str().unwrap(), "--check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.trim_end()
+            .ends_with("chimed.toml, line 2: nts-ke-threads is now [nts] ke-threads"),
+        "{err}"
+    );
+}
+
+/// A switch the file turns on, a flag turns off: `--ratelimit=false`; `--ratelimit` alone is true.
+#[test]
+fn a_flag_turns_off_the_files_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chimed.toml");
+    std::fs::write(&path, "[ratelimit]\nenabled = true\n").unwrap();
+    let shown = |flags: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chimed"))
+            .args(["--check-config", "--config", path.to_str().unwrap()])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(shown(&[]).contains("ratelimit: Some("));
+    assert!(shown(&["--ratelimit=false"]).contains("ratelimit: None"));
+    assert!(shown(&["--ratelimit"]).contains("ratelimit: Some("));
 }
 
 #[test]
@@ -89,6 +119,121 @@ fn shipped_configs_pass_check_config() {
         }
     }
     assert!(checked > 0, "no .toml files in configs/");
+}
+
+/// Every key the example config shows commented out, uncommented, passes --check-config. A key
+/// marked `# instead of KEY` excludes KEY: one run takes the first of each pair, one the other.
+/// The files the keys name are made here and given by flag, which wins over the file's path.
+#[test]
+fn every_example_key_uncommented_passes_check_config() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../configs/chimed.toml"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = common::certificate(dir.path(), "localhost");
+    let rt = common::chime_keygen();
+    let bundle = dir.path().join("bundle");
+    common::chime_delegate(&rt.file, &bundle, &[]);
+    let mldsa = dir.path().join("mldsa.key");
+    let fleet = dir.path().join("fleet.key");
+    for made in [
+        Command::new(common::workspace_bin("chime"))
+            .args(["keygen", "--mldsa"])
+            .arg(&mldsa)
+            .output(),
+        Command::new(common::workspace_bin("chime"))
+            .arg("nts-fleet-key")
+            .arg(&fleet)
+            .output(),
+    ] {
+        let made = made.unwrap();
+        assert!(made.status.success(), "{made:?}");
+    }
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap();
+    let p = |f: &std::path::Path| f.to_str().unwrap().to_owned();
+    // Each flag with the key it stands in for, so that a run leaves out the one it skips.
+    let flags = [
+        ("--nts-certificate", p(&cert), "[nts]", "certificate"),
+        ("--nts-private-key", p(&key), "[nts]", "private-key"),
+        ("--nts-dump-dir", p(dir.path()), "[nts]", "dump-dir"),
+        ("--nts-fleet-key", p(&fleet), "[nts]", "fleet-key"),
+        ("--roughtime-key", p(&rt.file), "[roughtime]", "key"),
+        (
+            "--roughtime-delegation",
+            p(&bundle),
+            "[roughtime]",
+            "delegation",
+        ),
+        (
+            "--roughtime-mldsa-key",
+            p(&mldsa),
+            "[roughtime]",
+            "mldsa-key",
+        ),
+        ("--user", user.name, "[process]", "user"),
+        ("--root", "/".to_owned(), "[process]", "root"),
+    ];
+    // (section, key) of each `# instead of KEY` line and of the KEY it replaces.
+    let mut section = String::new();
+    let (mut instead, mut replaced) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        if line.starts_with('[') {
+            section = line.to_owned();
+        } else if let Some((key_line, other)) = line.split_once("   # instead of ") {
+            let key = key_line.trim_start_matches("# ").split(' ').next().unwrap();
+            instead.push((section.clone(), key.to_owned()));
+            replaced.push((section.clone(), other.trim().to_owned()));
+        }
+    }
+    assert!(instead.len() >= 2, "{instead:?}");
+    for (skip, run) in [(&instead, "first"), (&replaced, "second")] {
+        let (out, uncommented) = uncomment(&text, skip);
+        assert!(
+            uncommented > 40,
+            "{run} run: {uncommented} keys uncommented"
+        );
+        let path = dir.path().join(format!("{run}.toml"));
+        std::fs::write(&path, &out).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_chimed"));
+        cmd.args(["--check-config", "--config", path.to_str().unwrap()]);
+        for (flag, value, section, key) in &flags {
+            if !skip.contains(&((*section).to_owned(), (*key).to_owned())) {
+                cmd.args([flag, value.as_str()]);
+            }
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{run} run: {err}\n{}", path.display());
+    }
+}
+
+/// `text` with every commented-out key line (`# key = value`) uncommented but those in `skip`
+/// (`[section]`, key), and how many it uncommented.
+fn uncomment(text: &str, skip: &[(String, String)]) -> (String, usize) {
+    let (mut section, mut out, mut uncommented) = (String::new(), String::new(), 0);
+    for line in text.lines() {
+        if line.starts_with('[') {
+            section = line.to_owned();
+        }
+        let key = line
+            .strip_prefix("# ")
+            .and_then(|l| l.split_once(" = "))
+            .map(|(k, _)| k);
+        let is_key = key.is_some_and(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '-'));
+        let skipped = key.is_some_and(|k| skip.contains(&(section.clone(), k.to_owned())));
+        if is_key && !skipped {
+            out.push_str(&line[2..]);
+            uncommented += 1;
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    (out, uncommented)
 }
 
 #[test]
@@ -126,16 +271,16 @@ fn rate_limit_options_are_checked() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("chimed.toml");
-    std::fs::write(&path, "ratelimit = true\nratelimit-leak = 9\n").unwrap();
+    std::fs::write(&path, "[ratelimit]\nenabled = true\nleak = 9\n").unwrap();
     let (code, err) = chimed(&["--config", path.to_str().unwrap(), "--check-config"]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("chimed.toml: ratelimit-leak: must be 1 to 4, not 9"),
+        err.contains("chimed.toml, line 3: ratelimit.leak: must be 1 to 4, not 9"),
         "{err}"
     );
     std::fs::write(
         &path,
-        "ratelimit = true\nratelimit-interval = -4\nratelimit-kod = 2\n",
+        "[ratelimit]\nenabled = true\ninterval = -4\nkod = 2\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_chimed"))

@@ -238,7 +238,7 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
     let chronyd = Chronyd::start();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("chimed.toml");
-    std::fs::write(&conf, "deny = [\"127.0.0.1\"]\n").unwrap();
+    std::fs::write(&conf, "[access]\ndeny = [\"127.0.0.1\"]\n").unwrap();
     let mut chimed = chimed_v4(&chronyd, &["-4", "1", "--config", conf.to_str().unwrap()]);
     chimed.wait_for("SIGHUP reloads", Duration::from_secs(5));
     let request = {
@@ -253,7 +253,7 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
         "denied at start"
     );
 
-    std::fs::write(&conf, "deny = [\"192.0.2.0/24\"]\n").unwrap();
+    std::fs::write(&conf, "[access]\ndeny = [\"192.0.2.0/24\"]\n").unwrap();
     kill(chimed.pid(), Signal::SIGHUP).unwrap();
     chimed.wait_for(
         "access rules reloaded: [deny 192.0.2.0/24",
@@ -261,7 +261,7 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
     );
     assert!(exchange(chimed.addr, &request, Duration::from_secs(2)).is_some());
 
-    std::fs::write(&conf, "deny = [\"127.0.0.1/40\"]\n").unwrap();
+    std::fs::write(&conf, "[access]\ndeny = [\"127.0.0.1/40\"]\n").unwrap();
     kill(chimed.pid(), Signal::SIGHUP).unwrap();
     let warned = chimed.wait_for("keeping the access rules in force", Duration::from_secs(5));
     assert!(warned.contains("deny: '127.0.0.1/40'"), "{warned}");

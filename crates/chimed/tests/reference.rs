@@ -1,6 +1,6 @@
 //! The reference keeps up with the code: every flag `chimed --help` lists is in the flag reference
-//! (docs/FLAGS.adoc), in the manual page chimed(8) and, as a key of the same name, in chimed.toml(5)
-//! and the example config (configs/chimed.toml); every `chime` subcommand has its manual page
+//! (docs/FLAGS.adoc), in the manual page chimed(8) and, under the section and key it sets, in
+//! chimed.toml(5) and the example config (configs/chimed.toml); every `chime` subcommand has its manual page
 //! naming each of its flags; and the completions are written for bash, zsh and fish.
 
 mod common;
@@ -59,6 +59,36 @@ fn in_roff(page: &str, text: &str) -> bool {
     page.contains(&text.replace('-', "\\-"))
 }
 
+/// chimed.toml(5)'s keys, by the flag each names: `--flag` → `[section] key`.
+fn keys_by_flag(page: &str) -> Vec<(String, String)> {
+    let page = page.replace("\\-", "-");
+    let (mut section, mut key, mut keys) = ("", "", Vec::new());
+    for line in page.lines() {
+        if let Some(s) = line.strip_prefix(".SH ") {
+            section = s.trim_matches('"');
+        } else if let Some(k) = line.strip_prefix("\\fB") {
+            key = k.split("\\fR").next().unwrap_or("");
+        } else if let Some(flag) = line.strip_prefix("Flag: ") {
+            let flag = flag.split(',').next().unwrap_or("");
+            keys.push((flag.to_owned(), format!("{section} {key}")));
+        }
+    }
+    keys
+}
+
+/// The example config's keys, set or commented out: `[section] key`.
+fn example_keys(text: &str) -> Vec<String> {
+    let (mut section, mut keys) = ("", Vec::new());
+    for line in text.lines() {
+        if line.starts_with('[') {
+            section = line;
+        } else if let Some((key, _)) = line.trim_start_matches("# ").split_once(" = ") {
+            keys.push(format!("{section} {key}"));
+        }
+    }
+    keys
+}
+
 #[test]
 fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
     let flags = long_flags(&help_of("chimed", &[]));
@@ -67,10 +97,11 @@ fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
         "too few flags read from --help: {flags:?}"
     );
     let reference = repo_file("docs/FLAGS.adoc");
-    let example = repo_file("configs/chimed.toml");
+    let example = example_keys(&repo_file("configs/chimed.toml"));
     let docs = generated("chimed", &["--generate-docs"]);
     let man = std::fs::read_to_string(docs.path().join("chimed.8")).unwrap();
     let config_man = std::fs::read_to_string(docs.path().join("chimed.toml.5")).unwrap();
+    let keys = keys_by_flag(&config_man);
     let mut missing = Vec::new();
     for flag in &flags {
         if !reference.contains(&format!("`--{flag}")) {
@@ -82,20 +113,26 @@ fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
         if flag == "config" || flag == "check-config" {
             continue;
         }
-        if !in_roff(&config_man, flag) {
-            missing.push(format!("{flag}: not in chimed.toml(5)"));
-        }
-        if !example.contains(&format!("# {flag} =")) && !example.contains(&format!("\n{flag} =")) {
-            missing.push(format!("{flag}: not in configs/chimed.toml"));
+        let Some((_, key)) = keys.iter().find(|(f, _)| *f == format!("--{flag}")) else {
+            missing.push(format!("--{flag}: no key in chimed.toml(5)"));
+            continue;
+        };
+        if !example.contains(key) {
+            missing.push(format!("--{flag}: {key} not in configs/chimed.toml"));
         }
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert!(
+        keys.contains(&("--nts-ke-threads".into(), "[nts] ke-threads".into())),
+        "{keys:?}"
+    );
     for file in ["chimed.bash", "_chimed", "chimed.fish"] {
         let text = std::fs::read_to_string(docs.path().join(file)).unwrap();
         assert!(text.contains("nts-ke-threads"), "{file}");
     }
-    // A flag that is not there is noticed: the check can fail.
+    // A flag or a key that is not there is noticed: the checks can fail.
     assert!(!reference.contains("`--no-such-flag"));
+    assert!(!example.contains(&"[ntp] no-such-key".to_owned()));
 }
 
 #[test]

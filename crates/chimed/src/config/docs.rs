@@ -2,8 +2,8 @@
 //! completions for bash, zsh and fish, made from the flags' own definitions, so that none can fall
 //! behind the code. The package build runs it; so do the tests that check the reference.
 //!
-//! Every flag but `--config` and `--check-config` is also a config-file key of the same name, and
-//! chimed.toml(5) is written from that.
+//! Every flag but `--config` and `--check-config` sets a config-file key; its clap id is the key's
+//! dotted path, and chimed.toml(5) lists each section's keys from that, with the flag's help.
 
 use std::io;
 use std::path::Path;
@@ -12,10 +12,7 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::roff::{Roff, bold, italic, roman};
 
-use crate::config::cli::Args;
-
-/// Flags that are not config-file keys.
-const NOT_KEYS: [&str; 4] = ["config", "check-config", "generate-docs", "help"];
+use crate::config::schema::Args;
 
 /// Writes chimed.8, chimed.toml.5 and the completions into `dir`.
 pub(crate) fn generate(dir: &Path) -> io::Result<()> {
@@ -88,7 +85,7 @@ fn daemon_sections() -> Roff {
     r
 }
 
-/// chimed.toml(5): every key, its value and what it does, from the flag of the same name.
+/// chimed.toml(5): every section's keys, each with its value, what it does and its flag.
 fn config_page(cmd: &clap::Command) -> Roff {
     let mut r = Roff::new();
     r.control(
@@ -105,23 +102,30 @@ fn config_page(cmd: &clap::Command) -> Roff {
     .text([roman("chimed.toml - configuration file of chimed(8)")])
     .control("SH", ["DESCRIPTION"])
     .text([roman(
-        "A TOML file of keys at the top level, read at start with chimed -c FILE (the systemd \
-         unit uses /etc/chimed/chimed.toml). Every key is optional and has the name and meaning of \
-         the chimed(8) flag with the same name; a flag given on the command line wins over the \
-         file. An unknown key, or a value of the wrong type, stops chimed with one line naming \
-         the key and the file. chimed --check-config prints the settings resolved from both.",
-    )])
-    .control("SH", ["KEYS"]);
+        "A TOML file of sections, read at start with chimed -c FILE (the systemd unit uses \
+         /etc/chimed/chimed.toml). Every key is optional and has the meaning of the chimed(8) \
+         flag named beside it; a flag given on the command line wins over the file, and a switch \
+         such as --ratelimit=false turns off the file's true. An unknown key, a value of the \
+         wrong type or out of range, or a key of the flat file older versions read, stops chimed \
+         with one line naming the file, the line and the key. chimed --check-config prints the \
+         settings resolved from both. SIGHUP puts the file's [access] in force and logs every \
+         other key that changed, which takes effect at a restart.",
+    )]);
+    let mut section = "";
     for arg in cmd.get_arguments() {
-        let Some(key) = arg.get_long() else { continue };
-        if NOT_KEYS.contains(&key) || arg.is_hide_set() || key == "version" {
+        let Some((in_section, key)) = arg.get_id().as_str().rsplit_once('.') else {
             continue;
+        };
+        if in_section != section {
+            section = in_section;
+            r.control("SH", [format!("[{section}]").as_str()]);
         }
         let value = match (arg.get_action(), arg.get_value_names()) {
-            (clap::ArgAction::SetTrue, _) => "true | false".to_owned(),
+            (_, Some([name, ..])) if name == "BOOL" => "true | false".to_owned(),
             (clap::ArgAction::Append, Some([name, ..])) => {
                 format!("[{}, ...]", value_of(name.as_str()))
             }
+            (_, Some([name, ..])) if name == "LIST" => "[N, ...]".to_owned(),
             (_, Some([name, ..])) => value_of(name.as_str()),
             _ => "VALUE".to_owned(),
         };
@@ -130,16 +134,23 @@ fn config_page(cmd: &clap::Command) -> Roff {
             .or(arg.get_help())
             .map(ToString::to_string)
             .unwrap_or_default();
+        let long = arg.get_long().unwrap_or(key);
+        let flag = match arg.get_short() {
+            Some(c) => format!("Flag: --{long}, -{c}"),
+            None => format!("Flag: --{long}"),
+        };
         r.control("TP", [])
             .text([bold(key), roman(" = "), italic(value)])
-            .text([roman(help)]);
+            .text([roman(help)])
+            .control("br", [])
+            .text([roman(flag)]);
     }
     r.control("SH", ["EXAMPLE"])
         .control("EX", [])
         .text([roman(
-            "ipv4-threads = 2\nserver-address = \"127.0.0.1:11123\"\nuser = \"_chimed\"\n\
-             nts-certificate = \"/etc/chimed/nts/fullchain.pem\"\n\
-             nts-private-key = \"/etc/chimed/nts/privkey.pem\"",
+            "[ntp]\nipv4-threads = 2\n\n[upstream]\nserver-address = \"127.0.0.1:11123\"\n\n\
+             [nts]\ncertificate = \"/etc/chimed/nts/fullchain.pem\"\n\
+             private-key = \"/etc/chimed/nts/privkey.pem\"\n\n[nts.ratelimit]\nenabled = true",
         )])
         .control("EE", [])
         .control("SH", ["SEE ALSO"])

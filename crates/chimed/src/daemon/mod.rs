@@ -19,8 +19,8 @@ use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
-use crate::config::cli::Args;
-use crate::config::{Settings, docs};
+use crate::config::Args;
+use crate::config::{self, Settings, docs};
 use crate::nts::ke as nts_ke;
 use crate::roughtime::udp as roughtime_worker;
 use crate::{ntp, ntp::worker as ntp_worker, roughtime};
@@ -47,7 +47,7 @@ pub fn main() -> ExitCode {
             }
         };
     }
-    let settings = match Settings::resolve(&args) {
+    let settings = match config::settings(&args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("chimed: {e}");

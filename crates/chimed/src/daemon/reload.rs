@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use tracing::{info, warn};
 
 use crate::clock::tz;
-use crate::config::{self, Settings, cli::Args};
+use crate::config::{self, Args, Settings};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::{ke as nts_ke, keys as nts_keys};
 use crate::roughtime::{keys as online_keys, udp as roughtime_worker};
@@ -56,11 +56,14 @@ impl Reloadable {
         if let Some(nts) = &self.nts {
             nts.reload();
         }
-        match config::reload_acl(args) {
-            Ok(Some(acl)) => {
+        match config::reload(args, settings) {
+            Ok(Some(new)) => {
+                for key in &new.restart {
+                    warn!("SIGHUP: {key} changed in the config file; it takes effect at a restart");
+                }
                 // Logged once in force, so that whoever reads the line can rely on it.
-                let shown = format!("{acl:?}");
-                self.ntp.acl.store(Arc::new(acl));
+                let shown = format!("{:?}", new.acl);
+                self.ntp.acl.store(Arc::new(new.acl));
                 info!("SIGHUP: access rules reloaded: {shown}");
             }
             Ok(None) => info!("SIGHUP: no config file, so no access rules to reload"),

@@ -51,18 +51,8 @@ const MAX_REPLY: usize = 2048;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const READ_CHUNK: usize = 4096;
 
-/// `--roughtime-tcp-*`: the bounds on connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limits {
-    /// Connections open at once.
-    pub(crate) connections: usize,
-    /// Connections open at once from one client address.
-    pub(crate) per_address: usize,
-    /// Longest wait for the next request (or for a reply to be read).
-    pub(crate) idle: Duration,
-    /// Longest a connection stays open, however busy.
-    pub(crate) lifetime: Duration,
-}
+/// `[roughtime.tcp]`: the bounds on connections, as the config resolved them.
+pub(crate) use crate::config::TcpLimits as Limits;
 
 /// How connections ended, and how many are open; for the log and the metrics.
 #[derive(Debug, Default)]

@@ -1,0 +1,136 @@
+//! The second step after `resolve`: what the settings name on this machine, read and checked.
+//! The Roughtime long-term key or delegation bundle and the ML-DSA key, the NTS certificate and
+//! key (into a rustls configuration), the NTS fleet secret and saved cookie keys; and the user,
+//! root directory and timezone looked up, so that a name that does not exist stops chimed at
+//! start rather than after the sockets are bound. An error names the key that named the file.
+
+use std::path::Path;
+
+use zeroize::Zeroizing;
+
+use super::resolve::{NtsPlan, Resolved, RoughtimePlan, Sources};
+use super::{ConfigError, Fleet, Nts, Roughtime, RoughtimeKeys, Settings};
+
+/// Fills in what `resolve` left to be read.
+pub(super) fn load(resolved: Resolved) -> Result<Settings, ConfigError> {
+    let Resolved {
+        mut settings,
+        nts,
+        fleet,
+        roughtime,
+        sources: s,
+    } = resolved;
+    if let Some(u) = &settings.user {
+        match nix::unistd::User::from_name(u) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(s.bad("process.user", format!("no such user '{u}'"))),
+            Err(e) => return Err(s.bad("process.user", format!("cannot look up '{u}': {e}"))),
+        }
+    }
+    if let Some(r) = settings.root.as_ref().filter(|r| !r.is_dir()) {
+        return Err(s.bad(
+            "process.root",
+            format!("{} is not a directory", r.display()),
+        ));
+    }
+    if let Some(zone) = &settings.tz_offset {
+        crate::clock::tz::load(zone.as_deref()).map_err(|r| s.bad("tz-offset.timezone", r))?;
+    }
+    settings.nts_fleet = match fleet {
+        None => None,
+        Some((path, period)) => Some(Fleet {
+            secrets: crate::nts::keys::load_fleet(&path).map_err(|r| s.bad("nts.fleet-key", r))?,
+            path,
+            period,
+        }),
+    };
+    settings.nts = nts.map(|plan| nts_keys(plan, &s)).transpose()?;
+    settings.roughtime = roughtime.map(|plan| roughtime_keys(plan, &s)).transpose()?;
+    Ok(settings)
+}
+
+fn nts_keys(p: NtsPlan, s: &Sources) -> Result<Nts, ConfigError> {
+    let loaded = crate::nts::ke::load(&p.certificate, &p.private_key)
+        .map_err(|r| s.bad("nts.certificate", r))?;
+    let dump = match p.dump_dir {
+        None => None,
+        Some(dir) => {
+            if !dir.is_dir() {
+                let r = format!("{}: not a directory", dir.display());
+                return Err(s.bad("nts.dump-dir", r));
+            }
+            let file = crate::nts::keys::path_in(&dir);
+            let saved = crate::nts::keys::load(&file).map_err(|r| s.bad("nts.dump-dir", r))?;
+            Some((file, saved))
+        }
+    };
+    let (ntp_server, ntp_port) = p.ntp_server.unzip();
+    Ok(Nts {
+        certificate: p.certificate,
+        private_key: p.private_key,
+        tls: loaded.config,
+        not_after: loaded.not_after,
+        ke_address: p.ke_address,
+        ke_threads: p.ke_threads,
+        rotation: p.rotation,
+        dump,
+        ratelimit: p.ratelimit,
+        ntp_server,
+        ntp_port: ntp_port.flatten(),
+    })
+}
+
+fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigError> {
+    let mldsa = match p.mldsa {
+        None => None,
+        Some(file) => {
+            let bad = |r| s.bad("roughtime.mldsa-key", r);
+            let text = super::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")
+                .map_err(bad)?;
+            let seed = chime_roughtime::mldsa::parse_key_file(&text)
+                .map_err(|e| bad(format!("{}: {e}", file.display())))?;
+            Some((file, Zeroizing::new(seed)))
+        }
+    };
+    let keys = match p.key {
+        (true, file) => RoughtimeKeys::LongTerm {
+            seed: load_key(&file).map_err(|r| s.bad("roughtime.key", r))?,
+            file,
+        },
+        (false, file) => RoughtimeKeys::Bundle {
+            bundle: load_bundle(&file).map_err(|r| s.bad("roughtime.delegation", r))?,
+            file,
+        },
+    };
+    Ok(Roughtime {
+        keys,
+        ipv4_threads: p.ipv4_threads,
+        ipv6_threads: p.ipv6_threads,
+        ipv4_address: p.ipv4_address,
+        ipv6_address: p.ipv6_address,
+        rotation: p.rotation,
+        batch_size: p.batch_size,
+        recv_buffer: p.recv_buffer,
+        gather: p.gather,
+        grease: p.grease,
+        grease_kinds: p.grease_kinds,
+        tcp: p.tcp,
+        mldsa,
+    })
+}
+
+/// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
+/// keys sign as this server) and one whose certificates do not verify.
+pub(crate) fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
+    let text = super::secret_file::read_existing(path, "online keys that sign as this server")?;
+    chime_roughtime::Bundle::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
+/// anyone sign times in this server's name.
+fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
+    let text = super::secret_file::read_existing(path, "the Roughtime long-term key")?;
+    chime_roughtime::parse_key_file(&text)
+        .map(Zeroizing::new)
+        .map_err(|e| format!("{}: not a key file: {e}", path.display()))
+}
