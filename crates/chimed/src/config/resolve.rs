@@ -8,7 +8,7 @@
 //! written, not the day the service is turned on.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -165,9 +165,10 @@ fn value_text(value: &Value) -> String {
             let items: Vec<String> = items.iter().map(value_text).collect();
             format!("[{}]", items.join(", "))
         }
-        Value::Num(_, n) => n
-            .to_f64()
-            .map_or_else(|| format!("{n:?}"), |f| f.to_string()),
+        Value::Num(_, n) => (n.to_u128().map(|u| u.to_string()))
+            .or(n.to_i128().map(|i| i.to_string()))
+            .or(n.to_f64().map(|f| f.to_string()))
+            .unwrap_or_else(|| format!("{n:?}")),
         Value::Bool(_, b) => b.to_string(),
         other => format!("{other:?}"),
     }
@@ -232,19 +233,7 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
         let r = format!("{interleaved_log} is more than {}", TxLog::MAX_ENTRIES);
         return Err(s.bad("ntp.interleaved-log", r));
     }
-    let up = &c.upstream;
-    let poll = up.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL);
-    positive(poll).map_err(|r| s.bad("upstream.poll-interval", r))?;
-    let stale = up.stale_after.unwrap_or(DEFAULT_STALE_AFTER);
-    positive(stale).map_err(|r| s.bad("upstream.stale-after", r))?;
-    if stale <= poll {
-        let r = format!("{stale} s must be longer than the poll interval ({poll} s)");
-        return Err(s.bad("upstream.stale-after", r));
-    }
-    let shed_target = c.overload.shed_target.unwrap_or(DEFAULT_SHED_TARGET);
-    seconds(shed_target, MAX_SHED_TARGET).map_err(|r| s.bad("overload.shed-target", r))?;
-    let shed_interval = c.overload.shed_interval.unwrap_or(DEFAULT_SHED_INTERVAL);
-    seconds(shed_interval, MAX_SHED_INTERVAL).map_err(|r| s.bad("overload.shed-interval", r))?;
+    let (poll_interval, stale_after) = upstream(&c.upstream, s)?;
     let stats = c.observe.stats_interval.unwrap_or(DEFAULT_STATS_INTERVAL);
     seconds(stats, MAX_SECONDS).map_err(|r| s.bad("observe.stats-interval", r))?;
     let log_level = c.observe.log_level.clone().unwrap_or_else(|| "info".into());
@@ -265,31 +254,16 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
     Ok(Settings {
         ipv4_threads,
         ipv6_threads,
-        ipv4_address: address(
-            ntp.ipv4_address,
-            (Ipv4Addr::UNSPECIFIED, 123),
-            "ntp.ipv4-address",
-            s,
-        )?,
-        ipv6_address: address(
-            ntp.ipv6_address,
-            (Ipv6Addr::UNSPECIFIED, 123),
-            "ntp.ipv6-address",
-            s,
-        )?,
-        server_address: up
-            .server_address
-            .unwrap_or((Ipv4Addr::LOCALHOST, 11123).into()),
+        ipv4_address: address(ntp.ipv4_address, NTP_V4, "ntp.ipv4-address", s)?,
+        ipv6_address: address(ntp.ipv6_address, NTP_V6, "ntp.ipv6-address", s)?,
+        server_address: (c.upstream.server_address).unwrap_or((Ipv4Addr::LOCALHOST, 11123).into()),
         user: c.process.user.clone(),
         root: c.process.root.clone(),
-        poll_interval: Duration::from_secs_f64(poll),
-        stale_after: Duration::from_secs_f64(stale),
+        poll_interval,
+        stale_after,
         recv_buffer,
         batch_size,
-        shed: (shed_target > 0.0).then(|| ShedConfig {
-            target: Duration::from_secs_f64(shed_target),
-            interval: Duration::from_secs_f64(shed_interval),
-        }),
+        shed: shed(&c.overload, s)?,
         cpus: c.process.cpus.clone().unwrap_or_default(),
         xdp: xdp(&c.xdp, s)?,
         stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
@@ -308,6 +282,34 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
         roughtime: None,
         given: Given::default(),
     })
+}
+
+/// `[upstream]`'s poll interval and staleness limit.
+fn upstream(u: &schema::Upstream, s: &Sources) -> Result<(Duration, Duration), ConfigError> {
+    let poll = u.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL);
+    positive(poll).map_err(|r| s.bad("upstream.poll-interval", r))?;
+    let stale = u.stale_after.unwrap_or(DEFAULT_STALE_AFTER);
+    positive(stale).map_err(|r| s.bad("upstream.stale-after", r))?;
+    if stale <= poll {
+        let r = format!("{stale} s must be longer than the poll interval ({poll} s)");
+        return Err(s.bad("upstream.stale-after", r));
+    }
+    Ok((
+        Duration::from_secs_f64(poll),
+        Duration::from_secs_f64(stale),
+    ))
+}
+
+/// `[overload]`: shedding, on unless shed-target is 0.
+fn shed(o: &schema::Overload, s: &Sources) -> Result<Option<ShedConfig>, ConfigError> {
+    let target = o.shed_target.unwrap_or(DEFAULT_SHED_TARGET);
+    seconds(target, MAX_SHED_TARGET).map_err(|r| s.bad("overload.shed-target", r))?;
+    let interval = o.shed_interval.unwrap_or(DEFAULT_SHED_INTERVAL);
+    seconds(interval, MAX_SHED_INTERVAL).map_err(|r| s.bad("overload.shed-interval", r))?;
+    Ok((target > 0.0).then(|| ShedConfig {
+        target: Duration::from_secs_f64(target),
+        interval: Duration::from_secs_f64(interval),
+    }))
 }
 
 /// `[xdp]`. An option without an interface is an error rather than silently ignored.
@@ -526,10 +528,8 @@ fn fleet(n: &schema::Nts, s: &Sources) -> Result<Option<(PathBuf, Duration)>, Co
 fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>, ConfigError> {
     let ipv4_threads = threads(r.ipv4_threads, "roughtime.ipv4-threads", s)?;
     let ipv6_threads = threads(r.ipv6_threads, "roughtime.ipv6-threads", s)?;
-    let v4 = (Ipv4Addr::UNSPECIFIED, 5319);
-    let ipv4_address = address(r.ipv4_address, v4, "roughtime.ipv4-address", s)?;
-    let v6 = (Ipv6Addr::UNSPECIFIED, 5319);
-    let ipv6_address = address(r.ipv6_address, v6, "roughtime.ipv6-address", s)?;
+    let ipv4_address = address(r.ipv4_address, ROUGHTIME_V4, "roughtime.ipv4-address", s)?;
+    let ipv6_address = address(r.ipv6_address, ROUGHTIME_V6, "roughtime.ipv6-address", s)?;
     let rotation = r.rotation.unwrap_or(DEFAULT_ROTATION);
     positive(rotation).map_err(|e| s.bad("roughtime.rotation", e))?;
     let batch_size = r.batch_size.unwrap_or(DEFAULT_ROUGHTIME_BATCH);
@@ -686,14 +686,19 @@ fn threads(n: Option<usize>, key: &'static str, s: &Sources) -> Result<usize, Co
     Ok(n)
 }
 
-/// An address of the family its key is for.
+/// The addresses served on by default: every address of the family, the service's port.
+const NTP_V4: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 123);
+const NTP_V6: SocketAddr = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 123);
+const ROUGHTIME_V4: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 5319);
+const ROUGHTIME_V6: SocketAddr = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 5319);
+
+/// The address `key` gives, else `default`; either way of `default`'s family.
 fn address(
     given: Option<SocketAddr>,
-    default: impl Into<SocketAddr>,
+    default: SocketAddr,
     key: &'static str,
     s: &Sources,
 ) -> Result<SocketAddr, ConfigError> {
-    let default = default.into();
     let a = given.unwrap_or(default);
     if a.is_ipv4() != default.is_ipv4() {
         let family = if default.is_ipv4() { "IPv4" } else { "IPv6" };

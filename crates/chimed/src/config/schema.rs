@@ -73,40 +73,24 @@ pub(crate) struct Config {
 pub(crate) struct Ntp {
     /// Number of NTP worker threads (one socket each) on the IPv4 address; 0 disables IPv4
     /// [default: 1]
-    #[arg(
-        id = "ntp.ipv4-threads",
-        short = '4',
-        long = "ipv4-threads",
-        value_name = "N"
-    )]
+    #[arg(id = "ntp.ipv4-threads", short = '4', long = "ipv4-threads")]
+    #[arg(value_name = "N")]
     pub(crate) ipv4_threads: Option<usize>,
 
     /// Number of NTP worker threads (one socket each) on the IPv6 address; 0 disables IPv6
     /// [default: 1]
-    #[arg(
-        id = "ntp.ipv6-threads",
-        short = '6',
-        long = "ipv6-threads",
-        value_name = "N"
-    )]
+    #[arg(id = "ntp.ipv6-threads", short = '6', long = "ipv6-threads")]
+    #[arg(value_name = "N")]
     pub(crate) ipv6_threads: Option<usize>,
 
     /// IPv4 address and port to serve NTP on [default: 0.0.0.0:123]
-    #[arg(
-        id = "ntp.ipv4-address",
-        short = 'a',
-        long = "ipv4-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "ntp.ipv4-address", short = 'a', long = "ipv4-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) ipv4_address: Option<SocketAddr>,
 
     /// IPv6 address and port to serve NTP on [default: [::]:123]
-    #[arg(
-        id = "ntp.ipv6-address",
-        short = 'b',
-        long = "ipv6-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "ntp.ipv6-address", short = 'b', long = "ipv6-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) ipv6_address: Option<SocketAddr>,
 
     /// NTP datagrams received and answered per system call, 1 to 1024 [default: 64]
@@ -132,20 +116,13 @@ pub(crate) struct Ntp {
 #[command(next_help_heading = "Upstream [upstream]")]
 pub(crate) struct Upstream {
     /// The local chronyd (or other NTP server) whose state is mirrored [default: 127.0.0.1:11123]
-    #[arg(
-        id = "upstream.server-address",
-        short = 's',
-        long = "server-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "upstream.server-address", short = 's', long = "server-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) server_address: Option<SocketAddr>,
 
     /// Seconds between polls of the upstream server [default: 1]
-    #[arg(
-        id = "upstream.poll-interval",
-        long = "poll-interval",
-        value_name = "SECS"
-    )]
+    #[arg(id = "upstream.poll-interval", long = "poll-interval")]
+    #[arg(value_name = "SECS")]
     pub(crate) poll_interval: Option<f64>,
 
     /// Seconds without a good upstream reply after which clients are told the server is
@@ -168,11 +145,8 @@ pub(crate) struct Overload {
 
     /// How long the oldest queued request must keep waiting longer than shed-target before
     /// shedding starts (it stops once the queue empties). Up to 10 s [default: 0.1]
-    #[arg(
-        id = "overload.shed-interval",
-        long = "shed-interval",
-        value_name = "SECS"
-    )]
+    #[arg(id = "overload.shed-interval", long = "shed-interval")]
+    #[arg(value_name = "SECS")]
     pub(crate) shed_interval: Option<f64>,
 }
 
@@ -184,12 +158,14 @@ pub(crate) struct Access {
     /// Serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Once any is given,
     /// clients no rule covers are not served. The most specific subnet decides; NTP and Roughtime
     /// alike [default: everyone is served]
-    #[arg(id = "access.allow", long = "allow", value_name = "NET", action = clap::ArgAction::Append)]
+    #[arg(id = "access.allow", long = "allow")]
+    #[arg(value_name = "NET", action = clap::ArgAction::Append)]
     pub(crate) allow: Option<Vec<String>>,
 
     /// Do not serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Wins over an
     /// allow of the same subnet. SIGHUP re-reads allow and deny from the config file
-    #[arg(id = "access.deny", long = "deny", value_name = "NET", action = clap::ArgAction::Append)]
+    #[arg(id = "access.deny", long = "deny")]
+    #[arg(value_name = "NET", action = clap::ArgAction::Append)]
     pub(crate) deny: Option<Vec<String>>,
 }
 
@@ -203,17 +179,14 @@ pub(crate) struct RateLimit {
     /// 2^leak is answered anyway, one in 2^kod of the rest gets a Kiss-o'-Death RATE, and the
     /// others are dropped and counted as `rate_limited`. --ratelimit=false turns off the file's
     /// `enabled = true` [default: off]
-    #[arg(id = "ratelimit.enabled", long = "ratelimit", value_name = "BOOL", num_args = 0..=1,
-          require_equals = true, default_missing_value = "true")]
+    #[arg(id = "ratelimit.enabled", long = "ratelimit")]
+    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
+    #[arg(default_missing_value = "true")]
     pub(crate) enabled: Option<bool>,
 
     /// Log2 of the seconds between responses to one address, -19 to 12 [default: 3, one per 8 s]
-    #[arg(
-        id = "ratelimit.interval",
-        long = "ratelimit-interval",
-        value_name = "LOG2",
-        allow_negative_numbers = true
-    )]
+    #[arg(id = "ratelimit.interval", long = "ratelimit-interval")]
+    #[arg(value_name = "LOG2", allow_negative_numbers = true)]
     pub(crate) interval: Option<i64>,
 
     /// Responses an address may take back to back after being quiet, 1 to 255 [default: 8]
@@ -251,11 +224,8 @@ pub(crate) struct Nts {
     pub(crate) private_key: Option<PathBuf>,
 
     /// Address and port of the NTS-KE server (TLS over TCP) [default: [::]:4460]
-    #[arg(
-        id = "nts.ke-address",
-        long = "nts-ke-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "nts.ke-address", long = "nts-ke-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) ke_address: Option<SocketAddr>,
 
     /// Threads that run NTS-KE sessions (the TLS handshakes), apart from the NTP and Roughtime
@@ -308,34 +278,25 @@ pub(crate) struct NtsRateLimit {
     /// earns one connection per 2^interval seconds and may save up a burst; over the limit one in
     /// 2^leak is served anyway and the others are closed before the TLS handshake, counted as
     /// `rate_limited`. --nts-ratelimit=false turns off the file's `enabled = true` [default: off]
-    #[arg(id = "nts.ratelimit.enabled", long = "nts-ratelimit", value_name = "BOOL",
-          num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(id = "nts.ratelimit.enabled", long = "nts-ratelimit")]
+    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
+    #[arg(default_missing_value = "true")]
     pub(crate) enabled: Option<bool>,
 
     /// Log2 of the seconds between connections from one address, -19 to 12
     /// [default: 6, one per 64 s]
-    #[arg(
-        id = "nts.ratelimit.interval",
-        long = "nts-ratelimit-interval",
-        value_name = "LOG2",
-        allow_negative_numbers = true
-    )]
+    #[arg(id = "nts.ratelimit.interval", long = "nts-ratelimit-interval")]
+    #[arg(value_name = "LOG2", allow_negative_numbers = true)]
     pub(crate) interval: Option<i64>,
 
     /// Connections an address may make back to back after being quiet, 1 to 255 [default: 8]
-    #[arg(
-        id = "nts.ratelimit.burst",
-        long = "nts-ratelimit-burst",
-        value_name = "N"
-    )]
+    #[arg(id = "nts.ratelimit.burst", long = "nts-ratelimit-burst")]
+    #[arg(value_name = "N")]
     pub(crate) burst: Option<i64>,
 
     /// Serve one in 2^LOG2 connections over the limit anyway; 1 to 4 [default: 2, one in four]
-    #[arg(
-        id = "nts.ratelimit.leak",
-        long = "nts-ratelimit-leak",
-        value_name = "LOG2"
-    )]
+    #[arg(id = "nts.ratelimit.leak", long = "nts-ratelimit-leak")]
+    #[arg(value_name = "LOG2")]
     pub(crate) leak: Option<i64>,
 }
 
@@ -353,115 +314,78 @@ pub(crate) struct Roughtime {
     /// key lives; must not be readable by group or others) instead of a long-term key: online
     /// keys certified window by window, used in turn as time passes; outside every window
     /// nothing is signed. Not with key
-    #[arg(
-        id = "roughtime.delegation",
-        long = "roughtime-delegation",
-        value_name = "FILE"
-    )]
+    #[arg(id = "roughtime.delegation", long = "roughtime-delegation")]
+    #[arg(value_name = "FILE")]
     pub(crate) delegation: Option<PathBuf>,
 
     /// EXPERIMENTAL, part of no draft: also serve tannerryan's ML-DSA-44 suite (version
     /// 0x90000001, TCP only) with the long-term key in this file (`chime keygen --mldsa`; must
     /// not be readable by group or others), to clients that offer it. Needs Roughtime over TCP
     /// [default: off]
-    #[arg(
-        id = "roughtime.mldsa-key",
-        long = "roughtime-mldsa-key",
-        value_name = "FILE"
-    )]
+    #[arg(id = "roughtime.mldsa-key", long = "roughtime-mldsa-key")]
+    #[arg(value_name = "FILE")]
     pub(crate) mldsa_key: Option<PathBuf>,
 
     /// Number of Roughtime worker threads on the IPv4 address; 0 disables it [default: 1]
-    #[arg(
-        id = "roughtime.ipv4-threads",
-        long = "roughtime-ipv4-threads",
-        value_name = "N"
-    )]
+    #[arg(id = "roughtime.ipv4-threads", long = "roughtime-ipv4-threads")]
+    #[arg(value_name = "N")]
     pub(crate) ipv4_threads: Option<usize>,
 
     /// Number of Roughtime worker threads on the IPv6 address; 0 disables it [default: 1]
-    #[arg(
-        id = "roughtime.ipv6-threads",
-        long = "roughtime-ipv6-threads",
-        value_name = "N"
-    )]
+    #[arg(id = "roughtime.ipv6-threads", long = "roughtime-ipv6-threads")]
+    #[arg(value_name = "N")]
     pub(crate) ipv6_threads: Option<usize>,
 
     /// IPv4 address and port to serve Roughtime on [default: 0.0.0.0:5319]
-    #[arg(
-        id = "roughtime.ipv4-address",
-        long = "roughtime-ipv4-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "roughtime.ipv4-address", long = "roughtime-ipv4-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) ipv4_address: Option<SocketAddr>,
 
     /// IPv6 address and port to serve Roughtime on [default: [::]:5319]
-    #[arg(
-        id = "roughtime.ipv6-address",
-        long = "roughtime-ipv6-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "roughtime.ipv6-address", long = "roughtime-ipv6-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) ipv6_address: Option<SocketAddr>,
 
     /// Seconds between online-key rotations; each online key is valid for twice this, so the
     /// one in use always has at least this long to run [default: 86400]
-    #[arg(
-        id = "roughtime.rotation",
-        long = "roughtime-rotation",
-        value_name = "SECS"
-    )]
+    #[arg(id = "roughtime.rotation", long = "roughtime-rotation")]
+    #[arg(value_name = "SECS")]
     pub(crate) rotation: Option<f64>,
 
     /// Roughtime requests received per system call, and the most one signature covers (up to
     /// 256). A full batch comes only under load, where a larger one costs less CPU per reply
     /// [default: 256]
-    #[arg(
-        id = "roughtime.batch-size",
-        long = "roughtime-batch-size",
-        value_name = "N"
-    )]
+    #[arg(id = "roughtime.batch-size", long = "roughtime-batch-size")]
+    #[arg(value_name = "N")]
     pub(crate) batch_size: Option<usize>,
 
     /// Roughtime sockets' receive buffer in bytes (SO_RCVBUFFORCE, else SO_RCVBUF; the kernel
     /// counts twice this against it). One 1 KiB request takes about 2.3 KiB of it, so the
     /// default holds some 14,000: a 70 ms stall of the thread at 200k requests/s [default: 16 MiB]
-    #[arg(
-        id = "roughtime.recv-buffer",
-        long = "roughtime-recv-buffer",
-        value_name = "BYTES"
-    )]
+    #[arg(id = "roughtime.recv-buffer", long = "roughtime-recv-buffer")]
+    #[arg(value_name = "BYTES")]
     pub(crate) recv_buffer: Option<usize>,
 
     /// Under light load, gather Roughtime requests for this long before signing: when a receive
     /// returns two or more but under a quarter of a batch, wait and add what arrived meanwhile.
     /// A lone request is never held back, nor anything once the load nears the thread's
     /// capacity. Up to 0.1 s; 0 signs whatever arrived at once [default: 0.002]
-    #[arg(
-        id = "roughtime.gather",
-        long = "roughtime-gather",
-        value_name = "SECS"
-    )]
+    #[arg(id = "roughtime.gather", long = "roughtime-gather")]
+    #[arg(value_name = "SECS")]
     pub(crate) gather: Option<f64>,
 
     /// Make this share of Roughtime replies deliberately invalid ("grease"), each broken in one
     /// way a client must catch: a signature, the certificate, the Merkle path or index, the
     /// nonce, or the time under an unchanged signature. For test servers that clients are
     /// checked against; never a wrong time with a valid signature. 0 to 1 [default: 0]
-    #[arg(
-        id = "roughtime.grease",
-        long = "roughtime-grease",
-        value_name = "SHARE",
-        allow_negative_numbers = true
-    )]
+    #[arg(id = "roughtime.grease", long = "roughtime-grease")]
+    #[arg(value_name = "SHARE", allow_negative_numbers = true)]
     pub(crate) grease: Option<f64>,
 
     /// The kinds of grease to send, comma-separated: signature, certificate, path, index, nonce,
     /// time (nonce never in Google's replies, which carry none) [default: all]
-    #[arg(
-        id = "roughtime.grease-kinds",
-        long = "roughtime-grease-kinds",
-        value_name = "KINDS"
-    )]
+    #[arg(id = "roughtime.grease-kinds", long = "roughtime-grease-kinds")]
+    #[arg(value_name = "KINDS")]
     pub(crate) grease_kinds: Option<String>,
 
     #[command(flatten)]
@@ -475,37 +399,25 @@ pub(crate) struct Roughtime {
 pub(crate) struct RoughtimeTcp {
     /// Most Roughtime connections over TCP open at once, served on the same addresses and ports
     /// as UDP (RFC 10049 §4); 0 serves Roughtime over UDP only [default: 1024]
-    #[arg(
-        id = "roughtime.tcp.connections",
-        long = "roughtime-tcp-connections",
-        value_name = "N"
-    )]
+    #[arg(id = "roughtime.tcp.connections", long = "roughtime-tcp-connections")]
+    #[arg(value_name = "N")]
     pub(crate) connections: Option<usize>,
 
     /// Most Roughtime TCP connections open at once from one client address; more are closed
     /// at once [default: 16]
-    #[arg(
-        id = "roughtime.tcp.per-address",
-        long = "roughtime-tcp-per-address",
-        value_name = "N"
-    )]
+    #[arg(id = "roughtime.tcp.per-address", long = "roughtime-tcp-per-address")]
+    #[arg(value_name = "N")]
     pub(crate) per_address: Option<usize>,
 
     /// Seconds a Roughtime TCP connection may wait for its next whole request before it is
     /// closed [default: 10]
-    #[arg(
-        id = "roughtime.tcp.idle",
-        long = "roughtime-tcp-idle",
-        value_name = "SECS"
-    )]
+    #[arg(id = "roughtime.tcp.idle", long = "roughtime-tcp-idle")]
+    #[arg(value_name = "SECS")]
     pub(crate) idle: Option<f64>,
 
     /// Seconds a Roughtime TCP connection may stay open, however busy [default: 60]
-    #[arg(
-        id = "roughtime.tcp.lifetime",
-        long = "roughtime-tcp-lifetime",
-        value_name = "SECS"
-    )]
+    #[arg(id = "roughtime.tcp.lifetime", long = "roughtime-tcp-lifetime")]
+    #[arg(value_name = "SECS")]
     pub(crate) lifetime: Option<f64>,
 }
 
@@ -532,8 +444,9 @@ pub(crate) struct Xdp {
 
     /// If XDP cannot start, log why and serve through the sockets alone instead of exiting
     /// [default: exit]
-    #[arg(id = "xdp.fallback", long = "xdp-fallback", value_name = "BOOL", num_args = 0..=1,
-          require_equals = true, default_missing_value = "true")]
+    #[arg(id = "xdp.fallback", long = "xdp-fallback")]
+    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
+    #[arg(default_missing_value = "true")]
     pub(crate) fallback: Option<bool>,
 }
 
@@ -547,20 +460,14 @@ pub(crate) struct Observe {
     pub(crate) log_level: Option<String>,
 
     /// Seconds between per-thread statistics log lines; 0 logs them only at exit [default: 60]
-    #[arg(
-        id = "observe.stats-interval",
-        long = "stats-interval",
-        value_name = "SECS"
-    )]
+    #[arg(id = "observe.stats-interval", long = "stats-interval")]
+    #[arg(value_name = "SECS")]
     pub(crate) stats_interval: Option<f64>,
 
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
-    #[arg(
-        id = "observe.metrics-address",
-        long = "metrics-address",
-        value_name = "ADDR:PORT"
-    )]
+    #[arg(id = "observe.metrics-address", long = "metrics-address")]
+    #[arg(value_name = "ADDR:PORT")]
     pub(crate) metrics_address: Option<SocketAddr>,
 }
 
@@ -579,12 +486,8 @@ pub(crate) struct Process {
 
     /// Pin worker threads to these CPUs, round robin (flag: 0,1; file: [0, 1])
     /// [default: no pinning]
-    #[arg(
-        id = "process.cpus",
-        long = "cpus",
-        value_name = "LIST",
-        value_delimiter = ','
-    )]
+    #[arg(id = "process.cpus", long = "cpus")]
+    #[arg(value_name = "LIST", value_delimiter = ',')]
     pub(crate) cpus: Option<Vec<usize>>,
 }
 
@@ -596,8 +499,9 @@ pub(crate) struct TzOffset {
     /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
     /// timezone. A bad idea for any other client; never applied to Roughtime.
     /// --tz-offset=false turns off the file's `enabled = true` [default: off]
-    #[arg(id = "tz-offset.enabled", long = "tz-offset", value_name = "BOOL", num_args = 0..=1,
-          require_equals = true, default_missing_value = "true")]
+    #[arg(id = "tz-offset.enabled", long = "tz-offset")]
+    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
+    #[arg(default_missing_value = "true")]
     pub(crate) enabled: Option<bool>,
 
     /// The IANA timezone for tz-offset [default: TZ, else /etc/localtime]
