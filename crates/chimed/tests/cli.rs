@@ -241,7 +241,7 @@ fn rate_limit_options_are_checked() {
     for (args, needle) in [
         (
             &["--ratelimit-burst", "4"][..],
-            "--ratelimit-burst: only takes effect with ratelimit",
+            "--ratelimit-burst: only takes effect with --ratelimit",
         ),
         (
             &["--ratelimit", "--ratelimit-interval", "-20"][..],

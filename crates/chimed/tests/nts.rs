@@ -197,7 +197,7 @@ fn bad_nts_settings_exit_2_naming_them() {
                 "--nts-dump-dir",
                 od,
             ],
-            "--nts-fleet-key: not with nts-dump-dir",
+            "--nts-fleet-key: not with --nts-dump-dir",
         ),
         (vec!["--nts-certificate", c], "--nts-private-key: missing"),
         (vec!["--nts-private-key", k], "--nts-certificate: missing"),
@@ -223,7 +223,7 @@ fn bad_nts_settings_exit_2_naming_them() {
         ),
         (
             vec!["--nts-ratelimit-burst", "3"],
-            "--nts-ratelimit-burst: only takes effect with nts-ratelimit",
+            "--nts-ratelimit-burst: only takes effect with --nts-ratelimit",
         ),
         (
             vec![

@@ -97,6 +97,26 @@ impl Sources {
             reason: reason.into(),
         }
     }
+
+    /// An error about `key`, which is missing: named where `given`, its partner, was given.
+    fn missing(&self, key: &'static str, given: &'static str, reason: String) -> ConfigError {
+        let mut input = self.input(given);
+        input.from = match input.from {
+            From::Flag(_) => From::Flag(flag_of(key)),
+            from => from,
+        };
+        input.key = key;
+        ConfigError::Invalid { input, reason }
+    }
+
+    /// `other` as the operator writes it where `at` was given: `--flag` on the command line, the
+    /// dotted key in the file; so that a message names both the same way.
+    fn like(&self, at: &'static str, other: &'static str) -> String {
+        match self.input(at).from {
+            From::Flag(_) => format!("--{}", flag_of(other)),
+            _ => other.to_owned(),
+        }
+    }
 }
 
 /// The long flag whose clap id is `key`.
@@ -247,7 +267,8 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
     }
     let tz = &c.tz_offset;
     if tz.enabled != Some(true) && tz.timezone.is_some() {
-        let r = "only takes effect with tz-offset.enabled; set both";
+        let on = s.like("tz-offset.timezone", "tz-offset.enabled");
+        let r = format!("only takes effect with {on}; set both");
         return Err(s.bad("tz-offset.timezone", r));
     }
     let empty = Vec::new();
@@ -321,7 +342,10 @@ fn xdp(x: &schema::Xdp, s: &Sources) -> Result<Option<Xdp>, ConfigError> {
             (x.fallback == Some(true), "xdp.fallback"),
         ];
         return match given.into_iter().find(|(set, _)| *set) {
-            Some((_, key)) => Err(s.bad(key, "has no effect without xdp.interface")),
+            Some((_, key)) => {
+                let r = format!("has no effect without {}", s.like(key, "xdp.interface"));
+                Err(s.bad(key, r))
+            }
             None => Ok(None),
         };
     };
@@ -360,7 +384,8 @@ fn access(allow: &[String], deny: &[String], s: &Sources) -> Result<Acl, ConfigE
 
 /// One rate limit's keys: on, then interval, burst, leak, kod and clients as given.
 struct Limit<'a> {
-    section: &'static str,
+    /// The key that turns it on.
+    enabled_key: &'static str,
     enabled: Option<bool>,
     values: [(Option<i64>, &'static str); 4],
     clients: (Option<usize>, &'static str),
@@ -371,7 +396,7 @@ struct Limit<'a> {
 
 fn ntp_rate_limit(r: &schema::RateLimit, s: &Sources) -> Result<Option<RateLimiting>, ConfigError> {
     rate_limit(Limit {
-        section: "ratelimit",
+        enabled_key: "ratelimit.enabled",
         enabled: r.enabled,
         values: [
             (r.interval, "ratelimit.interval"),
@@ -393,7 +418,7 @@ fn nts_rate_limit(
     s: &Sources,
 ) -> Result<Option<RateLimiting>, ConfigError> {
     rate_limit(Limit {
-        section: "nts.ratelimit",
+        enabled_key: "nts.ratelimit.enabled",
         enabled: r.enabled,
         values: [
             (r.interval, "nts.ratelimit.interval"),
@@ -419,7 +444,10 @@ fn rate_limit(l: Limit<'_>) -> Result<Option<RateLimiting>, ConfigError> {
             .or(l.clients.0.map(|_| l.clients.1));
         return match given {
             Some(key) => {
-                let r = format!("only takes effect with {}.enabled; set both", l.section);
+                let r = format!(
+                    "only takes effect with {}; set both",
+                    s.like(key, l.enabled_key)
+                );
                 Err(s.bad(key, r))
             }
             None => Ok(None),
@@ -464,19 +492,16 @@ fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
         Some(Ok(server)) => Some(server),
         Some(Err(r)) => return Err(s.bad("nts.ntp-server", r)),
     };
+    let (c, k) = ("nts.certificate", "nts.private-key");
     let (certificate, private_key) = match (n.certificate.clone(), n.private_key.clone()) {
         (Some(c), Some(k)) => (c, k),
         (Some(_), None) => {
-            return Err(s.bad(
-                "nts.private-key",
-                "missing: nts.certificate needs its private key",
-            ));
+            let r = format!("missing: {} needs its private key", s.like(c, c));
+            return Err(s.missing("nts.private-key", c, r));
         }
         (None, Some(_)) => {
-            return Err(s.bad(
-                "nts.certificate",
-                "missing: nts.private-key needs its certificate",
-            ));
+            let r = format!("missing: {} needs its certificate", s.like(k, k));
+            return Err(s.missing("nts.certificate", k, r));
         }
         (None, None) => {
             let given = [
@@ -491,7 +516,11 @@ fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
                 (ratelimit.is_some(), "nts.ratelimit.enabled"),
             ];
             if let Some((_, key)) = given.into_iter().find(|(set, _)| *set) {
-                let r = "only takes effect with nts.certificate and nts.private-key";
+                let r = format!(
+                    "only takes effect with {} and {}",
+                    s.like(key, c),
+                    s.like(key, k)
+                );
                 return Err(s.bad(key, r));
             }
             return Ok(None);
@@ -516,8 +545,10 @@ fn fleet(n: &schema::Nts, s: &Sources) -> Result<Option<(PathBuf, Duration)>, Co
         return Ok(None);
     };
     if n.dump_dir.is_some() {
-        let r = "not with nts.dump-dir: fleet keys are derived from the secret whenever needed, \
-                 never saved";
+        let r = format!(
+            "not with {}: fleet keys are derived from the secret whenever needed, never saved",
+            s.like("nts.fleet-key", "nts.dump-dir")
+        );
         return Err(s.bad("nts.fleet-key", r));
     }
     let rotation = n.rotation.unwrap_or(DEFAULT_ROTATION);
@@ -550,20 +581,29 @@ fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>
     };
     let tcp = tcp_limits(&r.tcp, s)?;
     if r.mldsa_key.is_some() && tcp.is_none() {
-        let e = "the ML-DSA-44 suite is TCP only, and roughtime.tcp.connections is 0";
+        let tcp = s.like("roughtime.mldsa-key", "roughtime.tcp.connections");
+        let e = format!("the ML-DSA-44 suite is TCP only, and {tcp} is 0");
         return Err(s.bad("roughtime.mldsa-key", e));
     }
     let key = match (r.key.clone(), r.delegation.clone()) {
         (Some(_), Some(_)) => {
-            let e = "not with roughtime.key: a server holds the long-term key or a bundle of \
-                     delegations from it, not both";
+            let e = format!(
+                "not with {}: a server holds the long-term key or a bundle of delegations from \
+                 it, not both",
+                s.like("roughtime.delegation", "roughtime.key")
+            );
             return Err(s.bad("roughtime.delegation", e));
         }
         (Some(file), None) => (true, file),
         (None, Some(file)) => (false, file),
         (None, None) if r.mldsa_key.is_some() => {
-            let e = "serves beside the Ed25519 suite: give roughtime.key or roughtime.delegation";
-            return Err(s.bad("roughtime.mldsa-key", e));
+            let at = "roughtime.mldsa-key";
+            let (k, d) = (
+                s.like(at, "roughtime.key"),
+                s.like(at, "roughtime.delegation"),
+            );
+            let e = format!("serves beside the Ed25519 suite: give {k} or {d}");
+            return Err(s.bad(at, e));
         }
         (None, None) => return Ok(None),
     };

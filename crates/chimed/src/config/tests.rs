@@ -179,7 +179,7 @@ fn a_delegation_bundle_is_checked_and_not_with_a_key() {
     ];
     let e = resolve_with("", &both).unwrap_err().to_string();
     assert!(
-        e.starts_with("--roughtime-delegation: not with roughtime.key"),
+        e.starts_with("--roughtime-delegation: not with --roughtime-key"),
         "{e}"
     );
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
