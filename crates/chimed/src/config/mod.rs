@@ -76,6 +76,9 @@ pub(crate) enum ConfigError {
     },
     #[error("{input}: {reason}")]
     Invalid { input: Input, reason: String },
+    /// figment could not layer the file and the flags: a bug, since both are the schema's own.
+    #[error("merging the config file and the flags: {0}")]
+    Merge(String),
 }
 
 /// Where a value came from, so that a message about it can point there.

@@ -49,8 +49,7 @@ pub(super) struct NtsPlan {
 
 /// `[roughtime]` checked, before its keys are read.
 pub(super) struct RoughtimePlan {
-    /// The long-term key (`false`: a delegation bundle) in this file.
-    pub(super) key: (bool, PathBuf),
+    pub(super) key: KeyFile,
     pub(super) mldsa: Option<PathBuf>,
     pub(super) ipv4_threads: usize,
     pub(super) ipv6_threads: usize,
@@ -63,6 +62,12 @@ pub(super) struct RoughtimePlan {
     pub(super) grease: f64,
     pub(super) grease_kinds: Vec<Grease>,
     pub(super) tcp: Option<TcpLimits>,
+}
+
+/// What Roughtime signs with, to be read.
+pub(super) enum KeyFile {
+    LongTerm(PathBuf),
+    Bundle(PathBuf),
 }
 
 /// Where each value came from.
@@ -130,9 +135,9 @@ fn flag_of(key: &str) -> String {
 struct Layer(&'static str, Dict);
 
 impl Layer {
-    fn of(name: &'static str, config: &Config) -> Self {
-        let value = Value::serialize(config).unwrap_or_else(|_| Value::from(Dict::new()));
-        Self(name, prune(value).into_dict().unwrap_or_default())
+    fn of(name: &'static str, config: &Config) -> Result<Self, ConfigError> {
+        let value = Value::serialize(config).map_err(|e| ConfigError::Merge(e.to_string()))?;
+        Ok(Self(name, prune(value).into_dict().unwrap_or_default()))
     }
 }
 
@@ -201,18 +206,14 @@ pub(super) fn resolve(args: &Args) -> Result<Resolved, ConfigError> {
         None => (Config::default(), HashMap::new()),
     };
     let figment = Figment::new()
-        .merge(Layer::of(FILE, &file))
-        .merge(Layer::of(FLAGS, &args.values));
+        .merge(Layer::of(FILE, &file)?)
+        .merge(Layer::of(FLAGS, &args.values)?);
     // Both layers are the schema's own values already, so this cannot find a wrong type.
-    let c: Config = figment.extract().map_err(|e| ConfigError::Invalid {
-        input: Input {
-            key: "",
-            from: From::Default,
-        },
-        reason: e.to_string(),
-    })?;
+    let c: Config = figment
+        .extract()
+        .map_err(|e| ConfigError::Merge(e.to_string()))?;
     let mut given = Vec::new();
-    flatten("", &Value::from(Layer::of(FLAGS, &c).1), &mut given);
+    flatten("", &Value::from(Layer::of(FLAGS, &c)?.1), &mut given);
     let sources = Sources {
         figment,
         file: args.config.clone(),
@@ -594,8 +595,8 @@ fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>
             );
             return Err(s.bad("roughtime.delegation", e));
         }
-        (Some(file), None) => (true, file),
-        (None, Some(file)) => (false, file),
+        (Some(file), None) => KeyFile::LongTerm(file),
+        (None, Some(file)) => KeyFile::Bundle(file),
         (None, None) if r.mldsa_key.is_some() => {
             let at = "roughtime.mldsa-key";
             let (k, d) = (

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use zeroize::Zeroizing;
 
-use super::resolve::{NtsPlan, Resolved, RoughtimePlan, Sources};
+use super::resolve::{KeyFile, NtsPlan, Resolved, RoughtimePlan, Sources};
 use super::{ConfigError, Fleet, Nts, Roughtime, RoughtimeKeys, Settings};
 
 /// Fills in what `resolve` left to be read.
@@ -93,11 +93,11 @@ fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigErro
         }
     };
     let keys = match p.key {
-        (true, file) => RoughtimeKeys::LongTerm {
+        KeyFile::LongTerm(file) => RoughtimeKeys::LongTerm {
             seed: load_key(&file).map_err(|r| s.bad("roughtime.key", r))?,
             file,
         },
-        (false, file) => RoughtimeKeys::Bundle {
+        KeyFile::Bundle(file) => RoughtimeKeys::Bundle {
             bundle: load_bundle(&file).map_err(|r| s.bad("roughtime.delegation", r))?,
             file,
         },
