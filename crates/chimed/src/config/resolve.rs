@@ -166,36 +166,18 @@ fn prune(value: Value) -> Value {
     }
 }
 
-/// Every dotted key in `value` and its value, as TOML would write it.
-fn flatten(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
-    match value {
-        Value::Dict(_, dict) => {
-            for (k, v) in dict {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
-            }
+/// Every dotted key `table` sets and its value, as TOML writes it.
+fn flatten(prefix: &str, table: &toml::Table, out: &mut Vec<(String, String)>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(inner) => flatten(&key, inner, out),
+            value => out.push((key, value.to_string())),
         }
-        other => out.push((prefix.to_owned(), value_text(other))),
-    }
-}
-
-fn value_text(value: &Value) -> String {
-    match value {
-        Value::String(_, s) => format!("{s:?}"),
-        Value::Array(_, items) => {
-            let items: Vec<String> = items.iter().map(value_text).collect();
-            format!("[{}]", items.join(", "))
-        }
-        Value::Num(_, n) => (n.to_u128().map(|u| u.to_string()))
-            .or(n.to_i128().map(|i| i.to_string()))
-            .or(n.to_f64().map(|f| f.to_string()))
-            .unwrap_or_else(|| format!("{n:?}")),
-        Value::Bool(_, b) => b.to_string(),
-        other => format!("{other:?}"),
     }
 }
 
@@ -213,7 +195,8 @@ pub(super) fn resolve(args: &Args) -> Result<Resolved, ConfigError> {
         .extract()
         .map_err(|e| ConfigError::Merge(e.to_string()))?;
     let mut given = Vec::new();
-    flatten("", &Value::from(Layer::of(FLAGS, &c)?.1), &mut given);
+    let table = toml::Table::try_from(&c).map_err(|e| ConfigError::Merge(e.to_string()))?;
+    flatten("", &table, &mut given);
     let sources = Sources {
         figment,
         file: args.config.clone(),
