@@ -36,6 +36,7 @@ pub(super) struct Resolved {
 }
 
 /// `[nts]` checked, before the certificate, key and saved cookie keys are read.
+#[derive(Debug)]
 pub(super) struct NtsPlan {
     pub(super) certificate: PathBuf,
     pub(super) private_key: PathBuf,
@@ -48,6 +49,7 @@ pub(super) struct NtsPlan {
 }
 
 /// `[roughtime]` checked, before its keys are read.
+#[derive(Debug)]
 pub(super) struct RoughtimePlan {
     pub(super) key: KeyFile,
     pub(super) mldsa: Option<PathBuf>,
@@ -65,6 +67,7 @@ pub(super) struct RoughtimePlan {
 }
 
 /// What Roughtime signs with, to be read.
+#[derive(Debug)]
 pub(super) enum KeyFile {
     LongTerm(PathBuf),
     Bundle(PathBuf),

@@ -465,3 +465,60 @@ fn sighup_takes_the_access_rules_and_names_what_needs_a_restart() {
     let no_file = Args::try_parse_from(["chimed"]).unwrap();
     assert!(reload(&no_file, &current).unwrap().is_none());
 }
+
+/// The default each flag's help states (`[default: 64]`, `[default: 4 MiB]`) is the one chimed
+/// uses: giving that value changes nothing. Checked for every default that is a number or an
+/// address, with every service on so that no value is ignored (resolving reads no key file).
+#[test]
+fn the_documented_defaults_are_the_defaults() {
+    use clap::CommandFactory as _;
+    let on = [
+        "--ratelimit",
+        "--nts-ratelimit",
+        "--nts-certificate=/c",
+        "--nts-private-key=/k",
+        "--roughtime-key=/r",
+        "--xdp=eth0",
+        "--tz-offset",
+    ];
+    let resolved = |extra: &[String]| {
+        let argv = ["chimed"].iter().chain(&on).map(|a| a.to_string());
+        let args = Args::try_parse_from(argv.chain(extra.iter().cloned())).unwrap();
+        let mut r = resolve::resolve(&args).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        r.settings.given = Given::default();
+        format!(
+            "{:?} {:?} {:?} {:?}",
+            r.settings, r.nts, r.fleet, r.roughtime
+        )
+    };
+    let plain = resolved(&[]);
+    let mut checked = Vec::new();
+    for arg in Args::command().get_arguments() {
+        let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+        let Some(rest) = help.split("[default: ").nth(1) else {
+            continue;
+        };
+        // `[::]:123` keeps its brackets; anything else ends at a space, comma or bracket.
+        let value = match rest.strip_prefix('[') {
+            Some(v6) => format!("[{}", v6.split_inclusive(']').take(2).collect::<String>()),
+            None => rest.split([' ', ',', ']']).next().unwrap_or("").to_owned(),
+        };
+        let value = value.trim_end_matches(']').to_owned();
+        let value = match rest.split([',', ']']).next() {
+            Some(v) if v.ends_with(" MiB") => (value.parse::<usize>().unwrap() << 20).to_string(),
+            _ => value,
+        };
+        let number = value.parse::<f64>().is_ok();
+        if !number && value.parse::<std::net::SocketAddr>().is_err() {
+            continue;
+        }
+        let flag = format!("--{}={value}", arg.get_long().unwrap());
+        assert_eq!(
+            resolved(std::slice::from_ref(&flag)),
+            plain,
+            "{flag} is not the default"
+        );
+        checked.push(flag);
+    }
+    assert!(checked.len() > 35, "{checked:?}");
+}
