@@ -67,22 +67,16 @@ pub(crate) fn all(
             .as_ref()
             .map(|r: &Arc<stats::Registry>| r.register(service, family, thread, labels))
     };
-    for group in sockets.ntp {
-        let family = group.family;
-        workers(sup, group, |i| {
-            let published = register("ntp", family, i, &ntp_worker::LABELS);
-            NtpWorker::new(ntp.clone(), published).with_heartbeat(hearts.add())
-        })?;
-    }
-    if let (Some(shared), Some(rt)) = (&rt_shared, &settings.roughtime) {
-        for group in sockets.roughtime {
-            let (family, batch) = (group.family, rt.batch_size);
-            workers(sup, group, |i| {
-                let published = register("roughtime", family, i, &roughtime_worker::LABELS);
-                RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(hearts.add())
-            })?;
-        }
-    }
+    let rt_batch = settings.roughtime.as_ref().map_or(1, |rt| rt.batch_size);
+    let roughtime = rt_shared.as_ref().map(|shared| (shared, rt_batch));
+    data_plane(
+        sup,
+        hearts,
+        (sockets.ntp, sockets.roughtime),
+        ntp,
+        roughtime,
+        &register,
+    )?;
     let xdp = match sockets.xdp {
         Some(bound) => Some(xdp(
             sup,
@@ -150,6 +144,35 @@ pub(crate) fn all(
         tcp,
         ke_counts,
     })
+}
+
+/// Starts the NTP and the Roughtime workers on their sockets, group by group.
+fn data_plane(
+    sup: &mut Supervisor,
+    hearts: &mut Heartbeats,
+    (ntp_groups, rt_groups): (Vec<Group>, Vec<Group>),
+    ntp: &Arc<ntp_worker::Shared>,
+    roughtime: Option<(&Arc<roughtime_worker::Shared>, usize)>,
+    register: &Register<'_>,
+) -> Result<()> {
+    for group in ntp_groups {
+        let family = group.family;
+        workers(sup, group, |i| {
+            let published = register("ntp", family, i, &ntp_worker::LABELS);
+            NtpWorker::new(ntp.clone(), published).with_heartbeat(hearts.add())
+        })?;
+    }
+    let Some((shared, batch)) = roughtime else {
+        return Ok(());
+    };
+    for group in rt_groups {
+        let family = group.family;
+        workers(sup, group, |i| {
+            let published = register("roughtime", family, i, &roughtime_worker::LABELS);
+            RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(hearts.add())
+        })?;
+    }
+    Ok(())
 }
 
 /// Starts one group of workers and watches it under its name.
