@@ -45,6 +45,7 @@ pub mod keyfile;
 pub mod keys;
 pub mod merkle;
 pub mod message;
+#[cfg(feature = "mldsa")]
 pub mod mldsa;
 pub mod packet;
 pub mod request;

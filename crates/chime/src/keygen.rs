@@ -21,12 +21,14 @@ pub(crate) struct Args {
     file: PathBuf,
     /// An ML-DSA-44 key for the experimental post-quantum suite (0x90000001, part of no draft,
     /// TCP only; chimed --roughtime-mldsa-key) instead of an Ed25519 one
+    #[cfg(feature = "mldsa")]
     #[arg(long)]
     mldsa: bool,
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
     let seed = Zeroizing::new(rand::random::<[u8; 32]>());
+    #[cfg(feature = "mldsa")]
     if args.mldsa {
         use chime_roughtime::mldsa;
         create_secret_file(&args.file, mldsa::encode_key_file(&seed).as_bytes())?;

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+#[cfg(feature = "mldsa")]
 use chime_roughtime::mldsa;
 use chime_roughtime::{
     ChainReport, FrameReader, Link, Verified, VerifyPolicy, Version, build_request, next_nonce,
@@ -154,6 +155,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         bail!("--tcp: Google's original protocol has no framing for a stream; it is UDP only");
     }
     // An ML-DSA-44 key (1312 bytes) asks for the experimental suite, over TCP.
+    #[cfg(feature = "mldsa")]
     if let [spec] = &args.servers[..] {
         let (key, host) = match spec.split_once('@') {
             Some((k, h)) => (Some(k), h),
@@ -552,8 +554,8 @@ fn resolve(server: &str) -> Result<SocketAddr> {
         .with_context(|| format!("{server}: no address"))
 }
 
-/// A public key in base64 (44 characters) or hex (64 digits).
 /// An ML-DSA-44 public key (1312 bytes, base64), if `s` is one.
+#[cfg(feature = "mldsa")]
 fn mldsa_key(s: &str) -> Option<Vec<u8>> {
     BASE64
         .decode(s.trim())
@@ -563,6 +565,7 @@ fn mldsa_key(s: &str) -> Option<Vec<u8>> {
 
 /// The experimental ML-DSA-44 suite (0x90000001, part of no draft): one query over TCP, fully
 /// verified.
+#[cfg(feature = "mldsa")]
 fn query_mldsa(addr: SocketAddr, key: &[u8], args: &Args) -> Result<()> {
     if args
         .version
@@ -616,6 +619,7 @@ fn query_mldsa(addr: SocketAddr, key: &[u8], args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// A public key in base64 (44 characters) or hex (64 digits).
 pub(crate) fn parse_key(s: &str) -> Result<[u8; 32]> {
     let s = s.trim();
     let bytes = if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {

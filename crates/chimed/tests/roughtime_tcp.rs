@@ -409,6 +409,7 @@ fn chime_perf_over_tcp_reused_and_per_request() {
 }
 
 /// `chime keygen --mldsa` and the public key it prints.
+#[cfg(feature = "mldsa")]
 fn mldsa_keygen(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
     let file = dir.join(name);
     let out = Command::new(workspace_bin("chime"))
@@ -430,7 +431,8 @@ fn mldsa_keygen(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, Strin
 /// The experimental ML-DSA-44 suite (0x90000001): chimed serves it over TCP beside Ed25519 on
 /// the same port, and `chime roughtime` with the 1312-byte key verifies both ML-DSA-44 signatures
 /// and the path; a client naming another ML-DSA-44 key is not answered. Without TCP chimed
-/// refuses the key file at start.
+/// refuses the key file at start. The suite is built in with `--features mldsa`.
+#[cfg(feature = "mldsa")]
 #[test]
 fn the_experimental_mldsa_suite_is_served_over_tcp() {
     let dir = tempfile::tempdir().unwrap();

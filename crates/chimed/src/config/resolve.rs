@@ -567,6 +567,11 @@ fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>
         Some(list) => parse_grease_kinds(list).map_err(|e| s.bad("roughtime.grease-kinds", e))?,
     };
     let tcp = tcp_limits(&r.tcp, s)?;
+    if r.mldsa_key.is_some() && !cfg!(feature = "mldsa") {
+        let e = "the experimental ML-DSA-44 suite is not in this chimed: build it with \
+                 `--features mldsa`";
+        return Err(s.bad("roughtime.mldsa-key", e));
+    }
     if r.mldsa_key.is_some() && tcp.is_none() {
         let tcp = s.like("roughtime.mldsa-key", "roughtime.tcp.connections");
         let e = format!("the ML-DSA-44 suite is TCP only, and {tcp} is 0");

@@ -320,8 +320,8 @@ pub(crate) struct Roughtime {
 
     /// EXPERIMENTAL, part of no draft: also serve tannerryan's ML-DSA-44 suite (version
     /// 0x90000001, TCP only) with the long-term key in this file (`chime keygen --mldsa`; must
-    /// not be readable by group or others), to clients that offer it. Needs Roughtime over TCP
-    /// [default: off]
+    /// not be readable by group or others), to clients that offer it. Needs Roughtime over TCP,
+    /// and a chimed built with `--features mldsa` [default: off]
     #[arg(id = "roughtime.mldsa-key", long = "roughtime-mldsa-key")]
     #[arg(value_name = "FILE")]
     pub(crate) mldsa_key: Option<PathBuf>,

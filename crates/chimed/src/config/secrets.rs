@@ -83,6 +83,10 @@ fn nts_keys(p: NtsPlan, s: &Sources) -> Result<Nts, ConfigError> {
 fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigError> {
     let mldsa = match p.mldsa {
         None => None,
+        // `resolve` refuses the key where the suite is not built in.
+        #[cfg(not(feature = "mldsa"))]
+        Some(_) => None,
+        #[cfg(feature = "mldsa")]
         Some(file) => {
             let bad = |r| s.bad("roughtime.mldsa-key", r);
             let text = super::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")

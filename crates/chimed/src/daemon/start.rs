@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_ntp::ClientTable;
 use chime_ntp::nts::CookieKeys;
 use chime_udp::BatchHandler;
@@ -278,27 +276,14 @@ fn tcp(
         limits.idle.as_secs_f64(),
         limits.lifetime.as_secs_f64()
     );
-    let pq = settings
-        .roughtime
-        .as_ref()
-        .and_then(|rt| rt.mldsa.as_ref().map(|m| (rt.rotation, m)))
-        .map(|(rotation, (file, seed))| {
-            let key = chime_roughtime::mldsa::PqLongTermKey::from_seed(seed);
-            warn!(
-                "roughtime: EXPERIMENTAL ML-DSA-44 suite (0x90000001, part of no draft) served \
-                 over TCP, long-term key from {}; public key (base64): {}",
-                file.display(),
-                BASE64.encode(key.public_key())
-            );
-            online_keys::Pq::new(key, rotation)
-        });
-    let pq_now = pq.as_ref().map(|p| p.now.clone());
-    if let Some(pq) = pq {
-        sup.task("roughtime-mldsa-keys", async move {
-            online_keys::rotate_pq(pq).await;
-            Ok(())
-        });
-    }
+    // The experimental ML-DSA-44 suite, where it is built in and configured.
+    #[cfg(feature = "mldsa")]
+    let pq_now = (settings.roughtime.as_ref()).and_then(|rt| roughtime::mldsa::start(sup, rt));
+    #[cfg(not(feature = "mldsa"))]
+    let pq_now = {
+        let _ = settings;
+        None
+    };
     let counts = Arc::new(roughtime_tcp::Counts::default());
     let totals = Arc::new(stats::Totals::default());
     let service = roughtime_tcp::spawn(

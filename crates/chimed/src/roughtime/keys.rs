@@ -13,10 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use chime_roughtime::mldsa::{PqDelegation, PqLongTermKey};
 use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
 use tracing::{error, info, warn};
 use zeroize::Zeroizing;
@@ -196,45 +194,6 @@ pub(crate) async fn rotate(key: Arc<LongTermKey>, rotation: Duration, shared: Ar
     }
 }
 
-/// The experimental ML-DSA-44 suite (`--roughtime-mldsa-key`), served over TCP only: its
-/// long-term key, and the online key in force, which [`rotate_pq`] replaces every rotation.
-pub(crate) struct Pq {
-    pub(crate) key: PqLongTermKey,
-    pub(crate) rotation: Duration,
-    pub(crate) now: Arc<ArcSwap<PqDelegation>>,
-}
-
-impl Pq {
-    /// The suite with a first online key, made at once (ML-DSA keys take no time to make).
-    pub(crate) fn new(key: PqLongTermKey, rotation: Duration) -> Self {
-        let now = Arc::new(ArcSwap::from_pointee(pq_delegation(&key, rotation)));
-        Self { key, rotation, now }
-    }
-}
-
-/// An online ML-DSA-44 key valid from an hour ago for two rotations, certified by `key`.
-fn pq_delegation(key: &PqLongTermKey, rotation: Duration) -> PqDelegation {
-    let now = crate::clock::read().unix_secs().max(0) as u64;
-    let d = key.delegate(
-        &rand::random(),
-        now.saturating_sub(3600),
-        now.saturating_add(2 * rotation.as_secs().max(1)),
-    );
-    let (mint, maxt) = d.window();
-    info!("roughtime ml-dsa-44: online key valid {mint} .. {maxt} (Unix seconds)");
-    d
-}
-
-/// Replaces the ML-DSA-44 online key every rotation, until the task is stopped.
-pub(crate) async fn rotate_pq(pq: Pq) {
-    let mut ticks = tokio::time::interval(pq.rotation);
-    ticks.tick().await; // the first tick is immediate; the key made at start is fresh
-    loop {
-        ticks.tick().await;
-        pq.now.store(Arc::new(pq_delegation(&pq.key, pq.rotation)));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,13 +209,5 @@ mod tests {
         assert!((2 * 3600..=2 * 3600 + 1).contains(&lasts), "{lasts}");
         let second = delegate(&key, rotation).unwrap();
         assert_ne!(first.online_public_key(), second.online_public_key());
-    }
-
-    #[test]
-    fn the_mldsa_online_key_covers_now() {
-        let pq = Pq::new(PqLongTermKey::from_seed(&[6; 32]), Duration::from_secs(600));
-        let now = crate::clock::read().unix_secs() as u64;
-        let (mint, maxt) = pq.now.load().window();
-        assert!(mint < now && now < maxt, "{mint} {now} {maxt}");
     }
 }

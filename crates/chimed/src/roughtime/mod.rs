@@ -2,6 +2,8 @@
 //! every transport signs with (online keys delegated by a long-term key or read from a bundle).
 
 pub(crate) mod keys;
+#[cfg(feature = "mldsa")]
+pub(crate) mod mldsa;
 pub(crate) mod serve;
 pub(crate) mod tcp;
 pub(crate) mod udp;

@@ -62,7 +62,8 @@ impl Batch {
         self.reading.unix_micros()
     }
 
-    /// The radius to sign, microseconds.
+    /// The radius to sign, microseconds (for a suite that takes it apart from the params).
+    #[cfg(feature = "mldsa")]
     pub(crate) fn radius_us(&self) -> u64 {
         self.radius_us
     }

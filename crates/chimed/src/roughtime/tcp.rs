@@ -21,8 +21,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use chime_roughtime::mldsa::{PqDelegation, PqResponder};
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -36,6 +34,8 @@ use tracing::{error, info, warn};
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
 use crate::observe::stats::{Note, Published, Totals, WorkerStats};
+#[cfg(feature = "mldsa")]
+use crate::roughtime::mldsa;
 use crate::roughtime::udp::{self as roughtime_worker, REASONS, Shared};
 use crate::roughtime::{Error, serve};
 
@@ -107,10 +107,10 @@ impl Counts {
 }
 
 /// One request on its way to the signer, and where its reply goes (`None`: dropped).
-struct Job {
-    packet: Vec<u8>,
-    peer: IpAddr,
-    reply: mpsc::Sender<Option<Vec<u8>>>,
+pub(super) struct Job {
+    pub(super) packet: Vec<u8>,
+    pub(super) peer: IpAddr,
+    pub(super) reply: mpsc::Sender<Option<Vec<u8>>>,
 }
 
 /// The running TCP service, on a thread of its own until the stop signal.
@@ -130,6 +130,13 @@ impl Threads for Service {
     }
 }
 
+/// The experimental ML-DSA-44 suite's online key in force, where it is served.
+#[cfg(feature = "mldsa")]
+pub(crate) type PqNow = mldsa::Now;
+/// Without the `mldsa` feature there is no such suite: a value that cannot be made.
+#[cfg(not(feature = "mldsa"))]
+pub(crate) type PqNow = std::convert::Infallible;
+
 /// Where the service counts: its connections, its replies and drops, and their metrics.
 pub(crate) type Counters = (Arc<Counts>, Arc<Totals<REASONS>>, Option<Arc<Published>>);
 
@@ -139,7 +146,7 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     limits: Limits,
     (counts, totals, published): Counters,
-    pq: Option<Arc<ArcSwap<PqDelegation>>>,
+    pq: Option<PqNow>,
     stopped: CancellationToken,
 ) -> Result<Service, Error> {
     for l in &listeners {
@@ -411,9 +418,12 @@ async fn sign(
     mut queue: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
     mut stats: WorkerStats<REASONS>,
-    pq: Option<Arc<ArcSwap<PqDelegation>>>,
+    pq: Option<PqNow>,
 ) {
-    let mut pq = pq.map(|d| (d, PqResponder::new(MAX_BATCH_SIZE), Vec::new()));
+    #[cfg(feature = "mldsa")]
+    let mut pq = pq.map(mldsa::Signer::new);
+    #[cfg(not(feature = "mldsa"))]
+    let _ = pq;
     let mut responder = Responder::new(ResponderConfig {
         versions: VersionSet::ALL,
         capacity: MAX_BATCH_SIZE,
@@ -430,14 +440,9 @@ async fn sign(
                 }
                 // Requests offering the experimental suite, where it is served, are signed
                 // with it in a batch of their own.
-                if let Some((delegation, responder, pq_jobs)) = &mut pq {
-                    let (theirs, ours): (Vec<Job>, Vec<Job>) =
-                        jobs.drain(..).partition(|j| chime_roughtime::mldsa::offered(&j.packet));
-                    jobs = ours;
-                    *pq_jobs = theirs;
-                    if !pq_jobs.is_empty() {
-                        answer_pq(responder, &delegation.load(), &shared, &mut stats, pq_jobs);
-                    }
+                #[cfg(feature = "mldsa")]
+                if let Some(pq) = &mut pq {
+                    pq.answer_offered(&mut jobs, &shared, &mut stats);
                 }
                 if !jobs.is_empty() {
                     answer(&mut responder, &shared, &mut stats, &jobs, &mut tickets);
@@ -450,55 +455,9 @@ async fn sign(
     stats.finish();
 }
 
-/// One batch of the experimental ML-DSA-44 suite: the same checks and counts as [`answer`], one
-/// ML-DSA-44 signature over its tree.
-fn answer_pq(
-    responder: &mut PqResponder,
-    delegation: &PqDelegation,
-    shared: &Shared,
-    stats: &mut WorkerStats<REASONS>,
-    jobs: &[Job],
-) {
-    let Some(serving) = serve::begin(shared, stats, jobs.len()) else {
-        refuse_all(jobs);
-        return;
-    };
-    responder.clear();
-    let mut taken = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let added = serving.admits(job.peer, stats)
-            && responder
-                .add(&job.packet, delegation)
-                .map_err(|why| stats.pending.drop_at(why.index()))
-                .is_ok();
-        if added {
-            taken.push(job);
-        } else {
-            let _ = job.reply.try_send(None);
-        }
-    }
-    if !taken.is_empty() {
-        match responder.sign(serving.now_unix_us(), serving.radius_us(), delegation) {
-            Ok(replies) => {
-                for (job, reply) in taken.iter().zip(replies) {
-                    stats.pending.answered += 1;
-                    let _ = job.reply.try_send(Some(reply));
-                }
-            }
-            Err(why) => {
-                for job in &taken {
-                    stats.pending.drop_at(why.index());
-                    let _ = job.reply.try_send(None);
-                }
-            }
-        }
-    }
-    serving.finish(stats);
-}
-
 /// Tells every connection of a batch that is not signed that its request gets no reply. A
 /// connection that went away meanwhile has closed its channel: the send fails, nothing more.
-fn refuse_all(jobs: &[Job]) {
+pub(super) fn refuse_all(jobs: &[Job]) {
     for job in jobs {
         let _ = job.reply.try_send(None);
     }
@@ -579,18 +538,16 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
 /// The signer's batches driven in process, without a connection: the serve rule as TCP follows
 /// it, for both suites.
 #[cfg(test)]
-mod tests {
-    use chime_roughtime::mldsa::PqLongTermKey;
-
+pub(super) mod tests {
     use super::*;
     use crate::roughtime::serve::testing::{request, shared, verify};
     use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
 
     /// Where a job's answer arrives: its reply, or `None` for none.
-    type Answer = mpsc::Receiver<Option<Vec<u8>>>;
+    pub(in crate::roughtime) type Answer = mpsc::Receiver<Option<Vec<u8>>>;
 
     /// `packets` as jobs from `peer`, and where each one's answer arrives.
-    fn jobs(packets: &[Vec<u8>], peer: &str) -> (Vec<Job>, Vec<Answer>) {
+    pub(in crate::roughtime) fn jobs(packets: &[Vec<u8>], peer: &str) -> (Vec<Job>, Vec<Answer>) {
         packets
             .iter()
             .map(|packet| {
@@ -606,7 +563,7 @@ mod tests {
             .unzip()
     }
 
-    fn stats() -> WorkerStats<REASONS> {
+    pub(in crate::roughtime) fn stats() -> WorkerStats<REASONS> {
         WorkerStats::new(
             "test",
             &roughtime_worker::LABELS,
@@ -616,7 +573,7 @@ mod tests {
         )
     }
 
-    fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
+    pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
         answers
             .iter_mut()
             .map(|a| {
@@ -673,34 +630,5 @@ mod tests {
         let (replies, counts) = batch(true, &["198.51.100.0/24"], &[request(1)], "198.51.100.9");
         assert_eq!(replies, [None]);
         assert_eq!(counts.dropped[DENIED], 1);
-    }
-
-    #[test]
-    fn the_mldsa_suite_follows_the_same_rule() {
-        let key = PqLongTermKey::from_seed(&[9; 32]);
-        let pq = crate::roughtime::keys::Pq::new(key, Duration::from_secs(3600));
-        let packet = chime_roughtime::mldsa::build_request(&[3; 32], &pq.key.public_key());
-        for (synchronised, deny, peer, answered, reason) in [
-            (true, &[][..], "192.0.2.1", true, None),
-            (false, &[][..], "192.0.2.1", false, Some(UNSYNCHRONISED)),
-            (
-                true,
-                &["198.51.100.0/24"][..],
-                "198.51.100.9",
-                false,
-                Some(DENIED),
-            ),
-        ] {
-            let shared = shared(synchronised, deny);
-            let (jobs, rx) = jobs(std::slice::from_ref(&packet), peer);
-            let mut stats = stats();
-            let mut responder = PqResponder::new(MAX_BATCH_SIZE);
-            answer_pq(&mut responder, &pq.now.load(), &shared, &mut stats, &jobs);
-            let replies = answers(rx);
-            assert_eq!(replies[0].is_some(), answered, "{synchronised} {peer}");
-            if let Some(reason) = reason {
-                assert_eq!(stats.pending.dropped[reason], 1, "{synchronised} {peer}");
-            }
-        }
     }
 }
