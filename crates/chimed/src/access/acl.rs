@@ -45,7 +45,7 @@ pub(crate) struct Acl {
 impl Acl {
     /// The rules from `--allow` and `--deny` values, each `ADDR`, `ADDR/PREFIX` or `all`; an error
     /// names the value and what is wrong with it.
-    pub(crate) fn new(allow: &[String], deny: &[String]) -> Result<Self, String> {
+    pub(crate) fn new(allow: &[String], deny: &[String]) -> Result<Self, AclError> {
         let mut rules = Vec::new();
         for (values, is_allow) in [(allow, true), (deny, false)] {
             for value in values {
@@ -122,8 +122,21 @@ impl fmt::Debug for Acl {
     }
 }
 
+/// A value that is not a rule; names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum AclError {
+    #[error("'{0}': not an address, ADDR/PREFIX or 'all'")]
+    NotAnAddress(String),
+    #[error("'{value}': prefix length '{prefix}' is not a number from 0 to {width}")]
+    BadPrefix {
+        value: String,
+        prefix: String,
+        width: u8,
+    },
+}
+
 /// One value: `all` gives an IPv4 and an IPv6 rule, anything else one.
-fn parse(value: &str, allow: bool) -> Result<Vec<Rule>, String> {
+fn parse(value: &str, allow: bool) -> Result<Vec<Rule>, AclError> {
     if value.trim() == "all" {
         return Ok(vec![
             Rule {
@@ -149,16 +162,18 @@ fn parse(value: &str, allow: bool) -> Result<Vec<Rule>, String> {
     } else if let Ok(a) = addr.parse::<Ipv6Addr>() {
         (false, u128::from(a), 128)
     } else {
-        return Err(format!("'{value}': not an address, ADDR/PREFIX or 'all'"));
+        return Err(AclError::NotAnAddress(value.to_owned()));
     };
     let prefix = match prefix {
         None => width,
         Some(p) => match p.parse::<u8>() {
             Ok(n) if n <= width => n,
             _ => {
-                return Err(format!(
-                    "'{value}': prefix length '{p}' is not a number from 0 to {width}"
-                ));
+                return Err(AclError::BadPrefix {
+                    value: value.to_owned(),
+                    prefix: p.to_owned(),
+                    width,
+                });
             }
         },
     };
@@ -241,13 +256,19 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let e = Acl::new(&["10.0.0.0/33".into()], &[]).unwrap_err();
+        let e = Acl::new(&["10.0.0.0/33".into()], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'10.0.0.0/33'") && e.contains("0 to 32"), "{e}");
-        let e = Acl::new(&[], &["::/129".into()]).unwrap_err();
+        let e = Acl::new(&[], &["::/129".into()]).unwrap_err().to_string();
         assert!(e.contains("0 to 128"), "{e}");
-        let e = Acl::new(&["example.net".into()], &[]).unwrap_err();
+        let e = Acl::new(&["example.net".into()], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'example.net'"), "{e}");
-        let e = Acl::new(&["10.0.0.0/x".into()], &[]).unwrap_err();
+        let e = Acl::new(&["10.0.0.0/x".into()], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("'x'"), "{e}");
     }
 }

@@ -15,11 +15,13 @@ pub(crate) type Zone = ZoneShift<Box<dyn Fn(i64) -> i32 + Send + Sync>>;
 
 /// Loads the zone: `name` from the tz database, else the system's own (`TZ`, else
 /// `/etc/localtime`). The error names the zone.
-pub(crate) fn load(name: Option<&str>) -> Result<(Arc<Zone>, String), String> {
+pub(crate) fn load(name: Option<&str>) -> Result<(Arc<Zone>, String), ZoneError> {
     let tz = match name {
-        Some(n) => TimeZone::get(n).map_err(|e| format!("--timezone {n}: unknown zone ({e})"))?,
-        None => TimeZone::try_system()
-            .map_err(|e| format!("--tz-offset: cannot find the system timezone ({e})"))?,
+        Some(n) => TimeZone::get(n).map_err(|source| ZoneError::Unknown {
+            name: n.to_owned(),
+            source,
+        })?,
+        None => TimeZone::try_system().map_err(ZoneError::NoSystemZone)?,
     };
     let description = describe(&tz, name, Timestamp::now());
     let zone: Zone = ZoneShift::new(Box::new(move |secs| {
@@ -32,9 +34,20 @@ pub(crate) fn load(name: Option<&str>) -> Result<(Arc<Zone>, String), String> {
 
 /// [`load`] after dropping jiff's cache of the tz database (it otherwise serves zones it read in
 /// the last five minutes), so that a SIGHUP after a tzdata update really reads the new rules.
-pub(crate) fn reload(name: Option<&str>) -> Result<(Arc<Zone>, String), String> {
+pub(crate) fn reload(name: Option<&str>) -> Result<(Arc<Zone>, String), ZoneError> {
     jiff::tz::db().reset();
-    load(name).map_err(|e| format!("cannot re-read the zone: {e}"))
+    load(name).map_err(|e| ZoneError::Reread(Box::new(e)))
+}
+
+/// Why the zone could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ZoneError {
+    #[error("--timezone {name}: unknown zone ({source})")]
+    Unknown { name: String, source: jiff::Error },
+    #[error("--tz-offset: cannot find the system timezone ({0})")]
+    NoSystemZone(jiff::Error),
+    #[error("cannot re-read the zone: {0}")]
+    Reread(Box<ZoneError>),
 }
 
 /// "Asia/Kolkata, now UTC+05:30, no transitions ahead" and the like, for the start-up warning.
@@ -62,7 +75,7 @@ mod tests {
 
     #[test]
     fn unknown_zone_is_named() {
-        let e = load(Some("Mars/Olympus_Mons")).unwrap_err();
+        let e = load(Some("Mars/Olympus_Mons")).unwrap_err().to_string();
         assert!(e.contains("Mars/Olympus_Mons"), "{e}");
     }
 

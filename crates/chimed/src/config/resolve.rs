@@ -99,10 +99,10 @@ impl Sources {
     }
 
     /// An error about `key`'s value, naming where it came from.
-    pub(super) fn bad(&self, key: &'static str, reason: impl Into<String>) -> ConfigError {
+    pub(super) fn bad(&self, key: &'static str, reason: impl std::fmt::Display) -> ConfigError {
         ConfigError::Invalid {
             input: self.input(key),
-            reason: reason.into(),
+            reason: reason.to_string(),
         }
     }
 

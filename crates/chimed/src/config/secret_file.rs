@@ -8,21 +8,52 @@
 //! others never is.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
+/// Why a secret file could not be read; names the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SecretFileError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not a regular file", path.display())]
+    NotAFile { path: PathBuf },
+    #[error(
+        "{}: readable by group or others (mode {mode:04o}); it holds {holds}: run chmod 600 on it",
+        path.display()
+    )]
+    Readable {
+        path: PathBuf,
+        mode: u32,
+        holds: &'static str,
+    },
+    #[error("{}: no such file", path.display())]
+    Missing { path: PathBuf },
+}
+
 /// The contents of the secret file at `path` (`holds` says what it holds, for the error), or
 /// `None` if there is no such file. An error names the file.
-pub(crate) fn read(path: &Path, holds: &str) -> Result<Option<Zeroizing<String>>, String> {
-    let shown = path.display();
+pub(crate) fn read(
+    path: &Path,
+    holds: &'static str,
+) -> Result<Option<Zeroizing<String>>, SecretFileError> {
+    let io = |source| SecretFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{shown}: {e}")),
+        Err(e) => return Err(io(e)),
     };
     if !meta.is_file() {
-        return Err(format!("{shown}: not a regular file"));
+        return Err(SecretFileError::NotAFile {
+            path: path.to_owned(),
+        });
     }
     let credentials = std::env::var_os("CREDENTIALS_DIRECTORY");
     check_mode(
@@ -31,13 +62,18 @@ pub(crate) fn read(path: &Path, holds: &str) -> Result<Option<Zeroizing<String>>
         credentials.as_deref().map(Path::new),
         holds,
     )?;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    let text = std::fs::read_to_string(path).map_err(io)?;
     Ok(Some(Zeroizing::new(text)))
 }
 
 /// [`read`], for a file that must exist.
-pub(crate) fn read_existing(path: &Path, holds: &str) -> Result<Zeroizing<String>, String> {
-    read(path, holds)?.ok_or_else(|| format!("{}: no such file", path.display()))
+pub(crate) fn read_existing(
+    path: &Path,
+    holds: &'static str,
+) -> Result<Zeroizing<String>, SecretFileError> {
+    read(path, holds)?.ok_or_else(|| SecretFileError::Missing {
+        path: path.to_owned(),
+    })
 }
 
 /// Refuses `mode` for a secret file at `path` if group or others may read it, but allows a group
@@ -46,8 +82,8 @@ fn check_mode(
     path: &Path,
     mode: u32,
     credentials: Option<&Path>,
-    holds: &str,
-) -> Result<(), String> {
+    holds: &'static str,
+) -> Result<(), SecretFileError> {
     let in_credentials = credentials.is_some_and(|dir| {
         let canonical = |p: &Path| std::fs::canonicalize(p).ok();
         match (canonical(dir), canonical(path)) {
@@ -57,11 +93,11 @@ fn check_mode(
     });
     let forbidden = if in_credentials { 0o007 } else { 0o077 };
     if mode & forbidden != 0 {
-        return Err(format!(
-            "{}: readable by group or others (mode {:04o}); it holds {holds}: run chmod 600 on it",
-            path.display(),
-            mode & 0o777
-        ));
+        return Err(SecretFileError::Readable {
+            path: path.to_owned(),
+            mode: mode & 0o777,
+            holds,
+        });
     }
     Ok(())
 }
@@ -80,9 +116,13 @@ mod tests {
         let dir = Some(creds.path());
         assert!(check_mode(&inside, 0o100440, dir, "a key").is_ok());
         assert!(check_mode(&inside, 0o100400, dir, "a key").is_ok());
-        let e = check_mode(&inside, 0o100444, dir, "a key").unwrap_err();
+        let e = check_mode(&inside, 0o100444, dir, "a key")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("(mode 0444); it holds a key"), "{e}");
-        let e = check_mode(&outside, 0o100440, dir, "a key").unwrap_err();
+        let e = check_mode(&outside, 0o100440, dir, "a key")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("readable by group or others (mode 0440)"), "{e}");
         assert!(check_mode(&outside, 0o100600, dir, "a key").is_ok());
         assert!(check_mode(&inside, 0o100440, None, "a key").is_err());

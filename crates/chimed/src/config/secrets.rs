@@ -4,11 +4,12 @@
 //! root directory and timezone looked up, so that a name that does not exist stops chimed at
 //! start rather than after the sockets are bound. An error names the key that named the file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
 use super::resolve::{KeyFile, NtsPlan, Resolved, RoughtimePlan, Sources};
+use super::secret_file::SecretFileError;
 use super::{ConfigError, Fleet, Nts, Roughtime, RoughtimeKeys, Settings};
 
 /// Fills in what `resolve` left to be read.
@@ -88,11 +89,11 @@ fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigErro
         Some(_) => None,
         #[cfg(feature = "mldsa")]
         Some(file) => {
-            let bad = |r| s.bad("roughtime.mldsa-key", r);
+            let bad = |r: &dyn std::fmt::Display| s.bad("roughtime.mldsa-key", r);
             let text = super::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")
-                .map_err(bad)?;
+                .map_err(|e| bad(&e))?;
             let seed = chime_roughtime::mldsa::parse_key_file(&text)
-                .map_err(|e| bad(format!("{}: {e}", file.display())))?;
+                .map_err(|e| bad(&format!("{}: {e}", file.display())))?;
             Some((file, Zeroizing::new(seed)))
         }
     };
@@ -123,18 +124,41 @@ fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigErro
     })
 }
 
+/// Why a Roughtime key file or delegation bundle could not be loaded; names the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeyError {
+    #[error(transparent)]
+    File(#[from] SecretFileError),
+    #[error("{}: {source}", path.display())]
+    Bundle {
+        path: PathBuf,
+        source: chime_roughtime::BundleError,
+    },
+    #[error("{}: not a key file: {source}", path.display())]
+    Key {
+        path: PathBuf,
+        source: chime_roughtime::KeyFileError,
+    },
+}
+
 /// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
 /// keys sign as this server) and one whose certificates do not verify.
-pub(crate) fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, String> {
+pub(crate) fn load_bundle(path: &Path) -> Result<chime_roughtime::Bundle, KeyError> {
     let text = super::secret_file::read_existing(path, "online keys that sign as this server")?;
-    chime_roughtime::Bundle::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    chime_roughtime::Bundle::parse(&text).map_err(|source| KeyError::Bundle {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
 /// anyone sign times in this server's name.
-fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
+fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, KeyError> {
     let text = super::secret_file::read_existing(path, "the Roughtime long-term key")?;
     chime_roughtime::parse_key_file(&text)
         .map(Zeroizing::new)
-        .map_err(|e| format!("{}: not a key file: {e}", path.display()))
+        .map_err(|source| KeyError::Key {
+            path: path.to_owned(),
+            source,
+        })
 }

@@ -105,7 +105,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
     };
     let ntp = ntp::shared(&settings, nts_start.as_ref().map(|(keys, _)| keys));
     if let Some(name) = &settings.tz_offset {
-        reload::load_zone(name.as_deref(), &ntp, false).map_err(anyhow::Error::msg)?;
+        reload::load_zone(name.as_deref(), &ntp, false)?;
     }
     log_shedding(&settings);
     let roughtime = match &settings.roughtime {

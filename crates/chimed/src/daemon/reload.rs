@@ -104,7 +104,7 @@ pub(crate) fn load_zone(
     name: Option<&str>,
     shared: &ntp_worker::Shared,
     reload: bool,
-) -> Result<(), String> {
+) -> Result<(), tz::ZoneError> {
     let (zone, description) = if reload {
         tz::reload(name)?
     } else {

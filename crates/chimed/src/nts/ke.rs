@@ -116,8 +116,33 @@ pub(crate) struct Loaded {
     pub(crate) not_after: Option<i64>,
 }
 
+/// Why the NTS-KE certificate and key could not be loaded; names the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TlsError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: readable by everyone (mode {mode:04o}); run chmod o-r on it", path.display())]
+    Readable { path: PathBuf, mode: u32 },
+    #[error("{}: {source}", path.display())]
+    Pem {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{}: no certificate in it", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("{} and {}: {source}", certificate.display(), key.display())]
+    Rustls {
+        certificate: PathBuf,
+        key: PathBuf,
+        source: rustls::Error,
+    },
+}
+
 /// [`tls_config`], with the leaf certificate's expiry.
-pub(crate) fn load(certificate: &Path, private_key: &Path) -> Result<Loaded, String> {
+pub(crate) fn load(certificate: &Path, private_key: &Path) -> Result<Loaded, TlsError> {
     let config = tls_config(certificate, private_key)?;
     let not_after = CertificateDer::pem_file_iter(certificate)
         .ok()
@@ -225,34 +250,47 @@ fn not_after(der: &[u8]) -> Option<i64> {
 
 /// The TLS 1.3 server configuration from a PEM certificate chain and private key, with NTS-KE's
 /// ALPN. The key file must not be readable by others. Errors name the file and the problem.
-pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<ServerConfig, String> {
+pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<ServerConfig, TlsError> {
     use std::os::unix::fs::PermissionsExt;
-    let shown = private_key.display();
+    let pem = |path: &Path| {
+        let path = path.to_owned();
+        move |source| TlsError::Pem { path, source }
+    };
     let mode = std::fs::metadata(private_key)
-        .map_err(|e| format!("{shown}: {e}"))?
+        .map_err(|source| TlsError::Io {
+            path: private_key.to_owned(),
+            source,
+        })?
         .permissions()
         .mode();
     if mode & 0o004 != 0 {
-        return Err(format!(
-            "{shown}: readable by everyone (mode {:04o}); run chmod o-r on it",
-            mode & 0o777
-        ));
+        return Err(TlsError::Readable {
+            path: private_key.to_owned(),
+            mode: mode & 0o777,
+        });
     }
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(certificate)
-        .map_err(|e| format!("{}: {e}", certificate.display()))?
+        .map_err(pem(certificate))?
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", certificate.display()))?;
+        .map_err(pem(certificate))?;
     if chain.is_empty() {
-        return Err(format!("{}: no certificate in it", certificate.display()));
+        return Err(TlsError::NoCertificate {
+            path: certificate.to_owned(),
+        });
     }
-    let key = PrivateKeyDer::from_pem_file(private_key).map_err(|e| format!("{shown}: {e}"))?;
+    let key = PrivateKeyDer::from_pem_file(private_key).map_err(pem(private_key))?;
+    let rustls = |source| TlsError::Rustls {
+        certificate: certificate.to_owned(),
+        key: private_key.to_owned(),
+        source,
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| e.to_string())?
+        .map_err(rustls)?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|e| format!("{} and {shown}: {e}", certificate.display()))?;
+        .map_err(rustls)?;
     config.alpn_protocols = vec![nts::ALPN.to_vec()];
     Ok(config)
 }

@@ -29,6 +29,8 @@ use std::time::Duration;
 use chime_ntp::nts::{CookieKeys, FleetSecret, KEY_LEN, parse_fleet_file};
 use zeroize::Zeroizing;
 
+use crate::config::secret_file::{self, SecretFileError};
+
 /// The file's name in the dump directory.
 pub(crate) const FILE: &str = "nts-cookie-keys";
 
@@ -46,13 +48,26 @@ pub(crate) fn path_in(dir: &Path) -> PathBuf {
 
 /// Reads the saved keys; `Ok(None)` if there is no file yet. An error names the file and, for a
 /// bad line, its number.
-pub(crate) fn load(path: &Path) -> Result<Option<Saved>, String> {
-    let Some(text) = crate::config::secret_file::read(path, "the NTS cookie keys")? else {
+pub(crate) fn load(path: &Path) -> Result<Option<Saved>, KeysError> {
+    let Some(text) = secret_file::read(path, "the NTS cookie keys")? else {
         return Ok(None);
     };
-    parse(&text)
-        .map(Some)
-        .map_err(|e| format!("{}: {e}", path.display()))
+    parse(&text).map(Some).map_err(|reason| KeysError::Parse {
+        path: path.to_owned(),
+        reason,
+    })
+}
+
+/// Why saved cookie keys or a fleet secret could not be read; names the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeysError {
+    #[error(transparent)]
+    File(#[from] SecretFileError),
+    #[error("{}: no such file (chime nts-fleet-key makes one)", path.display())]
+    NoFleetFile { path: PathBuf },
+    /// The file's contents, with the line at fault where there is one.
+    #[error("{}: {reason}", path.display())]
+    Parse { path: PathBuf, reason: String },
 }
 
 /// A fleet's secrets (`--nts-fleet-key`): the one that seals, and the previous one while the
@@ -61,11 +76,15 @@ pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);
 
 /// Reads the fleet secret file (`chime nts-fleet-key` makes one). An error names the file and,
 /// for a bad line, its number.
-pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, String> {
-    let shown = path.display();
-    let text = crate::config::secret_file::read(path, "the NTS fleet secret")?
-        .ok_or_else(|| format!("{shown}: no such file (chime nts-fleet-key makes one)"))?;
-    parse_fleet_file(&text).map_err(|e| format!("{shown}: {e}"))
+pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, KeysError> {
+    let text =
+        secret_file::read(path, "the NTS fleet secret")?.ok_or_else(|| KeysError::NoFleetFile {
+            path: path.to_owned(),
+        })?;
+    parse_fleet_file(&text).map_err(|e| KeysError::Parse {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 /// A fleet member's keys at `now_micros` (Unix microseconds) for periods of `period` (whole
@@ -313,7 +332,7 @@ mod tests {
         let path = path_in(dir.path());
         save(&path, &saved(1)).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = load(&path).unwrap_err();
+        let e = load(&path).unwrap_err().to_string();
         assert!(
             e.starts_with(&path.display().to_string()) && e.contains("644"),
             "{e}"
@@ -328,7 +347,7 @@ mod tests {
         ] {
             std::fs::write(&path, text).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-            let e = load(&path).unwrap_err();
+            let e = load(&path).unwrap_err().to_string();
             assert!(e.contains(why), "{text:?}: {e}");
         }
     }
