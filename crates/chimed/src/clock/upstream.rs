@@ -18,6 +18,7 @@ use tokio::time::{self, Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::clock;
+use crate::daemon::supervisor::ServiceError;
 use crate::ntp::worker::Shared;
 
 /// How the upstream looked at the last poll, to log changes once rather than every poll.
@@ -29,7 +30,12 @@ enum Health {
     Unreachable,
 }
 
-pub(crate) async fn run(upstream: SocketAddr, interval: Duration, shared: Arc<Shared>) {
+/// Polls until stopped; returns only through a fail point (tests).
+pub(crate) async fn run(
+    upstream: SocketAddr,
+    interval: Duration,
+    shared: Arc<Shared>,
+) -> Result<(), ServiceError> {
     let mut mirror = Mirror::new(upstream);
     let mut socket: Option<UdpSocket> = None;
     let mut health = Health::Unknown;
@@ -37,6 +43,9 @@ pub(crate) async fn run(upstream: SocketAddr, interval: Duration, shared: Arc<Sh
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
+        fail::fail_point!("upstream", |_| Err(
+            crate::daemon::supervisor::fail_point_error("upstream")
+        ));
         // A poll waits at most one interval (and never more than a second, like rsntp) so that a
         // slow upstream cannot stretch the schedule.
         let deadline = Instant::now() + interval.min(Duration::from_secs(1));

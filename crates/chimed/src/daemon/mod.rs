@@ -34,6 +34,9 @@ const EXIT_BAD_INPUT: u8 = 2;
 
 /// chimed's whole life, from the command line to the exit status.
 pub fn main() -> ExitCode {
+    // The tests' fail points (FAILPOINTS=name=action), in builds with the `failpoints` feature.
+    #[cfg(feature = "failpoints")]
+    let _fail_points = fail::FailScenario::setup();
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(e) => return bad_flags(&e),

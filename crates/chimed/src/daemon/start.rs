@@ -19,7 +19,7 @@ use crate::config::Settings;
 use crate::daemon::bind::{self, Group, Service, Sockets};
 use crate::daemon::notify::Heartbeats;
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
-use crate::daemon::supervisor::{ServiceError, Supervisor};
+use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
 use crate::observe::{metrics, stats};
@@ -125,10 +125,7 @@ pub(crate) fn all(
             Ok(addr) => info!("metrics: http://{addr}/metrics"),
             Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
         }
-        sup.task("metrics", async move {
-            metrics::serve(listener, Arc::new(sources)).await;
-            Ok(())
-        });
+        sup.task("metrics", metrics::serve(listener, Arc::new(sources)));
     }
     let fleet = tasks(sup, settings, &prepared, nts.is_some());
     Ok(Running {
@@ -372,15 +369,9 @@ fn tasks(
 ) -> Option<FleetKeys> {
     let ntp = prepared.ntp.clone();
     let (server, interval) = (settings.server_address, settings.poll_interval);
-    sup.task("upstream", async move {
-        upstream::run(server, interval, ntp).await;
-        Ok::<(), ServiceError>(())
-    });
+    sup.task("upstream", upstream::run(server, interval, ntp));
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
-        sup.task("roughtime-keys", async move {
-            online_keys::run(signer, rotation, shared).await;
-            Ok(())
-        });
+        sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
     }
     let cookies = prepared.ntp.nts.clone()?;
     // The fleet's secrets are taken out of the settings, which live as long as the process: once
@@ -392,10 +383,10 @@ fn tasks(
                 .as_ref()
                 .map_or(Duration::ZERO, |(_, next)| *next);
             let (every, dump) = (nts.rotation, nts.dump.clone().map(|(path, _)| path));
-            sup.task("nts-cookie-keys", async move {
-                nts_ke::rotate(cookies, first, every, dump).await;
-                Ok(())
-            });
+            sup.task(
+                "nts-cookie-keys",
+                nts_ke::rotate(cookies, first, every, dump),
+            );
         }
         return None;
     };
@@ -412,9 +403,9 @@ fn tasks(
         cookies,
     };
     let (cookies, secrets, period) = (keys.cookies.clone(), keys.secrets.clone(), keys.period);
-    sup.task("nts-fleet-keys", async move {
-        nts_ke::follow_fleet(cookies, secrets, period).await;
-        Ok(())
-    });
+    sup.task(
+        "nts-fleet-keys",
+        nts_ke::follow_fleet(cookies, secrets, period),
+    );
     Some(keys)
 }

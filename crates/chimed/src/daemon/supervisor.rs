@@ -36,6 +36,13 @@ pub(crate) enum ServiceError {
     Panicked(String),
 }
 
+/// What a fail point set to `return` makes a service end with (the `failpoints` feature, tests
+/// only): an error naming the fail point.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub(crate) fn fail_point_error(name: &str) -> ServiceError {
+    ServiceError::Failed(format!("fail point {name}"))
+}
+
 /// A service that ended unexpectedly, by name: what the daemon exits with.
 #[derive(Debug, thiserror::Error)]
 #[error("service {name} {error}")]

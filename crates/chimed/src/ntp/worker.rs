@@ -355,6 +355,7 @@ impl BatchHandler for NtpWorker {
 
     fn idle(&mut self) {
         self.beat.beat();
+        fail::fail_point!("ntp-worker");
         self.stats.tick(clock::read().unix_secs());
     }
 

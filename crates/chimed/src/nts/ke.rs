@@ -23,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::access::per_address::PerAddress;
-use crate::daemon::supervisor::{Threads, panic_message};
+use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
 use tokio_util::sync::CancellationToken;
@@ -352,7 +352,10 @@ pub(crate) async fn rotate(
     first: Duration,
     every: Duration,
     dump: Option<PathBuf>,
-) {
+) -> Result<(), ServiceError> {
+    fail::fail_point!("nts-cookie-keys", |_| Err(
+        crate::daemon::supervisor::fail_point_error("nts-cookie-keys")
+    ));
     tokio::time::sleep(first).await;
     let mut tick = tokio::time::interval(every);
     loop {
@@ -399,7 +402,10 @@ pub(crate) async fn follow_fleet(
     cookies: Arc<ArcSwap<CookieKeys>>,
     secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
     period: Duration,
-) {
+) -> Result<(), ServiceError> {
+    fail::fail_point!("nts-fleet-keys", |_| Err(
+        crate::daemon::supervisor::fail_point_error("nts-fleet-keys")
+    ));
     loop {
         let (_, _, left) =
             nts_keys::fleet_keys(&secrets.load(), period, crate::clock::read().unix_micros());
@@ -540,6 +546,7 @@ impl Threads for KeThreads {
 /// rate limiter (`--nts-ratelimit`), a connection from an address over its limit is closed at
 /// once, before the TLS handshake it would cost.
 async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: CancellationToken) {
+    fail::fail_point!("nts-ke", |_| ());
     let mut coin = Coin::new(rand::random());
     let listener = match listener
         .set_nonblocking(true)

@@ -25,6 +25,7 @@ use tokio::sync::Semaphore;
 use tracing::warn;
 
 use crate::clock;
+use crate::daemon::supervisor::ServiceError;
 use crate::ntp::worker as ntp_worker;
 use crate::observe::stats::{Note, Published, PublishedCounts, Registry};
 use crate::roughtime::udp as roughtime_worker;
@@ -60,17 +61,17 @@ const MAX_CONNECTIONS: usize = 16;
 /// Serves the endpoint on `listener` (bound before privileges were dropped) until aborted. HTTP
 /// is hyper's: one request per connection (no keep-alive), the head within [`READ_TIMEOUT`] and
 /// [`MAX_HEAD`] bytes, at most [`MAX_CONNECTIONS`] at once (more are closed at once).
-pub(crate) async fn serve(listener: std::net::TcpListener, sources: Arc<Sources>) {
-    let listener = match listener
+pub(crate) async fn serve(
+    listener: std::net::TcpListener,
+    sources: Arc<Sources>,
+) -> Result<(), ServiceError> {
+    fail::fail_point!("metrics", |_| Err(
+        crate::daemon::supervisor::fail_point_error("metrics")
+    ));
+    let listener = listener
         .set_nonblocking(true)
         .and_then(|()| TcpListener::from_std(listener))
-    {
-        Ok(l) => l,
-        Err(e) => {
-            warn!("metrics endpoint: cannot listen: {e}; no metrics will be served");
-            return;
-        }
-    };
+        .map_err(|e| ServiceError::Failed(format!("cannot listen: {e}")))?;
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut last_error: Option<std::time::Instant> = None;
     loop {

@@ -19,6 +19,7 @@ use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
 use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
+use crate::daemon::supervisor::ServiceError;
 use crate::roughtime::udp::Shared;
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
@@ -56,11 +57,19 @@ pub(crate) enum Signer {
 }
 
 /// Keeps the workers' delegation current until the task is aborted.
-pub(crate) async fn run(signer: Signer, rotation: Duration, shared: Arc<Shared>) {
+pub(crate) async fn run(
+    signer: Signer,
+    rotation: Duration,
+    shared: Arc<Shared>,
+) -> Result<(), ServiceError> {
+    fail::fail_point!("roughtime-keys", |_| Err(
+        crate::daemon::supervisor::fail_point_error("roughtime-keys")
+    ));
     match signer {
         Signer::Key(key) => rotate(key, rotation, shared).await,
         Signer::Bundle => follow_bundle(shared).await,
     }
+    Ok(())
 }
 
 /// How often a bundle's windows are looked at: a window lasts hours or days.

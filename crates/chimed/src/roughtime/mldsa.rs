@@ -14,7 +14,7 @@ use chime_roughtime::mldsa::{PqDelegation, PqLongTermKey, PqResponder};
 use tracing::{info, warn};
 
 use crate::config;
-use crate::daemon::supervisor::Supervisor;
+use crate::daemon::supervisor::{ServiceError, Supervisor};
 
 use crate::observe::stats::WorkerStats;
 use crate::roughtime::serve;
@@ -54,7 +54,10 @@ fn pq_delegation(key: &PqLongTermKey, rotation: Duration) -> PqDelegation {
 }
 
 /// Replaces the ML-DSA-44 online key every rotation, until the task is stopped.
-pub(crate) async fn rotate_pq(pq: Pq) {
+pub(crate) async fn rotate_pq(pq: Pq) -> Result<(), ServiceError> {
+    fail::fail_point!("roughtime-mldsa-keys", |_| Err(
+        crate::daemon::supervisor::fail_point_error("roughtime-mldsa-keys")
+    ));
     let mut ticks = tokio::time::interval(pq.rotation);
     ticks.tick().await; // the first tick is immediate; the key made at start is fresh
     loop {
@@ -76,10 +79,7 @@ pub(crate) fn start(sup: &mut Supervisor, rt: &config::Roughtime) -> Option<Now>
     );
     let pq = Pq::new(key, rt.rotation);
     let now = pq.now.clone();
-    sup.task("roughtime-mldsa-keys", async move {
-        rotate_pq(pq).await;
-        Ok(())
-    });
+    sup.task("roughtime-mldsa-keys", rotate_pq(pq));
     Some(now)
 }
 

@@ -167,6 +167,7 @@ pub(crate) fn spawn(
         .name("roughtime-tcp".into())
         .spawn(move || {
             runtime.block_on(async move {
+                fail::fail_point!("roughtime-tcp");
                 let stats = WorkerStats::new(
                     "roughtime-tcp",
                     &roughtime_worker::LABELS,

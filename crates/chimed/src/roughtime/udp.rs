@@ -197,6 +197,7 @@ impl BatchHandler for RoughtimeWorker {
 
     fn idle(&mut self) {
         self.beat.beat();
+        fail::fail_point!("roughtime-worker");
         self.stats.tick(clock::read().unix_secs());
     }
 

@@ -353,6 +353,20 @@ impl Chimed {
         signal::kill(self.pid(), Signal::SIGCONT).unwrap();
     }
 
+    /// Waits up to `limit` for chimed to exit by itself; its status, or `None` if it still runs.
+    pub fn exit_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         signal::kill(self.pid(), Signal::SIGTERM).unwrap();
