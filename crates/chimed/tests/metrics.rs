@@ -105,11 +105,21 @@ fn ntp_request(first_byte: u8, len: usize) -> Vec<u8> {
     p
 }
 
-#[test]
-fn counters_and_upstream_follow_what_chimed_saw() {
-    let s = serve(&[]);
+/// A sample's labels, as name and value.
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// A worker's labels and one more: a drop's reason or a reply's version.
+fn with(base: &[(&'static str, &'static str)], label: (&'static str, &'static str)) -> Labels {
+    let mut l = base.to_vec();
+    l.push(label);
+    l
+}
+
+/// Sends what the counters are expected to have counted: NTPv4 client requests (LI 0, VN 4,
+/// mode 3) are answered; mode 6 and a short packet are not; one Roughtime probe is answered and
+/// a packet of zeros is not.
+fn send_counted_traffic(s: &Served) {
     let wait = Duration::from_millis(300);
-    // NTPv4 client requests (LI 0, VN 4, mode 3) are answered; mode 6 and a short packet are not.
     for _ in 0..3 {
         assert!(exchange(s.ntp, &ntp_request(0x23, 48), Duration::from_secs(2)).is_some());
     }
@@ -126,21 +136,17 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         .is_some()
     );
     assert_eq!(exchange(s.roughtime, &[0u8; 500], wait), None);
+}
 
+/// Each counter sample that traffic from `send_counted_traffic` must leave, with its value.
+fn expected_counters() -> Vec<(&'static str, Labels, f64)> {
     let ntp = [("service", "ntp"), ("family", "ipv4"), ("thread", "0")];
     let rt = [
         ("service", "roughtime"),
         ("family", "ipv4"),
         ("thread", "0"),
     ];
-    // A worker's labels and one more: a drop's reason or a reply's version.
-    let with = |base: &[(&'static str, &'static str)], label: (&'static str, &'static str)| {
-        let mut l = base.to_vec();
-        l.push(label);
-        l
-    };
-    type Labels = Vec<(&'static str, &'static str)>;
-    let expected: Vec<(&str, Labels, f64)> = vec![
+    vec![
         ("chimed_requests_received_total", ntp.to_vec(), 6.0),
         ("chimed_replies_sent_total", ntp.to_vec(), 3.0),
         (
@@ -187,7 +193,52 @@ fn counters_and_upstream_follow_what_chimed_saw() {
         ),
         // No --roughtime-grease: the family is there, at zero.
         ("chimed_roughtime_greased_total", rt.to_vec(), 0.0),
-    ];
+    ]
+}
+
+/// The counter families are counters, and the upstream is chronyd as mirrored: stratum 3,
+/// synchronised, a small root distance; the Roughtime key and start time are plausible, and the
+/// page is OpenMetrics.
+fn check_upstream_and_gauges(page: &serde_json::Value) {
+    let kinds: Vec<_> = page["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == "chimed_requests_received_total")
+        .map(|s| s["type"].clone())
+        .collect();
+    assert!(kinds.iter().all(|k| k == "counter"), "{kinds:?}");
+    assert_eq!(value(page, "chimed_upstream_stratum", &[]), Some(3.0));
+    assert_eq!(value(page, "chimed_upstream_leap", &[]), Some(0.0));
+    assert_eq!(value(page, "chimed_upstream_synchronised", &[]), Some(1.0));
+    assert_eq!(value(page, "chimed_served_synchronised", &[]), Some(1.0));
+    let distance = value(page, "chimed_served_root_distance_seconds", &[]).unwrap();
+    assert!(distance > 0.0 && distance < 0.01, "{distance}");
+    let age = value(page, "chimed_upstream_last_reply_age_seconds", &[]).unwrap();
+    assert!((0.0..3.0).contains(&age), "{age}");
+    let now = unix_now();
+    let not_before = value(page, "chimed_roughtime_online_key_not_before_seconds", &[]).unwrap();
+    let not_after = value(page, "chimed_roughtime_online_key_not_after_seconds", &[]).unwrap();
+    assert!(
+        not_before < now && now + 86_400.0 < not_after,
+        "{not_before} {not_after}"
+    );
+    let started = value(page, "chimed_start_time_seconds", &[]).unwrap();
+    assert!((now - started).abs() < 60.0, "{started}");
+    assert!(
+        page["content_type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("application/openmetrics-text; version=1.0.0")),
+        "{}",
+        page["content_type"]
+    );
+}
+
+#[test]
+fn counters_and_upstream_follow_what_chimed_saw() {
+    let s = serve(&[]);
+    send_counted_traffic(&s);
+    let expected = expected_counters();
     let matches = |page: &serde_json::Value| {
         expected
             .iter()
@@ -197,41 +248,7 @@ fn counters_and_upstream_follow_what_chimed_saw() {
     for (name, labels, v) in &expected {
         assert_eq!(value(&page, name, labels), Some(*v), "{name} {labels:?}");
     }
-
-    // The counter families are counters, and the upstream is chronyd as mirrored: stratum 3,
-    // synchronised, a small root distance.
-    let kinds: Vec<_> = page["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["name"] == "chimed_requests_received_total")
-        .map(|s| s["type"].clone())
-        .collect();
-    assert!(kinds.iter().all(|k| k == "counter"), "{kinds:?}");
-    assert_eq!(value(&page, "chimed_upstream_stratum", &[]), Some(3.0));
-    assert_eq!(value(&page, "chimed_upstream_leap", &[]), Some(0.0));
-    assert_eq!(value(&page, "chimed_upstream_synchronised", &[]), Some(1.0));
-    assert_eq!(value(&page, "chimed_served_synchronised", &[]), Some(1.0));
-    let distance = value(&page, "chimed_served_root_distance_seconds", &[]).unwrap();
-    assert!(distance > 0.0 && distance < 0.01, "{distance}");
-    let age = value(&page, "chimed_upstream_last_reply_age_seconds", &[]).unwrap();
-    assert!((0.0..3.0).contains(&age), "{age}");
-    let now = unix_now();
-    let not_before = value(&page, "chimed_roughtime_online_key_not_before_seconds", &[]).unwrap();
-    let not_after = value(&page, "chimed_roughtime_online_key_not_after_seconds", &[]).unwrap();
-    assert!(
-        not_before < now && now + 86_400.0 < not_after,
-        "{not_before} {not_after}"
-    );
-    let started = value(&page, "chimed_start_time_seconds", &[]).unwrap();
-    assert!((now - started).abs() < 60.0, "{started}");
-    assert!(
-        page["content_type"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("application/openmetrics-text; version=1.0.0")),
-        "{}",
-        page["content_type"]
-    );
+    check_upstream_and_gauges(&page);
 }
 
 /// Shedding under a standing queue shows in chimed_requests_shed_total, for NTP and Roughtime
