@@ -113,15 +113,27 @@ fn chronyd_refuses_a_server_it_does_not_trust() {
     assert!(ke.contains("agreed=0") && !ke.contains("failed=0"), "{ke}");
 }
 
-#[test]
-fn bad_nts_settings_exit_2_naming_them() {
+/// The files `bad_nts_settings_exit_2_naming_them` points chimed at, each a path as a string;
+/// the directory holding them lives as long as this does.
+struct BadNtsFiles {
+    _dir: tempfile::TempDir,
+    cert: String,
+    key: String,
+    garbage: String,
+    open_key: String,
+    open_dump: String,
+    open_fleet: String,
+    short_fleet: String,
+    missing_fleet: String,
+}
+
+fn bad_nts_files() -> BadNtsFiles {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path(), "server");
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
     let open_key = dir.path().join("open.key");
     std::fs::copy(&key, &open_key).unwrap();
-    use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
     // A dump directory whose key file others may read.
     let open_dump = dir.path().join("open-dump");
@@ -129,13 +141,6 @@ fn bad_nts_settings_exit_2_naming_them() {
     let keys = open_dump.join("nts-cookie-keys");
     std::fs::write(&keys, "made 1\n").unwrap();
     std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (c, k, g, o) = (
-        cert.to_str().unwrap(),
-        key.to_str().unwrap(),
-        garbage.to_str().unwrap(),
-        open_key.to_str().unwrap(),
-    );
-    let (od, nd) = (open_dump.to_str().unwrap(), garbage.to_str().unwrap());
     // Fleet secret files: one others may read, one with a short secret.
     let open_fleet = dir.path().join("open-fleet");
     std::fs::write(&open_fleet, format!("secret {}\n", "00".repeat(32))).unwrap();
@@ -143,11 +148,31 @@ fn bad_nts_settings_exit_2_naming_them() {
     let short_fleet = dir.path().join("short-fleet");
     std::fs::write(&short_fleet, "# a comment\nsecret 0123\n").unwrap();
     std::fs::set_permissions(&short_fleet, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let (of, sf) = (open_fleet.to_str().unwrap(), short_fleet.to_str().unwrap());
-    let short_without_certificate = format!("--nts-fleet-key: {sf}: line 2: not 64 hex digits");
     let missing = dir.path().join("no-such-fleet");
-    let mf = missing.to_str().unwrap();
-    for (args, needle) in [
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    BadNtsFiles {
+        cert: s(&cert),
+        key: s(&key),
+        garbage: s(&garbage),
+        open_key: s(&open_key),
+        open_dump: s(&open_dump),
+        open_fleet: s(&open_fleet),
+        short_fleet: s(&short_fleet),
+        missing_fleet: s(&missing),
+        _dir: dir,
+    }
+}
+
+/// Bad `--nts-fleet-key` settings, each with what chimed's one line of error must contain.
+fn bad_fleet_key_cases(f: &BadNtsFiles) -> Vec<(Vec<&str>, String)> {
+    let (c, k, od) = (f.cert.as_str(), f.key.as_str(), f.open_dump.as_str());
+    let (of, sf, mf) = (
+        f.open_fleet.as_str(),
+        f.short_fleet.as_str(),
+        f.missing_fleet.as_str(),
+    );
+    let short_without_certificate = format!("--nts-fleet-key: {sf}: line 2: not 64 hex digits");
+    [
         // Checked without a certificate too: a member may serve NTP only.
         (
             vec!["--nts-fleet-key", sf],
@@ -199,6 +224,23 @@ fn bad_nts_settings_exit_2_naming_them() {
             ],
             "--nts-fleet-key: not with --nts-dump-dir",
         ),
+    ]
+    .into_iter()
+    .map(|(args, needle)| (args, needle.to_owned()))
+    .collect()
+}
+
+/// Bad certificate, key, dump directory and rate-limit settings, each with what chimed's one
+/// line of error must contain.
+fn bad_nts_cases(f: &BadNtsFiles) -> Vec<(Vec<&str>, String)> {
+    let (c, k, g, o) = (
+        f.cert.as_str(),
+        f.key.as_str(),
+        f.garbage.as_str(),
+        f.open_key.as_str(),
+    );
+    let (od, nd) = (f.open_dump.as_str(), f.garbage.as_str());
+    [
         (vec!["--nts-certificate", c], "--nts-private-key: missing"),
         (vec!["--nts-private-key", k], "--nts-certificate: missing"),
         (
@@ -259,15 +301,27 @@ fn bad_nts_settings_exit_2_naming_them() {
             ],
             "nts-cookie-keys: readable by group or others (mode 0644)",
         ),
-    ] {
+    ]
+    .into_iter()
+    .map(|(args, needle)| (args, needle.to_owned()))
+    .collect()
+}
+
+#[test]
+fn bad_nts_settings_exit_2_naming_them() {
+    let f = bad_nts_files();
+    let mut cases = bad_fleet_key_cases(&f);
+    cases.extend(bad_nts_cases(&f));
+    for (args, needle) in cases {
         let mut argv = args.clone();
         argv.push("--check-config");
         let out = run(Command::new(common::workspace_bin("chimed")).args(&argv));
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(err.contains(needle.as_str()), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
     }
+    let (c, k) = (f.cert.as_str(), f.key.as_str());
     let out = run(Command::new(common::workspace_bin("chimed")).args([
         "--nts-certificate",
         c,
@@ -933,24 +987,56 @@ fn perf_load(args: &[&str], target: std::net::SocketAddr, json: &Path) -> std::p
         .unwrap()
 }
 
-/// SIGHUP under load, every 150 ms for four seconds, while `chime perf` loads plain NTP and
-/// Roughtime (every Roughtime reply verified) and chronyd polls over NTS 16 times a second:
-/// each SIGHUP reads a delegation bundle other than the one in force, and every second the fleet
-/// secret moves on (the new one in the file, the one before as `previous`). Every reply is valid
-/// and none is lost, chronyd gets no NAK, and chimed drops nothing.
-#[test]
-fn sighup_reloads_under_load_give_no_invalid_reply() {
-    use std::os::unix::fs::PermissionsExt as _;
+/// Runs `chime` with `args` and then `file`, which must succeed; its standard output.
+fn chime_with_file(args: &[&str], file: &Path) -> String {
+    let out = run(Command::new(common::workspace_bin("chime"))
+        .args(args)
+        .arg(file));
+    assert!(out.status.success(), "chime {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Replaces `path` whole (written aside, renamed over), as an operator's tooling should.
+fn put_whole(path: &Path, text: &str) {
+    let aside = path.with_extension("new");
+    std::fs::write(&aside, text).unwrap();
+    std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&aside, path).unwrap();
+}
+
+/// A new NTS fleet secret from `chime nts-fleet-key`, in hex.
+fn fleet_secret_hex() -> String {
+    let file = tempfile::tempdir().unwrap();
+    let path = file.path().join("s");
+    chime_with_file(&["nts-fleet-key"], &path);
+    let text = std::fs::read_to_string(&path).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("secret "))
+        .unwrap()
+        .to_owned()
+}
+
+/// chimed serving NTS, NTP and Roughtime from a delegation bundle (`live`, one of `bundles`)
+/// and a fleet secret (`secret`, now `current`) that the test replaces before each SIGHUP.
+struct ReloadScene {
+    _chronyd: Chronyd,
+    _rt_key: common::RoughtimeKey,
+    dir: tempfile::TempDir,
+    cert: std::path::PathBuf,
+    chimed: Chimed,
+    ke_port: u16,
+    roughtime: std::net::SocketAddr,
+    public_key: String,
+    bundles: Vec<String>,
+    live: std::path::PathBuf,
+    secret: std::path::PathBuf,
+    current: String,
+}
+
+fn reload_scene() -> ReloadScene {
     let chronyd = Chronyd::start();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path(), "server");
-    let chime = |args: &[&str], file: &Path| {
-        let out = run(Command::new(common::workspace_bin("chime"))
-            .args(args)
-            .arg(file));
-        assert!(out.status.success(), "chime {args:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     let rt_key = common::chime_keygen();
     let (long_term, public_key) = (rt_key.file.clone(), rt_key.public_base64.clone());
     let bundles: Vec<String> = ["a", "b"]
@@ -958,76 +1044,73 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
         .map(|name| {
             let file = dir.path().join(format!("{name}.bundle"));
             let lt = long_term.to_str().unwrap();
-            chime(&["delegate", "--key", lt, "--days", "2", "--out"], &file);
+            chime_with_file(&["delegate", "--key", lt, "--days", "2", "--out"], &file);
             std::fs::read_to_string(&file).unwrap()
         })
         .collect();
     let live = dir.path().join("live.bundle");
-    // Replaced whole (written aside, renamed over), as an operator's tooling should.
-    let put = |path: &Path, text: &str| {
-        let aside = path.with_extension("new");
-        std::fs::write(&aside, text).unwrap();
-        std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::rename(&aside, path).unwrap();
-    };
-    put(&live, &bundles[0]);
-    let secret_hex = || {
-        let file = tempfile::tempdir().unwrap();
-        let path = file.path().join("s");
-        chime(&["nts-fleet-key"], &path);
-        let text = std::fs::read_to_string(&path).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("secret "))
-            .unwrap()
-            .to_owned()
-    };
+    put_whole(&live, &bundles[0]);
     let secret = dir.path().join("fleet-secret");
-    let mut current = secret_hex();
-    put(&secret, &format!("secret {current}\n"));
+    let current = fleet_secret_hex();
+    put_whole(&secret, &format!("secret {current}\n"));
 
     let mut rt =
         common::roughtime_flags_for("--roughtime-delegation", live.to_str().unwrap()).to_vec();
     rt.extend(["--nts-fleet-key", secret.to_str().unwrap()]);
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &rt);
     let roughtime = chimed.roughtime_addr();
-    let client = ChronydClient::start(&[
-        format!("server 127.0.0.1 nts ntsport {ke_port} minpoll -4 maxpoll -4"),
-        format!("ntstrustedcerts {}", cert.display()),
-    ]);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while client.measured() < 3 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    ReloadScene {
+        _chronyd: chronyd,
+        _rt_key: rt_key,
+        dir,
+        cert,
+        chimed,
+        ke_port,
+        roughtime,
+        public_key,
+        bundles,
+        live,
+        secret,
+        current,
     }
-    assert!(client.measured() >= 3, "chronyd measured nothing over NTS");
-    let before = client.measured();
+}
 
-    let (ntp_json, rt_json) = (dir.path().join("ntp.json"), dir.path().join("rt.json"));
-    let mut ntp_load = perf_load(&["ntp"], chimed.addr, &ntp_json);
+/// Loads chimed with `chime perf` (plain NTP, and Roughtime with every reply verified) while
+/// sending SIGHUP every 150 ms for four seconds, a new bundle each time and a new fleet secret
+/// every second; checks that no reply was invalid or lost. How many bundles and secrets were
+/// put in place.
+fn reload_under_load(s: &mut ReloadScene) -> (usize, usize) {
+    let dir = s.dir.path();
+    let (ntp_json, rt_json) = (dir.join("ntp.json"), dir.join("rt.json"));
+    let mut ntp_load = perf_load(&["ntp"], s.chimed.addr, &ntp_json);
     let rt_args = [
         "roughtime",
         "--public-key",
-        &public_key,
+        &s.public_key,
         "--verify-every",
         "1",
     ];
-    let mut rt_load = perf_load(&rt_args, roughtime, &rt_json);
+    let mut rt_load = perf_load(&rt_args, s.roughtime, &rt_json);
     let (mut bundle_reloads, mut secret_reloads) = (0, 0);
     let started = Instant::now();
     let mut last_secret = started;
     while started.elapsed() < Duration::from_secs(4) {
         std::thread::sleep(Duration::from_millis(150));
         bundle_reloads += 1;
-        put(&live, &bundles[bundle_reloads % 2]);
+        put_whole(&s.live, &s.bundles[bundle_reloads % 2]);
         // chronyd holds cookies from the last half second: a second apart, a secret change
         // leaves them all under the new secret or its `previous`.
         if last_secret.elapsed() >= Duration::from_secs(1) {
-            let next = secret_hex();
-            put(&secret, &format!("secret {next}\nprevious {current}\n"));
-            current = next;
+            let next = fleet_secret_hex();
+            put_whole(
+                &s.secret,
+                &format!("secret {next}\nprevious {}\n", s.current),
+            );
+            s.current = next;
             secret_reloads += 1;
             last_secret = Instant::now();
         }
-        nix::sys::signal::kill(chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+        nix::sys::signal::kill(s.chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
     }
     for (load, json) in [(&mut ntp_load, &ntp_json), (&mut rt_load, &rt_json)] {
         let out = load.wait().unwrap();
@@ -1038,8 +1121,35 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
         assert_eq!(step["lost"], 0, "{step:#}");
         assert_eq!(step["answered"], step["sent"], "{step:#}");
     }
+    (bundle_reloads, secret_reloads)
+}
+
+/// SIGHUP under load, every 150 ms for four seconds, while `chime perf` loads plain NTP and
+/// Roughtime (every Roughtime reply verified) and chronyd polls over NTS 16 times a second:
+/// each SIGHUP reads a delegation bundle other than the one in force, and every second the fleet
+/// secret moves on (the new one in the file, the one before as `previous`). Every reply is valid
+/// and none is lost, chronyd gets no NAK, and chimed drops nothing.
+#[test]
+fn sighup_reloads_under_load_give_no_invalid_reply() {
+    let mut s = reload_scene();
+    let client = ChronydClient::start(&[
+        format!(
+            "server 127.0.0.1 nts ntsport {} minpoll -4 maxpoll -4",
+            s.ke_port
+        ),
+        format!("ntstrustedcerts {}", s.cert.display()),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while client.measured() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(client.measured() >= 3, "chronyd measured nothing over NTS");
+    let before = client.measured();
+
+    let (bundle_reloads, secret_reloads) = reload_under_load(&mut s);
     let after = client.measured();
     drop(client);
+    let chimed = &mut s.chimed;
     assert!(chimed.terminate().success());
     let log = chimed.log();
     let reloaded = log.matches("SIGHUP: delegation bundle reloaded").count();
@@ -1094,6 +1204,133 @@ fn ke_tls(
     tls
 }
 
+/// 127.0.c.d, the address a client connects from.
+fn loopback(c: u8, d: u8) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, c, d))
+}
+
+/// The hostile clients without TLS, started against `ke` and held for up to `hold`:
+/// slowloris, silent connections, half handshakes, plain bytes and floods.
+fn spawn_hostile_plain(
+    ke: std::net::SocketAddr,
+    hold: Duration,
+) -> Vec<std::thread::JoinHandle<()>> {
+    use std::io::{Read as _, Write as _};
+    let mut hostile = Vec::new();
+    // Slowloris: 4 from 127.0.0.2, a byte of a ClientHello record every 200 ms.
+    for _ in 0..4 {
+        hostile.push(std::thread::spawn(move || {
+            let mut s = ke_connect(ke, loopback(0, 2));
+            let start = Instant::now();
+            let hello = [
+                0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+            ];
+            for b in hello.iter().cycle() {
+                if start.elapsed() > hold || s.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }));
+    }
+    // Silent connections: 12 from 127.0.0.3 (8 are served and time out, 4 are closed at once).
+    for _ in 0..12 {
+        hostile.push(std::thread::spawn(move || {
+            let mut s = ke_connect(ke, loopback(0, 3));
+            s.set_read_timeout(Some(hold)).unwrap();
+            let _ = s.read(&mut [0u8; 16]);
+        }));
+    }
+    // Half a handshake from 127.0.0.4.
+    for _ in 0..4 {
+        hostile.push(std::thread::spawn(move || {
+            let mut s = ke_connect(ke, loopback(0, 4));
+            let mut half = vec![
+                0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03,
+            ];
+            half.extend_from_slice(&[0x42; 40]);
+            let _ = s.write_all(&half);
+            s.set_read_timeout(Some(hold)).unwrap();
+            let _ = s.read(&mut [0u8; 16]);
+        }));
+    }
+    // Plain bytes, and floods closed at once: from 127.0.0.5 and from 127.0.1.1-20.
+    hostile.push(std::thread::spawn(move || {
+        for _ in 0..4 {
+            let mut s = ke_connect(ke, loopback(0, 5));
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = s.read(&mut [0u8; 64]);
+        }
+        for _ in 0..200 {
+            drop(ke_connect(ke, loopback(0, 5)));
+        }
+        for i in 1..=20 {
+            for _ in 0..10 {
+                drop(ke_connect(ke, loopback(1, i)));
+            }
+        }
+    }));
+    hostile
+}
+
+/// Over TLS to `ke`, trusting `cert`: a request past 16 KiB (joined with the others), and a
+/// malformed one, whose thread gives back chimed's answer.
+fn spawn_hostile_tls(
+    ke: std::net::SocketAddr,
+    cert: &Path,
+) -> (
+    std::thread::JoinHandle<()>,
+    std::thread::JoinHandle<Vec<u8>>,
+) {
+    use std::io::{Read as _, Write as _};
+    let (cert_a, cert_b) = (cert.to_path_buf(), cert.to_path_buf());
+    let oversized = std::thread::spawn(move || {
+        let mut tls = ke_tls(ke, loopback(0, 6), &cert_a);
+        // Records of type 0x4000 (not critical, unknown), 1 KiB each, never an End of Message.
+        let mut record = vec![0x40, 0x00, 0x04, 0x00];
+        record.extend_from_slice(&[0; 1024]);
+        for _ in 0..20 {
+            if tls.write_all(&record).is_err() {
+                break;
+            }
+        }
+        let _ = tls.read(&mut [0u8; 64]);
+    });
+    let refused = std::thread::spawn(move || {
+        let mut tls = ke_tls(ke, loopback(0, 7), &cert_b);
+        // A critical record of an unknown type, then End of Message.
+        tls.write_all(&[0xff, 0xff, 0x00, 0x00, 0x80, 0x00, 0x00, 0x00])
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer);
+        answer
+    });
+    (oversized, refused)
+}
+
+/// A good client (`chime ntp --nts` against NTS-KE on `ke_port`) asking every 20 ms for `hold`:
+/// how many exchanges succeeded within 6 s, the slowest, and how many were tried.
+fn good_client_during(ke_port: u16, cert: &Path, hold: Duration) -> (u32, Duration, u32) {
+    let started = Instant::now();
+    let (mut good, mut slowest) = (0, Duration::ZERO);
+    let mut tries = 0;
+    while started.elapsed() < hold {
+        tries += 1;
+        let t = Instant::now();
+        let r = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), cert);
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        if r.is_ok() && took < Duration::from_secs(6) {
+            good += 1;
+        } else {
+            eprintln!("good client {tries}: {r:?} in {took:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (good, slowest, tries)
+}
+
 /// NTS-KE against hostile clients, all at once for some six seconds, while a good client
 /// (`chime ntp --nts`, a whole NTS-KE and an authenticated exchange) keeps asking:
 ///
@@ -1110,8 +1347,7 @@ fn ke_tls(
 /// than 32 MiB, and each kind is counted.
 #[test]
 fn nts_ke_holds_up_against_hostile_clients() {
-    use std::io::{Read as _, Write as _};
-    use std::net::{IpAddr, Ipv4Addr};
+    use std::io::Write as _;
     let chronyd = Chronyd::start();
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path(), "server");
@@ -1119,104 +1355,13 @@ fn nts_ke_holds_up_against_hostile_clients() {
     let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
     let pid = chimed.pid();
     let rss_before = common::resident_kib(pid.as_raw() as u32);
-    let addr = |c: u8, d: u8| IpAddr::V4(Ipv4Addr::new(127, 0, c, d));
     let hold = Duration::from_secs(6);
-    let mut hostile = Vec::new();
-    // Slowloris: 4 from 127.0.0.2, a byte of a ClientHello record every 200 ms.
-    for _ in 0..4 {
-        hostile.push(std::thread::spawn(move || {
-            let mut s = ke_connect(ke, addr(0, 2));
-            let start = Instant::now();
-            let hello = [
-                0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
-            ];
-            for b in hello.iter().cycle() {
-                if start.elapsed() > hold || s.write_all(&[*b]).is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        }));
-    }
-    // Silent connections: 12 from 127.0.0.3 (8 are served and time out, 4 are closed at once).
-    for _ in 0..12 {
-        hostile.push(std::thread::spawn(move || {
-            let mut s = ke_connect(ke, addr(0, 3));
-            s.set_read_timeout(Some(hold)).unwrap();
-            let _ = s.read(&mut [0u8; 16]);
-        }));
-    }
-    // Half a handshake from 127.0.0.4.
-    for _ in 0..4 {
-        hostile.push(std::thread::spawn(move || {
-            let mut s = ke_connect(ke, addr(0, 4));
-            let mut half = vec![
-                0x16, 0x03, 0x01, 0x00, 0xc8, 0x01, 0x00, 0x00, 0xc4, 0x03, 0x03,
-            ];
-            half.extend_from_slice(&[0x42; 40]);
-            let _ = s.write_all(&half);
-            s.set_read_timeout(Some(hold)).unwrap();
-            let _ = s.read(&mut [0u8; 16]);
-        }));
-    }
-    // Plain bytes, and floods closed at once: from 127.0.0.5 and from 127.0.1.1-20.
-    hostile.push(std::thread::spawn(move || {
-        for _ in 0..4 {
-            let mut s = ke_connect(ke, addr(0, 5));
-            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
-            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            let _ = s.read(&mut [0u8; 64]);
-        }
-        for _ in 0..200 {
-            drop(ke_connect(ke, addr(0, 5)));
-        }
-        for i in 1..=20 {
-            for _ in 0..10 {
-                drop(ke_connect(ke, addr(1, i)));
-            }
-        }
-    }));
-    // Over TLS: a request past 16 KiB, and a malformed one.
-    let (cert_a, cert_b) = (cert.clone(), cert.clone());
-    hostile.push(std::thread::spawn(move || {
-        let mut tls = ke_tls(ke, addr(0, 6), &cert_a);
-        // Records of type 0x4000 (not critical, unknown), 1 KiB each, never an End of Message.
-        let mut record = vec![0x40, 0x00, 0x04, 0x00];
-        record.extend_from_slice(&[0; 1024]);
-        for _ in 0..20 {
-            if tls.write_all(&record).is_err() {
-                break;
-            }
-        }
-        let _ = tls.read(&mut [0u8; 64]);
-    }));
-    let refused = std::thread::spawn(move || {
-        let mut tls = ke_tls(ke, addr(0, 7), &cert_b);
-        // A critical record of an unknown type, then End of Message.
-        tls.write_all(&[0xff, 0xff, 0x00, 0x00, 0x80, 0x00, 0x00, 0x00])
-            .unwrap();
-        let mut answer = Vec::new();
-        let _ = tls.read_to_end(&mut answer);
-        answer
-    });
+    let mut hostile = spawn_hostile_plain(ke, hold);
+    let (oversized, refused) = spawn_hostile_tls(ke, &cert);
+    hostile.push(oversized);
 
     // Meanwhile, a good client.
-    let started = Instant::now();
-    let (mut good, mut slowest) = (0, Duration::ZERO);
-    let mut tries = 0;
-    while started.elapsed() < hold {
-        tries += 1;
-        let t = Instant::now();
-        let r = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &cert);
-        let took = t.elapsed();
-        slowest = slowest.max(took);
-        if r.is_ok() && took < Duration::from_secs(6) {
-            good += 1;
-        } else {
-            eprintln!("good client {tries}: {r:?} in {took:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (good, slowest, tries) = good_client_during(ke_port, &cert, hold);
     for h in hostile {
         h.join().unwrap();
     }
