@@ -225,11 +225,22 @@ fn mac(ns: &str, dev: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-#[test]
-fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() {
-    assert_root();
+/// The serving scenario: chimed through XDP in the server's namespace with NTP over both
+/// families, Roughtime, NTS and metrics. Fields drop in order: chimed first, the pair last.
+struct Served {
+    server: Chimed,
+    rt_key: common::RoughtimeKey,
+    cert: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    _mirror: Chronyd,
+    pair: Pair,
+}
+
+/// Builds the pair, starts the mirror and chimed, and checks chimed attached its XDP program
+/// (in copy mode: a veth has no zero-copy).
+fn serve_through_xdp() -> Served {
     let pair = Pair::build("serve");
-    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate_for(dir.path(), "xdp", &format!("IP:{SERVER_V4}"));
     let rt_key = common::chime_keygen();
@@ -264,7 +275,20 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
         pair.has_xdp(),
         "no XDP program on {IFACE} while chimed runs"
     );
+    Served {
+        server,
+        rt_key,
+        cert,
+        dir,
+        _mirror: mirror,
+        pair,
+    }
+}
 
+/// NTP over IPv4 (chronyd -Q) and IPv6 (chime), and Roughtime (chime and roughenough_client),
+/// are answered through XDP.
+fn check_ntp_and_roughtime_answered(s: &Served) {
+    let pair = &s.pair;
     // NTP over IPv4, chronyd as the client.
     let out = run(pair.in_client(common::CHRONYD).args([
         "-Q",
@@ -273,7 +297,7 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
         "-u",
         "root",
         &format!("server {SERVER_V4} iburst maxsamples 4"),
-        &format!("pidfile {}/q.pid", dir.path().display()),
+        &format!("pidfile {}/q.pid", s.dir.path().display()),
         "cmdport 0",
     ]));
     let text = format!("{out:?}");
@@ -283,7 +307,7 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
     );
     // NTP over IPv6, and Roughtime, with chime.
     let r = chime(
-        &pair,
+        pair,
         &[
             "ntp",
             "--json",
@@ -295,14 +319,14 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
     .expect("chime ntp over IPv6 through XDP");
     assert_eq!(r["stratum"], 3, "{r}");
     let r = chime(
-        &pair,
+        pair,
         &[
             "roughtime",
             "--json",
             "--timeout",
             "2",
             "--public-key",
-            &rt_key.public_base64,
+            &s.rt_key.public_base64,
             &format!("{SERVER_V4}:2002"),
         ],
     )
@@ -314,20 +338,23 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
         "/opt/chime-peers/bin/roughenough_client",
     );
     let out = run(in_netns(Some(&pair.client), client)
-        .args([SERVER_V4, "2002", "-k", &rt_key.public_base64, "-P", "1"])
+        .args([SERVER_V4, "2002", "-k", &s.rt_key.public_base64, "-P", "1"])
         .env("NO_COLOR", "1"));
     assert!(
         out.status.success(),
         "roughenough_client through XDP: {out:?}"
     );
-    // NTS: NTS-KE over TCP reaches the kernel's listener, NTS-authenticated NTP comes through
-    // XDP. The client asks for interleaved mode too, which this path does not claim: every reply
-    // must be basic (through the sockets the third on would be interleaved).
+}
+
+/// NTS: NTS-KE over TCP reaches the kernel's listener, NTS-authenticated NTP comes through
+/// XDP. The client asks for interleaved mode too, which this path does not claim: every reply
+/// must be basic (through the sockets the third on would be interleaved).
+fn check_nts_basic_through_xdp(s: &Served) {
     let client = ChronydClient::start_in(
-        Some(&pair.client),
+        Some(&s.pair.client),
         &[
             format!("server {SERVER_V4} iburst nts xleave minpoll -4 maxpoll -4"),
-            format!("ntstrustedcerts {}", cert.display()),
+            format!("ntstrustedcerts {}", s.cert.display()),
         ],
     );
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -345,8 +372,10 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
         "interleaved replies through XDP: {rows:?}"
     );
     drop(client);
+}
 
-    // ICMP over both families, and another UDP port, still reach the kernel.
+/// ICMP over both families, and another UDP port, still reach the kernel.
+fn check_the_rest_reaches_the_kernel(pair: &Pair) {
     for addr in [SERVER_V4, SERVER_V6] {
         let out = run(pair.in_client("ping").args(["-c", "1", "-W", "2", addr]));
         assert!(out.status.success(), "ping {addr}: {out:?}");
@@ -379,21 +408,23 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
     // It exits after its one echo; killed in case the datagram never came.
     let _ = echo.kill();
     let _ = echo.wait();
+}
 
-    // Frames to the served port with a bad UDP checksum and a UDP length past the IP length:
-    // through the program (plain IPv4 UDP to 123), then dropped and counted by the worker.
+/// Frames to the served port with a bad UDP checksum and a UDP length past the IP length:
+/// through the program (plain IPv4 UDP to 123), then dropped and counted by the worker; the
+/// metrics say so too, inside the server's namespace.
+fn check_malformed_frames_are_counted(pair: &Pair) {
     let (smac, cmac) = (mac(&pair.server, IFACE), mac(&pair.client, "xc0"));
     send_frames(
-        &pair,
+        pair,
         &[
             ntp_frame(&smac, &cmac, 56, 0x1234),
             ntp_frame(&smac, &cmac, 200, 0),
         ],
     );
     // A well-formed one after them, so that the two were taken before chimed stops.
-    ntp_v4(&pair).expect("chime ntp after the bad frames");
+    ntp_v4(pair).expect("chime ntp after the bad frames");
 
-    // The metrics say so too, inside the server's namespace.
     let page = common::scrape_in(&pair.server, "127.0.0.1:9123".parse().unwrap());
     for want in [
         "chimed_xdp_info{interface=\"xs0\",mode=\"copy\"} 1",
@@ -410,7 +441,12 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
                 && l.ends_with(" 2")),
         "no Roughtime reply counted under family xdp:\n{page}"
     );
+}
 
+/// Stops chimed and checks its totals at exit: what the XDP worker answered and dropped, that
+/// no NTP reached the sockets, and that no XDP program is left.
+fn check_exit_totals(s: &mut Served) {
+    let server = &mut s.server;
     server.terminate();
     server.wait_for("ntp totals at exit", Duration::from_secs(2));
     let log = server.log();
@@ -438,7 +474,18 @@ fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() 
     assert!(count_in(xdp_ntp, "nts") >= 5, "{xdp_ntp}");
     assert_eq!(count_in(xdp_rt, "answered"), 2, "{xdp_rt}");
     assert_eq!(socket_ntp, 0, "NTP reached the sockets, not XDP:\n{log}");
-    assert!(!pair.has_xdp(), "the XDP program outlived chimed");
+    assert!(!s.pair.has_xdp(), "the XDP program outlived chimed");
+}
+
+#[test]
+fn ntp_and_roughtime_are_answered_through_xdp_and_the_rest_reaches_the_kernel() {
+    assert_root();
+    let mut s = serve_through_xdp();
+    check_ntp_and_roughtime_answered(&s);
+    check_nts_basic_through_xdp(&s);
+    check_the_rest_reaches_the_kernel(&s.pair);
+    check_malformed_frames_are_counted(&s.pair);
+    check_exit_totals(&mut s);
 }
 
 /// The number after `label` in `line`.
