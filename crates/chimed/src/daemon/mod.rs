@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 use crate::config::Args;
 use crate::config::{self, Settings, docs};
 use crate::nts::ke as nts_ke;
+use crate::observe::stats;
 use crate::roughtime::udp as roughtime_worker;
 use crate::{ntp, ntp::worker as ntp_worker, roughtime};
 
@@ -213,14 +214,18 @@ fn log_totals(running: &Running, settings: &Settings) {
     if let Some((counts, totals)) = &running.tcp {
         info!(
             "roughtime tcp totals at exit: {} | connections: {}",
-            totals.snapshot().display_all(&roughtime_worker::LABELS),
+            totals
+                .snapshot()
+                .display_all(&roughtime_worker::LABELS, stats::Of::Roughtime),
             counts.line()
         );
     }
     let ntp = &running.reloadable.ntp;
     info!(
         "ntp totals at exit: {}",
-        ntp.totals.snapshot().display_all(&ntp_worker::LABELS)
+        ntp.totals
+            .snapshot()
+            .display_all(&ntp_worker::LABELS, stats::Of::Ntp)
     );
     if let (Some(_), Some(counts)) = (&settings.nts, &running.ke_counts) {
         info!("nts-ke totals at exit: {}", counts.line());
@@ -229,7 +234,7 @@ fn log_totals(running: &Running, settings: &Settings) {
         let totals = shared.totals.snapshot();
         info!(
             "roughtime totals at exit: {}",
-            totals.display_all(&roughtime_worker::LABELS)
+            totals.display_all(&roughtime_worker::LABELS, stats::Of::Roughtime)
         );
     }
 }

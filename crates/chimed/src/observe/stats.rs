@@ -41,6 +41,22 @@ pub(crate) enum Note {
 pub(crate) const NTP_NOTES: usize = 5;
 pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1;
 
+/// Which notes a service's lines carry at exit, zeros too: NTP's, or Roughtime's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Of {
+    Ntp,
+    Roughtime,
+}
+
+impl Of {
+    fn notes(self) -> std::ops::Range<usize> {
+        match self {
+            Self::Ntp => 0..NTP_NOTES,
+            Self::Roughtime => NTP_NOTES..NOTES,
+        }
+    }
+}
+
 impl Note {
     /// A dense index, for the counters' arrays and [`NOTE_LABELS`].
     pub(crate) const fn index(self) -> usize {
@@ -143,20 +159,22 @@ impl<const N: usize> Counters<N> {
         Line {
             counters: self,
             labels,
-            zeros: false,
+            zeros: None,
         }
     }
 
-    /// The counters as one line with every note and drop reason, zeros too: the line at exit,
-    /// which whoever reads it (an operator, a test) can take as complete.
+    /// The counters as one line with every drop reason and every note of the service `of`,
+    /// zeros too: the line at exit, which whoever reads it (an operator, a test) can take as
+    /// complete.
     pub(crate) fn display_all<'a>(
         &'a self,
         labels: &'a [&'static str; N],
+        of: Of,
     ) -> impl fmt::Display + 'a {
         Line {
             counters: self,
             labels,
-            zeros: true,
+            zeros: Some(of),
         }
     }
 }
@@ -164,8 +182,8 @@ impl<const N: usize> Counters<N> {
 struct Line<'a, const N: usize> {
     counters: &'a Counters<N>,
     labels: &'a [&'static str; N],
-    /// Whether notes and drop reasons that are zero are written too.
-    zeros: bool,
+    /// Whether drop reasons that are zero are written too, and the notes of which service.
+    zeros: Option<Of>,
 }
 
 impl<const N: usize> fmt::Display for Line<'_, N> {
@@ -182,13 +200,14 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
             c.send_errors,
             c.kernel_drops
         )?;
-        for (n, label) in c.notes.iter().zip(NOTE_LABELS) {
-            if *n > 0 || self.zeros {
+        let notes = self.zeros.map_or(0..0, Of::notes);
+        for (i, (n, label)) in c.notes.iter().zip(NOTE_LABELS).enumerate() {
+            if *n > 0 || notes.contains(&i) {
                 write!(f, " {label}={n}")?;
             }
         }
         for (n, label) in c.dropped.iter().zip(self.labels) {
-            if *n > 0 || self.zeros {
+            if *n > 0 || self.zeros.is_some() {
                 write!(f, " dropped.{label}={n}")?;
             }
         }
@@ -468,13 +487,22 @@ impl<const N: usize> WorkerStats<N> {
         }
     }
 
+    /// Whose notes this worker's lines carry: `ntp`'s, or Roughtime's (every transport).
+    fn of(&self) -> Of {
+        if self.service == "ntp" {
+            Of::Ntp
+        } else {
+            Of::Roughtime
+        }
+    }
+
     /// The last flush, when the worker stops.
     pub(crate) fn finish(&mut self) {
         self.flush(crate::clock::read().unix_secs());
         info!(
             "{} stats at exit: {}",
             self.service,
-            self.lifetime.display_all(self.labels)
+            self.lifetime.display_all(self.labels, self.of())
         );
     }
 
@@ -516,10 +544,19 @@ mod tests {
             "{line}"
         );
         // At exit, every counter: a reader can tell a zero from a counter that is not kept.
-        let all = c.display_all(&["x"]).to_string();
-        for label in NOTE_LABELS {
-            assert!(all.contains(&format!(" {label}=")), "{label}: {all}");
+        let ntp = c.display_all(&["x"], Of::Ntp).to_string();
+        let roughtime = c.display_all(&["x"], Of::Roughtime).to_string();
+        for (i, label) in NOTE_LABELS.iter().enumerate() {
+            let (theirs, other) = if i < NTP_NOTES {
+                (&ntp, &roughtime)
+            } else {
+                (&roughtime, &ntp)
+            };
+            assert!(theirs.contains(&format!(" {label}=")), "{label}: {theirs}");
+            // Another service's notes only where they are not zero.
+            let shown = other.contains(&format!(" {label}="));
+            assert_eq!(shown, c.notes[i] > 0, "{label}: {other}");
         }
-        assert!(all.ends_with(" dropped.x=0"), "{all}");
+        assert!(ntp.ends_with(" dropped.x=0"), "{ntp}");
     }
 }
