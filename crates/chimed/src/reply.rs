@@ -27,3 +27,37 @@ pub(crate) fn queue<E>(
         None => Err(None),
     }
 }
+
+/// Drives a batch handler in process, as a worker thread would, without a socket: the in-memory
+/// pair the services' tests use.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::net::SocketAddr;
+
+    use chime_udp::{BatchHandler, RecvMeta, RxBatch, TxBatch};
+
+    /// Hands `handler` one batch of `datagrams` from `src`, stamps the replies as a worker does
+    /// before sending them, and returns them; each must go back to its sender.
+    pub(crate) fn exchange<D: AsRef<[u8]>>(
+        handler: &mut impl BatchHandler,
+        src: &str,
+        datagrams: &[D],
+    ) -> Vec<Vec<u8>> {
+        let src: SocketAddr = src.parse().unwrap();
+        let mut rx = RxBatch::new(8, 2048);
+        for d in datagrams {
+            assert!(rx.push(RecvMeta::new(src, d.as_ref().len()), d.as_ref()));
+        }
+        let mut tx = TxBatch::new(8, 2048);
+        handler.handle(&rx, &mut tx);
+        if !tx.is_empty() {
+            handler.before_send(&mut tx);
+        }
+        tx.iter()
+            .map(|(to, reply)| {
+                assert_eq!(to, src, "a reply goes back to its sender");
+                reply.to_vec()
+            })
+            .collect()
+    }
+}

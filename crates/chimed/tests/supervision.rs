@@ -11,7 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Chimed, Chronyd, certificate, chime_keygen, roughtime_flags, workspace_bin};
+use common::{
+    Chimed, Chronyd, certificate, chime_keygen, nts_flags, roughtime_flags, workspace_bin,
+};
 
 /// What each case needs besides NTP.
 #[derive(Clone, Copy, Debug)]
@@ -143,19 +145,6 @@ fn every_service_that_ends_takes_chimed_down_naming_it() {
         assert!(line.contains("ERROR"), "{failpoints}: {line}");
         eprintln!("{failpoints}: exit 1 after {took:?}: {line}");
     }
-}
-
-fn nts_flags(cert: &Path, key: &Path) -> Vec<String> {
-    [
-        "--nts-certificate",
-        cert.to_str().unwrap(),
-        "--nts-private-key",
-        key.to_str().unwrap(),
-        "--nts-ke-address",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned)
-    .to_vec()
 }
 
 /// A fleet secret made by `chime nts-fleet-key`.

@@ -415,13 +415,11 @@ pub(crate) mod testing {
 /// read from the batch the worker queued them in.
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
-
     use chime_ntp::{Header, Leap};
-    use chime_udp::RecvMeta;
 
     use super::testing::{shared, synchronised};
     use super::*;
+    use crate::reply::testing::exchange;
 
     /// An NTPv4 client request (mode 3) with a transmit timestamp to be echoed.
     fn request() -> [u8; 48] {
@@ -429,27 +427,6 @@ mod tests {
         r[0] = 0x23;
         r[40..48].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
         r
-    }
-
-    /// Hands `worker` one batch of `datagrams` from `src`, as a worker thread would, and returns
-    /// the replies as they would be sent.
-    fn exchange(worker: &mut NtpWorker, src: &str, datagrams: &[&[u8]]) -> Vec<Vec<u8>> {
-        let src: SocketAddr = src.parse().unwrap();
-        let mut rx = RxBatch::new(8, 2048);
-        for d in datagrams {
-            assert!(rx.push(RecvMeta::new(src, d.len()), d));
-        }
-        let mut tx = TxBatch::new(8, 2048);
-        worker.handle(&rx, &mut tx);
-        if !tx.is_empty() {
-            worker.before_send(&mut tx);
-        }
-        tx.iter()
-            .map(|(to, reply)| {
-                assert_eq!(to, src, "a reply goes back to its sender");
-                reply.to_vec()
-            })
-            .collect()
     }
 
     #[test]

@@ -217,24 +217,9 @@ impl BatchHandler for RoughtimeWorker {
 /// The worker driven in process, without a socket: the serve rule as UDP and XDP follow it.
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
-
-    use chime_udp::RecvMeta;
-
     use super::*;
+    use crate::reply::testing::exchange;
     use crate::roughtime::serve::testing::{request, shared, verify};
-
-    /// One batch of `requests` from `src`; returns the replies.
-    fn exchange(worker: &mut RoughtimeWorker, src: &str, requests: &[Vec<u8>]) -> Vec<Vec<u8>> {
-        let src: SocketAddr = src.parse().unwrap();
-        let mut rx = RxBatch::new(8, 2048);
-        for r in requests {
-            assert!(rx.push(RecvMeta::new(src, r.len()), r));
-        }
-        let mut tx = TxBatch::new(8, 2048);
-        worker.handle(&rx, &mut tx);
-        tx.iter().map(|(_, reply)| reply.to_vec()).collect()
-    }
 
     #[test]
     fn a_batch_is_signed_once_and_every_reply_verifies() {
