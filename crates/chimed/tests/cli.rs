@@ -32,6 +32,10 @@ fn bad_flags_exit_2_naming_the_flag() {
         (&["--roughtime-batch-size", "257"][..], "outside 1..=256"),
         (&["--recv-buffer", "100"][..], "outside 4096..="),
         (
+            &["--shed-target", "1.5"][..],
+            "chimed: --shed-target: 1.5 seconds is outside 0..=1",
+        ),
+        (
             &["--roughtime-recv-buffer", "16M"][..],
             "--roughtime-recv-buffer",
         ),

@@ -10,6 +10,7 @@ pub(crate) mod secret_file;
 mod secrets;
 #[cfg(test)]
 mod tests;
+pub(crate) mod values;
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -16,7 +16,7 @@ use clap::CommandFactory;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
-use chime_ntp::{ClientTable, RateLimit, TxLog};
+use chime_ntp::RateLimit;
 use chime_roughtime::Grease;
 use chime_udp::ShedConfig;
 
@@ -222,8 +222,7 @@ pub(super) fn resolve(args: &Args) -> Result<Resolved, ConfigError> {
 /// The settings of no single service: NTP, upstream, process, access, logs.
 fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, ConfigError> {
     let ntp = &c.ntp;
-    let ipv4_threads = threads(ntp.ipv4_threads, "ntp.ipv4-threads", s)?;
-    let ipv6_threads = threads(ntp.ipv6_threads, "ntp.ipv6-threads", s)?;
+    let (ipv4_threads, ipv6_threads) = (or(ntp.ipv4_threads, 1), or(ntp.ipv6_threads, 1));
     // A member may serve NTS-KE alone, sending clients to the fleet's NTP servers.
     let ke_only = nts.is_some_and(|n| n.ntp_server.is_some());
     if ipv4_threads + ipv6_threads == 0 && !ke_only {
@@ -231,18 +230,8 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
                  nts.ntp-server naming the NTP servers)";
         return Err(s.bad("ntp.ipv4-threads", r));
     }
-    let recv_buffer = ntp.recv_buffer.unwrap_or(DEFAULT_NTP_RECV_BUFFER);
-    check_recv_buffer(recv_buffer).map_err(|r| s.bad("ntp.recv-buffer", r))?;
-    let batch_size = ntp.batch_size.unwrap_or(DEFAULT_BATCH);
-    check_batch(batch_size, MAX_NTP_BATCH).map_err(|r| s.bad("ntp.batch-size", r))?;
-    let interleaved_log = ntp.interleaved_log.unwrap_or(DEFAULT_INTERLEAVED_LOG);
-    if interleaved_log > TxLog::MAX_ENTRIES {
-        let r = format!("{interleaved_log} is more than {}", TxLog::MAX_ENTRIES);
-        return Err(s.bad("ntp.interleaved-log", r));
-    }
     let (poll_interval, stale_after) = upstream(&c.upstream, s)?;
-    let stats = c.observe.stats_interval.unwrap_or(DEFAULT_STATS_INTERVAL);
-    seconds(stats, MAX_SECONDS).map_err(|r| s.bad("observe.stats-interval", r))?;
+    let stats = or(c.observe.stats_interval, DEFAULT_STATS_INTERVAL);
     let log_level = c.observe.log_level.clone().unwrap_or_else(|| "info".into());
     if log_level.parse::<tracing_subscriber::EnvFilter>().is_err() {
         let r = format!("'{log_level}' is not a log level or filter");
@@ -269,9 +258,9 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
         root: c.process.root.clone(),
         poll_interval,
         stale_after,
-        recv_buffer,
-        batch_size,
-        shed: shed(&c.overload, s)?,
+        recv_buffer: or(ntp.recv_buffer, DEFAULT_NTP_RECV_BUFFER),
+        batch_size: or(ntp.batch_size, DEFAULT_BATCH),
+        shed: shed(&c.overload),
         cpus: c.process.cpus.clone().unwrap_or_default(),
         xdp: xdp(&c.xdp, s)?,
         stats_interval: (stats > 0.0).then(|| Duration::from_secs_f64(stats)),
@@ -282,7 +271,7 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
             s,
         )?,
         ratelimit: ntp_rate_limit(&c.ratelimit, s)?,
-        interleaved_log,
+        interleaved_log: or(ntp.interleaved_log, DEFAULT_INTERLEAVED_LOG),
         nts: None,
         nts_fleet: None,
         log_level,
@@ -294,10 +283,8 @@ fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, Conf
 
 /// `[upstream]`'s poll interval and staleness limit.
 fn upstream(u: &schema::Upstream, s: &Sources) -> Result<(Duration, Duration), ConfigError> {
-    let poll = u.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL);
-    positive(poll).map_err(|r| s.bad("upstream.poll-interval", r))?;
-    let stale = u.stale_after.unwrap_or(DEFAULT_STALE_AFTER);
-    positive(stale).map_err(|r| s.bad("upstream.stale-after", r))?;
+    let poll = or(u.poll_interval, DEFAULT_POLL_INTERVAL);
+    let stale = or(u.stale_after, DEFAULT_STALE_AFTER);
     if stale <= poll {
         let r = format!("{stale} s must be longer than the poll interval ({poll} s)");
         return Err(s.bad("upstream.stale-after", r));
@@ -309,15 +296,12 @@ fn upstream(u: &schema::Upstream, s: &Sources) -> Result<(Duration, Duration), C
 }
 
 /// `[overload]`: shedding, on unless shed-target is 0.
-fn shed(o: &schema::Overload, s: &Sources) -> Result<Option<ShedConfig>, ConfigError> {
-    let target = o.shed_target.unwrap_or(DEFAULT_SHED_TARGET);
-    seconds(target, MAX_SHED_TARGET).map_err(|r| s.bad("overload.shed-target", r))?;
-    let interval = o.shed_interval.unwrap_or(DEFAULT_SHED_INTERVAL);
-    seconds(interval, MAX_SHED_INTERVAL).map_err(|r| s.bad("overload.shed-interval", r))?;
-    Ok((target > 0.0).then(|| ShedConfig {
+fn shed(o: &schema::Overload) -> Option<ShedConfig> {
+    let target = or(o.shed_target, DEFAULT_SHED_TARGET);
+    (target > 0.0).then(|| ShedConfig {
         target: Duration::from_secs_f64(target),
-        interval: Duration::from_secs_f64(interval),
-    }))
+        interval: Duration::from_secs_f64(or(o.shed_interval, DEFAULT_SHED_INTERVAL)),
+    })
 }
 
 /// `[xdp]`. An option without an interface is an error rather than silently ignored.
@@ -340,10 +324,6 @@ fn xdp(x: &schema::Xdp, s: &Sources) -> Result<Option<Xdp>, ConfigError> {
         let r = format!("{interface:?} is not an interface name");
         return Err(s.bad("xdp.interface", r));
     }
-    let threads = x.threads.unwrap_or(1);
-    if threads == 0 {
-        return Err(s.bad("xdp.threads", "must be at least 1"));
-    }
     let mode = match x.mode.as_deref() {
         None | Some("auto") => None,
         Some("copy") => Some(chime_udp::xdp::XdpMode::Copy),
@@ -355,7 +335,7 @@ fn xdp(x: &schema::Xdp, s: &Sources) -> Result<Option<Xdp>, ConfigError> {
     };
     Ok(Some(Xdp {
         interface,
-        threads,
+        threads: or(x.threads, 1),
         mode,
         fallback: x.fallback.unwrap_or(false),
     }))
@@ -375,7 +355,7 @@ struct Limit<'a> {
     enabled_key: &'static str,
     enabled: Option<bool>,
     values: [(Option<i64>, &'static str); 4],
-    clients: (Option<usize>, &'static str),
+    clients: Option<usize>,
     default: RateLimit,
     default_clients: usize,
     sources: &'a Sources,
@@ -391,7 +371,7 @@ fn ntp_rate_limit(r: &schema::RateLimit, s: &Sources) -> Result<Option<RateLimit
             (r.leak, "ratelimit.leak"),
             (r.kod, "ratelimit.kod"),
         ],
-        clients: (r.clients, "ratelimit.clients"),
+        clients: r.clients.map(|n| n.0),
         default: RateLimit::DEFAULT,
         default_clients: DEFAULT_RATELIMIT_CLIENTS,
         sources: s,
@@ -413,7 +393,7 @@ fn nts_rate_limit(
             (r.leak, "nts.ratelimit.leak"),
             (None, "nts.ratelimit.kod"),
         ],
-        clients: (None, "nts.ratelimit.clients"),
+        clients: None,
         default: RateLimit::new(6, 8, 2, 0).expect("in range"),
         default_clients: DEFAULT_NTS_RATELIMIT_CLIENTS,
         sources: s,
@@ -428,7 +408,7 @@ fn rate_limit(l: Limit<'_>) -> Result<Option<RateLimiting>, ConfigError> {
         let given = (l.values.iter())
             .find(|(v, _)| v.is_some())
             .map(|(_, key)| *key)
-            .or(l.clients.0.map(|_| l.clients.1));
+            .or(l.clients.map(|_| "ratelimit.clients"));
         return match given {
             Some(key) => {
                 let r = format!(
@@ -454,25 +434,13 @@ fn rate_limit(l: Limit<'_>) -> Result<Option<RateLimiting>, ConfigError> {
         let r = format!("must be {} to {}, not {}", e.min, e.max, e.value);
         s.bad(key.unwrap_or(interval.1), r)
     })?;
-    let n = l.clients.0.unwrap_or(l.default_clients);
-    if !(4..=ClientTable::MAX_CLIENTS).contains(&n) {
-        let r = format!("{n} clients is outside 4..={}", ClientTable::MAX_CLIENTS);
-        return Err(s.bad(l.clients.1, r));
-    }
-    Ok(Some(RateLimiting { limit, clients: n }))
+    let clients = l.clients.unwrap_or(l.default_clients);
+    Ok(Some(RateLimiting { limit, clients }))
 }
 
 /// `[nts]`, but its fleet key: NTS-KE and NTS if a certificate and key are given.
 fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
-    if let Some(k) = n
-        .ke_threads
-        .filter(|k| !(1..=MAX_NTS_KE_THREADS).contains(k))
-    {
-        let r = format!("{k} is not between 1 and {MAX_NTS_KE_THREADS}");
-        return Err(s.bad("nts.ke-threads", r));
-    }
-    let rotation = n.rotation.unwrap_or(DEFAULT_ROTATION);
-    positive(rotation).map_err(|r| s.bad("nts.rotation", r))?;
+    let rotation = or(n.rotation, DEFAULT_ROTATION);
     let ratelimit = nts_rate_limit(&n.ratelimit, s)?;
     let ntp_server = match n.ntp_server.as_deref().map(split_ntp_server) {
         None => None,
@@ -518,7 +486,7 @@ fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
         private_key,
         dump_dir: n.dump_dir.clone(),
         ke_address: n.ke_address.unwrap_or((Ipv6Addr::UNSPECIFIED, 4460).into()),
-        ke_threads: n.ke_threads.unwrap_or(1),
+        ke_threads: or(n.ke_threads, 1),
         rotation: Duration::from_secs_f64(rotation),
         ratelimit,
         ntp_server,
@@ -538,35 +506,21 @@ fn fleet(n: &schema::Nts, s: &Sources) -> Result<Option<(PathBuf, Duration)>, Co
         );
         return Err(s.bad("nts.fleet-key", r));
     }
-    let rotation = n.rotation.unwrap_or(DEFAULT_ROTATION);
+    let rotation = or(n.rotation, DEFAULT_ROTATION);
     Ok(Some((path, Duration::from_secs_f64(rotation))))
 }
 
 /// `[roughtime]`: on with a long-term key or a delegation bundle.
 fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>, ConfigError> {
-    let ipv4_threads = threads(r.ipv4_threads, "roughtime.ipv4-threads", s)?;
-    let ipv6_threads = threads(r.ipv6_threads, "roughtime.ipv6-threads", s)?;
+    let (ipv4_threads, ipv6_threads) = (or(r.ipv4_threads, 1), or(r.ipv6_threads, 1));
     let ipv4_address = address(r.ipv4_address, ROUGHTIME_V4, "roughtime.ipv4-address", s)?;
     let ipv6_address = address(r.ipv6_address, ROUGHTIME_V6, "roughtime.ipv6-address", s)?;
-    let rotation = r.rotation.unwrap_or(DEFAULT_ROTATION);
-    positive(rotation).map_err(|e| s.bad("roughtime.rotation", e))?;
-    let batch_size = r.batch_size.unwrap_or(DEFAULT_ROUGHTIME_BATCH);
-    check_batch(batch_size, chime_roughtime::MAX_BATCH_SIZE)
-        .map_err(|e| s.bad("roughtime.batch-size", e))?;
-    let recv_buffer = r.recv_buffer.unwrap_or(DEFAULT_ROUGHTIME_RECV_BUFFER);
-    check_recv_buffer(recv_buffer).map_err(|e| s.bad("roughtime.recv-buffer", e))?;
-    let gather = r.gather.unwrap_or(DEFAULT_GATHER);
-    seconds(gather, MAX_GATHER).map_err(|e| s.bad("roughtime.gather", e))?;
-    let grease = r.grease.unwrap_or(0.0);
-    if !grease.is_finite() || !(0.0..=1.0).contains(&grease) {
-        let e = format!("{grease} is not a share of replies between 0 and 1");
-        return Err(s.bad("roughtime.grease", e));
-    }
+    let gather = or(r.gather, DEFAULT_GATHER);
     let grease_kinds = match &r.grease_kinds {
         None => Grease::ALL.to_vec(),
         Some(list) => parse_grease_kinds(list).map_err(|e| s.bad("roughtime.grease-kinds", e))?,
     };
-    let tcp = tcp_limits(&r.tcp, s)?;
+    let tcp = tcp_limits(&r.tcp);
     if r.mldsa_key.is_some() && !cfg!(feature = "mldsa") {
         let e = "the experimental ML-DSA-44 suite is not in this chimed: build it with \
                  `--features mldsa`";
@@ -609,37 +563,25 @@ fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>
         ipv6_threads,
         ipv4_address,
         ipv6_address,
-        rotation: Duration::from_secs_f64(rotation),
-        batch_size,
-        recv_buffer,
+        rotation: Duration::from_secs_f64(or(r.rotation, DEFAULT_ROTATION)),
+        batch_size: or(r.batch_size, DEFAULT_ROUGHTIME_BATCH),
+        recv_buffer: or(r.recv_buffer, DEFAULT_ROUGHTIME_RECV_BUFFER),
         gather: (gather > 0.0).then(|| Duration::from_secs_f64(gather)),
-        grease,
+        grease: or(r.grease, 0.0),
         grease_kinds,
         tcp,
     }))
 }
 
 /// `[roughtime.tcp]`; `None`: UDP only.
-fn tcp_limits(t: &schema::RoughtimeTcp, s: &Sources) -> Result<Option<TcpLimits>, ConfigError> {
-    let connections = t.connections.unwrap_or(DEFAULT_TCP_CONNECTIONS);
-    if connections > MAX_TCP_CONNECTIONS {
-        let r = format!("{connections} is more than {MAX_TCP_CONNECTIONS}");
-        return Err(s.bad("roughtime.tcp.connections", r));
-    }
-    let per_address = t.per_address.unwrap_or(DEFAULT_TCP_PER_ADDRESS);
-    if per_address == 0 {
-        return Err(s.bad("roughtime.tcp.per-address", "must be at least 1"));
-    }
-    let idle = t.idle.unwrap_or(DEFAULT_TCP_IDLE);
-    positive(idle).map_err(|r| s.bad("roughtime.tcp.idle", r))?;
-    let lifetime = t.lifetime.unwrap_or(DEFAULT_TCP_LIFETIME);
-    positive(lifetime).map_err(|r| s.bad("roughtime.tcp.lifetime", r))?;
-    Ok((connections > 0).then(|| TcpLimits {
+fn tcp_limits(t: &schema::RoughtimeTcp) -> Option<TcpLimits> {
+    let connections = or(t.connections, DEFAULT_TCP_CONNECTIONS);
+    (connections > 0).then(|| TcpLimits {
         connections,
-        per_address,
-        idle: Duration::from_secs_f64(idle),
-        lifetime: Duration::from_secs_f64(lifetime),
-    }))
+        per_address: or(t.per_address, DEFAULT_TCP_PER_ADDRESS),
+        idle: Duration::from_secs_f64(or(t.idle, DEFAULT_TCP_IDLE)),
+        lifetime: Duration::from_secs_f64(or(t.lifetime, DEFAULT_TCP_LIFETIME)),
+    })
 }
 
 /// Reads and parses the config file, keeping each key's line. An unknown key that was a key of
@@ -655,16 +597,21 @@ fn read(path: &Path) -> Result<(Config, HashMap<String, usize>), ConfigError> {
         line,
         reason,
     };
-    // toml's own Display spans several lines with a snippet; the operator gets one.
-    let one_line = |e: toml::de::Error| {
+    let mut lines = HashMap::new();
+    // toml's own Display spans several lines with a snippet; the operator gets one. A value out
+    // of range (its span the value's, not a key's) is named by its key, as resolve names one.
+    let one_line = |e: toml::de::Error, lines: &HashMap<String, usize>| {
         let span = e.span().unwrap_or(0..0);
-        let reason = moved(text.get(span.clone()).unwrap_or(""));
-        parse_error(
-            line_at(span.start),
-            reason.unwrap_or_else(|| e.message().trim().into()),
-        )
+        let (at, line) = (text.get(span.clone()).unwrap_or(""), line_at(span.start));
+        let of_value = |k: &String| k.rsplit('.').next() != Some(at.trim_matches('"'));
+        let key = (lines.iter().filter(|&(k, l)| *l == line && of_value(k)))
+            .map(|(k, _)| k)
+            .max_by_key(|k| k.len());
+        let reason = e.message().trim();
+        let reason = key.map_or_else(|| reason.into(), |k| format!("{k}: {reason}"));
+        parse_error(line, moved(at).unwrap_or(reason))
     };
-    let table = toml::de::DeTable::parse(&text).map_err(one_line)?;
+    let table = toml::de::DeTable::parse(&text).map_err(|e| one_line(e, &lines))?;
     // Before serde: `ratelimit = true` at the top is a flat key, not a malformed section.
     for (key, value) in table.get_ref() {
         if !matches!(value.get_ref(), toml::de::DeValue::Table(_))
@@ -673,9 +620,8 @@ fn read(path: &Path) -> Result<(Config, HashMap<String, usize>), ConfigError> {
             return Err(parse_error(line_at(key.span().start), reason));
         }
     }
-    let config: Config = toml::from_str(&text).map_err(one_line)?;
-    let mut lines = HashMap::new();
     index("", table.get_ref(), &line_at, &mut lines);
+    let config: Config = toml::from_str(&text).map_err(|e| one_line(e, &lines))?;
     Ok((config, lines))
 }
 
@@ -707,17 +653,6 @@ fn index(
     }
 }
 
-fn threads(n: Option<usize>, key: &'static str, s: &Sources) -> Result<usize, ConfigError> {
-    let n = n.unwrap_or(1);
-    if n > MAX_THREADS {
-        return Err(s.bad(
-            key,
-            format!("{n} threads is more than the limit of {MAX_THREADS}"),
-        ));
-    }
-    Ok(n)
-}
-
 /// The addresses served on by default: every address of the family, the service's port.
 const NTP_V4: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 123);
 const NTP_V6: SocketAddr = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 123);
@@ -737,37 +672,6 @@ fn address(
         return Err(s.bad(key, format!("{a} is not an {family} address")));
     }
     Ok(a)
-}
-
-fn check_recv_buffer(n: usize) -> Result<(), String> {
-    if !(MIN_RECV_BUFFER..=MAX_RECV_BUFFER).contains(&n) {
-        return Err(format!(
-            "{n} bytes is outside {MIN_RECV_BUFFER}..={MAX_RECV_BUFFER}"
-        ));
-    }
-    Ok(())
-}
-
-fn check_batch(n: usize, max: usize) -> Result<(), String> {
-    if !(1..=max).contains(&n) {
-        return Err(format!("batch size {n} is outside 1..={max}"));
-    }
-    Ok(())
-}
-
-fn seconds(v: f64, max: f64) -> Result<(), String> {
-    if !v.is_finite() || !(0.0..=max).contains(&v) {
-        return Err(format!("{v} seconds is outside 0..={max}"));
-    }
-    Ok(())
-}
-
-fn positive(v: f64) -> Result<(), String> {
-    seconds(v, MAX_SECONDS)?;
-    if v == 0.0 {
-        return Err("must be more than 0 seconds".into());
-    }
-    Ok(())
 }
 
 /// `[nts] ntp-server = "NAME[:PORT]"`: the name (an IP address or a domain name) and the port if
@@ -809,16 +713,6 @@ pub(super) fn split_ntp_server(value: &str) -> Result<(String, Option<u16>), Str
     Ok((name.to_owned(), port))
 }
 
-const MAX_THREADS: usize = 1024;
-/// The smallest receive buffer accepted: below it the kernel would round up anyway, and a buffer
-/// that holds one or two datagrams drops every burst.
-const MIN_RECV_BUFFER: usize = 4096;
-/// The largest: the kernel takes an int and doubles it.
-const MAX_RECV_BUFFER: usize = 1 << 30;
-/// The most NTP datagrams per receive and send.
-const MAX_NTP_BATCH: usize = 1024;
-/// The longest interval of any kind: a day.
-const MAX_SECONDS: f64 = 86_400.0;
 /// Cookie keys and Roughtime online keys: rotated daily.
 const DEFAULT_ROTATION: f64 = 86_400.0;
 /// --interleaved-log's default: 65536 transmit times, 1 MiB, as many interleaved clients as
@@ -858,24 +752,16 @@ const DEFAULT_ROUGHTIME_RECV_BUFFER: usize = 16 << 20;
 const DEFAULT_STATS_INTERVAL: f64 = 60.0;
 /// --shed-target's default, CoDel's: see DEFAULT_SHED_INTERVAL.
 const DEFAULT_SHED_TARGET: f64 = 0.005;
-/// --nts-ke-threads: past the cores of any machine chimed runs on, handshakes only contend.
-const MAX_NTS_KE_THREADS: usize = 64;
 /// --shed-interval's default, CoDel's.
 const DEFAULT_SHED_INTERVAL: f64 = 0.1;
-/// Beyond a second a request is stale for any client; beyond ten seconds "standing" means little.
-const MAX_SHED_TARGET: f64 = 1.0;
-const MAX_SHED_INTERVAL: f64 = 10.0;
 /// --roughtime-tcp-connections: a thousand clients at once is more than Roughtime's query pattern
 /// (one connection, one or a few requests) brings to a server, and costs a few MiB at most.
 const DEFAULT_TCP_CONNECTIONS: usize = 1024;
-const MAX_TCP_CONNECTIONS: usize = 1 << 20;
 /// --roughtime-tcp-per-address: room for clients behind one NAT, none for one host to hold all.
 const DEFAULT_TCP_PER_ADDRESS: usize = 16;
 /// --roughtime-tcp-idle and --roughtime-tcp-lifetime, in seconds.
 const DEFAULT_TCP_IDLE: f64 = 10.0;
 const DEFAULT_TCP_LIFETIME: f64 = 60.0;
-/// The longest --roughtime-gather: beyond a tenth of a second it only adds delay.
-const MAX_GATHER: f64 = 0.1;
 /// --roughtime-gather's default: 2 ms gave batches of ~140 requests at 40k/s (mean Merkle path
 /// 7.1 hashes, against 5.8 at 0.5 ms), and is nothing beside a radius of seconds. Against 0.5 ms (alternating, 3 rounds): CPU per reply
 /// 6.5-6.8 µs against 7.8-8.2 at 40k/s, 2-4% less at 80-120k/s, the same at 160k/s, where the
@@ -899,4 +785,9 @@ fn parse_grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
         kinds.push(kind);
     }
     Ok(kinds)
+}
+
+/// A checked value of the schema's, else `default`.
+fn or<T: Into<I>, I>(value: Option<T>, default: I) -> I {
+    value.map_or(default, Into::into)
 }

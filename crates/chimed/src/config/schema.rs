@@ -9,13 +9,19 @@
 //! Flags keep the names operators know (rsntp's `-4`, `-a`, ...), so most differ from their key.
 //!
 //! A switch is `Option<bool>`: `--ratelimit` alone means true, `--ratelimit=false` turns off a
-//! file's `enabled = true`. Ranges are checked once, in `resolve`, for file and flag alike.
+//! file's `enabled = true`. A value with a range of its own is of a type from `values`, which
+//! checks it as it is parsed, from a flag or the file alike; `resolve` checks the rest.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
 use serde::{Deserialize, Serialize};
+
+use super::values::{
+    AtLeastOne, Clients, Gather, KeThreads, NtpBatch, Positive, RecvBuffer, RoughtimeBatch,
+    Seconds, Share, ShedInterval, ShedTarget, TcpConnections, Threads, TxLogSize,
+};
 
 /// chimed: serves NTP from every core beside a local chronyd.
 #[derive(Debug, Parser)]
@@ -75,13 +81,13 @@ pub(crate) struct Ntp {
     /// [default: 1]
     #[arg(id = "ntp.ipv4-threads", short = '4', long = "ipv4-threads")]
     #[arg(value_name = "N")]
-    pub(crate) ipv4_threads: Option<usize>,
+    pub(crate) ipv4_threads: Option<Threads>,
 
     /// Number of NTP worker threads (one socket each) on the IPv6 address; 0 disables IPv6
     /// [default: 1]
     #[arg(id = "ntp.ipv6-threads", short = '6', long = "ipv6-threads")]
     #[arg(value_name = "N")]
-    pub(crate) ipv6_threads: Option<usize>,
+    pub(crate) ipv6_threads: Option<Threads>,
 
     /// IPv4 address and port to serve NTP on [default: 0.0.0.0:123]
     #[arg(id = "ntp.ipv4-address", short = 'a', long = "ipv4-address")]
@@ -95,19 +101,19 @@ pub(crate) struct Ntp {
 
     /// NTP datagrams received and answered per system call, 1 to 1024 [default: 64]
     #[arg(id = "ntp.batch-size", long = "batch-size", value_name = "N")]
-    pub(crate) batch_size: Option<usize>,
+    pub(crate) batch_size: Option<NtpBatch>,
 
     /// NTP sockets' receive buffer in bytes (SO_RCVBUFFORCE, else SO_RCVBUF; the kernel counts
     /// twice this against it). Queued requests lose no accuracy: their receive time is the
     /// kernel's timestamp [default: 4 MiB]
     #[arg(id = "ntp.recv-buffer", long = "recv-buffer", value_name = "BYTES")]
-    pub(crate) recv_buffer: Option<usize>,
+    pub(crate) recv_buffer: Option<RecvBuffer>,
 
     /// NTP interleaved mode (RFC 9769, chronyd's `xleave`): keep the transmit times of this many
     /// recent replies to interleaved clients, 16 bytes each, so that each client's next reply can
     /// carry the kernel's time of the last one; 0 turns interleaved mode off [default: 65536]
     #[arg(id = "ntp.interleaved-log", long = "interleaved-log", value_name = "N")]
-    pub(crate) interleaved_log: Option<usize>,
+    pub(crate) interleaved_log: Option<TxLogSize>,
 }
 
 /// `[upstream]`: the local chronyd whose state is served.
@@ -123,12 +129,12 @@ pub(crate) struct Upstream {
     /// Seconds between polls of the upstream server [default: 1]
     #[arg(id = "upstream.poll-interval", long = "poll-interval")]
     #[arg(value_name = "SECS")]
-    pub(crate) poll_interval: Option<f64>,
+    pub(crate) poll_interval: Option<Positive>,
 
     /// Seconds without a good upstream reply after which clients are told the server is
     /// unsynchronised (leap 3, stratum 0) [default: 8]
     #[arg(id = "upstream.stale-after", long = "stale-after", value_name = "SECS")]
-    pub(crate) stale_after: Option<f64>,
+    pub(crate) stale_after: Option<Positive>,
 }
 
 /// `[overload]`: shedding requests that waited too long, NTP and Roughtime alike.
@@ -141,13 +147,13 @@ pub(crate) struct Overload {
     /// alike, so that clients get fresh replies rather than all of them late. A burst is still
     /// queued and answered in full. Up to 1 s; 0 turns shedding off [default: 0.005]
     #[arg(id = "overload.shed-target", long = "shed-target", value_name = "SECS")]
-    pub(crate) shed_target: Option<f64>,
+    pub(crate) shed_target: Option<ShedTarget>,
 
     /// How long the oldest queued request must keep waiting longer than shed-target before
     /// shedding starts (it stops once the queue empties). Up to 10 s [default: 0.1]
     #[arg(id = "overload.shed-interval", long = "shed-interval")]
     #[arg(value_name = "SECS")]
-    pub(crate) shed_interval: Option<f64>,
+    pub(crate) shed_interval: Option<ShedInterval>,
 }
 
 /// `[access]`: who is served.
@@ -206,7 +212,7 @@ pub(crate) struct RateLimit {
     /// Client addresses tracked at once, rounded up to a power of two, 32 bytes each; 4 to
     /// 16777216 [default: 65536]
     #[arg(id = "ratelimit.clients", long = "ratelimit-clients", value_name = "N")]
-    pub(crate) clients: Option<usize>,
+    pub(crate) clients: Option<Clients>,
 }
 
 /// `[nts]`: NTS key exchange and cookie keys.
@@ -232,12 +238,12 @@ pub(crate) struct Nts {
     /// workers; the session limits and the NTS-KE rate limit hold across them all, 1 to 64
     /// [default: 1]
     #[arg(id = "nts.ke-threads", long = "nts-ke-threads", value_name = "N")]
-    pub(crate) ke_threads: Option<usize>,
+    pub(crate) ke_threads: Option<KeThreads>,
 
     /// Seconds between rotations of the key NTS cookies are sealed under; cookies sealed under
     /// the key before still work [default: 86400]
     #[arg(id = "nts.rotation", long = "nts-rotation", value_name = "SECS")]
-    pub(crate) rotation: Option<f64>,
+    pub(crate) rotation: Option<Positive>,
 
     /// The NTP server NTS-KE sends clients to (an IP address or a domain name, and :PORT if not
     /// 123; an IPv6 address in brackets then), as chronyd's `ntsntpserver`, when it is not the
@@ -329,12 +335,12 @@ pub(crate) struct Roughtime {
     /// Number of Roughtime worker threads on the IPv4 address; 0 disables it [default: 1]
     #[arg(id = "roughtime.ipv4-threads", long = "roughtime-ipv4-threads")]
     #[arg(value_name = "N")]
-    pub(crate) ipv4_threads: Option<usize>,
+    pub(crate) ipv4_threads: Option<Threads>,
 
     /// Number of Roughtime worker threads on the IPv6 address; 0 disables it [default: 1]
     #[arg(id = "roughtime.ipv6-threads", long = "roughtime-ipv6-threads")]
     #[arg(value_name = "N")]
-    pub(crate) ipv6_threads: Option<usize>,
+    pub(crate) ipv6_threads: Option<Threads>,
 
     /// IPv4 address and port to serve Roughtime on [default: 0.0.0.0:5319]
     #[arg(id = "roughtime.ipv4-address", long = "roughtime-ipv4-address")]
@@ -350,21 +356,21 @@ pub(crate) struct Roughtime {
     /// one in use always has at least this long to run [default: 86400]
     #[arg(id = "roughtime.rotation", long = "roughtime-rotation")]
     #[arg(value_name = "SECS")]
-    pub(crate) rotation: Option<f64>,
+    pub(crate) rotation: Option<Positive>,
 
     /// Roughtime requests received per system call, and the most one signature covers (up to
     /// 256). A full batch comes only under load, where a larger one costs less CPU per reply
     /// [default: 256]
     #[arg(id = "roughtime.batch-size", long = "roughtime-batch-size")]
     #[arg(value_name = "N")]
-    pub(crate) batch_size: Option<usize>,
+    pub(crate) batch_size: Option<RoughtimeBatch>,
 
     /// Roughtime sockets' receive buffer in bytes (SO_RCVBUFFORCE, else SO_RCVBUF; the kernel
     /// counts twice this against it). One 1 KiB request takes about 2.3 KiB of it, so the
     /// default holds some 14,000: a 70 ms stall of the thread at 200k requests/s [default: 16 MiB]
     #[arg(id = "roughtime.recv-buffer", long = "roughtime-recv-buffer")]
     #[arg(value_name = "BYTES")]
-    pub(crate) recv_buffer: Option<usize>,
+    pub(crate) recv_buffer: Option<RecvBuffer>,
 
     /// Under light load, gather Roughtime requests for this long before signing: when a receive
     /// returns two or more but under a quarter of a batch, wait and add what arrived meanwhile.
@@ -372,7 +378,7 @@ pub(crate) struct Roughtime {
     /// capacity. Up to 0.1 s; 0 signs whatever arrived at once [default: 0.002]
     #[arg(id = "roughtime.gather", long = "roughtime-gather")]
     #[arg(value_name = "SECS")]
-    pub(crate) gather: Option<f64>,
+    pub(crate) gather: Option<Gather>,
 
     /// Make this share of Roughtime replies deliberately invalid ("grease"), each broken in one
     /// way a client must catch: a signature, the certificate, the Merkle path or index, the
@@ -380,7 +386,7 @@ pub(crate) struct Roughtime {
     /// checked against; never a wrong time with a valid signature. 0 to 1 [default: 0]
     #[arg(id = "roughtime.grease", long = "roughtime-grease")]
     #[arg(value_name = "SHARE", allow_negative_numbers = true)]
-    pub(crate) grease: Option<f64>,
+    pub(crate) grease: Option<Share>,
 
     /// The kinds of grease to send, comma-separated: signature, certificate, path, index, nonce,
     /// time (nonce never in Google's replies, which carry none) [default: all]
@@ -401,24 +407,24 @@ pub(crate) struct RoughtimeTcp {
     /// as UDP (RFC 10049 §4); 0 serves Roughtime over UDP only [default: 1024]
     #[arg(id = "roughtime.tcp.connections", long = "roughtime-tcp-connections")]
     #[arg(value_name = "N")]
-    pub(crate) connections: Option<usize>,
+    pub(crate) connections: Option<TcpConnections>,
 
     /// Most Roughtime TCP connections open at once from one client address; more are closed
     /// at once [default: 16]
     #[arg(id = "roughtime.tcp.per-address", long = "roughtime-tcp-per-address")]
     #[arg(value_name = "N")]
-    pub(crate) per_address: Option<usize>,
+    pub(crate) per_address: Option<AtLeastOne>,
 
     /// Seconds a Roughtime TCP connection may wait for its next whole request before it is
     /// closed [default: 10]
     #[arg(id = "roughtime.tcp.idle", long = "roughtime-tcp-idle")]
     #[arg(value_name = "SECS")]
-    pub(crate) idle: Option<f64>,
+    pub(crate) idle: Option<Positive>,
 
     /// Seconds a Roughtime TCP connection may stay open, however busy [default: 60]
     #[arg(id = "roughtime.tcp.lifetime", long = "roughtime-tcp-lifetime")]
     #[arg(value_name = "SECS")]
-    pub(crate) lifetime: Option<f64>,
+    pub(crate) lifetime: Option<Positive>,
 }
 
 /// `[xdp]`: serving through AF_XDP on one interface.
@@ -436,7 +442,7 @@ pub(crate) struct Xdp {
 
     /// Worker threads, one per receive queue from queue 0 [default: 1]
     #[arg(id = "xdp.threads", long = "xdp-threads", value_name = "N")]
-    pub(crate) threads: Option<usize>,
+    pub(crate) threads: Option<AtLeastOne>,
 
     /// `zero-copy`, `copy`, or `auto` (zero-copy where the driver can, else copy) [default: auto]
     #[arg(id = "xdp.mode", long = "xdp-mode", value_name = "MODE")]
@@ -462,7 +468,7 @@ pub(crate) struct Observe {
     /// Seconds between per-thread statistics log lines; 0 logs them only at exit [default: 60]
     #[arg(id = "observe.stats-interval", long = "stats-interval")]
     #[arg(value_name = "SECS")]
-    pub(crate) stats_interval: Option<f64>,
+    pub(crate) stats_interval: Option<Seconds>,
 
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network

@@ -79,6 +79,17 @@ fn bad_flags(e: &clap::Error) -> ExitCode {
     if !e.use_stderr() {
         e.exit();
     }
+    // A value out of its range reads as `resolve` words one: `--flag: reason`.
+    let arg = e.get(clap::error::ContextKind::InvalidArg);
+    let source = std::error::Error::source(e).and_then(|s| s.downcast_ref::<config::values::Bad>());
+    if let (Some(arg), Some(config::values::Bad::Range(reason))) = (arg, source) {
+        let flag = arg.to_string();
+        eprintln!(
+            "chimed: {}: {reason}",
+            flag.split(' ').next().unwrap_or_default()
+        );
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
     let text = e.render().to_string();
     let first = text.lines().next().unwrap_or("bad arguments");
     eprintln!("chimed: {}", first.trim_start_matches("error: "));
