@@ -193,26 +193,41 @@ pub(crate) struct Settings {
     pub(crate) given: Given,
 }
 
-/// The NTS settings, with the TLS configuration already loaded and checked.
+/// The NTS settings, with the TLS configuration already loaded and checked; the values the
+/// settings give are read through `Deref`.
 #[derive(Debug, Clone)]
 pub(crate) struct Nts {
-    pub(crate) certificate: PathBuf,
-    pub(crate) private_key: PathBuf,
+    pub(crate) set: NtsSet,
     pub(crate) tls: std::sync::Arc<rustls::ServerConfig>,
     /// When the certificate expires, Unix seconds, if it could be read.
     pub(crate) not_after: Option<i64>,
+    /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
+    pub(crate) dump: Option<(PathBuf, Option<crate::nts::keys::Saved>)>,
+}
+
+/// `[nts]` checked, before the certificate, key and saved cookie keys are read.
+#[derive(Debug, Clone)]
+pub(crate) struct NtsSet {
+    pub(crate) certificate: PathBuf,
+    pub(crate) private_key: PathBuf,
+    pub(crate) dump_dir: Option<PathBuf>,
     pub(crate) ke_address: SocketAddr,
     /// `--nts-ke-threads`: the threads NTS-KE sessions run on.
     pub(crate) ke_threads: usize,
     pub(crate) rotation: Duration,
-    /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
-    pub(crate) dump: Option<(PathBuf, Option<crate::nts::keys::Saved>)>,
     /// `--nts-ratelimit`: NTS-KE connections per client address.
     pub(crate) ratelimit: Option<RateLimiting>,
     /// `--nts-ntp-server`: the NTP server NTS-KE names, if not its own address, and its port if
     /// given.
     pub(crate) ntp_server: Option<String>,
     pub(crate) ntp_port: Option<u16>,
+}
+
+impl std::ops::Deref for Nts {
+    type Target = NtsSet;
+    fn deref(&self) -> &NtsSet {
+        &self.set
+    }
 }
 
 /// `--nts-fleet-key`'s file, the secrets it held when last read, and the period each key is for
@@ -280,10 +295,36 @@ impl RoughtimeKeys {
 }
 
 /// The Roughtime service's settings, with the long-term key or the delegation bundle already
-/// loaded and checked.
+/// loaded and checked; the values the settings give are read through `Deref`.
 #[derive(Clone)]
 pub(crate) struct Roughtime {
+    pub(crate) set: RoughtimeSet,
     pub(crate) keys: RoughtimeKeys,
+    /// The experimental ML-DSA-44 suite's long-term key file and seed (`--roughtime-mldsa-key`);
+    /// only a chimed built with the suite serves it, and reads it.
+    #[cfg_attr(not(feature = "mldsa"), allow(dead_code))]
+    pub(crate) mldsa: Option<(PathBuf, Zeroizing<[u8; 32]>)>,
+}
+
+impl fmt::Debug for Roughtime {
+    // The seeds are secrets: --check-config prints the settings, which name only their files.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.set.fmt(f)
+    }
+}
+
+impl std::ops::Deref for Roughtime {
+    type Target = RoughtimeSet;
+    fn deref(&self) -> &RoughtimeSet {
+        &self.set
+    }
+}
+
+/// `[roughtime]` checked, before its keys are read.
+#[derive(Debug, Clone)]
+pub(crate) struct RoughtimeSet {
+    pub(crate) key: KeyFile,
+    pub(crate) mldsa_key: Option<PathBuf>,
     pub(crate) ipv4_threads: usize,
     pub(crate) ipv6_threads: usize,
     pub(crate) ipv4_address: SocketAddr,
@@ -301,29 +342,13 @@ pub(crate) struct Roughtime {
     pub(crate) grease_kinds: Vec<Grease>,
     /// Roughtime over TCP and its bounds; `None`: UDP only (`--roughtime-tcp-connections 0`).
     pub(crate) tcp: Option<TcpLimits>,
-    /// The experimental ML-DSA-44 suite's long-term key file and seed (`--roughtime-mldsa-key`).
-    pub(crate) mldsa: Option<(PathBuf, Zeroizing<[u8; 32]>)>,
 }
 
-impl fmt::Debug for Roughtime {
-    // The seed is a secret: --check-config prints the settings, never the key.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Roughtime")
-            .field("key_file", &self.keys.file())
-            .field("ipv4_threads", &self.ipv4_threads)
-            .field("ipv6_threads", &self.ipv6_threads)
-            .field("ipv4_address", &self.ipv4_address)
-            .field("ipv6_address", &self.ipv6_address)
-            .field("rotation", &self.rotation)
-            .field("batch_size", &self.batch_size)
-            .field("recv_buffer", &self.recv_buffer)
-            .field("gather", &self.gather)
-            .field("grease", &self.grease)
-            .field("grease_kinds", &self.grease_kinds)
-            .field("tcp", &self.tcp)
-            .field("mldsa_key_file", &self.mldsa.as_ref().map(|(f, _)| f))
-            .finish_non_exhaustive()
-    }
+/// What Roughtime signs with, to be read.
+#[derive(Debug, Clone)]
+pub(crate) enum KeyFile {
+    LongTerm(PathBuf),
+    Bundle(PathBuf),
 }
 
 /// `[roughtime.tcp]`: the bounds on Roughtime's TCP connections.

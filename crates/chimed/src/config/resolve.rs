@@ -21,56 +21,19 @@ use chime_roughtime::Grease;
 use chime_udp::ShedConfig;
 
 use super::schema::{self, Args, Config};
-use super::{ConfigError, From, Given, Input, RateLimiting, Settings, TcpLimits, Xdp};
+use super::{ConfigError, From, Given, Input, KeyFile, NtsSet, RateLimiting, RoughtimeSet};
+use super::{Settings, TcpLimits, Xdp};
 use crate::access::acl::Acl;
 
 /// Settings checked, with the files they name not yet read: `secrets` reads them.
 pub(super) struct Resolved {
     /// Everything but `nts`, `nts_fleet` and `roughtime`, which `secrets` fills.
     pub(super) settings: Settings,
-    pub(super) nts: Option<NtsPlan>,
+    pub(super) nts: Option<NtsSet>,
     /// The fleet secret's file and the period of each key.
     pub(super) fleet: Option<(PathBuf, Duration)>,
-    pub(super) roughtime: Option<RoughtimePlan>,
+    pub(super) roughtime: Option<RoughtimeSet>,
     pub(super) sources: Sources,
-}
-
-/// `[nts]` checked, before the certificate, key and saved cookie keys are read.
-#[derive(Debug)]
-pub(super) struct NtsPlan {
-    pub(super) certificate: PathBuf,
-    pub(super) private_key: PathBuf,
-    pub(super) dump_dir: Option<PathBuf>,
-    pub(super) ke_address: SocketAddr,
-    pub(super) ke_threads: usize,
-    pub(super) rotation: Duration,
-    pub(super) ratelimit: Option<RateLimiting>,
-    pub(super) ntp_server: Option<(String, Option<u16>)>,
-}
-
-/// `[roughtime]` checked, before its keys are read.
-#[derive(Debug)]
-pub(super) struct RoughtimePlan {
-    pub(super) key: KeyFile,
-    pub(super) mldsa: Option<PathBuf>,
-    pub(super) ipv4_threads: usize,
-    pub(super) ipv6_threads: usize,
-    pub(super) ipv4_address: SocketAddr,
-    pub(super) ipv6_address: SocketAddr,
-    pub(super) rotation: Duration,
-    pub(super) batch_size: usize,
-    pub(super) recv_buffer: usize,
-    pub(super) gather: Option<Duration>,
-    pub(super) grease: f64,
-    pub(super) grease_kinds: Vec<Grease>,
-    pub(super) tcp: Option<TcpLimits>,
-}
-
-/// What Roughtime signs with, to be read.
-#[derive(Debug)]
-pub(super) enum KeyFile {
-    LongTerm(PathBuf),
-    Bundle(PathBuf),
 }
 
 /// Where each value came from.
@@ -220,7 +183,7 @@ pub(super) fn resolve(args: &Args) -> Result<Resolved, ConfigError> {
 }
 
 /// The settings of no single service: NTP, upstream, process, access, logs.
-fn base(c: &Config, s: &Sources, nts: Option<&NtsPlan>) -> Result<Settings, ConfigError> {
+fn base(c: &Config, s: &Sources, nts: Option<&NtsSet>) -> Result<Settings, ConfigError> {
     let ntp = &c.ntp;
     let (ipv4_threads, ipv6_threads) = (or(ntp.ipv4_threads, 1), or(ntp.ipv6_threads, 1));
     // A member may serve NTS-KE alone, sending clients to the fleet's NTP servers.
@@ -439,12 +402,12 @@ fn rate_limit(l: Limit<'_>) -> Result<Option<RateLimiting>, ConfigError> {
 }
 
 /// `[nts]`, but its fleet key: NTS-KE and NTS if a certificate and key are given.
-fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
+fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsSet>, ConfigError> {
     let rotation = or(n.rotation, DEFAULT_ROTATION);
     let ratelimit = nts_rate_limit(&n.ratelimit, s)?;
-    let ntp_server = match n.ntp_server.as_deref().map(split_ntp_server) {
-        None => None,
-        Some(Ok(server)) => Some(server),
+    let (ntp_server, ntp_port) = match n.ntp_server.as_deref().map(split_ntp_server) {
+        None => (None, None),
+        Some(Ok((server, port))) => (Some(server), port),
         Some(Err(r)) => return Err(s.bad("nts.ntp-server", r)),
     };
     let (c, k) = ("nts.certificate", "nts.private-key");
@@ -481,7 +444,7 @@ fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
             return Ok(None);
         }
     };
-    Ok(Some(NtsPlan {
+    Ok(Some(NtsSet {
         certificate,
         private_key,
         dump_dir: n.dump_dir.clone(),
@@ -490,6 +453,7 @@ fn nts(n: &schema::Nts, s: &Sources) -> Result<Option<NtsPlan>, ConfigError> {
         rotation: Duration::from_secs_f64(rotation),
         ratelimit,
         ntp_server,
+        ntp_port,
     }))
 }
 
@@ -511,7 +475,7 @@ fn fleet(n: &schema::Nts, s: &Sources) -> Result<Option<(PathBuf, Duration)>, Co
 }
 
 /// `[roughtime]`: on with a long-term key or a delegation bundle.
-fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>, ConfigError> {
+fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimeSet>, ConfigError> {
     let (ipv4_threads, ipv6_threads) = (or(r.ipv4_threads, 1), or(r.ipv6_threads, 1));
     let ipv4_address = address(r.ipv4_address, ROUGHTIME_V4, "roughtime.ipv4-address", s)?;
     let ipv6_address = address(r.ipv6_address, ROUGHTIME_V6, "roughtime.ipv6-address", s)?;
@@ -556,9 +520,9 @@ fn roughtime(r: &schema::Roughtime, s: &Sources) -> Result<Option<RoughtimePlan>
     if ipv4_threads + ipv6_threads == 0 {
         return Err(s.bad("roughtime.ipv4-threads", "no Roughtime threads"));
     }
-    Ok(Some(RoughtimePlan {
+    Ok(Some(RoughtimeSet {
         key,
-        mldsa: r.mldsa_key.clone(),
+        mldsa_key: r.mldsa_key.clone(),
         ipv4_threads,
         ipv6_threads,
         ipv4_address,

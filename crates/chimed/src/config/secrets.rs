@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
-use super::resolve::{KeyFile, NtsPlan, Resolved, RoughtimePlan, Sources};
+use super::Settings;
+use super::resolve::{Resolved, Sources};
 use super::secret_file::SecretFileError;
-use super::{ConfigError, Fleet, Nts, Roughtime, RoughtimeKeys, Settings};
+use super::{ConfigError, Fleet, KeyFile, Nts, NtsSet, Roughtime, RoughtimeKeys, RoughtimeSet};
 
 /// Fills in what `resolve` left to be read.
 pub(super) fn load(resolved: Resolved) -> Result<Settings, ConfigError> {
@@ -50,39 +51,31 @@ pub(super) fn load(resolved: Resolved) -> Result<Settings, ConfigError> {
     Ok(settings)
 }
 
-fn nts_keys(p: NtsPlan, s: &Sources) -> Result<Nts, ConfigError> {
-    let loaded = crate::nts::ke::load(&p.certificate, &p.private_key)
+fn nts_keys(set: NtsSet, s: &Sources) -> Result<Nts, ConfigError> {
+    let loaded = crate::nts::ke::load(&set.certificate, &set.private_key)
         .map_err(|r| s.bad("nts.certificate", r))?;
-    let dump = match p.dump_dir {
+    let dump = match &set.dump_dir {
         None => None,
         Some(dir) => {
             if !dir.is_dir() {
                 let r = format!("{}: not a directory", dir.display());
                 return Err(s.bad("nts.dump-dir", r));
             }
-            let file = crate::nts::keys::path_in(&dir);
+            let file = crate::nts::keys::path_in(dir);
             let saved = crate::nts::keys::load(&file).map_err(|r| s.bad("nts.dump-dir", r))?;
             Some((file, saved))
         }
     };
-    let (ntp_server, ntp_port) = p.ntp_server.unzip();
     Ok(Nts {
-        certificate: p.certificate,
-        private_key: p.private_key,
+        set,
         tls: loaded.config,
         not_after: loaded.not_after,
-        ke_address: p.ke_address,
-        ke_threads: p.ke_threads,
-        rotation: p.rotation,
         dump,
-        ratelimit: p.ratelimit,
-        ntp_server,
-        ntp_port: ntp_port.flatten(),
     })
 }
 
-fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigError> {
-    let mldsa = match p.mldsa {
+fn roughtime_keys(set: RoughtimeSet, s: &Sources) -> Result<Roughtime, ConfigError> {
+    let mldsa = match &set.mldsa_key {
         None => None,
         // `resolve` refuses the key where the suite is not built in.
         #[cfg(not(feature = "mldsa"))]
@@ -90,38 +83,24 @@ fn roughtime_keys(p: RoughtimePlan, s: &Sources) -> Result<Roughtime, ConfigErro
         #[cfg(feature = "mldsa")]
         Some(file) => {
             let bad = |r: &dyn std::fmt::Display| s.bad("roughtime.mldsa-key", r);
-            let text = super::secret_file::read_existing(&file, "an ML-DSA-44 long-term key")
+            let text = super::secret_file::read_existing(file, "an ML-DSA-44 long-term key")
                 .map_err(|e| bad(&e))?;
             let seed = chime_roughtime::mldsa::parse_key_file(&text)
                 .map_err(|e| bad(&format!("{}: {e}", file.display())))?;
-            Some((file, Zeroizing::new(seed)))
+            Some((file.clone(), Zeroizing::new(seed)))
         }
     };
-    let keys = match p.key {
+    let keys = match &set.key {
         KeyFile::LongTerm(file) => RoughtimeKeys::LongTerm {
-            seed: load_key(&file).map_err(|r| s.bad("roughtime.key", r))?,
-            file,
+            seed: load_key(file).map_err(|r| s.bad("roughtime.key", r))?,
+            file: file.clone(),
         },
         KeyFile::Bundle(file) => RoughtimeKeys::Bundle {
-            bundle: load_bundle(&file).map_err(|r| s.bad("roughtime.delegation", r))?,
-            file,
+            bundle: load_bundle(file).map_err(|r| s.bad("roughtime.delegation", r))?,
+            file: file.clone(),
         },
     };
-    Ok(Roughtime {
-        keys,
-        ipv4_threads: p.ipv4_threads,
-        ipv6_threads: p.ipv6_threads,
-        ipv4_address: p.ipv4_address,
-        ipv6_address: p.ipv6_address,
-        rotation: p.rotation,
-        batch_size: p.batch_size,
-        recv_buffer: p.recv_buffer,
-        gather: p.gather,
-        grease: p.grease,
-        grease_kinds: p.grease_kinds,
-        tcp: p.tcp,
-        mldsa,
-    })
+    Ok(Roughtime { set, keys, mldsa })
 }
 
 /// Why a Roughtime key file or delegation bundle could not be loaded; names the file.
