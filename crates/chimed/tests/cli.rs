@@ -260,6 +260,10 @@ fn rate_limit_options_are_checked() {
             "--ratelimit-burst: only takes effect with --ratelimit",
         ),
         (
+            &["--ratelimit-clients", "1024", "--check-config"][..],
+            "--ratelimit-clients: only takes effect with --ratelimit",
+        ),
+        (
             &["--ratelimit", "--ratelimit-interval", "-20"][..],
             "--ratelimit-interval: must be -19 to 12, not -20",
         ),

@@ -312,33 +312,20 @@ fn access(allow: &[String], deny: &[String], s: &Sources) -> Result<Acl, ConfigE
     Acl::new(allow, deny).map_err(|r| s.bad("access.allow", r))
 }
 
-/// One rate limit's keys: on, then interval, burst, leak, kod and clients as given.
-struct Limit<'a> {
-    /// The key that turns it on.
-    enabled_key: &'static str,
-    enabled: Option<bool>,
-    values: [(Option<i64>, &'static str); 4],
-    clients: Option<usize>,
-    default: RateLimit,
-    default_clients: usize,
-    sources: &'a Sources,
-}
-
+/// `[ratelimit]`: chronyd's `ratelimit`.
 fn ntp_rate_limit(r: &schema::RateLimit, s: &Sources) -> Result<Option<RateLimiting>, ConfigError> {
-    rate_limit(Limit {
-        enabled_key: "ratelimit.enabled",
-        enabled: r.enabled,
-        values: [
-            (r.interval, "ratelimit.interval"),
-            (r.burst, "ratelimit.burst"),
-            (r.leak, "ratelimit.leak"),
-            (r.kod, "ratelimit.kod"),
-        ],
-        clients: r.clients.map(|n| n.0),
-        default: RateLimit::DEFAULT,
-        default_clients: DEFAULT_RATELIMIT_CLIENTS,
-        sources: s,
-    })
+    let keys = [
+        "ratelimit.interval",
+        "ratelimit.burst",
+        "ratelimit.leak",
+        "ratelimit.kod",
+    ];
+    let values = [r.interval, r.burst, r.leak, r.kod];
+    let on = (r.enabled, "ratelimit.enabled");
+    let also = r.clients.map(|_| "ratelimit.clients");
+    let limit = rate_limit(on, keys, values, also, RateLimit::DEFAULT, s)?;
+    let clients = or(r.clients, DEFAULT_RATELIMIT_CLIENTS);
+    Ok(limit.map(|limit| RateLimiting { limit, clients }))
 }
 
 /// `[nts.ratelimit]`: chronyd's `ntsratelimit` (interval 6, one per 64 s, by default; no
@@ -347,58 +334,62 @@ fn nts_rate_limit(
     r: &schema::NtsRateLimit,
     s: &Sources,
 ) -> Result<Option<RateLimiting>, ConfigError> {
-    rate_limit(Limit {
-        enabled_key: "nts.ratelimit.enabled",
-        enabled: r.enabled,
-        values: [
-            (r.interval, "nts.ratelimit.interval"),
-            (r.burst, "nts.ratelimit.burst"),
-            (r.leak, "nts.ratelimit.leak"),
-            (None, "nts.ratelimit.kod"),
-        ],
-        clients: None,
-        default: RateLimit::new(6, 8, 2, 0).expect("in range"),
-        default_clients: DEFAULT_NTS_RATELIMIT_CLIENTS,
-        sources: s,
-    })
+    let keys = [
+        "nts.ratelimit.interval",
+        "nts.ratelimit.burst",
+        "nts.ratelimit.leak",
+        "nts.ratelimit.kod",
+    ];
+    let on = (r.enabled, "nts.ratelimit.enabled");
+    let default = RateLimit::new(6, 8, 2, 0).expect("in range");
+    let limit = rate_limit(
+        on,
+        keys,
+        [r.interval, r.burst, r.leak, None],
+        None,
+        default,
+        s,
+    )?;
+    let clients = DEFAULT_NTS_RATELIMIT_CLIENTS;
+    Ok(limit.map(|limit| RateLimiting { limit, clients }))
 }
 
-/// A rate limit from its keys. A value without the limit itself on is an error rather than
-/// silently ignored; one out of range names its key and the range.
-fn rate_limit(l: Limit<'_>) -> Result<Option<RateLimiting>, ConfigError> {
-    let s = l.sources;
-    if l.enabled != Some(true) {
-        let given = (l.values.iter())
-            .find(|(v, _)| v.is_some())
-            .map(|(_, key)| *key)
-            .or(l.clients.map(|_| "ratelimit.clients"));
-        return match given {
+/// A rate limit from its interval, burst, leak and kod (`keys`, `values`), if `on`. A value
+/// without the limit itself on (or `also`, another key given) is an error rather than silently
+/// ignored; one out of range names its key and the range.
+fn rate_limit(
+    (on, on_key): (Option<bool>, &'static str),
+    keys: [&'static str; 4],
+    values: [Option<i64>; 4],
+    also: Option<&'static str>,
+    d: RateLimit,
+    s: &Sources,
+) -> Result<Option<RateLimit>, ConfigError> {
+    if on != Some(true) {
+        let given = keys.into_iter().zip(values).find_map(|(k, v)| v.map(|_| k));
+        return match given.or(also) {
             Some(key) => {
-                let r = format!(
-                    "only takes effect with {}; set both",
-                    s.like(key, l.enabled_key)
-                );
+                let r = format!("only takes effect with {}; set both", s.like(key, on_key));
                 Err(s.bad(key, r))
             }
             None => Ok(None),
         };
     }
-    let d = l.default;
-    let [interval, burst, leak, kod] = l.values;
-    let limit = RateLimit::new(
-        interval.0.unwrap_or(d.interval().into()),
-        burst.0.unwrap_or(d.burst().into()),
-        leak.0.unwrap_or(d.leak().into()),
-        kod.0.unwrap_or(d.kod().into()),
-    )
-    .map_err(|e| {
-        let key = l.values.iter().map(|(_, k)| *k);
-        let key = key.clone().find(|k| k.rsplit('.').next() == Some(e.option));
+    let defaults = [
+        i64::from(d.interval()),
+        d.burst().into(),
+        d.leak().into(),
+        d.kod().into(),
+    ];
+    let v: [i64; 4] = std::array::from_fn(|i| values[i].unwrap_or(defaults[i]));
+    let limit = RateLimit::new(v[0], v[1], v[2], v[3]).map_err(|e| {
+        let key = keys
+            .into_iter()
+            .find(|k| k.rsplit('.').next() == Some(e.option));
         let r = format!("must be {} to {}, not {}", e.min, e.max, e.value);
-        s.bad(key.unwrap_or(interval.1), r)
+        s.bad(key.unwrap_or(keys[0]), r)
     })?;
-    let clients = l.clients.unwrap_or(l.default_clients);
-    Ok(Some(RateLimiting { limit, clients }))
+    Ok(Some(limit))
 }
 
 /// `[nts]`, but its fleet key: NTS-KE and NTS if a certificate and key are given.
