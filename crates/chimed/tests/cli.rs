@@ -4,11 +4,22 @@ mod common;
 
 use std::process::Command;
 
+/// chimed's exit status and what it said. Bad input must end it at once: one that starts a
+/// server instead (an input that should be refused but is not) is killed after 10 s, and the
+/// status -1 fails the test rather than hanging it.
 fn chimed(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_chimed"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chimed"))
         .args(args)
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
