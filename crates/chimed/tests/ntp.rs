@@ -230,8 +230,8 @@ fn allow_and_deny_decide_who_is_served() {
 }
 
 /// SIGHUP re-reads `allow` and `deny` from the config file: a client denied at start is served
-/// after the rule is removed, without a restart; another key changed is named as needing a
-/// restart; a file that no longer parses keeps the rules in force.
+/// after the rule is removed, without a restart; the log level changes too; another key changed
+/// is named as needing a restart; a file that no longer parses keeps the rules in force.
 #[test]
 fn sighup_reloads_allow_and_deny_from_the_config_file() {
     use nix::sys::signal::{Signal, kill};
@@ -253,16 +253,24 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
         "denied at start"
     );
 
-    // A key that needs a restart is named, and the access rules are taken all the same.
+    // A key that needs a restart is named, and the access rules are taken all the same, as is
+    // the log level.
     std::fs::write(
         &conf,
-        "[access]\ndeny = [\"192.0.2.0/24\"]\n[upstream]\nstale-after = 9\n",
+        "[access]\ndeny = [\"192.0.2.0/24\"]\n[upstream]\nstale-after = 9\n\
+         [observe]\nlog-level = \"debug\"\n",
     )
     .unwrap();
     kill(chimed.pid(), Signal::SIGHUP).unwrap();
     chimed.wait_for(
         "SIGHUP: upstream.stale-after changed in the config file; it takes effect at a restart",
         Duration::from_secs(5),
+    );
+    chimed.wait_for("SIGHUP: log level now debug", Duration::from_secs(5));
+    assert!(
+        !chimed.log().contains("observe.log-level changed"),
+        "{}",
+        chimed.log()
     );
     chimed.wait_for(
         "access rules reloaded: [deny 192.0.2.0/24",

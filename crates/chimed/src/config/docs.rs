@@ -50,8 +50,8 @@ fn daemon_sections() -> Roff {
         .text([bold("SIGHUP")])
         .text([roman(
             "Reload, keeping what is in force when something fails to load: the NTS certificate \
-             and key, the NTS fleet secret, the Roughtime delegation bundle, the access rules from \
-             the config file, and the timezone in timezone-offset mode.",
+             and key, the NTS fleet secret, the Roughtime delegation bundle, the access rules and \
+             the log level from the config file, and the timezone in timezone-offset mode.",
         )])
         .control("SH", ["FILES"])
         .control("TP", [])
@@ -108,8 +108,8 @@ fn config_page(cmd: &clap::Command) -> Roff {
          such as --ratelimit=false turns off the file's true. An unknown key, a value of the \
          wrong type or out of range, or a key of the flat file older versions read, stops chimed \
          with one line naming the file, the line and the key. chimed --check-config prints the \
-         settings resolved from both. SIGHUP puts the file's [access] in force and logs every \
-         other key that changed, which takes effect at a restart.",
+         settings resolved from both. SIGHUP puts the file's [access] and observe.log-level in \
+         force and logs every other key that changed, which takes effect at a restart.",
     )]);
     let mut section = "";
     for arg in cmd.get_arguments() {

@@ -38,12 +38,14 @@ pub(crate) fn settings(args: &Args) -> Result<Settings, ConfigError> {
 pub(crate) struct Reloaded {
     /// The access rules now in the file (flags still win over it).
     pub(crate) acl: Acl,
+    /// The log level or filter now in force, the file's unless a flag gave it.
+    pub(crate) log_level: String,
     /// The keys whose value changed but that take effect only at a restart (`ntp.ipv4-threads`).
     pub(crate) restart: Vec<String>,
 }
 
 /// The keys SIGHUP puts in force.
-const RELOADABLE: [&str; 2] = ["access.allow", "access.deny"];
+const RELOADABLE: [&str; 3] = ["access.allow", "access.deny", "observe.log-level"];
 
 /// SIGHUP: the config file read again, flags still over it, and every value checked as at start.
 /// `Ok(None)` if there is no file. A broken file changes nothing.
@@ -60,6 +62,7 @@ pub(crate) fn reload(args: &Args, current: &Settings) -> Result<Option<Reloaded>
         .collect();
     Ok(Some(Reloaded {
         acl: new.acl,
+        log_level: new.log_level,
         restart,
     }))
 }

@@ -461,7 +461,8 @@ pub(crate) struct Xdp {
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 #[command(next_help_heading = "Logs and metrics [observe]")]
 pub(crate) struct Observe {
-    /// Log level or tracing filter (error, warn, info, debug, trace) [default: info]
+    /// Log level or tracing filter (error, warn, info, debug, trace); SIGHUP puts the file's in
+    /// force [default: info]
     #[arg(id = "observe.log-level", long = "log-level", value_name = "LEVEL")]
     pub(crate) log_level: Option<String>,
 

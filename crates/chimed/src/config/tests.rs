@@ -449,14 +449,16 @@ fn sighup_takes_the_access_rules_and_names_what_needs_a_restart() {
     let current = settings(&args).unwrap();
     let same = reload(&args, &current).unwrap().unwrap();
     assert_eq!((same.acl, same.restart), (current.acl.clone(), vec![]));
+    assert_eq!(same.log_level, "info");
 
     let file = "[ntp]\nipv4-threads = 4\nipv6-threads = 1\n[observe]\nlog-level = \"debug\"\n\
                 [access]\ndeny = [\"198.51.100.0/24\"]\n";
     std::fs::write(&path, file).unwrap();
     let new = reload(&args, &current).unwrap().unwrap();
     assert_eq!(new.acl, Acl::new(&[], &["198.51.100.0/24".into()]).unwrap());
-    // ipv6-threads is the flag's, whatever the file says.
-    assert_eq!(new.restart, ["ntp.ipv4-threads", "observe.log-level"]);
+    // ipv6-threads is the flag's, whatever the file says; the log level is put in force.
+    assert_eq!(new.restart, ["ntp.ipv4-threads"]);
+    assert_eq!(new.log_level, "debug");
 
     std::fs::write(&path, "[ntp]\nipv4-threads = 5000\n").unwrap();
     let e = reload(&args, &current).unwrap_err().to_string();

@@ -62,8 +62,8 @@ pub fn main() -> ExitCode {
         println!("chimed: configuration is valid\n{settings:#?}");
         return ExitCode::SUCCESS;
     }
-    init_logging(&settings.log_level);
-    match run(&args, settings) {
+    let log = init_logging(&settings.log_level);
+    match run(&args, settings, log) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Logging has started: the fatal error goes where everything else went.
@@ -96,18 +96,26 @@ fn bad_flags(e: &clap::Error) -> ExitCode {
     ExitCode::from(EXIT_BAD_INPUT)
 }
 
-fn init_logging(filter: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+/// Logs to stderr through `filter`, which SIGHUP can replace ([`reload::LogFilter`]).
+fn init_logging(filter: &str) -> reload::LogFilter {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let (filter, handle) =
+        tracing_subscriber::reload::Layer::new(tracing_subscriber::EnvFilter::new(filter));
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
+        .with_target(false);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(stderr)
         .init();
+    handle
 }
 
 /// Prepares the services' state, binds every socket while still privileged, drops privileges,
 /// and runs the services on the control plane's runtime until they stop.
-fn run(args: &Args, mut settings: Settings) -> Result<()> {
+fn run(args: &Args, mut settings: Settings, log: reload::LogFilter) -> Result<()> {
     // The cookie keys: a fleet's, derived from its secret, else this server's own (with NTS-KE).
     // With either, the NTP workers serve NTS.
     let nts_start = match (&settings.nts_fleet, settings.nts.as_mut()) {
@@ -138,7 +146,7 @@ fn run(args: &Args, mut settings: Settings) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the control-plane runtime")?;
-    runtime.block_on(supervise(args, &mut settings, prepared, sockets))
+    runtime.block_on(supervise(args, &mut settings, prepared, sockets, log))
 }
 
 fn log_shedding(settings: &Settings) {
@@ -160,10 +168,11 @@ async fn supervise(
     settings: &mut Settings,
     prepared: Prepared,
     sockets: bind::Sockets,
+    log: reload::LogFilter,
 ) -> Result<()> {
     let mut sup = Supervisor::new();
     let mut hearts = Heartbeats::default();
-    let running = match start::all(&mut sup, &mut hearts, settings, prepared, sockets) {
+    let running = match start::all(&mut sup, &mut hearts, settings, prepared, sockets, log) {
         Ok(running) => running,
         Err(e) => {
             sup.stop().await;

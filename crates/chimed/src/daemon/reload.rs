@@ -34,8 +34,14 @@ pub(crate) struct NtsTls {
     pub(crate) counts: Arc<nts_ke::KeCounts>,
 }
 
+/// The log filter in force, which a reload may replace.
+pub(crate) type LogFilter =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
 /// Everything a reload replaces, as the services run it.
 pub(crate) struct Reloadable {
+    /// The log filter, and the level or filter it was last given.
+    pub(crate) log: (LogFilter, std::sync::Mutex<String>),
     pub(crate) ntp: Arc<ntp_worker::Shared>,
     pub(crate) nts: Option<NtsTls>,
     pub(crate) fleet: Option<FleetKeys>,
@@ -58,6 +64,7 @@ impl Reloadable {
         }
         match config::reload(args, settings) {
             Ok(Some(new)) => {
+                self.log_level(&new.log_level);
                 for key in &new.restart {
                     warn!("SIGHUP: {key} changed in the config file; it takes effect at a restart");
                 }
@@ -74,6 +81,26 @@ impl Reloadable {
             if let Err(e) = load_zone(name.as_deref(), &self.ntp, true) {
                 warn!("{e}; keeping the zone loaded before");
             }
+        }
+    }
+}
+
+impl Reloadable {
+    /// Puts `level` in force if it is not the one in force.
+    fn log_level(&self, level: &str) {
+        let (filter, in_force) = &self.log;
+        let mut in_force = in_force
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *in_force == level {
+            return;
+        }
+        match filter.reload(tracing_subscriber::EnvFilter::new(level)) {
+            Ok(()) => {
+                level.clone_into(&mut in_force);
+                info!("SIGHUP: log level now {level}");
+            }
+            Err(e) => warn!("SIGHUP: log level {level}: {e}; keeping the one in force"),
         }
     }
 }

@@ -54,6 +54,7 @@ pub(crate) fn all(
     settings: &mut Settings,
     prepared: Prepared,
     sockets: Sockets,
+    log: crate::daemon::reload::LogFilter,
 ) -> Result<Running> {
     let registry = settings
         .metrics_address
@@ -130,6 +131,7 @@ pub(crate) fn all(
     let fleet = tasks(sup, settings, &prepared, nts.is_some());
     Ok(Running {
         reloadable: Reloadable {
+            log: (log, std::sync::Mutex::new(settings.log_level.clone())),
             ntp: prepared.ntp,
             nts,
             fleet,
