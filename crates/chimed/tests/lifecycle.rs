@@ -1,6 +1,6 @@
 //! The daemon's lifecycle as systemd sees it (`Type=notify`): READY=1 only once every socket is
 //! bound, WATCHDOG=1 while serving, RELOADING=1 and READY=1 around SIGHUP, STOPPING=1 on SIGTERM,
-//! read from a real notify socket.
+//! read from a real notify socket, by a chimed that has changed root (`--root`).
 
 mod common;
 
@@ -43,10 +43,24 @@ fn systemd_hears_ready_watchdog_reloading_and_stopping() {
     // A fixed port, so that the first query needs nothing from the log, which may lag.
     let ntp: std::net::SocketAddr = ([127, 0, 0, 1], common::free_udp_port()).into();
     let ntp_arg = ntp.to_string();
+    // Changed root, as with --root: systemd's socket is out of reach from there, so chimed must
+    // have connected to it before.
+    let root = tempfile::tempdir().unwrap();
     // A watchdog of 3 s: fed every 1.5 s, while each worker wakes at least once a second.
     let mut chimed = Chimed::start_with_env(
         None,
-        &["-s", &upstream, "-4", "2", "-6", "0", "-a", &ntp_arg],
+        &[
+            "-s",
+            &upstream,
+            "-4",
+            "2",
+            "-6",
+            "0",
+            "-a",
+            &ntp_arg,
+            "-r",
+            root.path().to_str().unwrap(),
+        ],
         &[
             ("NOTIFY_SOCKET", path.to_str().unwrap()),
             ("WATCHDOG_USEC", "3000000"),

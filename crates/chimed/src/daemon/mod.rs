@@ -141,12 +141,20 @@ fn run(args: &Args, mut settings: Settings, log: reload::LogFilter) -> Result<()
         roughtime,
     };
     let sockets = bind::all(&settings)?;
+    // Before the root changes, while systemd's socket can still be reached.
+    let notifier = notify::Notifier::connect();
     privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the control-plane runtime")?;
-    runtime.block_on(supervise(args, &mut settings, prepared, sockets, log))
+    runtime.block_on(supervise(
+        args,
+        &mut settings,
+        prepared,
+        sockets,
+        (log, notifier),
+    ))
 }
 
 fn log_shedding(settings: &Settings) {
@@ -168,7 +176,7 @@ async fn supervise(
     settings: &mut Settings,
     prepared: Prepared,
     sockets: bind::Sockets,
-    log: reload::LogFilter,
+    (log, notifier): (reload::LogFilter, notify::Notifier),
 ) -> Result<()> {
     let mut sup = Supervisor::new();
     let mut hearts = Heartbeats::default();
@@ -186,20 +194,20 @@ async fn supervise(
     let mut feed = tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));
     // From here signals are handled (before, SIGHUP's default would end the process).
     info!("running: SIGTERM or SIGINT stops, SIGHUP reloads");
-    notify::ready();
+    notifier.ready();
     let outcome = loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break Ok(()); }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break Ok(()); }
             _ = sighup.recv() => {
-                notify::reloading();
+                notifier.reloading();
                 running.reloadable.reload(args, settings);
-                notify::ready();
+                notifier.ready();
             }
             failure = sup.first_failure() => break Err(failure),
             _ = feed.tick(), if watchdog.is_some() => {
                 if hearts.all_moved() {
-                    notify::watchdog();
+                    notifier.watchdog();
                 } else {
                     warn!("watchdog: a data-plane thread has not moved since the last check; \
                            not telling systemd all is well");
@@ -207,7 +215,7 @@ async fn supervise(
             }
         }
     };
-    notify::stopping();
+    notifier.stopping();
     if let Err(failure) = &outcome {
         error!("{failure}: stopping the others");
     }
