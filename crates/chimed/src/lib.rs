@@ -8,7 +8,8 @@
 //! - `clock`: the system clock, the upstream (chronyd) mirror, the timezone-offset mode;
 //! - `access`: who is served;
 //! - `ntp`, `nts`, `roughtime`: the protocols' services;
-//! - `observe`: counters, stats lines, metrics.
+//! - `observe`: counters, stats lines, metrics;
+//! - `secret_file`: reading key files that must not be readable by others.
 
 #![forbid(unsafe_code)]
 
@@ -21,3 +22,4 @@ mod nts;
 mod observe;
 mod reply;
 mod roughtime;
+mod secret_file;

@@ -106,9 +106,9 @@ fn a_flag_turns_off_the_files_switch() {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8(out.stdout).unwrap()
     };
-    assert!(shown(&[]).contains("ratelimit: Some("));
-    assert!(shown(&["--ratelimit=false"]).contains("ratelimit: None"));
-    assert!(shown(&["--ratelimit"]).contains("ratelimit: Some("));
+    assert!(shown(&[]).contains("[ratelimit]\nenabled = true\n"));
+    assert!(shown(&["--ratelimit=false"]).contains("[ratelimit]\nenabled = false\n"));
+    assert!(shown(&["--ratelimit"]).contains("[ratelimit]\nenabled = true\n"));
 }
 
 #[test]
@@ -321,7 +321,7 @@ fn rate_limit_options_are_checked() {
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{shown}");
     assert!(
-        shown.contains("interval: -4") && shown.contains("kod: 2"),
+        shown.contains("interval = -4\n") && shown.contains("kod = 2\n"),
         "{shown}"
     );
 }

@@ -108,7 +108,7 @@ fn config_page(cmd: &clap::Command) -> Roff {
          such as --ratelimit=false turns off the file's true. An unknown key, a value of the \
          wrong type or out of range, or a key of the flat file older versions read, stops chimed \
          with one line naming the file, the line and the key. chimed --check-config prints the \
-         settings resolved from both. SIGHUP puts the file's [access] and observe.log-level in \
+         settings resolved from both, as a file that gives the same. SIGHUP puts the file's [access] and observe.log-level in \
          force and logs every other key that changed, which takes effect at a restart.",
     )]);
     let mut section = "";
@@ -129,11 +129,12 @@ fn config_page(cmd: &clap::Command) -> Roff {
             (_, Some([name, ..])) => value_of(name.as_str()),
             _ => "VALUE".to_owned(),
         };
-        let help = arg
-            .get_long_help()
-            .or(arg.get_help())
+        let mut help = (arg.get_long_help().or(arg.get_help()))
             .map(ToString::to_string)
             .unwrap_or_default();
+        if let [default] = arg.get_default_values() {
+            help.push_str(&format!(" [default: {}]", default.to_string_lossy()));
+        }
         let long = arg.get_long().unwrap_or(key);
         let flag = match arg.get_short() {
             Some(c) => format!("Flag: --{long}, -{c}"),

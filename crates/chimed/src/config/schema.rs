@@ -1,26 +1,30 @@
 //! The one definition of chimed's settings: each config-file section is a struct whose doc comments
-//! are both the `--help` text of its flags and the chimed.toml(5) text of its keys.
+//! are both the `--help` text of its flags and the chimed.toml(5) text of its keys, and whose
+//! flags' defaults are the keys' defaults.
 //!
 //! The same structs are read from the TOML file (serde, kebab-case keys, unknown keys refused) and
-//! from the command line (clap, sections flattened into one parser). Every field is an `Option` so
-//! that either layer can leave it out: a flag that was not given does not hide the file's value.
-//! Each flag's clap id is its key's dotted path (`ntp.ipv4-threads`), which is how an error about
-//! a value finds the flag that gave it, and how the man page files each flag under its section.
-//! Flags keep the names operators know (rsntp's `-4`, `-a`, ...), so most differ from their key.
+//! from the command line (clap, sections flattened into one parser); `resolve` layers the flags
+//! that were given over the file over the defaults. Each flag's clap id is its key's dotted path
+//! (`ntp.ipv4-threads`), which is how an error about a value finds the flag that gave it, and how
+//! the man page files each flag under its section. Flags keep the names operators know (rsntp's
+//! `-4`, `-a`, ...), so most differ from their key.
 //!
-//! A switch is `Option<bool>`: `--ratelimit` alone means true, `--ratelimit=false` turns off a
-//! file's `enabled = true`. A value with a range of its own is of a type from `values`, which
+//! A switch is a `bool`: `--ratelimit` alone means true, `--ratelimit=false` turns off a file's
+//! `enabled = true`. A value with a range or form of its own is of a type from `values`, which
 //! checks it as it is parsed, from a flag or the file alike; `resolve` checks the rest.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 
 use super::values::{
-    AtLeastOne, Clients, Gather, KeThreads, NtpBatch, Positive, RecvBuffer, RoughtimeBatch,
-    Seconds, Share, ShedInterval, ShedTarget, TcpConnections, Threads, TxLogSize,
+    Absolute, AtLeastOne, Burst, Clients, Gather, GreaseKinds, Interface, Interval, KeThreads, Kod,
+    Leak, LogLevel, NtpBatch, NtpServer, Positive, RecvBuffer, RoughtimeBatch, Seconds, Share,
+    ShedInterval, ShedTarget, TcpConnections, Threads, TxLogSize, V4, V6, XdpMode,
 };
 
 /// chimed: serves NTP from every core beside a local chronyd.
@@ -42,6 +46,27 @@ pub(crate) struct Args {
 
     #[command(flatten)]
     pub(crate) values: Config,
+
+    /// The keys the command line set, as dotted paths: the flag layer holds these alone.
+    #[arg(skip)]
+    pub(crate) given: Vec<String>,
+}
+
+impl Args {
+    /// Parses a command line (`argv[0]` first), noting which keys its flags set.
+    pub(crate) fn parse_from<T: Into<OsString> + Clone>(
+        argv: impl IntoIterator<Item = T>,
+    ) -> Result<Self, clap::Error> {
+        let matches = Self::command().try_get_matches_from(argv)?;
+        let mut args = Self::from_arg_matches(&matches)?;
+        let ids = matches
+            .ids()
+            .map(|id| id.as_str())
+            .filter(|id| id.contains('.'));
+        let from_flags = |id: &&str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        args.given = ids.filter(from_flags).map(str::to_owned).collect();
+        Ok(args)
+    }
 }
 
 /// The config file's sections; the flags fill the same structure.
@@ -72,154 +97,167 @@ pub(crate) struct Config {
     pub(crate) tz_offset: TzOffset,
 }
 
+/// Declares the config file's sections: each a struct whose fields are its keys, read by serde
+/// from the file and by clap from the flags, and whose defaults are the flags' defaults.
+macro_rules! sections {
+    ($($(#[$doc:meta])* $heading:literal struct $name:ident { $($body:tt)* })*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
+        #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+        #[command(next_help_heading = $heading)]
+        pub(crate) struct $name { $($body)* }
+
+        impl Default for $name {
+            fn default() -> Self {
+                defaults()
+            }
+        }
+    )*};
+}
+
+/// A section as no flag and no file sets it: every key's default, from its flag's definition.
+fn defaults<T: clap::Args + FromArgMatches>() -> T {
+    let cmd = T::augment_args(clap::Command::new("chimed").no_binary_name(true));
+    let none = cmd.try_get_matches_from(std::iter::empty::<String>());
+    T::from_arg_matches(&none.expect("no flags")).expect("every key has a default or is optional")
+}
+
+sections! {
 /// `[ntp]`: the NTP service's sockets and threads.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "NTP [ntp]")]
-pub(crate) struct Ntp {
+"NTP [ntp]" struct Ntp {
     /// Number of NTP worker threads (one socket each) on the IPv4 address; 0 disables IPv4
-    /// [default: 1]
     #[arg(id = "ntp.ipv4-threads", short = '4', long = "ipv4-threads")]
-    #[arg(value_name = "N")]
-    pub(crate) ipv4_threads: Option<Threads>,
+    #[arg(value_name = "N", default_value = "1")]
+    pub(crate) ipv4_threads: Threads,
 
     /// Number of NTP worker threads (one socket each) on the IPv6 address; 0 disables IPv6
-    /// [default: 1]
     #[arg(id = "ntp.ipv6-threads", short = '6', long = "ipv6-threads")]
-    #[arg(value_name = "N")]
-    pub(crate) ipv6_threads: Option<Threads>,
+    #[arg(value_name = "N", default_value = "1")]
+    pub(crate) ipv6_threads: Threads,
 
-    /// IPv4 address and port to serve NTP on [default: 0.0.0.0:123]
+    /// IPv4 address and port to serve NTP on
     #[arg(id = "ntp.ipv4-address", short = 'a', long = "ipv4-address")]
-    #[arg(value_name = "ADDR:PORT")]
-    pub(crate) ipv4_address: Option<SocketAddr>,
+    #[arg(value_name = "ADDR:PORT", default_value = "0.0.0.0:123")]
+    pub(crate) ipv4_address: V4,
 
-    /// IPv6 address and port to serve NTP on [default: [::]:123]
+    /// IPv6 address and port to serve NTP on
     #[arg(id = "ntp.ipv6-address", short = 'b', long = "ipv6-address")]
-    #[arg(value_name = "ADDR:PORT")]
-    pub(crate) ipv6_address: Option<SocketAddr>,
+    #[arg(value_name = "ADDR:PORT", default_value = "[::]:123")]
+    pub(crate) ipv6_address: V6,
 
-    /// NTP datagrams received and answered per system call, 1 to 1024 [default: 64]
-    #[arg(id = "ntp.batch-size", long = "batch-size", value_name = "N")]
-    pub(crate) batch_size: Option<NtpBatch>,
+    /// NTP datagrams received and answered per system call, 1 to 1024
+    #[arg(id = "ntp.batch-size", long = "batch-size", value_name = "N", default_value = "64")]
+    pub(crate) batch_size: NtpBatch,
 
     /// NTP sockets' receive buffer in bytes (SO_RCVBUFFORCE, else SO_RCVBUF; the kernel counts
-    /// twice this against it). Queued requests lose no accuracy: their receive time is the
-    /// kernel's timestamp [default: 4 MiB]
+    /// twice this against it). A 48-byte request takes 832 bytes of it on loopback, so 4 MiB
+    /// holds some 10,000: 40 ms at 250k/s. Queued requests lose no accuracy: their receive time
+    /// is the kernel's timestamp, and the client takes the wait out as T3 - T2
     #[arg(id = "ntp.recv-buffer", long = "recv-buffer", value_name = "BYTES")]
-    pub(crate) recv_buffer: Option<RecvBuffer>,
+    #[arg(default_value = "4194304")]
+    pub(crate) recv_buffer: RecvBuffer,
 
     /// NTP interleaved mode (RFC 9769, chronyd's `xleave`): keep the transmit times of this many
     /// recent replies to interleaved clients, 16 bytes each, so that each client's next reply can
-    /// carry the kernel's time of the last one; 0 turns interleaved mode off [default: 65536]
+    /// carry the kernel's time of the last one; 0 turns interleaved mode off
     #[arg(id = "ntp.interleaved-log", long = "interleaved-log", value_name = "N")]
-    pub(crate) interleaved_log: Option<TxLogSize>,
+    #[arg(default_value = "65536")]
+    pub(crate) interleaved_log: TxLogSize,
 }
 
 /// `[upstream]`: the local chronyd whose state is served.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Upstream [upstream]")]
-pub(crate) struct Upstream {
-    /// The local chronyd (or other NTP server) whose state is mirrored [default: 127.0.0.1:11123]
+"Upstream [upstream]" struct Upstream {
+    /// The local chronyd (or other NTP server) whose state is mirrored
     #[arg(id = "upstream.server-address", short = 's', long = "server-address")]
-    #[arg(value_name = "ADDR:PORT")]
-    pub(crate) server_address: Option<SocketAddr>,
+    #[arg(value_name = "ADDR:PORT", default_value = "127.0.0.1:11123")]
+    pub(crate) server_address: SocketAddr,
 
-    /// Seconds between polls of the upstream server [default: 1]
+    /// Seconds between polls of the upstream server
     #[arg(id = "upstream.poll-interval", long = "poll-interval")]
-    #[arg(value_name = "SECS")]
-    pub(crate) poll_interval: Option<Positive>,
+    #[arg(value_name = "SECS", default_value = "1")]
+    pub(crate) poll_interval: Positive,
 
     /// Seconds without a good upstream reply after which clients are told the server is
-    /// unsynchronised (leap 3, stratum 0) [default: 8]
+    /// unsynchronised (leap 3, stratum 0); longer than poll-interval
     #[arg(id = "upstream.stale-after", long = "stale-after", value_name = "SECS")]
-    pub(crate) stale_after: Option<Positive>,
+    #[arg(default_value = "8")]
+    pub(crate) stale_after: Positive,
 }
 
 /// `[overload]`: shedding requests that waited too long, NTP and Roughtime alike.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Overload [overload]")]
-pub(crate) struct Overload {
+"Overload [overload]" struct Overload {
     /// Under a standing overload, answer only requests that waited in the receive queue less
     /// than this and shed the older ones unanswered (counted as `shed`), NTP and Roughtime
     /// alike, so that clients get fresh replies rather than all of them late. A burst is still
-    /// queued and answered in full. Up to 1 s; 0 turns shedding off [default: 0.005]
+    /// queued and answered in full. Up to 1 s; 0 turns shedding off (CoDel's target)
     #[arg(id = "overload.shed-target", long = "shed-target", value_name = "SECS")]
-    pub(crate) shed_target: Option<ShedTarget>,
+    #[arg(default_value = "0.005")]
+    pub(crate) shed_target: ShedTarget,
 
     /// How long the oldest queued request must keep waiting longer than shed-target before
-    /// shedding starts (it stops once the queue empties). Up to 10 s [default: 0.1]
+    /// shedding starts (it stops once the queue empties). Up to 10 s (CoDel's interval)
     #[arg(id = "overload.shed-interval", long = "shed-interval")]
-    #[arg(value_name = "SECS")]
-    pub(crate) shed_interval: Option<ShedInterval>,
+    #[arg(value_name = "SECS", default_value = "0.1")]
+    pub(crate) shed_interval: ShedInterval,
 }
 
 /// `[access]`: who is served.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Access [access]")]
-pub(crate) struct Access {
+"Access [access]" struct Access {
     /// Serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Once any is given,
     /// clients no rule covers are not served. The most specific subnet decides; NTP and Roughtime
     /// alike [default: everyone is served]
-    #[arg(id = "access.allow", long = "allow")]
-    #[arg(value_name = "NET", action = clap::ArgAction::Append)]
-    pub(crate) allow: Option<Vec<String>>,
+    #[arg(id = "access.allow", long = "allow", value_name = "NET")]
+    pub(crate) allow: Vec<String>,
 
     /// Do not serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Wins over an
     /// allow of the same subnet. SIGHUP re-reads allow and deny from the config file
-    #[arg(id = "access.deny", long = "deny")]
-    #[arg(value_name = "NET", action = clap::ArgAction::Append)]
-    pub(crate) deny: Option<Vec<String>>,
+    #[arg(id = "access.deny", long = "deny", value_name = "NET")]
+    pub(crate) deny: Vec<String>,
 }
 
 /// `[ratelimit]`: per-client NTP rate limiting, as chronyd's `ratelimit`.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "NTP rate limiting [ratelimit]")]
-pub(crate) struct RateLimit {
+"NTP rate limiting [ratelimit]" struct RateLimit {
     /// Limit NTP responses per client address, as chronyd's `ratelimit`: each address earns one
     /// response per 2^interval seconds and may save up a burst; over the limit one request in
     /// 2^leak is answered anyway, one in 2^kod of the rest gets a Kiss-o'-Death RATE, and the
     /// others are dropped and counted as `rate_limited`. --ratelimit=false turns off the file's
-    /// `enabled = true` [default: off]
-    #[arg(id = "ratelimit.enabled", long = "ratelimit")]
-    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
-    #[arg(default_missing_value = "true")]
-    pub(crate) enabled: Option<bool>,
+    /// `enabled = true`
+    #[arg(id = "ratelimit.enabled", long = "ratelimit", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(default_value = "false", action = clap::ArgAction::Set)]
+    pub(crate) enabled: bool,
 
-    /// Log2 of the seconds between responses to one address, -19 to 12 [default: 3, one per 8 s]
-    #[arg(id = "ratelimit.interval", long = "ratelimit-interval")]
-    #[arg(value_name = "LOG2", allow_negative_numbers = true)]
-    pub(crate) interval: Option<i64>,
+    /// Log2 of the seconds between responses to one address, -19 to 12 (3: one per 8 s)
+    #[arg(id = "ratelimit.interval", long = "ratelimit-interval", value_name = "LOG2")]
+    #[arg(allow_negative_numbers = true, default_value = "3")]
+    pub(crate) interval: Interval,
 
-    /// Responses an address may take back to back after being quiet, 1 to 255 [default: 8]
+    /// Responses an address may take back to back after being quiet, 1 to 255
     #[arg(id = "ratelimit.burst", long = "ratelimit-burst", value_name = "N")]
-    pub(crate) burst: Option<i64>,
+    #[arg(default_value = "8")]
+    pub(crate) burst: Burst,
 
     /// Answer one in 2^LOG2 requests over the limit anyway, so that a flood with a spoofed
-    /// address cannot cut its owner off; 1 to 4 [default: 2, one in four]
+    /// address cannot cut its owner off; 1 to 4 (2: one in four)
     #[arg(id = "ratelimit.leak", long = "ratelimit-leak", value_name = "LOG2")]
-    pub(crate) leak: Option<i64>,
+    #[arg(default_value = "2")]
+    pub(crate) leak: Leak,
 
     /// Send a Kiss-o'-Death RATE to one in 2^LOG2 of the requests over the limit that are not
-    /// leaked; 0 (none) to 4 [default: 0]
+    /// leaked; 0 (none) to 4
     #[arg(id = "ratelimit.kod", long = "ratelimit-kod", value_name = "LOG2")]
-    pub(crate) kod: Option<i64>,
+    #[arg(default_value = "0")]
+    pub(crate) kod: Kod,
 
     /// Client addresses tracked at once, rounded up to a power of two, 32 bytes each; 4 to
-    /// 16777216 [default: 65536]
+    /// 16777216
     #[arg(id = "ratelimit.clients", long = "ratelimit-clients", value_name = "N")]
-    pub(crate) clients: Option<Clients>,
+    #[arg(default_value = "65536")]
+    pub(crate) clients: Clients,
 }
 
 /// `[nts]`: NTS key exchange and cookie keys.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "NTS [nts]")]
-pub(crate) struct Nts {
+"NTS [nts]" struct Nts {
     /// Serve NTS (RFC 8915): the TLS certificate chain (PEM) of the NTS-KE server. NTS is off
     /// without it; needs private-key
     #[arg(id = "nts.certificate", long = "nts-certificate", value_name = "FILE")]
@@ -229,32 +267,29 @@ pub(crate) struct Nts {
     #[arg(id = "nts.private-key", long = "nts-private-key", value_name = "FILE")]
     pub(crate) private_key: Option<PathBuf>,
 
-    /// Address and port of the NTS-KE server (TLS over TCP) [default: [::]:4460]
+    /// Address and port of the NTS-KE server (TLS over TCP)
     #[arg(id = "nts.ke-address", long = "nts-ke-address")]
-    #[arg(value_name = "ADDR:PORT")]
-    pub(crate) ke_address: Option<SocketAddr>,
+    #[arg(value_name = "ADDR:PORT", default_value = "[::]:4460")]
+    pub(crate) ke_address: SocketAddr,
 
     /// Threads that run NTS-KE sessions (the TLS handshakes), apart from the NTP and Roughtime
     /// workers; the session limits and the NTS-KE rate limit hold across them all, 1 to 64
-    /// [default: 1]
     #[arg(id = "nts.ke-threads", long = "nts-ke-threads", value_name = "N")]
-    pub(crate) ke_threads: Option<KeThreads>,
+    #[arg(default_value = "1")]
+    pub(crate) ke_threads: KeThreads,
 
     /// Seconds between rotations of the key NTS cookies are sealed under; cookies sealed under
-    /// the key before still work [default: 86400]
+    /// the key before still work
     #[arg(id = "nts.rotation", long = "nts-rotation", value_name = "SECS")]
-    pub(crate) rotation: Option<Positive>,
+    #[arg(default_value = "86400")]
+    pub(crate) rotation: Positive,
 
     /// The NTP server NTS-KE sends clients to (an IP address or a domain name, and :PORT if not
     /// 123; an IPv6 address in brackets then), as chronyd's `ntsntpserver`, when it is not the
     /// NTS-KE server's own address. With it, NTP may be off (-4 0 -6 0): a member serving NTS-KE
     /// only, for a fleet's NTP servers [default: the same]
-    #[arg(
-        id = "nts.ntp-server",
-        long = "nts-ntp-server",
-        value_name = "NAME[:PORT]"
-    )]
-    pub(crate) ntp_server: Option<String>,
+    #[arg(id = "nts.ntp-server", long = "nts-ntp-server", value_name = "NAME[:PORT]")]
+    pub(crate) ntp_server: Option<NtpServer>,
 
     /// Keep the NTS cookie keys in this directory (file `nts-cookie-keys`, mode 0600), as chronyd's
     /// `ntsdumpdir`: read at start and rewritten at every rotation, so clients' cookies outlive a
@@ -276,41 +311,34 @@ pub(crate) struct Nts {
 }
 
 /// `[nts.ratelimit]`: NTS-KE connections per client address, as chronyd's `ntsratelimit`.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "NTS-KE rate limiting [nts.ratelimit]")]
-pub(crate) struct NtsRateLimit {
+"NTS-KE rate limiting [nts.ratelimit]" struct NtsRateLimit {
     /// Limit NTS-KE connections per client address, as chronyd's `ntsratelimit`: each address
     /// earns one connection per 2^interval seconds and may save up a burst; over the limit one in
     /// 2^leak is served anyway and the others are closed before the TLS handshake, counted as
-    /// `rate_limited`. --nts-ratelimit=false turns off the file's `enabled = true` [default: off]
-    #[arg(id = "nts.ratelimit.enabled", long = "nts-ratelimit")]
-    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
-    #[arg(default_missing_value = "true")]
-    pub(crate) enabled: Option<bool>,
+    /// `rate_limited`. --nts-ratelimit=false turns off the file's `enabled = true`
+    #[arg(id = "nts.ratelimit.enabled", long = "nts-ratelimit", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(default_value = "false", action = clap::ArgAction::Set)]
+    pub(crate) enabled: bool,
 
-    /// Log2 of the seconds between connections from one address, -19 to 12
-    /// [default: 6, one per 64 s]
-    #[arg(id = "nts.ratelimit.interval", long = "nts-ratelimit-interval")]
-    #[arg(value_name = "LOG2", allow_negative_numbers = true)]
-    pub(crate) interval: Option<i64>,
+    /// Log2 of the seconds between connections from one address, -19 to 12 (6: one per 64 s)
+    #[arg(id = "nts.ratelimit.interval", long = "nts-ratelimit-interval", value_name = "LOG2")]
+    #[arg(allow_negative_numbers = true, default_value = "6")]
+    pub(crate) interval: Interval,
 
-    /// Connections an address may make back to back after being quiet, 1 to 255 [default: 8]
-    #[arg(id = "nts.ratelimit.burst", long = "nts-ratelimit-burst")]
-    #[arg(value_name = "N")]
-    pub(crate) burst: Option<i64>,
+    /// Connections an address may make back to back after being quiet, 1 to 255
+    #[arg(id = "nts.ratelimit.burst", long = "nts-ratelimit-burst", value_name = "N")]
+    #[arg(default_value = "8")]
+    pub(crate) burst: Burst,
 
-    /// Serve one in 2^LOG2 connections over the limit anyway; 1 to 4 [default: 2, one in four]
-    #[arg(id = "nts.ratelimit.leak", long = "nts-ratelimit-leak")]
-    #[arg(value_name = "LOG2")]
-    pub(crate) leak: Option<i64>,
+    /// Serve one in 2^LOG2 connections over the limit anyway; 1 to 4 (2: one in four)
+    #[arg(id = "nts.ratelimit.leak", long = "nts-ratelimit-leak", value_name = "LOG2")]
+    #[arg(default_value = "2")]
+    pub(crate) leak: Leak,
 }
 
 /// `[roughtime]`: the Roughtime service, off without a key.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Roughtime [roughtime]")]
-pub(crate) struct Roughtime {
+"Roughtime [roughtime]" struct Roughtime {
     /// Serve Roughtime, signing with the long-term key in this file (made by `chime keygen`;
     /// must not be readable by group or others). Roughtime is off without it or a delegation
     #[arg(id = "roughtime.key", long = "roughtime-key", value_name = "FILE")]
@@ -320,156 +348,145 @@ pub(crate) struct Roughtime {
     /// key lives; must not be readable by group or others) instead of a long-term key: online
     /// keys certified window by window, used in turn as time passes; outside every window
     /// nothing is signed. Not with key
-    #[arg(id = "roughtime.delegation", long = "roughtime-delegation")]
-    #[arg(value_name = "FILE")]
+    #[arg(id = "roughtime.delegation", long = "roughtime-delegation", value_name = "FILE")]
     pub(crate) delegation: Option<PathBuf>,
 
     /// EXPERIMENTAL, part of no draft: also serve tannerryan's ML-DSA-44 suite (version
     /// 0x90000001, TCP only) with the long-term key in this file (`chime keygen --mldsa`; must
     /// not be readable by group or others), to clients that offer it. Needs Roughtime over TCP,
     /// and a chimed built with `--features mldsa` [default: off]
-    #[arg(id = "roughtime.mldsa-key", long = "roughtime-mldsa-key")]
-    #[arg(value_name = "FILE")]
+    #[arg(id = "roughtime.mldsa-key", long = "roughtime-mldsa-key", value_name = "FILE")]
     pub(crate) mldsa_key: Option<PathBuf>,
 
-    /// Number of Roughtime worker threads on the IPv4 address; 0 disables it [default: 1]
+    /// Number of Roughtime worker threads on the IPv4 address; 0 disables it
     #[arg(id = "roughtime.ipv4-threads", long = "roughtime-ipv4-threads")]
-    #[arg(value_name = "N")]
-    pub(crate) ipv4_threads: Option<Threads>,
+    #[arg(value_name = "N", default_value = "1")]
+    pub(crate) ipv4_threads: Threads,
 
-    /// Number of Roughtime worker threads on the IPv6 address; 0 disables it [default: 1]
+    /// Number of Roughtime worker threads on the IPv6 address; 0 disables it
     #[arg(id = "roughtime.ipv6-threads", long = "roughtime-ipv6-threads")]
-    #[arg(value_name = "N")]
-    pub(crate) ipv6_threads: Option<Threads>,
+    #[arg(value_name = "N", default_value = "1")]
+    pub(crate) ipv6_threads: Threads,
 
-    /// IPv4 address and port to serve Roughtime on [default: 0.0.0.0:5319]
+    /// IPv4 address and port to serve Roughtime on
     #[arg(id = "roughtime.ipv4-address", long = "roughtime-ipv4-address")]
-    #[arg(value_name = "ADDR:PORT")]
-    pub(crate) ipv4_address: Option<SocketAddr>,
+    #[arg(value_name = "ADDR:PORT", default_value = "0.0.0.0:5319")]
+    pub(crate) ipv4_address: V4,
 
-    /// IPv6 address and port to serve Roughtime on [default: [::]:5319]
+    /// IPv6 address and port to serve Roughtime on
     #[arg(id = "roughtime.ipv6-address", long = "roughtime-ipv6-address")]
-    #[arg(value_name = "ADDR:PORT")]
-    pub(crate) ipv6_address: Option<SocketAddr>,
+    #[arg(value_name = "ADDR:PORT", default_value = "[::]:5319")]
+    pub(crate) ipv6_address: V6,
 
     /// Seconds between online-key rotations; each online key is valid for twice this, so the
-    /// one in use always has at least this long to run [default: 86400]
+    /// one in use always has at least this long to run
     #[arg(id = "roughtime.rotation", long = "roughtime-rotation")]
-    #[arg(value_name = "SECS")]
-    pub(crate) rotation: Option<Positive>,
+    #[arg(value_name = "SECS", default_value = "86400")]
+    pub(crate) rotation: Positive,
 
     /// Roughtime requests received per system call, and the most one signature covers (up to
-    /// 256). A full batch comes only under load, where a larger one costs less CPU per reply
-    /// [default: 256]
+    /// 256). A full batch comes only under load, where a larger one costs less CPU per reply:
+    /// one signature over 256 requests instead of 64 saves about a sixth
     #[arg(id = "roughtime.batch-size", long = "roughtime-batch-size")]
-    #[arg(value_name = "N")]
-    pub(crate) batch_size: Option<RoughtimeBatch>,
+    #[arg(value_name = "N", default_value = "256")]
+    pub(crate) batch_size: RoughtimeBatch,
 
     /// Roughtime sockets' receive buffer in bytes (SO_RCVBUFFORCE, else SO_RCVBUF; the kernel
-    /// counts twice this against it). One 1 KiB request takes about 2.3 KiB of it, so the
-    /// default holds some 14,000: a 70 ms stall of the thread at 200k requests/s [default: 16 MiB]
+    /// counts twice this against it). One 1 KiB request takes about 2.3 KiB of it, so 16 MiB
+    /// holds some 14,000: a 70 ms stall of the thread at 200k requests/s
     #[arg(id = "roughtime.recv-buffer", long = "roughtime-recv-buffer")]
-    #[arg(value_name = "BYTES")]
-    pub(crate) recv_buffer: Option<RecvBuffer>,
+    #[arg(value_name = "BYTES", default_value = "16777216")]
+    pub(crate) recv_buffer: RecvBuffer,
 
     /// Under light load, gather Roughtime requests for this long before signing: when a receive
     /// returns two or more but under a quarter of a batch, wait and add what arrived meanwhile.
     /// A lone request is never held back, nor anything once the load nears the thread's
-    /// capacity. Up to 0.1 s; 0 signs whatever arrived at once [default: 0.002]
+    /// capacity. Up to 0.1 s; 0 signs whatever arrived at once
     #[arg(id = "roughtime.gather", long = "roughtime-gather")]
-    #[arg(value_name = "SECS")]
-    pub(crate) gather: Option<Gather>,
+    #[arg(value_name = "SECS", default_value = "0.002")]
+    pub(crate) gather: Gather,
 
     /// Make this share of Roughtime replies deliberately invalid ("grease"), each broken in one
     /// way a client must catch: a signature, the certificate, the Merkle path or index, the
     /// nonce, or the time under an unchanged signature. For test servers that clients are
-    /// checked against; never a wrong time with a valid signature. 0 to 1 [default: 0]
-    #[arg(id = "roughtime.grease", long = "roughtime-grease")]
-    #[arg(value_name = "SHARE", allow_negative_numbers = true)]
-    pub(crate) grease: Option<Share>,
+    /// checked against; never a wrong time with a valid signature. 0 to 1
+    #[arg(id = "roughtime.grease", long = "roughtime-grease", value_name = "SHARE")]
+    #[arg(allow_negative_numbers = true, default_value = "0")]
+    pub(crate) grease: Share,
 
     /// The kinds of grease to send, comma-separated: signature, certificate, path, index, nonce,
-    /// time (nonce never in Google's replies, which carry none) [default: all]
+    /// time (nonce never in Google's replies, which carry none)
     #[arg(id = "roughtime.grease-kinds", long = "roughtime-grease-kinds")]
-    #[arg(value_name = "KINDS")]
-    pub(crate) grease_kinds: Option<String>,
+    #[arg(value_name = "KINDS", default_value = "signature,certificate,path,index,nonce,time")]
+    pub(crate) grease_kinds: GreaseKinds,
 
     #[command(flatten)]
     pub(crate) tcp: RoughtimeTcp,
 }
 
 /// `[roughtime.tcp]`: Roughtime over TCP on the same addresses and ports (RFC 10049 §4).
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Roughtime over TCP [roughtime.tcp]")]
-pub(crate) struct RoughtimeTcp {
+"Roughtime over TCP [roughtime.tcp]" struct RoughtimeTcp {
     /// Most Roughtime connections over TCP open at once, served on the same addresses and ports
-    /// as UDP (RFC 10049 §4); 0 serves Roughtime over UDP only [default: 1024]
+    /// as UDP (RFC 10049 §4); 0 serves Roughtime over UDP only
     #[arg(id = "roughtime.tcp.connections", long = "roughtime-tcp-connections")]
-    #[arg(value_name = "N")]
-    pub(crate) connections: Option<TcpConnections>,
+    #[arg(value_name = "N", default_value = "1024")]
+    pub(crate) connections: TcpConnections,
 
     /// Most Roughtime TCP connections open at once from one client address; more are closed
-    /// at once [default: 16]
+    /// at once
     #[arg(id = "roughtime.tcp.per-address", long = "roughtime-tcp-per-address")]
-    #[arg(value_name = "N")]
-    pub(crate) per_address: Option<AtLeastOne>,
+    #[arg(value_name = "N", default_value = "16")]
+    pub(crate) per_address: AtLeastOne,
 
     /// Seconds a Roughtime TCP connection may wait for its next whole request before it is
-    /// closed [default: 10]
+    /// closed
     #[arg(id = "roughtime.tcp.idle", long = "roughtime-tcp-idle")]
-    #[arg(value_name = "SECS")]
-    pub(crate) idle: Option<Positive>,
+    #[arg(value_name = "SECS", default_value = "10")]
+    pub(crate) idle: Positive,
 
-    /// Seconds a Roughtime TCP connection may stay open, however busy [default: 60]
+    /// Seconds a Roughtime TCP connection may stay open, however busy
     #[arg(id = "roughtime.tcp.lifetime", long = "roughtime-tcp-lifetime")]
-    #[arg(value_name = "SECS")]
-    pub(crate) lifetime: Option<Positive>,
+    #[arg(value_name = "SECS", default_value = "60")]
+    pub(crate) lifetime: Positive,
 }
 
 /// `[xdp]`: serving through AF_XDP on one interface.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "AF_XDP [xdp]")]
-pub(crate) struct Xdp {
+"AF_XDP [xdp]" struct Xdp {
     /// Serve NTP and Roughtime on this interface through AF_XDP: an XDP program hands their UDP
     /// to chimed before the kernel's network stack, everything else (ARP, ICMP, TCP, other
     /// ports) goes on to the kernel. Needs root or CAP_NET_ADMIN + CAP_BPF and a driver with
     /// native XDP. Bypasses the firewall and socket counters; no interleaved mode on this path.
     /// The sockets still serve what arrives elsewhere (see docs/XDP.md) [default: off]
     #[arg(id = "xdp.interface", long = "xdp", value_name = "IFACE")]
-    pub(crate) interface: Option<String>,
+    pub(crate) interface: Option<Interface>,
 
-    /// Worker threads, one per receive queue from queue 0 [default: 1]
-    #[arg(id = "xdp.threads", long = "xdp-threads", value_name = "N")]
-    pub(crate) threads: Option<AtLeastOne>,
+    /// Worker threads, one per receive queue from queue 0
+    #[arg(id = "xdp.threads", long = "xdp-threads", value_name = "N", default_value = "1")]
+    pub(crate) threads: AtLeastOne,
 
-    /// `zero-copy`, `copy`, or `auto` (zero-copy where the driver can, else copy) [default: auto]
-    #[arg(id = "xdp.mode", long = "xdp-mode", value_name = "MODE")]
-    pub(crate) mode: Option<String>,
+    /// `zero-copy`, `copy`, or `auto` (zero-copy where the driver can, else copy)
+    #[arg(id = "xdp.mode", long = "xdp-mode", value_name = "MODE", default_value = "auto")]
+    pub(crate) mode: XdpMode,
 
     /// If XDP cannot start, log why and serve through the sockets alone instead of exiting
-    /// [default: exit]
-    #[arg(id = "xdp.fallback", long = "xdp-fallback")]
-    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
-    #[arg(default_missing_value = "true")]
-    pub(crate) fallback: Option<bool>,
+    #[arg(id = "xdp.fallback", long = "xdp-fallback", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(default_value = "false", action = clap::ArgAction::Set)]
+    pub(crate) fallback: bool,
 }
 
 /// `[observe]`: logs, statistics and metrics.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Logs and metrics [observe]")]
-pub(crate) struct Observe {
+"Logs and metrics [observe]" struct Observe {
     /// Log level or tracing filter (error, warn, info, debug, trace); SIGHUP puts the file's in
-    /// force [default: info]
+    /// force
     #[arg(id = "observe.log-level", long = "log-level", value_name = "LEVEL")]
-    pub(crate) log_level: Option<String>,
+    #[arg(default_value = "info")]
+    pub(crate) log_level: LogLevel,
 
-    /// Seconds between per-thread statistics log lines; 0 logs them only at exit [default: 60]
+    /// Seconds between per-thread statistics log lines; 0 logs them only at exit
     #[arg(id = "observe.stats-interval", long = "stats-interval")]
-    #[arg(value_name = "SECS")]
-    pub(crate) stats_interval: Option<Seconds>,
+    #[arg(value_name = "SECS", default_value = "60")]
+    pub(crate) stats_interval: Seconds,
 
     /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (port 0: any free port)
     /// [default: off]. Unauthenticated: bind it to loopback or a management network
@@ -479,39 +496,33 @@ pub(crate) struct Observe {
 }
 
 /// `[process]`: what the process becomes once its sockets are bound.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Process [process]")]
-pub(crate) struct Process {
+"Process [process]" struct Process {
     /// Run as this user after the sockets are bound
     #[arg(id = "process.user", short = 'u', long = "user", value_name = "USER")]
     pub(crate) user: Option<String>,
 
     /// Change root to this directory after the sockets are bound
     #[arg(id = "process.root", short = 'r', long = "root", value_name = "DIR")]
-    pub(crate) root: Option<PathBuf>,
+    pub(crate) root: Option<Absolute>,
 
     /// Pin worker threads to these CPUs, round robin (flag: 0,1; file: [0, 1])
     /// [default: no pinning]
-    #[arg(id = "process.cpus", long = "cpus")]
-    #[arg(value_name = "LIST", value_delimiter = ',')]
-    pub(crate) cpus: Option<Vec<usize>>,
+    #[arg(id = "process.cpus", long = "cpus", value_name = "LIST", value_delimiter = ',')]
+    pub(crate) cpus: Vec<usize>,
 }
 
 /// `[tz-offset]`: timezone-offset mode.
-#[derive(Debug, Default, Clone, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-#[command(next_help_heading = "Timezone offset [tz-offset]")]
-pub(crate) struct TzOffset {
+"Timezone offset [tz-offset]" struct TzOffset {
     /// Serve a timezone's local time as if it were UTC, for devices that cannot be given a
     /// timezone. A bad idea for any other client; never applied to Roughtime.
-    /// --tz-offset=false turns off the file's `enabled = true` [default: off]
-    #[arg(id = "tz-offset.enabled", long = "tz-offset")]
-    #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true)]
-    #[arg(default_missing_value = "true")]
-    pub(crate) enabled: Option<bool>,
+    /// --tz-offset=false turns off the file's `enabled = true`
+    #[arg(id = "tz-offset.enabled", long = "tz-offset", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(default_value = "false", action = clap::ArgAction::Set)]
+    pub(crate) enabled: bool,
 
     /// The IANA timezone for tz-offset [default: TZ, else /etc/localtime]
     #[arg(id = "tz-offset.timezone", long = "timezone", value_name = "NAME")]
     pub(crate) timezone: Option<String>,
+}
 }

@@ -1,9 +1,14 @@
-//! Values whose range is checked where they are parsed: by clap for a flag (so the error names the
-//! flag) and by serde for the file (so it names the file and line). Each range and its message is
-//! written once, here; `resolve` keeps the rules between keys and the defaults.
+//! Values that are checked where they are parsed: by clap for a flag (so the error names the flag)
+//! and by serde for the file (so it names the file and line). Each range or form and its message
+//! is written once, here; `resolve` keeps only the rules between keys.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
+use chime_ntp::RateLimit;
+use chime_roughtime::Grease;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A value out of its range, or not a value of its type at all. `daemon` prints the first as
@@ -20,20 +25,13 @@ pub(crate) enum Bad {
 macro_rules! checked {
     ($($(#[$doc:meta])* $name:ident($inner:ty) = |$v:ident| $check:expr;)*) => {$(
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq)]
+        #[derive(Debug, Clone, PartialEq)]
         pub(crate) struct $name(pub(crate) $inner);
 
-        impl TryFrom<$inner> for $name {
-            type Error = String;
-            fn try_from($v: $inner) -> Result<Self, String> {
+        impl $name {
+            fn checked($v: $inner) -> Result<Self, String> {
                 let checked: Result<(), String> = $check;
                 checked.map(|()| Self($v))
-            }
-        }
-
-        impl From<$name> for $inner {
-            fn from(v: $name) -> $inner {
-                v.0
             }
         }
 
@@ -41,13 +39,13 @@ macro_rules! checked {
             type Err = Bad;
             fn from_str(s: &str) -> Result<Self, Bad> {
                 let v = s.parse::<$inner>().map_err(|e| Bad::Parse(e.to_string()))?;
-                Self::try_from(v).map_err(Bad::Range)
+                Self::checked(v).map_err(Bad::Range)
             }
         }
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                Self::try_from(<$inner>::deserialize(d)?).map_err(serde::de::Error::custom)
+                Self::checked(<$inner>::deserialize(d)?).map_err(serde::de::Error::custom)
             }
         }
 
@@ -63,28 +61,19 @@ checked! {
     /// Worker threads of one service on one address family; 0 turns that family off.
     Threads(usize) = |n| at_most(n, MAX_THREADS, "threads is more than the limit of");
     /// `ntp.batch-size`.
-    NtpBatch(usize) = |n| batch(n, MAX_NTP_BATCH);
+    NtpBatch(usize) = |n| within(n, 1, MAX_NTP_BATCH, format!("batch size {n}"));
     /// `roughtime.batch-size`: the most one signature covers.
-    RoughtimeBatch(usize) = |n| batch(n, chime_roughtime::MAX_BATCH_SIZE);
+    RoughtimeBatch(usize) = |n| within(n, 1, chime_roughtime::MAX_BATCH_SIZE, format!("batch size {n}"));
     /// A socket's receive buffer in bytes.
-    RecvBuffer(usize) = |n| match n {
-        MIN_RECV_BUFFER..=MAX_RECV_BUFFER => Ok(()),
-        _ => Err(format!("{n} bytes is outside {MIN_RECV_BUFFER}..={MAX_RECV_BUFFER}")),
-    };
+    RecvBuffer(usize) = |n| within(n, MIN_RECV_BUFFER, MAX_RECV_BUFFER, format!("{n} bytes"));
     /// `ntp.interleaved-log`: transmit times kept; 0 turns interleaved mode off.
     TxLogSize(usize) = |n| at_most(n, chime_ntp::TxLog::MAX_ENTRIES, "is more than");
     /// `ratelimit.clients`: the addresses one rate limit tracks.
-    Clients(usize) = |n| match n {
-        4..=chime_ntp::ClientTable::MAX_CLIENTS => Ok(()),
-        _ => Err(format!("{n} clients is outside 4..={}", chime_ntp::ClientTable::MAX_CLIENTS)),
-    };
-    /// `nts.ke-threads`.
-    KeThreads(usize) = |n| match n {
-        1..=MAX_NTS_KE_THREADS => Ok(()),
-        _ => Err(format!("{n} is not between 1 and {MAX_NTS_KE_THREADS}")),
-    };
+    Clients(usize) = |n| within(n, 4, chime_ntp::ClientTable::MAX_CLIENTS, format!("{n} clients"));
+    /// `nts.ke-threads`: past the cores of any machine chimed runs on, handshakes only contend.
+    KeThreads(usize) = |n| within(n, 1, 64, format!("{n} threads"));
     /// `roughtime.tcp.connections`; 0 serves Roughtime over UDP only.
-    TcpConnections(usize) = |n| at_most(n, MAX_TCP_CONNECTIONS, "is more than");
+    TcpConnections(usize) = |n| at_most(n, 1 << 20, "is more than");
     /// A count that cannot be 0: `xdp.threads`, `roughtime.tcp.per-address`.
     AtLeastOne(usize) = |n| if n == 0 { Err("must be at least 1".into()) } else { Ok(()) };
     /// An interval that must pass between two things, so more than 0 and up to a day.
@@ -106,6 +95,77 @@ checked! {
         true => Ok(()),
         false => Err(format!("{v} is not a share of replies between 0 and 1")),
     };
+    /// A rate limit's log2 of the seconds between responses, in chronyd's range.
+    Interval(i64) = |v| limit(RateLimit::new(v, 8, 2, 0));
+    /// A rate limit's burst.
+    Burst(i64) = |v| limit(RateLimit::new(3, v, 2, 0));
+    /// A rate limit's leak: one in 2^leak over the limit is served anyway.
+    Leak(i64) = |v| limit(RateLimit::new(3, 8, v, 0));
+    /// A rate limit's Kiss-o'-Death share.
+    Kod(i64) = |v| limit(RateLimit::new(3, 8, 2, v));
+    /// An IPv4 address and port.
+    V4(SocketAddr) = |a| family(a, true);
+    /// An IPv6 address and port.
+    V6(SocketAddr) = |a| family(a, false);
+    /// A log level or tracing filter.
+    LogLevel(String) = |l| match l.parse::<tracing_subscriber::EnvFilter>() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!("'{l}' is not a log level or filter")),
+    };
+    /// A directory to change root to.
+    Absolute(PathBuf) = |p| match p.is_absolute() {
+        true => Ok(()),
+        false => Err(format!("{} is not an absolute path", p.display())),
+    };
+    /// A network interface's name.
+    Interface(String) = |i| match i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) {
+        true => Err(format!("{i:?} is not an interface name")),
+        false => Ok(()),
+    };
+    /// `nts.ntp-server`: NAME[:PORT].
+    NtpServer(String) = |s| split_ntp_server(&s).map(drop);
+    /// `roughtime.grease-kinds`: comma-separated kinds of grease, at least one, no repeats.
+    GreaseKinds(String) = |s| grease_kinds(&s).map(drop);
+}
+
+/// Seconds as a `Duration`; of those where 0 turns something off, `None` for 0.
+macro_rules! durations {
+    ($($name:ident),*; $($off:ident),*) => {
+        $(impl $name {
+            pub(crate) fn duration(&self) -> Duration {
+                Duration::from_secs_f64(self.0)
+            }
+        })*
+        $(impl $off {
+            pub(crate) fn duration(&self) -> Option<Duration> {
+                (self.0 > 0.0).then(|| Duration::from_secs_f64(self.0))
+            }
+        })*
+    };
+}
+durations!(Positive, ShedInterval; Seconds, ShedTarget, Gather);
+
+impl NtpServer {
+    /// The name and, if one follows it, the port.
+    pub(crate) fn parts(&self) -> (String, Option<u16>) {
+        split_ntp_server(&self.0).expect("checked when parsed")
+    }
+}
+
+impl GreaseKinds {
+    pub(crate) fn kinds(&self) -> Vec<Grease> {
+        grease_kinds(&self.0).expect("checked when parsed")
+    }
+}
+
+/// `xdp.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum XdpMode {
+    /// Zero-copy where the driver can, else copy.
+    Auto,
+    Copy,
+    ZeroCopy,
 }
 
 fn at_most(n: usize, max: usize, says: &str) -> Result<(), String> {
@@ -115,10 +175,10 @@ fn at_most(n: usize, max: usize, says: &str) -> Result<(), String> {
     }
 }
 
-fn batch(n: usize, max: usize) -> Result<(), String> {
-    match (1..=max).contains(&n) {
+fn within(n: usize, min: usize, max: usize, what: String) -> Result<(), String> {
+    match (min..=max).contains(&n) {
         true => Ok(()),
-        false => Err(format!("batch size {n} is outside 1..={max}")),
+        false => Err(format!("{what} is outside {min}..={max}")),
     }
 }
 
@@ -127,6 +187,68 @@ fn seconds(v: f64, max: f64) -> Result<(), String> {
         true => Ok(()),
         false => Err(format!("{v} seconds is outside 0..={max}")),
     }
+}
+
+fn limit(checked: Result<RateLimit, chime_ntp::RateLimitError>) -> Result<(), String> {
+    checked
+        .map(drop)
+        .map_err(|e| format!("must be {} to {}, not {}", e.min, e.max, e.value))
+}
+
+fn family(a: SocketAddr, v4: bool) -> Result<(), String> {
+    match (a.is_ipv4(), v4) {
+        (true, true) | (false, false) => Ok(()),
+        (_, true) => Err(format!("{a} is not an IPv4 address")),
+        (_, false) => Err(format!("{a} is not an IPv6 address")),
+    }
+}
+
+/// `NAME[:PORT]`: the name (an IP address or a domain name) and the port if one follows; an IPv6
+/// address takes brackets when it does (`[2001:db8::1]:123`).
+fn split_ntp_server(value: &str) -> Result<(String, Option<u16>), String> {
+    let (name, port) = match value.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            None => return Err(format!("{value:?}: no ] after the IPv6 address")),
+            Some((name, "")) => (name, None),
+            Some((name, after)) => match after.strip_prefix(':') {
+                Some(port) => (name, Some(port)),
+                None => return Err(format!("{value:?}: only :PORT may follow ]")),
+            },
+        },
+        // One colon is a port; more are an IPv6 address without one.
+        None => match value.split_once(':') {
+            Some((name, port)) if !port.contains(':') => (name, Some(port)),
+            _ => (value, None),
+        },
+    };
+    if !chime_ntp::nts::valid_ntp_server(name) {
+        return Err(format!(
+            "{name:?} is not an IP address or a domain name (letters, digits, hyphens and dots)"
+        ));
+    }
+    let port = port.map(|p| match p.parse::<u16>() {
+        Ok(port) if port != 0 => Ok(port),
+        _ => Err(format!("{p:?} is not a port (1 to 65535)")),
+    });
+    Ok((name.to_owned(), port.transpose()?))
+}
+
+fn grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
+    let mut kinds = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let Some(kind) = Grease::ALL.into_iter().find(|k| k.label() == name) else {
+            let known: Vec<_> = Grease::ALL.iter().map(|k| k.label()).collect();
+            return Err(format!(
+                "{name:?} is not a kind of grease ({})",
+                known.join(", ")
+            ));
+        };
+        if kinds.contains(&kind) {
+            return Err(format!("{name} is listed twice"));
+        }
+        kinds.push(kind);
+    }
+    Ok(kinds)
 }
 
 const MAX_THREADS: usize = 1024;
@@ -139,6 +261,3 @@ const MAX_RECV_BUFFER: usize = 1 << 30;
 const MAX_NTP_BATCH: usize = 1024;
 /// The longest interval of any kind: a day.
 const MAX_SECONDS: f64 = 86_400.0;
-/// --nts-ke-threads: past the cores of any machine chimed runs on, handshakes only contend.
-const MAX_NTS_KE_THREADS: usize = 64;
-const MAX_TCP_CONNECTIONS: usize = 1 << 20;

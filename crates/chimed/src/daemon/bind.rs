@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use chime_udp::{BoundWorkers, WorkerConfig};
 use tracing::info;
 
-use crate::config::{self, Settings};
+use crate::config::{Settings, schema, values};
 use crate::daemon::notify::WORKER_WAKE;
 use crate::roughtime::tcp as roughtime_tcp;
 
@@ -62,7 +62,7 @@ pub(crate) struct Sockets {
 
 /// Binds everything `settings` asks for.
 pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
-    let metrics = match settings.metrics_address {
+    let metrics = match settings.observe.metrics_address {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .with_context(|| format!("--metrics-address {addr}: cannot bind"))?,
@@ -71,20 +71,28 @@ pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
     };
     let mut ntp = Vec::new();
     for (family, threads, addr) in [
-        ("ipv4", settings.ipv4_threads, settings.ipv4_address),
-        ("ipv6", settings.ipv6_threads, settings.ipv6_address),
+        (
+            "ipv4",
+            settings.ntp.ipv4_threads.0,
+            settings.ntp.ipv4_address.0,
+        ),
+        (
+            "ipv6",
+            settings.ntp.ipv6_threads.0,
+            settings.ntp.ipv6_address.0,
+        ),
     ] {
         ntp.extend(group(settings, Service::Ntp, family, threads, addr)?);
     }
-    let nts = match &settings.nts {
-        Some(nts) => {
-            let addr = nts.ke_address;
+    let nts = match settings.nts_ke() {
+        Some(_) => {
+            let addr = settings.nts.ke_address;
             let listener = TcpListener::bind(addr)
                 .with_context(|| format!("--nts-ke-address {addr}: cannot bind"))?;
             // NTS-KE tells clients the NTP port when it is not 123: the one --nts-ntp-server
             // names, else this server's own (a port-0 bind's real one).
-            let port = nts
-                .ntp_port
+            let port = (settings.nts.ntp_server.as_ref())
+                .and_then(|s| s.parts().1)
                 .or_else(|| ntp.first().map(|g: &Group| g.workers.local_addr().port()))
                 .filter(|&p| p != 123);
             Some((listener, port))
@@ -92,13 +100,11 @@ pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
         None => None,
     };
     let (roughtime, tcp_listeners) = roughtime(settings)?;
-    let roughtime_tcp = settings
-        .roughtime
-        .as_ref()
-        .and_then(|rt| rt.tcp)
+    let roughtime_tcp = (settings.roughtime_key())
+        .and(roughtime_tcp::Limits::of(&settings.roughtime.tcp))
         .map(|limits| (tcp_listeners, limits));
-    let xdp = match &settings.xdp {
-        Some(x) => xdp(x, settings, &ntp, &roughtime)?,
+    let xdp = match &settings.xdp.interface {
+        Some(interface) => xdp(&interface.0, settings, &ntp, &roughtime)?,
         None => None,
     };
     Ok(Sockets {
@@ -114,12 +120,14 @@ pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
 /// Roughtime's UDP sockets, and its TCP listeners on the same addresses and ports.
 fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
     let (mut groups, mut listeners) = (Vec::new(), Vec::new());
-    let Some(rt) = &settings.roughtime else {
+    if settings.roughtime_key().is_none() {
         return Ok((groups, listeners));
-    };
+    }
+    let rt = &settings.roughtime;
+    let tcp = rt.tcp.connections.0 > 0;
     for (family, threads, addr) in [
-        ("ipv4", rt.ipv4_threads, rt.ipv4_address),
-        ("ipv6", rt.ipv6_threads, rt.ipv6_address),
+        ("ipv4", rt.ipv4_threads.0, rt.ipv4_address.0),
+        ("ipv6", rt.ipv6_threads.0, rt.ipv6_address.0),
     ] {
         // Port 0 lets the kernel choose the UDP port, which a TCP connection may hold: then
         // choose again (a configured port is either free for both or an error).
@@ -128,7 +136,7 @@ fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
             let Some(bound) = group(settings, Service::Roughtime, family, threads, addr)? else {
                 break;
             };
-            if rt.tcp.is_some() {
+            if tcp {
                 match roughtime_tcp::bind(bound.workers.local_addr()) {
                     Ok(listener) => listeners.push(listener),
                     Err(e) if addr.port() == 0 && tries < 20 => {
@@ -163,16 +171,17 @@ fn group(
         (Service::Roughtime, _) => "roughtime-ipv6",
     };
     let mut cfg = WorkerConfig::new(name, addr, threads);
-    cfg.socket.recv_buffer = Some(settings.recv_buffer);
+    cfg.socket.recv_buffer = Some(settings.ntp.recv_buffer.0);
     // An idle worker wakes up now and then, so that the watchdog can tell it is alive.
     cfg.socket.read_timeout = Some(WORKER_WAKE);
-    cfg.batch_size = settings.batch_size;
-    cfg.cpus = settings.cpus.clone();
-    cfg.shed = settings.shed;
-    if let (Service::Roughtime, Some(rt)) = (service, &settings.roughtime) {
-        cfg.socket.recv_buffer = Some(rt.recv_buffer);
-        cfg.batch_size = rt.batch_size;
-        cfg.gather = rt.gather;
+    cfg.batch_size = settings.ntp.batch_size.0;
+    cfg.cpus = settings.process.cpus.clone();
+    cfg.shed = settings.shed();
+    if service == Service::Roughtime {
+        let rt = &settings.roughtime;
+        cfg.socket.recv_buffer = Some(rt.recv_buffer.0);
+        cfg.batch_size = rt.batch_size.0;
+        cfg.gather = rt.gather.duration();
     }
     // Roughtime signs the time read once per batch; per-datagram kernel timestamps are there only
     // to tell how long each request waited, for shedding.
@@ -195,26 +204,35 @@ fn group(
 /// ports the sockets were bound to (so a port-0 bind's real port). With `--xdp-fallback` a
 /// failure is logged and the sockets serve alone.
 fn xdp(
-    x: &config::Xdp,
+    interface: &str,
     settings: &Settings,
     ntp: &[Group],
     rt: &[Group],
 ) -> Result<Option<chime_udp::xdp::XdpBound>> {
-    use chime_udp::xdp::{XdpBound, XdpConfig, XdpGroup};
-    let mut cfg = XdpConfig::new(x.interface.clone());
-    cfg.threads = x.threads;
-    cfg.mode = x.mode;
-    cfg.cpus = settings.cpus.clone();
+    use chime_udp::xdp::{XdpBound, XdpConfig, XdpGroup, XdpMode};
+    let x: &schema::Xdp = &settings.xdp;
+    let mut cfg = XdpConfig::new(interface.to_owned());
+    cfg.threads = x.threads.0;
+    cfg.mode = match x.mode {
+        values::XdpMode::Auto => None,
+        values::XdpMode::Copy => Some(XdpMode::Copy),
+        values::XdpMode::ZeroCopy => Some(XdpMode::ZeroCopy),
+    };
+    cfg.cpus = settings.process.cpus.clone();
     // Frames taken per loop: enough for a whole batch of either protocol, so that a Roughtime
     // signature can cover as many requests as on its sockets.
-    cfg.batch_size = settings
-        .batch_size
-        .max(settings.roughtime.as_ref().map_or(0, |r| r.batch_size));
+    let roughtime = settings.roughtime_key().is_some();
+    let rt_batch = if roughtime {
+        settings.roughtime.batch_size.0
+    } else {
+        0
+    };
+    cfg.batch_size = settings.ntp.batch_size.0.max(rt_batch);
     cfg.groups.push(XdpGroup {
         addrs: ntp.iter().map(|b| b.workers.local_addr()).collect(),
         max_datagram: 2048,
     });
-    if settings.roughtime.is_some() {
+    if roughtime {
         cfg.groups.push(XdpGroup {
             addrs: rt.iter().map(|b| b.workers.local_addr()).collect(),
             max_datagram: 2048,
@@ -225,8 +243,8 @@ fn xdp(
             info!(
                 "xdp on {}: {} thread(s), {} mode, receive times from the XDP program; serving \
                  {:?}; interleaved NTP requests get basic replies on this path",
-                x.interface,
-                x.threads,
+                interface,
+                x.threads.0,
                 mode_name(b.mode()),
                 b.addrs()
             );
@@ -236,7 +254,7 @@ fn xdp(
             tracing::warn!("{e}; --xdp-fallback: serving through the sockets alone");
             Ok(None)
         }
-        Err(e) => Err(anyhow::Error::new(e).context(format!("--xdp {}", x.interface))),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("--xdp {interface}"))),
     }
 }
 

@@ -7,6 +7,7 @@ mod bind;
 pub(crate) mod notify;
 mod privileges;
 mod reload;
+mod secrets;
 mod start;
 pub(crate) mod supervisor;
 
@@ -15,12 +16,13 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
 use crate::config::Args;
 use crate::config::{self, Settings, docs};
+
+use self::secrets::Secrets;
 use crate::nts::ke as nts_ke;
 use crate::observe::stats;
 use crate::roughtime::udp as roughtime_worker;
@@ -38,7 +40,7 @@ pub fn main() -> ExitCode {
     // The tests' fail points (FAILPOINTS=name=action), in builds with the `failpoints` feature.
     #[cfg(feature = "failpoints")]
     let _fail_points = fail::FailScenario::setup();
-    let args = match Args::try_parse() {
+    let args = match Args::parse_from(std::env::args_os()) {
         Ok(args) => args,
         Err(e) => return bad_flags(&e),
     };
@@ -51,19 +53,20 @@ pub fn main() -> ExitCode {
             }
         };
     }
-    let settings = match config::settings(&args) {
-        Ok(s) => s,
+    let loaded = config::settings(&args).and_then(|s| secrets::load(&s).map(|l| (s, l)));
+    let (settings, secrets) = match loaded {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("chimed: {e}");
             return ExitCode::from(EXIT_BAD_INPUT);
         }
     };
     if args.check_config {
-        println!("chimed: configuration is valid\n{settings:#?}");
+        println!("# chimed: configuration is valid\n{}", settings.show());
         return ExitCode::SUCCESS;
     }
-    let log = init_logging(&settings.log_level);
-    match run(&args, settings, log) {
+    let log = init_logging(&settings.observe.log_level.0);
+    match run(&args, &settings, secrets, log) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Logging has started: the fatal error goes where everything else went.
@@ -115,24 +118,29 @@ fn init_logging(filter: &str) -> reload::LogFilter {
 
 /// Prepares the services' state, binds every socket while still privileged, drops privileges,
 /// and runs the services on the control plane's runtime until they stop.
-fn run(args: &Args, mut settings: Settings, log: reload::LogFilter) -> Result<()> {
+fn run(
+    args: &Args,
+    settings: &Settings,
+    mut secrets: Secrets,
+    log: reload::LogFilter,
+) -> Result<()> {
     // The cookie keys: a fleet's, derived from its secret, else this server's own (with NTS-KE).
     // With either, the NTP workers serve NTS.
-    let nts_start = match (&settings.nts_fleet, settings.nts.as_mut()) {
+    let nts_start = match (&secrets.fleet, &secrets.tls) {
         (Some(fleet), _) => Some(nts_ke::fleet_start(fleet)),
-        (None, Some(nts)) => {
-            let r = nts_ke::starting_keys(nts);
+        (None, Some(_)) => {
+            let r = nts_ke::starting_keys(&mut secrets.dump, settings.nts.rotation.duration());
             Some((r.saved.keys, r.next_rotation))
         }
         (None, None) => None,
     };
-    let ntp = ntp::shared(&settings, nts_start.as_ref().map(|(keys, _)| keys));
-    if let Some(name) = &settings.tz_offset {
-        reload::load_zone(name.as_deref(), &ntp, false)?;
+    let ntp = ntp::shared(settings, nts_start.as_ref().map(|(keys, _)| keys));
+    if let Some(zone) = settings.tz_offset() {
+        reload::load_zone(zone, &ntp, false)?;
     }
-    log_shedding(&settings);
-    let roughtime = match &settings.roughtime {
-        Some(rt) => Some(roughtime::prepare(rt, &ntp)?),
+    log_shedding(settings);
+    let roughtime = match &secrets.roughtime {
+        Some(keys) => Some(roughtime::prepare(&settings.roughtime, keys, &ntp)?),
         None => None,
     };
     let prepared = Prepared {
@@ -140,17 +148,17 @@ fn run(args: &Args, mut settings: Settings, log: reload::LogFilter) -> Result<()
         nts_start,
         roughtime,
     };
-    let sockets = bind::all(&settings)?;
+    let sockets = bind::all(settings)?;
     // Before the root changes, while systemd's socket can still be reached.
     let notifier = notify::Notifier::connect();
-    privileges::drop_to(settings.user.as_deref(), settings.root.as_deref())?;
+    let root = settings.process.root.as_ref().map(|r| r.0.as_path());
+    privileges::drop_to(settings.process.user.as_deref(), root)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the control-plane runtime")?;
     runtime.block_on(supervise(
-        args,
-        &mut settings,
+        (args, settings, secrets),
         prepared,
         sockets,
         (log, notifier),
@@ -158,7 +166,7 @@ fn run(args: &Args, mut settings: Settings, log: reload::LogFilter) -> Result<()
 }
 
 fn log_shedding(settings: &Settings) {
-    match settings.shed {
+    match settings.shed() {
         Some(shed) => info!(
             "overload: once the oldest queued request has waited over {} ms for {} ms, requests \
              that waited longer are shed unanswered (--shed-target 0 turns this off)",
@@ -172,15 +180,22 @@ fn log_shedding(settings: &Settings) {
 /// Starts every service, tells systemd it is ready, then handles signals, feeds the watchdog and
 /// watches the services until a signal stops them or one ends by itself.
 async fn supervise(
-    args: &Args,
-    settings: &mut Settings,
+    (args, settings, secrets): (&Args, &Settings, Secrets),
     prepared: Prepared,
     sockets: bind::Sockets,
     (log, notifier): (reload::LogFilter, notify::Notifier),
 ) -> Result<()> {
     let mut sup = Supervisor::new();
     let mut hearts = Heartbeats::default();
-    let running = match start::all(&mut sup, &mut hearts, settings, prepared, sockets, log) {
+    let started = start::all(
+        &mut sup,
+        &mut hearts,
+        (settings, secrets),
+        prepared,
+        sockets,
+        log,
+    );
+    let running = match started {
         Ok(running) => running,
         Err(e) => {
             sup.stop().await;
@@ -232,12 +247,12 @@ async fn supervise(
     for failure in sup.stop().await {
         error!("while stopping: {failure}");
     }
-    log_totals(&running, settings);
+    log_totals(&running);
     outcome.map_err(anyhow::Error::new)
 }
 
 /// The totals at exit, service by service.
-fn log_totals(running: &Running, settings: &Settings) {
+fn log_totals(running: &Running) {
     if let Some(s) = &running.xdp {
         info!(
             "xdp totals at exit: malformed {}, receive times from the XDP program {}, from the \
@@ -264,7 +279,7 @@ fn log_totals(running: &Running, settings: &Settings) {
             .snapshot()
             .display_all(&ntp_worker::LABELS, stats::Of::Ntp)
     );
-    if let (Some(_), Some(counts)) = (&settings.nts, &running.ke_counts) {
+    if let Some(counts) = &running.ke_counts {
         info!("nts-ke totals at exit: {}", counts.line());
     }
     if let Some(shared) = &running.reloadable.roughtime {

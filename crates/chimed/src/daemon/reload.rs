@@ -26,11 +26,11 @@ pub(crate) struct FleetKeys {
     pub(crate) cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
 }
 
-/// Where the NTS-KE's TLS configuration in force lives, the settings that name its files, and
-/// where the certificate's expiry is published.
+/// Where the NTS-KE's TLS configuration in force lives, its certificate and key files, and where
+/// the certificate's expiry is published.
 pub(crate) struct NtsTls {
     pub(crate) tls: Arc<ArcSwap<rustls::ServerConfig>>,
-    pub(crate) settings: config::Nts,
+    pub(crate) files: (PathBuf, PathBuf),
     pub(crate) counts: Arc<nts_ke::KeCounts>,
 }
 
@@ -54,9 +54,7 @@ impl Reloadable {
         if let Some(f) = &self.fleet {
             nts_ke::reload_fleet(&f.path, &f.secrets, &f.cookies, f.period);
         }
-        if let (Some(rt), Some(shared)) = (&settings.roughtime, &self.roughtime)
-            && let config::RoughtimeKeys::Bundle { file, .. } = &rt.keys
-        {
+        if let (Some(file), Some(shared)) = (&settings.roughtime.delegation, &self.roughtime) {
             online_keys::reload_bundle(file, shared);
         }
         if let Some(nts) = &self.nts {
@@ -76,9 +74,9 @@ impl Reloadable {
             Ok(None) => info!("SIGHUP: no config file, so no access rules to reload"),
             Err(e) => warn!("SIGHUP: {e}; keeping the access rules in force"),
         }
-        if let Some(name) = &settings.tz_offset {
+        if let Some(zone) = settings.tz_offset() {
             info!("SIGHUP: re-reading the timezone");
-            if let Err(e) = load_zone(name.as_deref(), &self.ntp, true) {
+            if let Err(e) = load_zone(zone, &self.ntp, true) {
                 warn!("{e}; keeping the zone loaded before");
             }
         }
@@ -107,8 +105,8 @@ impl Reloadable {
 
 impl NtsTls {
     fn reload(&self) {
-        let nts = &self.settings;
-        match nts_ke::load(&nts.certificate, &nts.private_key) {
+        let (certificate, private_key) = &self.files;
+        match nts_ke::load(certificate, private_key) {
             Ok(loaded) => {
                 self.tls.store(loaded.config);
                 self.counts
@@ -116,9 +114,9 @@ impl NtsTls {
                     .store(loaded.not_after.unwrap_or(i64::MIN), Ordering::Relaxed);
                 info!(
                     "SIGHUP: NTS certificate reloaded from {}",
-                    nts.certificate.display()
+                    certificate.display()
                 );
-                nts_ke::log_expiry(&nts.certificate, loaded.not_after);
+                nts_ke::log_expiry(certificate, loaded.not_after);
             }
             Err(e) => warn!("SIGHUP: NTS certificate: {e}; keeping the one in force"),
         }

@@ -19,6 +19,7 @@ use crate::config::Settings;
 use crate::daemon::bind::{self, Group, Service, Sockets};
 use crate::daemon::notify::Heartbeats;
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
+use crate::daemon::secrets::Secrets;
 use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
@@ -51,14 +52,12 @@ pub(crate) struct Running {
 pub(crate) fn all(
     sup: &mut Supervisor,
     hearts: &mut Heartbeats,
-    settings: &mut Settings,
+    (settings, mut secrets): (&Settings, Secrets),
     prepared: Prepared,
     sockets: Sockets,
     log: crate::daemon::reload::LogFilter,
 ) -> Result<Running> {
-    let registry = settings
-        .metrics_address
-        .map(|_| Arc::new(stats::Registry::default()));
+    let registry = (settings.observe.metrics_address).map(|_| Arc::new(stats::Registry::default()));
     let ntp = &prepared.ntp;
     let rt_shared = prepared.roughtime.as_ref().map(|(_, _, s)| s.clone());
     let register = |service, family, thread, labels| {
@@ -66,8 +65,7 @@ pub(crate) fn all(
             .as_ref()
             .map(|r: &Arc<stats::Registry>| r.register(service, family, thread, labels))
     };
-    let rt_batch = settings.roughtime.as_ref().map_or(1, |rt| rt.batch_size);
-    let roughtime = rt_shared.as_ref().map(|shared| (shared, rt_batch));
+    let roughtime = (rt_shared.as_ref()).map(|shared| (shared, settings.roughtime.batch_size.0));
     data_plane(
         sup,
         hearts,
@@ -91,17 +89,25 @@ pub(crate) fn all(
     let tcp = match (sockets.roughtime_tcp, &rt_shared) {
         (Some((listeners, limits)), Some(shared)) => {
             let published = register("roughtime", "tcp", 0, &roughtime_worker::LABELS);
-            Some(tcp(sup, listeners, limits, shared, settings, published)?)
+            Some(tcp(
+                sup,
+                listeners,
+                limits,
+                shared,
+                (settings, &secrets),
+                published,
+            )?)
         }
         _ => None,
     };
-    let ke_counts = settings
-        .nts
-        .as_ref()
-        .map(|_| Arc::new(nts_ke::KeCounts::default()));
-    let nts = match (sockets.nts, &settings.nts, &ke_counts, &ntp.nts) {
-        (Some(listener), Some(_), Some(counts), Some(cookies)) => Some(nts_ke_service(
-            sup, listener, settings, counts, cookies, ntp,
+    let ke_counts = (secrets.tls.as_ref()).map(|_| Arc::new(nts_ke::KeCounts::default()));
+    let nts = match (sockets.nts, &secrets.tls, &ke_counts, &ntp.nts) {
+        (Some(listener), Some(tls), Some(counts), Some(cookies)) => Some(nts_ke_service(
+            sup,
+            listener,
+            (settings, tls),
+            counts,
+            (cookies, ntp),
         )?),
         _ => None,
     };
@@ -113,14 +119,13 @@ pub(crate) fn all(
             started_unix: clock::read().unix_secs(),
             nts_ke: ke_counts.clone(),
             roughtime_tcp: tcp.as_ref().map(|(counts, _)| counts.clone()),
-            xdp: xdp
-                .as_ref()
-                .zip(settings.xdp.as_ref())
-                .map(|((stats, mode), x)| metrics::Xdp {
-                    interface: x.interface.clone(),
+            xdp: xdp.as_ref().zip(settings.xdp.interface.as_ref()).map(
+                |((stats, mode), interface)| metrics::Xdp {
+                    interface: interface.0.clone(),
                     mode,
                     stats: stats.clone(),
-                }),
+                },
+            ),
         };
         match listener.local_addr() {
             Ok(addr) => info!("metrics: http://{addr}/metrics"),
@@ -128,10 +133,13 @@ pub(crate) fn all(
         }
         sup.task("metrics", metrics::serve(listener, Arc::new(sources)));
     }
-    let fleet = tasks(sup, settings, &prepared, nts.is_some());
+    let fleet = tasks(sup, (settings, &mut secrets), &prepared, nts.is_some());
     Ok(Running {
         reloadable: Reloadable {
-            log: (log, std::sync::Mutex::new(settings.log_level.clone())),
+            log: (
+                log,
+                std::sync::Mutex::new(settings.observe.log_level.0.clone()),
+            ),
             ntp: prepared.ntp,
             nts,
             fleet,
@@ -227,7 +235,7 @@ fn xdp(
     rt_shared: Option<&Arc<roughtime_worker::Shared>>,
     register: &Register<'_>,
 ) -> Result<(Arc<chime_udp::xdp::XdpStats>, &'static str)> {
-    let rt_batch = settings.roughtime.as_ref().map_or(1, |rt| rt.batch_size);
+    let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
     let running = bound
         .spawn(
@@ -261,7 +269,7 @@ fn tcp(
     listeners: Vec<std::net::TcpListener>,
     limits: roughtime_tcp::Limits,
     shared: &Arc<roughtime_worker::Shared>,
-    settings: &Settings,
+    (settings, secrets): (&Settings, &Secrets),
     published: Option<Arc<stats::Published>>,
 ) -> Result<(
     Arc<roughtime_tcp::Counts>,
@@ -277,10 +285,13 @@ fn tcp(
     );
     // The experimental ML-DSA-44 suite, where it is built in and configured.
     #[cfg(feature = "mldsa")]
-    let pq_now = (settings.roughtime.as_ref()).and_then(|rt| roughtime::mldsa::start(sup, rt));
+    let pq_now = {
+        let rotation = settings.roughtime.rotation.duration();
+        roughtime::mldsa::start(sup, secrets.mldsa.as_ref(), rotation)
+    };
     #[cfg(not(feature = "mldsa"))]
     let pq_now = {
-        let _ = settings;
+        let _ = (settings, secrets);
         None
     };
     let counts = Arc::new(roughtime_tcp::Counts::default());
@@ -301,33 +312,31 @@ fn tcp(
 fn nts_ke_service(
     sup: &mut Supervisor,
     (listener, port): (std::net::TcpListener, Option<u16>),
-    settings: &Settings,
+    (settings, (config, not_after)): (&Settings, &(Arc<rustls::ServerConfig>, Option<i64>)),
     counts: &Arc<nts_ke::KeCounts>,
-    cookies: &Arc<ArcSwap<CookieKeys>>,
-    ntp: &Arc<ntp_worker::Shared>,
+    (cookies, ntp): (&Arc<ArcSwap<CookieKeys>>, &Arc<ntp_worker::Shared>),
 ) -> Result<NtsTls> {
-    let nts = settings
-        .nts
-        .clone()
-        .context("NTS-KE without its settings")?;
+    let nts = &settings.nts;
+    let (certificate, private_key) = settings.nts_ke().context("NTS-KE without its files")?;
     let negotiation = Arc::new(chime_ntp::nts::NtpNegotiation {
-        server: nts.ntp_server.clone(),
+        server: nts.ntp_server.as_ref().map(|s| s.parts().0),
         port,
     });
+    let (rotation, threads) = (nts.rotation.duration(), nts.ke_threads.0);
     match listener.local_addr() {
         Ok(addr) => info!(
             "nts-ke listening on {addr} (certificate {}, NTP server {}, NTP port {}, cookie key \
              rotated every {} s, {} thread{})",
-            nts.certificate.display(),
+            certificate.display(),
             negotiation.server.as_deref().unwrap_or("this one"),
             negotiation.port.unwrap_or(123),
-            nts.rotation.as_secs(),
-            nts.ke_threads,
-            if nts.ke_threads == 1 { "" } else { "s" },
+            rotation.as_secs(),
+            threads,
+            if threads == 1 { "" } else { "s" },
         ),
         Err(e) => warn!("nts-ke: cannot tell the bound address: {e}"),
     }
-    let limiter = nts.ratelimit.map(|r| {
+    let limiter = settings.nts_rate_limit().map(|r| {
         let table = ClientTable::new(r.limit, r.clients, rand::random());
         info!(
             "nts-ke: rate limiting on: ntsratelimit {}, {} client addresses tracked",
@@ -336,7 +345,7 @@ fn nts_ke_service(
         );
         table
     });
-    let tls = Arc::new(ArcSwap::new(nts.tls.clone()));
+    let tls = Arc::new(ArcSwap::new(config.clone()));
     let shared = Arc::new(nts_ke::KeShared::new(
         tls.clone(),
         cookies.clone(),
@@ -345,18 +354,18 @@ fn nts_ke_service(
         limiter,
         ntp.clone(),
     ));
-    let threads = nts_ke::KeThreads::spawn(&listener, &shared, nts.ke_threads, &sup.stop_signal())
+    let threads = nts_ke::KeThreads::spawn(&listener, &shared, threads, &sup.stop_signal())
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
-    nts_ke::log_expiry(&nts.certificate, nts.not_after);
-    if let Some(t) = nts.not_after {
+    nts_ke::log_expiry(certificate, *not_after);
+    if let Some(t) = *not_after {
         counts
             .certificate_not_after
             .store(t, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(NtsTls {
         tls,
-        settings: nts,
+        files: (certificate.to_owned(), private_key.to_owned()),
         counts: counts.clone(),
     })
 }
@@ -365,12 +374,13 @@ fn nts_ke_service(
 /// cookie-key rotation (a fleet's keys follow its periods, with or without NTS-KE here).
 fn tasks(
     sup: &mut Supervisor,
-    settings: &mut Settings,
+    (settings, secrets): (&Settings, &mut Secrets),
     prepared: &Prepared,
     nts_ke_here: bool,
 ) -> Option<FleetKeys> {
     let ntp = prepared.ntp.clone();
-    let (server, interval) = (settings.server_address, settings.poll_interval);
+    let upstream = &settings.upstream;
+    let (server, interval) = (upstream.server_address, upstream.poll_interval.duration());
     sup.task("upstream", upstream::run(server, interval, ntp));
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
         sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
@@ -378,13 +388,14 @@ fn tasks(
     let cookies = prepared.ntp.nts.clone()?;
     // The fleet's secrets are taken out of the settings, which live as long as the process: once
     // SIGHUP replaces them, no copy of the old ones is left to outlive the replacement.
-    let Some(fleet) = settings.nts_fleet.take() else {
-        if let Some(nts) = &settings.nts {
+    let Some(fleet) = secrets.fleet.take() else {
+        if secrets.tls.is_some() {
             let first = prepared
                 .nts_start
                 .as_ref()
                 .map_or(Duration::ZERO, |(_, next)| *next);
-            let (every, dump) = (nts.rotation, nts.dump.clone().map(|(path, _)| path));
+            let every = settings.nts.rotation.duration();
+            let dump = secrets.dump.as_ref().map(|(path, _)| path.clone());
             sup.task(
                 "nts-cookie-keys",
                 nts_ke::rotate(cookies, first, every, dump),

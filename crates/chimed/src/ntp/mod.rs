@@ -19,14 +19,14 @@ pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<w
     Arc::new(worker::Shared {
         state: ArcSwap::from_pointee(ServerState::unsynchronised()),
         policy: StalePolicy {
-            stale_after: settings.stale_after,
+            stale_after: settings.upstream.stale_after.duration(),
             ..StalePolicy::default()
         },
         totals: Default::default(),
-        stats_interval: settings.stats_interval,
+        stats_interval: settings.observe.stats_interval.duration(),
         zone: ArcSwapOption::empty(),
         acl: ArcSwap::from_pointee(settings.acl.clone()),
-        ratelimit: settings.ratelimit.map(|r| {
+        ratelimit: settings.ntp_rate_limit().map(|r| {
             let table = ClientTable::new(r.limit, r.clients, rand::random()).relenting();
             info!(
                 "ntp: rate limiting on: ratelimit {}, {} client addresses tracked ({} KiB)",
@@ -38,8 +38,8 @@ pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<w
         }),
         epoch: Instant::now(),
         nts: cookies.map(|keys| Arc::new(ArcSwap::from_pointee(keys.clone()))),
-        txlog: (settings.interleaved_log > 0).then(|| {
-            let log = chime_ntp::TxLog::new(settings.interleaved_log);
+        txlog: (settings.ntp.interleaved_log.0 > 0).then(|| {
+            let log = chime_ntp::TxLog::new(settings.ntp.interleaved_log.0);
             info!(
                 "ntp: interleaved mode on: transmit times of {} replies kept ({} KiB)",
                 log.capacity(),

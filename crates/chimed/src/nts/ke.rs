@@ -304,11 +304,14 @@ fn fresh_key() -> (u32, [u8; nts::KEY_LEN]) {
 /// [`nts_keys::resume`]), else fresh ones. What changed is saved back. The keys read at start are
 /// taken out of the settings, which live as long as the process: no copy of a master key outlives
 /// its rotations.
-pub(crate) fn starting_keys(nts: &mut crate::config::Nts) -> nts_keys::Resumed {
+pub(crate) fn starting_keys(
+    dump: &mut Option<(PathBuf, Option<nts_keys::Saved>)>,
+    rotation: Duration,
+) -> nts_keys::Resumed {
     let now = crate::clock::read().unix_secs();
-    let saved = nts.dump.as_mut().and_then(|(_, saved)| saved.take());
-    let r = nts_keys::resume(saved, now, nts.rotation, fresh_key);
-    if let Some((path, _)) = &nts.dump {
+    let saved = dump.as_mut().and_then(|(_, saved)| saved.take());
+    let r = nts_keys::resume(saved, now, rotation, fresh_key);
+    if let Some((path, _)) = dump {
         let (shown, id) = (path.display(), r.saved.keys.current_id());
         let next = r.next_rotation.as_secs();
         match r.how {
@@ -375,7 +378,7 @@ pub(crate) async fn rotate(
 }
 
 /// A fleet member's cookie keys to start with (`--nts-fleet-key`), for the period it is in.
-pub(crate) fn fleet_start(fleet: &crate::config::Fleet) -> (CookieKeys, Duration) {
+pub(crate) fn fleet_start(fleet: &nts_keys::Fleet) -> (CookieKeys, Duration) {
     let (keys, period, left) = nts_keys::fleet_keys(
         &fleet.secrets,
         fleet.period,

@@ -29,7 +29,7 @@ use std::time::Duration;
 use chime_ntp::nts::{CookieKeys, FleetSecret, KEY_LEN, parse_fleet_file};
 use zeroize::Zeroizing;
 
-use crate::config::secret_file::{self, SecretFileError};
+use crate::secret_file::{self, SecretFileError};
 
 /// The file's name in the dump directory.
 pub(crate) const FILE: &str = "nts-cookie-keys";
@@ -73,6 +73,14 @@ pub(crate) enum KeysError {
 /// A fleet's secrets (`--nts-fleet-key`): the one that seals, and the previous one while the
 /// fleet replaces it.
 pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);
+
+/// `--nts-fleet-key`'s file, the secrets it held when last read, and the period each key is for
+/// (`--nts-rotation`).
+pub(crate) struct Fleet {
+    pub(crate) path: PathBuf,
+    pub(crate) secrets: FleetSecrets,
+    pub(crate) period: Duration,
+}
 
 /// Reads the fleet secret file (`chime nts-fleet-key` makes one). An error names the file and,
 /// for a bad line, its number.

@@ -10,6 +10,7 @@
 //! control plane stalls longer than that, the responder drops requests outside the validity
 //! window rather than sign them.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use zeroize::Zeroizing;
 
 use crate::daemon::supervisor::ServiceError;
 use crate::roughtime::udp::Shared;
+use crate::secret_file::{self, SecretFileError};
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
 /// and a clock that steps back a little.
@@ -156,11 +158,11 @@ pub(crate) async fn follow_bundle(shared: Arc<Shared>) {
 /// puts it in force: the workers move to its current window at once (an atomic swap between two
 /// batches: no reply is dropped or signed wrongly for it). A bundle that fails, or that covers
 /// nothing now, is reported and the one in force kept.
-pub(crate) fn reload_bundle(path: &std::path::Path, shared: &Shared) {
+pub(crate) fn reload_bundle(path: &Path, shared: &Shared) {
     let Some(held) = &shared.bundle else {
         return;
     };
-    match crate::config::load_bundle(path) {
+    match load_bundle(path) {
         Ok(bundle) => {
             let now = crate::clock::read().since_epoch.as_secs();
             let Some(d) = bundle.current(now) else {
@@ -219,4 +221,65 @@ mod tests {
         let second = delegate(&key, rotation).unwrap();
         assert_ne!(first.online_public_key(), second.online_public_key());
     }
+}
+
+/// What Roughtime signs with, loaded.
+#[derive(Clone)]
+pub(crate) enum RoughtimeKeys {
+    /// The long-term key itself (`--roughtime-key`): online keys are made and rotated here.
+    LongTerm {
+        file: PathBuf,
+        /// Wiped when dropped.
+        seed: Zeroizing<[u8; 32]>,
+    },
+    /// Delegations made where the long-term key lives (`--roughtime-delegation`), every
+    /// certificate already checked against the long-term public key.
+    Bundle { file: PathBuf, bundle: Bundle },
+}
+
+impl RoughtimeKeys {
+    pub(crate) fn file(&self) -> &Path {
+        match self {
+            Self::LongTerm { file, .. } | Self::Bundle { file, .. } => file,
+        }
+    }
+}
+
+/// Why a Roughtime key file or delegation bundle could not be loaded; names the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeyError {
+    #[error(transparent)]
+    File(#[from] SecretFileError),
+    #[error("{}: {source}", path.display())]
+    Bundle {
+        path: PathBuf,
+        source: chime_roughtime::BundleError,
+    },
+    #[error("{}: not a key file: {source}", path.display())]
+    Key {
+        path: PathBuf,
+        source: chime_roughtime::KeyFileError,
+    },
+}
+
+/// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
+/// keys sign as this server) and one whose certificates do not verify.
+pub(crate) fn load_bundle(path: &Path) -> Result<Bundle, KeyError> {
+    let text = secret_file::read_existing(path, "online keys that sign as this server")?;
+    Bundle::parse(&text).map_err(|source| KeyError::Bundle {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
+/// anyone sign times in this server's name.
+pub(crate) fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, KeyError> {
+    let text = secret_file::read_existing(path, "the Roughtime long-term key")?;
+    chime_roughtime::parse_key_file(&text)
+        .map(Zeroizing::new)
+        .map_err(|source| KeyError::Key {
+            path: path.to_owned(),
+            source,
+        })
 }

@@ -3,6 +3,7 @@
 //! supervised task) and its signer, which takes the requests offering it out of each batch of
 //! Roughtime over TCP and signs them in a batch of their own under the same serve rule.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::MAX_BATCH_SIZE;
 use chime_roughtime::mldsa::{PqDelegation, PqLongTermKey, PqResponder};
 use tracing::{info, warn};
+use zeroize::Zeroizing;
 
-use crate::config;
 use crate::daemon::supervisor::{ServiceError, Supervisor};
 
 use crate::observe::stats::WorkerStats;
@@ -66,10 +67,23 @@ pub(crate) async fn rotate_pq(pq: Pq) -> Result<(), ServiceError> {
     }
 }
 
-/// Starts the suite if `rt` has its key: the online key in force, and a supervised task that
-/// replaces it every rotation.
-pub(crate) fn start(sup: &mut Supervisor, rt: &config::Roughtime) -> Option<Now> {
-    let (file, seed) = rt.mldsa.as_ref()?;
+/// Reads the suite's long-term key file, refusing one that others may read.
+pub(crate) fn load_key(file: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
+    let text = crate::secret_file::read_existing(file, "an ML-DSA-44 long-term key")
+        .map_err(|e| e.to_string())?;
+    let seed = chime_roughtime::mldsa::parse_key_file(&text)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    Ok(Zeroizing::new(seed))
+}
+
+/// Starts the suite if it has its key: the online key in force, and a supervised task that
+/// replaces it every `rotation`.
+pub(crate) fn start(
+    sup: &mut Supervisor,
+    key: Option<&(PathBuf, Zeroizing<[u8; 32]>)>,
+    rotation: Duration,
+) -> Option<Now> {
+    let (file, seed) = key?;
     let key = PqLongTermKey::from_seed(seed);
     warn!(
         "roughtime: EXPERIMENTAL ML-DSA-44 suite (0x90000001, part of no draft) served over TCP, \
@@ -77,7 +91,7 @@ pub(crate) fn start(sup: &mut Supervisor, rt: &config::Roughtime) -> Option<Now>
         file.display(),
         BASE64.encode(key.public_key())
     );
-    let pq = Pq::new(key, rt.rotation);
+    let pq = Pq::new(key, rotation);
     let now = pq.now.clone();
     sup.task("roughtime-mldsa-keys", rotate_pq(pq));
     Some(now)

@@ -17,8 +17,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::LongTermKey;
 use tracing::{info, warn};
 
-use crate::config::{self, RoughtimeKeys};
+use crate::config::schema;
 use crate::ntp::worker as ntp_worker;
+use crate::roughtime::keys::RoughtimeKeys;
 
 /// Why Roughtime cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +50,15 @@ pub(crate) type Control = (keys::Signer, Duration, Arc<udp::Shared>);
 /// bundle), and what the control plane needs to keep it current. Logs what an operator needs to
 /// know about it: the public key, the online key, the hashing backend, gathering and grease.
 pub(crate) fn prepare(
-    rt: &config::Roughtime,
+    rt: &schema::Roughtime,
+    keys: &RoughtimeKeys,
     ntp: &Arc<ntp_worker::Shared>,
 ) -> Result<Control, Error> {
-    let (signer, delegation, public, bundle) = match &rt.keys {
+    let rotation = rt.rotation.duration();
+    let (signer, delegation, public, bundle) = match keys {
         RoughtimeKeys::LongTerm { seed, .. } => {
             let key = Arc::new(LongTermKey::from_seed(seed));
-            let delegation = keys::delegate(&key, rt.rotation)?;
+            let delegation = keys::delegate(&key, rotation)?;
             let public = key.public_key();
             (keys::Signer::Key(key), delegation, public, None)
         }
@@ -73,7 +76,7 @@ pub(crate) fn prepare(
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect::<String>(),
-        rt.keys.file().display()
+        keys.file().display()
     );
     info!("roughtime: {}", keys::describe(&delegation));
     info!(
@@ -84,20 +87,21 @@ pub(crate) fn prepare(
             _ => "one request at a time (no AVX2 or AVX-512 on this CPU)",
         }
     );
-    if let Some(gather) = rt.gather {
+    if let Some(gather) = rt.gather.duration() {
         info!(
             "roughtime: under light load, requests are gathered for {} µs before signing (a lone \
              request never waits; --roughtime-gather 0 turns this off)",
             gather.as_micros()
         );
     }
-    if rt.grease > 0.0 {
-        let kinds: Vec<_> = rt.grease_kinds.iter().map(|k| k.label()).collect();
+    let (grease, grease_kinds) = (rt.grease.0, rt.grease_kinds.kinds());
+    if grease > 0.0 {
+        let kinds: Vec<_> = grease_kinds.iter().map(|k| k.label()).collect();
         warn!(
             "roughtime: --roughtime-grease {}: {:.3}% of replies are deliberately invalid ({}), \
              for testing clients; no production server should send these",
-            rt.grease,
-            rt.grease * 100.0,
+            grease,
+            grease * 100.0,
             kinds.join(", ")
         );
     }
@@ -105,9 +109,9 @@ pub(crate) fn prepare(
         ntp: ntp.clone(),
         delegation: ArcSwap::from_pointee(delegation),
         totals: Default::default(),
-        grease: rt.grease,
-        grease_kinds: rt.grease_kinds.clone(),
+        grease,
+        grease_kinds,
         bundle,
     });
-    Ok((signer, rt.rotation, shared))
+    Ok((signer, rotation, shared))
 }

@@ -52,7 +52,30 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const READ_CHUNK: usize = 4096;
 
 /// `[roughtime.tcp]`: the bounds on connections, as the config resolved them.
-pub(crate) use crate::config::TcpLimits as Limits;
+/// The bounds on Roughtime's TCP connections (`[roughtime.tcp]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Connections open at once.
+    pub(crate) connections: usize,
+    /// Connections open at once from one client address.
+    pub(crate) per_address: usize,
+    /// Longest wait for the next request (or for a reply to be read).
+    pub(crate) idle: Duration,
+    /// Longest a connection stays open, however busy.
+    pub(crate) lifetime: Duration,
+}
+
+impl Limits {
+    /// The limits `[roughtime.tcp]` sets; `None`: Roughtime over UDP only.
+    pub(crate) fn of(t: &crate::config::schema::RoughtimeTcp) -> Option<Self> {
+        (t.connections.0 > 0).then(|| Self {
+            connections: t.connections.0,
+            per_address: t.per_address.0,
+            idle: t.idle.duration(),
+            lifetime: t.lifetime.duration(),
+        })
+    }
+}
 
 /// How connections ended, and how many are open; for the log and the metrics.
 #[derive(Debug, Default)]
