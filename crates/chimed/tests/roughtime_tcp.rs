@@ -486,3 +486,67 @@ fn the_experimental_mldsa_suite_is_served_over_tcp() {
         "{err}"
     );
 }
+
+/// A signer slower than its clients (a fail point makes it wait 30 ms before every batch, so
+/// every queued request waits past the 5 ms shed target): once the queue has stood for the shed
+/// interval, the requests that waited too long get no reply and are counted as shed, connections
+/// with a run of them are closed, and the fresh requests are still answered.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_standing_queue_is_shed_by_age() {
+    let chronyd = Chronyd::start();
+    let key = chime_keygen();
+    let upstream = chronyd.addr().to_string();
+    let mut args = common::roughtime_flags(key.file.to_str().unwrap()).to_vec();
+    args.extend_from_slice(&["-s", &upstream, "-4", "1", "-6", "0", "-a", "127.0.0.1:0"]);
+    args.extend_from_slice(&["--roughtime-tcp-per-address", "64"]);
+    let slow = [("FAILPOINTS", "roughtime-tcp-signer=return(30)")];
+    let mut chimed = Chimed::start_with_env(None, &args, &slow, "running:");
+    let addr = chimed.logged_addr("roughtime over tcp on ");
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    // 24 connections of 16 requests each keep more than a batch (256) queued.
+    let clients: Vec<_> = (0..24u8)
+        .map(|c| std::thread::spawn(move || pipeline_until(addr, c, deadline)))
+        .collect();
+    let replies: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("roughtime tcp totals at exit", Duration::from_secs(2));
+    assert!(count_in(&totals, "shed") > 0, "{totals}");
+    assert!(count_in(&totals, "closed_ageing") > 0, "{totals}");
+    assert_eq!(count_in(&totals, "answered") as usize, replies, "{totals}");
+    assert!(replies > 0, "{totals}");
+}
+
+/// Writes 16 requests at a time on a connection and reads what comes back within half a
+/// second, reconnecting when chimed closes it, until `deadline`; the replies read.
+#[cfg(feature = "failpoints")]
+fn pipeline_until(addr: SocketAddr, client: u8, deadline: Instant) -> usize {
+    let batch: Vec<u8> = (0..16u8)
+        .flat_map(|i| request([client, i].repeat(16).try_into().unwrap()))
+        .collect();
+    let mut replies = 0;
+    while Instant::now() < deadline {
+        let mut stream = connect(addr);
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        'connection: while Instant::now() < deadline {
+            if stream.write_all(&batch).is_err() {
+                break;
+            }
+            let (mut frames, mut buf, mut got) = (FrameReader::new(1 << 16), [0u8; 4096], 0);
+            while got < 16 {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break 'connection,
+                    Ok(n) => frames.push(&buf[..n]),
+                }
+                while frames.next_packet().unwrap().is_some() {
+                    got += 1;
+                }
+            }
+            replies += got;
+        }
+    }
+    replies
+}

@@ -301,7 +301,7 @@ fn tcp(
         shared.clone(),
         limits,
         (counts.clone(), totals.clone(), published),
-        pq_now,
+        (pq_now, settings.shed()),
         sup.stop_signal(),
     )?;
     sup.threads("roughtime-tcp", service);

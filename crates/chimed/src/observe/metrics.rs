@@ -378,8 +378,8 @@ fn roughtime_tcp(enc: &mut DescriptorEncoder, tcp: &crate::roughtime::tcp::Count
          --roughtime-tcp-connections; refused_address: as many from the address as \
          --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
          ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
-         Roughtime or too long, closed_unanswered: a request dropped, closed_slow: a reply \
-         not read in time, closed_error).",
+         Roughtime or too long, closed_unanswered: a request dropped, closed_ageing: requests \
+         shed in a row under overload, closed_slow: a reply not read in time, closed_error).",
         tcp.outcomes()
             .into_iter()
             .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),

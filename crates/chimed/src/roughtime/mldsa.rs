@@ -19,7 +19,7 @@ use crate::daemon::supervisor::{ServiceError, Supervisor};
 
 use crate::observe::stats::WorkerStats;
 use crate::roughtime::serve;
-use crate::roughtime::tcp::{Job, refuse_all};
+use crate::roughtime::tcp::{Job, Reply, refuse_all};
 use crate::roughtime::udp::{REASONS, Shared};
 
 /// The online key in force, which the signer reads per batch.
@@ -162,7 +162,7 @@ fn answer(
         if added {
             taken.push(job);
         } else {
-            let _ = job.reply.try_send(None);
+            let _ = job.reply.try_send(Reply::Dropped);
         }
     }
     if !taken.is_empty() {
@@ -170,13 +170,13 @@ fn answer(
             Ok(replies) => {
                 for (job, reply) in taken.iter().zip(replies) {
                     stats.pending.answered += 1;
-                    let _ = job.reply.try_send(Some(reply));
+                    let _ = job.reply.try_send(Reply::Signed(reply));
                 }
             }
             Err(why) => {
                 for job in &taken {
                     stats.pending.drop_at(why.index());
-                    let _ = job.reply.try_send(None);
+                    let _ = job.reply.try_send(Reply::Dropped);
                 }
             }
         }

@@ -12,9 +12,16 @@
 //!
 //! Everything is bounded: connections at once and per client address (over either limit, or
 //! denied by the access rules, a connection is closed at once), the size of a request, what a
-//! connection buffers (one read and at most [`IN_FLIGHT`] replies), the time between requests
-//! (`idle`), the whole connection (`lifetime`) and a reply's write (a client that does not read
-//! is closed). Each way a connection ends is counted.
+//! connection buffers (one read, one request being framed and at most [`IN_FLIGHT`] requests or
+//! replies: at most about 100 KiB, so 100 MiB at the default 1,024 connections), the time between
+//! requests (`idle`), the whole connection (`lifetime`) and a reply's write (a client that does
+//! not read is closed). Each way a connection ends is counted.
+//!
+//! Under a standing overload the signer sheds by age, as the UDP workers do ([`Ageing`], with
+//! the same `--shed-target` and `--shed-interval`): a request that waited longer than the target
+//! before its batch is signed gets no reply and is counted as `shed`, so that the requests
+//! signed are fresh rather than all of them late; a connection that has [`SHED_IN_A_ROW`]
+//! requests in a row shed is closed (`closed_ageing`), which gives its slot to another.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -47,11 +54,13 @@ pub(crate) const MAX_MESSAGE: usize = 4096;
 /// Room for any Ed25519 reply (none is longer than 1024 bytes); ML-DSA-44 replies are made to
 /// measure.
 const MAX_REPLY: usize = 2048;
+/// Requests in a row shed on one connection before it is closed: one shed request is a client's
+/// lost poll, as over UDP; a run of them is a client the server cannot serve in time.
+pub(crate) const SHED_IN_A_ROW: usize = 4;
 /// How long writing one reply may take before the client is taken not to be reading.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const READ_CHUNK: usize = 4096;
 
-/// `[roughtime.tcp]`: the bounds on connections, as the config resolved them.
 /// The bounds on Roughtime's TCP connections (`[roughtime.tcp]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limits {
@@ -96,6 +105,8 @@ pub(crate) struct Counts {
     pub(crate) closed_bad_frame: AtomicU64,
     /// A request got no reply (dropped, as the drop counters say why).
     pub(crate) closed_unanswered: AtomicU64,
+    /// [`SHED_IN_A_ROW`] requests in a row waited too long and were shed.
+    pub(crate) closed_ageing: AtomicU64,
     /// A reply could not be written within [`WRITE_TIMEOUT`].
     pub(crate) closed_slow: AtomicU64,
     /// A read or write failed (reset by the peer and the like).
@@ -104,7 +115,7 @@ pub(crate) struct Counts {
 
 impl Counts {
     /// Every outcome with its label, as the metrics name them.
-    pub(crate) fn outcomes(&self) -> [(&'static str, u64); 11] {
+    pub(crate) fn outcomes(&self) -> [(&'static str, u64); 12] {
         [
             ("accepted", self.accepted.load(Relaxed)),
             ("refused_full", self.refused_full.load(Relaxed)),
@@ -115,6 +126,7 @@ impl Counts {
             ("closed_lifetime", self.closed_lifetime.load(Relaxed)),
             ("closed_bad_frame", self.closed_bad_frame.load(Relaxed)),
             ("closed_unanswered", self.closed_unanswered.load(Relaxed)),
+            ("closed_ageing", self.closed_ageing.load(Relaxed)),
             ("closed_slow", self.closed_slow.load(Relaxed)),
             ("closed_error", self.closed_error.load(Relaxed)),
         ]
@@ -129,11 +141,67 @@ impl Counts {
     }
 }
 
-/// One request on its way to the signer, and where its reply goes (`None`: dropped).
+/// One request on its way to the signer, when it was read, and where its reply goes.
 pub(super) struct Job {
     pub(super) packet: Vec<u8>,
     pub(super) peer: IpAddr,
-    pub(super) reply: mpsc::Sender<Option<Vec<u8>>>,
+    pub(super) read_at: std::time::Instant,
+    pub(super) reply: mpsc::Sender<Reply>,
+}
+
+/// What becomes of a request.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Reply {
+    Signed(Vec<u8>),
+    /// Not answered, as the drop counters say why: the connection is closed.
+    Dropped,
+    /// Not answered: it waited too long (see [`Ageing`]).
+    Shed,
+}
+
+/// When the signer sheds (CoDel's rule, as [`chime_udp::Shedder`] applies it to a socket's
+/// queue): once the oldest request of every full batch has waited longer than the target for a
+/// whole interval, the queue is standing and every request older than the target is shed, until
+/// a batch empties the queue. A burst that drains within the interval is answered in full.
+/// Sans-IO: the caller passes the times in.
+#[derive(Debug)]
+pub(super) struct Ageing {
+    cfg: chime_udp::ShedConfig,
+    /// Since when every full batch's oldest request has waited longer than the target.
+    above_since: Option<std::time::Instant>,
+    shedding: bool,
+}
+
+impl Ageing {
+    pub(super) fn new(cfg: chime_udp::ShedConfig) -> Self {
+        Self {
+            cfg,
+            above_since: None,
+            shedding: false,
+        }
+    }
+
+    /// For a batch taken at `now` whose oldest request was read at `oldest`: shed what was read
+    /// before the cutoff, if any. `full`: the batch took all it could, so more may be queued.
+    pub(super) fn cutoff(
+        &mut self,
+        now: std::time::Instant,
+        oldest: std::time::Instant,
+        full: bool,
+    ) -> Option<std::time::Instant> {
+        let old = now.saturating_duration_since(oldest) > self.cfg.target;
+        let cutoff = now.checked_sub(self.cfg.target);
+        if !self.shedding && old && full {
+            let since = *self.above_since.get_or_insert(now);
+            self.shedding = now.saturating_duration_since(since) >= self.cfg.interval;
+        } else if !old || !full {
+            self.above_since = None;
+        }
+        let shed = self.shedding && old;
+        // The queue is empty once a batch does not fill: this one is the last shed from.
+        self.shedding &= full;
+        if shed { cutoff } else { None }
+    }
 }
 
 /// The running TCP service, on a thread of its own until the stop signal.
@@ -169,7 +237,7 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     limits: Limits,
     (counts, totals, published): Counters,
-    pq: Option<PqNow>,
+    (pq, shed): (Option<PqNow>, Option<chime_udp::ShedConfig>),
     stopped: CancellationToken,
 ) -> Result<Service, Error> {
     for l in &listeners {
@@ -199,7 +267,8 @@ pub(crate) fn spawn(
                     published,
                 );
                 let (jobs, queue) = mpsc::channel(4 * MAX_BATCH_SIZE);
-                let signer = tokio::spawn(sign(queue, shared.clone(), stats, pq));
+                let ageing = shed.map(Ageing::new);
+                let signer = tokio::spawn(sign(queue, shared.clone(), (stats, ageing), pq));
                 let addresses = PerAddress::default();
                 let mut accepting = tokio::task::JoinSet::new();
                 for l in listeners {
@@ -319,6 +388,8 @@ enum End {
     BadFrame,
     /// A request was dropped (see the drop counters).
     Unanswered,
+    /// [`SHED_IN_A_ROW`] requests in a row were shed.
+    Ageing,
     Slow,
     Error,
     /// chimed is stopping.
@@ -340,6 +411,7 @@ async fn serve_connection(
         End::Lifetime => &counts.closed_lifetime,
         End::BadFrame => &counts.closed_bad_frame,
         End::Unanswered => &counts.closed_unanswered,
+        End::Ageing => &counts.closed_ageing,
         End::Slow => &counts.closed_slow,
         End::Error => &counts.closed_error,
         End::Stopping => return,
@@ -355,7 +427,8 @@ async fn converse(
     limits: Limits,
 ) -> End {
     let (mut rd, mut wr) = stream.into_split();
-    let (reply_to, mut replies) = mpsc::channel::<Option<Vec<u8>>>(IN_FLIGHT);
+    let (reply_to, mut replies) = mpsc::channel::<Reply>(IN_FLIGHT);
+    let mut shed_in_a_row = 0;
     let mut frames = FrameReader::new(MAX_MESSAGE);
     let mut buf = vec![0u8; READ_CHUNK];
     let (mut in_flight, mut reading) = (0usize, true);
@@ -368,13 +441,18 @@ async fn converse(
                 in_flight -= 1;
                 // A request that gets no reply ends the connection (RFC 10049 §4: either side
                 // closes on errors), so the client learns at once rather than at its timeout.
-                let Some(bytes) = reply else {
-                    return End::Unanswered;
-                };
-                match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
-                    Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
-                    Ok(Err(_)) => return End::Error,
-                    Err(_) => return End::Slow,
+                match reply {
+                    Reply::Signed(bytes) => {
+                        shed_in_a_row = 0;
+                        match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
+                            Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
+                            Ok(Err(_)) => return End::Error,
+                            Err(_) => return End::Slow,
+                        }
+                    }
+                    Reply::Dropped => return End::Unanswered,
+                    Reply::Shed if shed_in_a_row + 1 >= SHED_IN_A_ROW => return End::Ageing,
+                    Reply::Shed => shed_in_a_row += 1,
                 }
                 // Packets that waited in the reader for room go now.
                 if let Err(end) = submit(&mut frames, &mut in_flight, peer, jobs, &reply_to).await {
@@ -417,7 +495,7 @@ async fn submit(
     in_flight: &mut usize,
     peer: IpAddr,
     jobs: &mpsc::Sender<Job>,
-    reply_to: &mpsc::Sender<Option<Vec<u8>>>,
+    reply_to: &mpsc::Sender<Reply>,
 ) -> Result<(), End> {
     while *in_flight < IN_FLIGHT {
         let packet = match frames.next_packet() {
@@ -428,6 +506,7 @@ async fn submit(
         let job = Job {
             packet,
             peer,
+            read_at: std::time::Instant::now(),
             reply: reply_to.clone(),
         };
         jobs.send(job).await.map_err(|_| End::Stopping)?;
@@ -441,7 +520,7 @@ async fn submit(
 async fn sign(
     mut queue: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
-    mut stats: WorkerStats<REASONS>,
+    (mut stats, mut ageing): (WorkerStats<REASONS>, Option<Ageing>),
     pq: Option<PqNow>,
 ) {
     #[cfg(feature = "mldsa")]
@@ -457,10 +536,18 @@ async fn sign(
     let mut tickets = Vec::with_capacity(MAX_BATCH_SIZE);
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
     loop {
+        // The tests' way to make the signer slower than its clients, who go on meanwhile.
+        #[cfg(feature = "failpoints")]
+        if let Some(Some(ms)) = fail::eval("roughtime-tcp-signer", |ms| ms?.parse().ok()) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         tokio::select! {
             n = queue.recv_many(&mut jobs, MAX_BATCH_SIZE) => {
                 if n == 0 {
                     break;
+                }
+                if let Some(ageing) = &mut ageing {
+                    shed(ageing, &mut jobs, n == MAX_BATCH_SIZE, &mut stats);
                 }
                 // Requests offering the experimental suite, where it is served, are signed
                 // with it in a batch of their own.
@@ -479,11 +566,27 @@ async fn sign(
     stats.finish();
 }
 
+/// Takes the requests that waited too long out of a batch (they come in the order they were
+/// read), telling their connections and counting them as shed.
+fn shed(ageing: &mut Ageing, jobs: &mut Vec<Job>, full: bool, stats: &mut WorkerStats<REASONS>) {
+    let Some(oldest) = jobs.first().map(|j| j.read_at) else {
+        return;
+    };
+    let Some(cutoff) = ageing.cutoff(std::time::Instant::now(), oldest, full) else {
+        return;
+    };
+    let old = jobs.partition_point(|j| j.read_at < cutoff);
+    for job in jobs.drain(..old) {
+        let _ = job.reply.try_send(Reply::Shed);
+    }
+    stats.shed(old);
+}
+
 /// Tells every connection of a batch that is not signed that its request gets no reply. A
 /// connection that went away meanwhile has closed its channel: the send fails, nothing more.
 pub(super) fn refuse_all(jobs: &[Job]) {
     for job in jobs {
-        let _ = job.reply.try_send(None);
+        let _ = job.reply.try_send(Reply::Dropped);
     }
 }
 
@@ -530,7 +633,9 @@ fn answer(
                 }
             }
         });
-        let _ = job.reply.try_send(reply);
+        let _ = job
+            .reply
+            .try_send(reply.map_or(Reply::Dropped, Reply::Signed));
     }
     serving.finish(stats);
 }
@@ -567,8 +672,8 @@ pub(super) mod tests {
     use crate::roughtime::serve::testing::{request, shared, verify};
     use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
 
-    /// Where a job's answer arrives: its reply, or `None` for none.
-    pub(in crate::roughtime) type Answer = mpsc::Receiver<Option<Vec<u8>>>;
+    /// Where a job's answer arrives.
+    pub(in crate::roughtime) type Answer = mpsc::Receiver<Reply>;
 
     /// `packets` as jobs from `peer`, and where each one's answer arrives.
     pub(in crate::roughtime) fn jobs(packets: &[Vec<u8>], peer: &str) -> (Vec<Job>, Vec<Answer>) {
@@ -580,6 +685,7 @@ pub(super) mod tests {
                 let job = Job {
                     packet: packet.clone(),
                     peer,
+                    read_at: std::time::Instant::now(),
                     reply,
                 };
                 (job, answer)
@@ -600,9 +706,10 @@ pub(super) mod tests {
     pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
         answers
             .iter_mut()
-            .map(|a| {
-                a.try_recv()
-                    .expect("every job is answered, with a reply or without")
+            .map(|a| match a.try_recv() {
+                Ok(Reply::Signed(reply)) => Some(reply),
+                Ok(Reply::Dropped) => None,
+                other => panic!("every job is answered, with a reply or without: {other:?}"),
             })
             .collect()
     }
@@ -654,5 +761,61 @@ pub(super) mod tests {
         let (replies, counts) = batch(true, &["198.51.100.0/24"], &[request(1)], "198.51.100.9");
         assert_eq!(replies, [None]);
         assert_eq!(counts.dropped[DENIED], 1);
+    }
+
+    /// CoDel's rule over the signer's queue: a burst is answered, a standing queue is shed from
+    /// once it has stood for an interval, and shedding ends with the first batch that empties it.
+    #[test]
+    fn the_signer_sheds_only_from_a_standing_queue() {
+        use std::time::{Duration, Instant};
+        let ms = Duration::from_millis;
+        let mut ageing = Ageing::new(chime_udp::ShedConfig::default());
+        let t0 = Instant::now() + ms(1000);
+        // Full batches whose oldest waited 20 ms, for 90 ms: a burst, answered.
+        for at in (0..=90).step_by(10) {
+            assert_eq!(ageing.cutoff(t0 + ms(at), t0 + ms(at) - ms(20), true), None);
+        }
+        // At 100 ms it has stood a whole interval: what waited over 5 ms is shed.
+        let now = t0 + ms(100);
+        assert_eq!(ageing.cutoff(now, now - ms(20), true), Some(now - ms(5)));
+        // A young oldest sheds nothing, but shedding goes on while batches fill.
+        assert_eq!(ageing.cutoff(now + ms(1), now, true), None);
+        let now = t0 + ms(110);
+        assert_eq!(ageing.cutoff(now, now - ms(9), true), Some(now - ms(5)));
+        // A batch that does not fill has emptied the queue: shed from, and the last.
+        let now = t0 + ms(120);
+        assert_eq!(ageing.cutoff(now, now - ms(9), false), Some(now - ms(5)));
+        assert_eq!(ageing.cutoff(now + ms(1), now - ms(9), true), None);
+        // A batch that drains the queue ends a would-be standing queue too.
+        let mut ageing = Ageing::new(chime_udp::ShedConfig::default());
+        for at in [0, 50, 99] {
+            let full = at != 50;
+            assert_eq!(ageing.cutoff(t0 + ms(at), t0 + ms(at) - ms(20), full), None);
+        }
+    }
+
+    /// What waited longer than the target is taken out of the batch, told so, and counted.
+    #[test]
+    fn shed_requests_are_told_and_counted_and_the_rest_signed() {
+        use std::time::{Duration, Instant};
+        let packets: Vec<_> = (0..6u8).map(request).collect();
+        let (mut jobs, answers) = jobs(&packets, "192.0.2.1");
+        let now = Instant::now();
+        for (i, job) in jobs.iter_mut().enumerate() {
+            job.read_at = now - Duration::from_millis(if i < 4 { 50 } else { 1 });
+        }
+        let mut ageing = Ageing::new(chime_udp::ShedConfig {
+            target: Duration::from_millis(5),
+            interval: Duration::ZERO,
+        });
+        let mut stats = stats();
+        shed(&mut ageing, &mut jobs, true, &mut stats);
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(stats.pending.shed, 4);
+        let shed_told = answers
+            .into_iter()
+            .take(4)
+            .map(|mut a| a.try_recv().unwrap());
+        assert!(shed_told.into_iter().all(|r| r == Reply::Shed));
     }
 }
