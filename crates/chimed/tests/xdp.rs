@@ -134,6 +134,14 @@ fn chimed(pair: &Pair, extra: &[&str]) -> Chimed {
 
 /// [`chimed`] with `--xdp iface`.
 fn chimed_on(pair: &Pair, iface: &str, extra: &[&str]) -> Chimed {
+    let mut c = chimed_running(pair, iface, extra, &[]);
+    c.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    c
+}
+
+/// chimed in the server's namespace as [`chimed_on`] starts it, with `env` set; returns once it
+/// runs, synchronised or not.
+fn chimed_running(pair: &Pair, iface: &str, extra: &[&str], env: &[(&str, &str)]) -> Chimed {
     let upstream = format!("127.0.0.1:{MIRROR_PORT}");
     let mut args = vec![
         "-s",
@@ -146,9 +154,7 @@ fn chimed_on(pair: &Pair, iface: &str, extra: &[&str]) -> Chimed {
         iface,
     ];
     args.extend_from_slice(extra);
-    let mut c = Chimed::start_in(Some(&pair.server), &args, "running:");
-    c.wait_for("synchronised: stratum 3", Duration::from_secs(10));
-    c
+    Chimed::start_with_env(Some(&pair.server), &args, env, "running:")
 }
 
 /// `chime ARGS` in the client's namespace, its JSON output parsed.
@@ -592,4 +598,35 @@ fn each_queue_has_its_thread() {
         per_thread.iter().all(|&n| n > 0),
         "one queue's thread answered nothing: {per_thread:?}\n{log}"
     );
+}
+
+/// The XDP workers are a service like the others (tests/supervision.rs makes each of those fail):
+/// a worker that panics, or whose loop ends, through the `xdp-worker` fail point takes chimed
+/// down within 2 s, exiting 1 with an error line naming the service.
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_xdp_worker_that_ends_takes_chimed_down_naming_it() {
+    assert_root();
+    let pair = Pair::build("fail");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    for (action, named) in [
+        ("panic", "service xdp panicked"),
+        ("return", "service xdp ended without an error"),
+    ] {
+        let failpoints = format!("xdp-worker={action}");
+        let env = [("FAILPOINTS", failpoints.as_str())];
+        let mut server = chimed_running(&pair, IFACE, &[], &env);
+        let running = Instant::now();
+        let status = server.exit_within(Duration::from_secs(2));
+        let took = running.elapsed();
+        let log = server.log();
+        let status = status.unwrap_or_else(|| panic!("{failpoints}: still running:\n{log}"));
+        assert_eq!(status.code(), Some(1), "{failpoints}: {status}\n{log}");
+        let line = log
+            .lines()
+            .find(|l| l.contains(named))
+            .unwrap_or_else(|| panic!("{failpoints}: no '{named}' in:\n{log}"));
+        assert!(line.contains("ERROR"), "{failpoints}: {line}");
+        eprintln!("{failpoints}: exit 1 after {took:?}: {line}");
+    }
 }

@@ -526,6 +526,10 @@ impl XdpWorker {
                 for g in &mut self.groups {
                     g.handler.idle();
                 }
+                // The tests' fail point (the `failpoints` feature): `panic` is a worker that
+                // falls over, `return` one whose loop ends, for the supervisor to notice.
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("xdp-worker", |_| ());
                 self.sock.wait(IDLE_WAIT_MS);
                 continue;
             }
