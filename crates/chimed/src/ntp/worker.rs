@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, TxLog, Verdict};
-use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
+use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
 use crate::access::acl::Acl;
 use crate::clock;
 use crate::clock::tz::Zone;
 use crate::daemon::notify::Beat;
-use crate::observe::stats::{Note, Published, Totals, WorkerStats};
+use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
 use crate::reply;
 
 /// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
@@ -95,8 +95,6 @@ pub(crate) struct NtpWorker {
     /// Whether this worker's path gives transmit timestamps, so that it may answer in
     /// interleaved mode (the AF_XDP path does not).
     interleaved: bool,
-    /// Advanced on every pass through the worker's loop, for the watchdog.
-    beat: Beat,
 }
 
 impl NtpWorker {
@@ -116,13 +114,12 @@ impl NtpWorker {
             coin: Coin::new(rand::random()),
             marks: Marks::default(),
             interleaved: true,
-            beat: Beat::default(),
         }
     }
 
     /// A worker whose every batch and idle wake-up the watchdog sees.
     pub(crate) fn with_heartbeat(mut self, beat: Beat) -> Self {
-        self.beat = beat;
+        self.stats = self.stats.with_heartbeat(beat);
         self
     }
 
@@ -229,7 +226,6 @@ fn answer(
 
 impl BatchHandler for NtpWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
-        self.beat.beat();
         // One clock read and one snapshot load per batch: the fallback receive time for a
         // datagram without a kernel timestamp, and the header every reply in the batch carries.
         let reading = clock::read();
@@ -300,6 +296,7 @@ impl BatchHandler for NtpWorker {
                 self.stats.pending.drop_at(why);
             }
         }
+        // The batch's one tick, which the watchdog sees.
         self.stats.tick(now_unix);
     }
 
@@ -349,27 +346,7 @@ impl BatchHandler for NtpWorker {
         }
     }
 
-    fn after_send(&mut self, outcome: &SendOutcome) {
-        self.stats.sent(outcome);
-    }
-
-    fn idle(&mut self) {
-        self.beat.beat();
-        fail::fail_point!("ntp-worker");
-        self.stats.tick(clock::read().unix_secs());
-    }
-
-    fn receive_drops(&mut self, total: u32) {
-        self.stats.receive_drops(total);
-    }
-
-    fn shed(&mut self, count: usize) {
-        self.stats.shed(count);
-    }
-
-    fn finish(&mut self) {
-        self.stats.finish();
-    }
+    stats::bookkeeping!(stats, "ntp-worker");
 }
 
 /// What tests of the services built on the NTP side's state need.
@@ -466,5 +443,18 @@ mod tests {
         assert_eq!(p.received, 2);
         assert_eq!(p.dropped[DENIED], 1);
         assert_eq!(p.dropped[Drop::TooShort.index()], 1);
+    }
+
+    #[test]
+    fn the_watchdog_sees_every_batch_and_every_idle_wake_up() {
+        let mut hearts = crate::daemon::notify::Heartbeats::default();
+        let mut worker =
+            NtpWorker::new(shared(synchronised(), &[]), None).with_heartbeat(hearts.add());
+        assert!(!hearts.all_moved(), "nothing happened yet");
+        exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
+        assert!(hearts.all_moved(), "a batch");
+        worker.idle();
+        assert!(hearts.all_moved(), "an idle wake-up");
+        assert!(!hearts.all_moved(), "nothing since");
     }
 }

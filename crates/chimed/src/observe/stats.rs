@@ -15,6 +15,8 @@ use std::time::Duration;
 use chime_roughtime::Version;
 use tracing::{info, warn};
 
+use crate::daemon::notify::Beat;
+
 /// Replies worth counting apart, beside `answered`: NTP's of note, and Roughtime's by the version
 /// they speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,7 +385,8 @@ impl Registry {
 }
 
 /// The bookkeeping every worker does around its batches: count, flush into the totals and log a
-/// line at the stats interval and at exit, log send errors at most once per interval.
+/// line at the stats interval and at exit, log send errors at most once per interval, and beat
+/// the heartbeat the watchdog reads at every tick (every batch, and every idle wake-up).
 #[derive(Debug)]
 pub(crate) struct WorkerStats<const N: usize> {
     pub(crate) pending: Counters<N>,
@@ -397,6 +400,9 @@ pub(crate) struct WorkerStats<const N: usize> {
     published: Option<Arc<Published>>,
     /// The socket's drop count when last read (the kernel's, cumulative, wrapping).
     kernel_drops_seen: u32,
+    /// Advanced at every [`Self::tick`], for the watchdog; one no one watches until
+    /// [`Self::with_heartbeat`].
+    heartbeat: Beat,
 }
 
 impl<const N: usize> WorkerStats<N> {
@@ -418,7 +424,14 @@ impl<const N: usize> WorkerStats<N> {
             totals,
             published,
             kernel_drops_seen: 0,
+            heartbeat: Beat::default(),
         }
+    }
+
+    /// The same bookkeeping, its ticks seen by the watchdog through `beat`.
+    pub(crate) fn with_heartbeat(mut self, beat: Beat) -> Self {
+        self.heartbeat = beat;
+        self
     }
 
     /// Publishes the counts so far for the metrics endpoint, if it is on.
@@ -430,10 +443,12 @@ impl<const N: usize> WorkerStats<N> {
         }
     }
 
-    /// Flushes and logs this thread's counters if the stats interval has passed and something
-    /// was counted since the last line (an idle worker, which wakes now and then for the
-    /// watchdog, logs nothing new).
+    /// One pass through the worker's loop, at `now_unix`: beats the heartbeat, publishes the
+    /// counts, and flushes and logs them if the stats interval has passed and something was
+    /// counted since the last line (an idle worker, which wakes now and then for the watchdog,
+    /// logs nothing new).
     pub(crate) fn tick(&mut self, now_unix: i64) {
+        self.heartbeat.beat();
         self.publish();
         let Some(interval) = self.interval else {
             return;
@@ -455,7 +470,6 @@ impl<const N: usize> WorkerStats<N> {
         );
     }
 
-    /// Counts a send outcome; the first error of an interval is logged, the rest only counted.
     /// Takes the socket's cumulative drop count (see `BatchHandler::receive_drops`) into the
     /// counters as the drops since the last reading. A socket's count starts at zero when it is
     /// bound, before the worker starts.
@@ -474,6 +488,7 @@ impl<const N: usize> WorkerStats<N> {
         self.pending.shed += count as u64;
     }
 
+    /// Counts a send outcome; the first error of an interval is logged, the rest only counted.
     pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {
         self.pending.answered += outcome.sent as u64;
         self.pending.send_errors += outcome.errors as u64;
@@ -515,6 +530,38 @@ impl<const N: usize> WorkerStats<N> {
         self.last_flush_unix = now_unix;
     }
 }
+
+/// The [`chime_udp::BatchHandler`] methods that are a worker's bookkeeping alone, written once
+/// for every handler: inside its `impl BatchHandler`, `bookkeeping!(field, "fail-point")` names
+/// the field holding its [`WorkerStats`] and the fail point its idle wake-ups pass (the tests'
+/// `failpoints` feature). Sends are counted, each idle wake-up is a tick at the time read then
+/// (the heartbeat the watchdog reads, and the stats line when due), the kernel's drops and shed
+/// requests are counted, and the last flush is at the stop.
+macro_rules! bookkeeping {
+    ($stats:ident, $fail_point:literal) => {
+        fn after_send(&mut self, outcome: &::chime_udp::SendOutcome) {
+            self.$stats.sent(outcome);
+        }
+
+        fn idle(&mut self) {
+            ::fail::fail_point!($fail_point);
+            self.$stats.tick($crate::clock::read().unix_secs());
+        }
+
+        fn receive_drops(&mut self, total: u32) {
+            self.$stats.receive_drops(total);
+        }
+
+        fn shed(&mut self, count: usize) {
+            self.$stats.shed(count);
+        }
+
+        fn finish(&mut self) {
+            self.$stats.finish();
+        }
+    };
+}
+pub(crate) use bookkeeping;
 
 #[cfg(test)]
 mod tests {

@@ -14,12 +14,11 @@ use chime_ntp::Coin;
 use chime_roughtime::{
     Delegation, DropReason, Grease, Responder, ResponderConfig, Ticket, Version, VersionSet,
 };
-use chime_udp::{BatchHandler, RxBatch, SendOutcome, TxBatch};
+use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
-use crate::clock;
 use crate::daemon::notify::Beat;
 use crate::ntp::worker as ntp_worker;
-use crate::observe::stats::{Note, Published, Totals, WorkerStats};
+use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
 use crate::reply;
 use crate::roughtime::serve;
 
@@ -106,8 +105,6 @@ pub(crate) struct RoughtimeWorker {
     /// Per datagram of the batch in hand, its ticket if the responder took it.
     tickets: Vec<Option<Ticket>>,
     greaser: Option<Greaser>,
-    /// Advanced on every pass through the worker's loop, for the watchdog.
-    beat: Beat,
 }
 
 impl RoughtimeWorker {
@@ -133,20 +130,19 @@ impl RoughtimeWorker {
             shared,
             responder,
             tickets: Vec::with_capacity(batch_size),
-            beat: Beat::default(),
         }
     }
 
     /// A worker whose every batch and idle wake-up the watchdog sees.
     pub(crate) fn with_heartbeat(mut self, beat: Beat) -> Self {
-        self.beat = beat;
+        self.stats = self.stats.with_heartbeat(beat);
         self
     }
 }
 
 impl BatchHandler for RoughtimeWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
-        self.beat.beat();
+        // Both ways out of the serve rule tick the stats, which the watchdog sees.
         let Some(serving) = serve::begin(&self.shared, &mut self.stats, rx.len()) else {
             return;
         };
@@ -191,27 +187,7 @@ impl BatchHandler for RoughtimeWorker {
         serving.finish(&mut self.stats);
     }
 
-    fn after_send(&mut self, outcome: &SendOutcome) {
-        self.stats.sent(outcome);
-    }
-
-    fn idle(&mut self) {
-        self.beat.beat();
-        fail::fail_point!("roughtime-worker");
-        self.stats.tick(clock::read().unix_secs());
-    }
-
-    fn receive_drops(&mut self, total: u32) {
-        self.stats.receive_drops(total);
-    }
-
-    fn shed(&mut self, count: usize) {
-        self.stats.shed(count);
-    }
-
-    fn finish(&mut self) {
-        self.stats.finish();
-    }
+    stats::bookkeeping!(stats, "roughtime-worker");
 }
 
 /// The worker driven in process, without a socket: the serve rule as UDP and XDP follow it.
@@ -237,10 +213,16 @@ mod tests {
 
     #[test]
     fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
-        let mut worker = RoughtimeWorker::new(shared(false, &[]), 8, None);
+        let mut hearts = crate::daemon::notify::Heartbeats::default();
+        let mut worker =
+            RoughtimeWorker::new(shared(false, &[]), 8, None).with_heartbeat(hearts.add());
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[request(1), request(2)]);
         assert!(replies.is_empty());
         assert_eq!(worker.stats.pending.dropped[UNSYNCHRONISED], 2);
+        assert!(
+            hearts.all_moved(),
+            "a batch signed or not is a beat the watchdog sees"
+        );
     }
 
     #[test]
