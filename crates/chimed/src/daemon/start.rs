@@ -127,11 +127,7 @@ pub(crate) fn all(
                 },
             ),
         };
-        match listener.local_addr() {
-            Ok(addr) => info!("metrics: http://{addr}/metrics"),
-            Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
-        }
-        sup.task("metrics", metrics::serve(listener, Arc::new(sources)));
+        metrics_service(sup, listener, sources);
     }
     let fleet = tasks(sup, (settings, &mut secrets), &prepared, nts.is_some());
     Ok(Running {
@@ -149,6 +145,19 @@ pub(crate) fn all(
         tcp,
         ke_counts,
     })
+}
+
+/// Starts the metrics endpoint on its listener.
+fn metrics_service(
+    sup: &mut Supervisor,
+    listener: std::net::TcpListener,
+    sources: metrics::Sources,
+) {
+    match listener.local_addr() {
+        Ok(addr) => info!("metrics: http://{addr}/metrics"),
+        Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
+    }
+    sup.task("metrics", metrics::serve(listener, Arc::new(sources)));
 }
 
 /// Starts the NTP and the Roughtime workers on their sockets, group by group.
