@@ -96,3 +96,64 @@ fn systemd_hears_ready_watchdog_reloading_and_stopping() {
     expect(&socket, "STOPPING=1", Duration::from_secs(5));
     assert!(chimed.terminate().success(), "{}", chimed.log());
 }
+
+/// The watchdog watches the NTS-KE threads too: one held still for its first 5 s (its fail
+/// point set to sleep, which blocks its thread and so its runtime) starves it, and it is fed again
+/// once the thread moves.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_stalled_nts_ke_thread_starves_the_watchdog() {
+    a_stalled_thread_starves_the_watchdog("nts-ke");
+}
+
+/// And the Roughtime-over-TCP thread, the same way.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_stalled_roughtime_tcp_thread_starves_the_watchdog() {
+    a_stalled_thread_starves_the_watchdog("roughtime-tcp");
+}
+
+/// chimed with NTS-KE and Roughtime over TCP, the thread of fail point `point` asleep for 5 s
+/// from its start, and a watchdog of 4 s (fed every 2 s): the feeds 2 s and 4 s after READY=1
+/// find that thread still, so none is sent and the log says why; those after, once it wakes, are.
+#[cfg(feature = "failpoints")]
+fn a_stalled_thread_starves_the_watchdog(point: &str) {
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    let (cert, key) = common::certificate(dir.path(), "nts");
+    let rt = common::chime_keygen();
+    let upstream = chronyd.addr().to_string();
+    let nts = common::nts_flags(&cert, &key);
+    let mut args = vec!["-s", &upstream, "-4", "1", "-6", "0", "-a", "127.0.0.1:0"];
+    args.extend(nts.iter().map(String::as_str));
+    args.extend(common::roughtime_flags(rt.file.to_str().unwrap()));
+    let failpoints = format!("{point}=sleep(5000)");
+    let mut chimed = Chimed::start_with_env(
+        None,
+        &args,
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "4000000"),
+            ("FAILPOINTS", &failpoints),
+        ],
+        "running:",
+    );
+    let first = next(&socket, Duration::from_secs(5)).expect("no message from chimed");
+    assert_eq!(first.trim(), "READY=1");
+    let starved = next(&socket, Duration::from_millis(4500));
+    assert_eq!(starved, None, "{point} asleep, yet:\n{}", chimed.log());
+    expect(&socket, "WATCHDOG=1", Duration::from_secs(3));
+    expect(&socket, "WATCHDOG=1", Duration::from_secs(3));
+    assert!(
+        chimed
+            .log()
+            .contains("watchdog: a serving thread has not moved"),
+        "{}",
+        chimed.log()
+    );
+    signal::kill(chimed.pid(), Signal::SIGTERM).unwrap();
+    expect(&socket, "STOPPING=1", Duration::from_secs(5));
+    assert!(chimed.terminate().success(), "{}", chimed.log());
+}

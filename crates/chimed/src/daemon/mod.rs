@@ -202,6 +202,9 @@ async fn supervise(
             return Err(e);
         }
     };
+    // Beside the workers', the heartbeats of the threads that keep their own (NTS-KE, Roughtime
+    // over TCP).
+    hearts.watch(sup.take_heartbeats());
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("cannot install SIGHUP handler")?;
@@ -233,8 +236,8 @@ async fn supervise(
                 if hearts.all_moved() {
                     notifier.watchdog();
                 } else {
-                    warn!("watchdog: a data-plane thread has not moved since the last check; \
-                           not telling systemd all is well");
+                    warn!("watchdog: a serving thread has not moved since the last check; not \
+                           telling systemd all is well");
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! What systemd is told (`Type=notify`, sd_notify(3)): ready once every socket is bound and every
 //! service started, reloading and ready again around a SIGHUP, stopping on SIGTERM, and the
-//! watchdog's keep-alive, sent only while the data plane is moving ([`Heartbeats`]). Without
+//! watchdog's keep-alive, sent only while every serving thread is moving ([`Heartbeats`]). Without
 //! `NOTIFY_SOCKET` (not started by systemd) each of these does nothing.
 
 use std::ffi::OsStr;
@@ -97,16 +97,19 @@ pub(crate) fn watchdog_interval() -> Option<Duration> {
     (usec > 0).then(|| Duration::from_micros(usec / 2))
 }
 
-/// One counter per data-plane thread, which its handler advances on every pass through its loop:
-/// every batch, and every idle wake-up (the workers' sockets time out once a
-/// [`WORKER_WAKE`] without traffic). The watchdog is fed only if each advanced since it was last
-/// fed, so a worker stuck in a batch, or dead, starves it and systemd restarts chimed.
+/// One counter per serving thread. A data-plane worker's handler advances it on every pass
+/// through its loop: every batch, and every idle wake-up (the workers' sockets time out once a
+/// [`WORKER_WAKE`] without traffic). A thread that runs tasks on a runtime of its own (NTS-KE,
+/// Roughtime over TCP) advances it on a tick of that runtime, every [`WORKER_WAKE`]. The watchdog
+/// is fed only if each advanced since it was last fed, so a thread stuck in a batch or in a call
+/// that blocks its runtime, or dead, starves it and systemd restarts chimed.
 #[derive(Debug, Default)]
 pub(crate) struct Heartbeats {
     beats: Vec<(Arc<AtomicU64>, u64)>,
 }
 
-/// How long a data-plane thread waits for traffic before it wakes up to show it is alive.
+/// How long a serving thread waits for traffic (or its runtime for its next tick) before it
+/// wakes up to show it is alive.
 pub(crate) const WORKER_WAKE: Duration = Duration::from_secs(1);
 
 impl Heartbeats {
@@ -115,6 +118,13 @@ impl Heartbeats {
         let beat = Arc::new(AtomicU64::new(0));
         self.beats.push((beat.clone(), 0));
         Beat(beat)
+    }
+
+    /// Counters made elsewhere: those of the thread groups that keep their own (see
+    /// [`crate::daemon::supervisor::Threads::heartbeats`]).
+    pub(crate) fn watch(&mut self, beats: impl IntoIterator<Item = Beat>) {
+        self.beats
+            .extend(beats.into_iter().map(|Beat(beat)| (beat, 0)));
     }
 
     /// Whether every thread has beaten since the last call (the first call compares with 0).
@@ -132,6 +142,16 @@ impl Heartbeats {
 /// A thread's heartbeat; see [`Heartbeats`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Beat(Arc<AtomicU64>);
+
+/// Beats `beat` every [`WORKER_WAKE`], for as long as the runtime it runs on does: spawned on the
+/// runtime of a thread that serves in tasks (NTS-KE), it shows that nothing blocks that thread.
+pub(crate) async fn beat_on_every_wake(beat: Beat) {
+    let mut wake = tokio::time::interval(WORKER_WAKE);
+    loop {
+        wake.tick().await;
+        beat.beat();
+    }
+}
 
 impl Beat {
     /// One more pass through the thread's loop. Only this thread writes it, so a load and a
@@ -160,6 +180,15 @@ mod tests {
         assert!(!hearts.all_moved(), "b did not beat since");
         a.beat();
         b.beat();
+        assert!(hearts.all_moved());
+        let c = Beat::default();
+        hearts.watch([c.clone()]);
+        a.beat();
+        b.beat();
+        assert!(!hearts.all_moved(), "c, watched since, did not beat");
+        for beat in [&a, &b, &c] {
+            beat.beat();
+        }
         assert!(hearts.all_moved());
     }
 }

@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::daemon::notify::Beat;
+
 /// How often thread groups are checked for a dead thread: well inside the 2 s in which a dead
 /// service must have taken the daemon down.
 pub(crate) const THREAD_CHECK: Duration = Duration::from_millis(100);
@@ -57,6 +59,10 @@ pub(crate) trait Threads: Send + 'static {
     fn any_finished(&self) -> bool;
     /// Asks every thread to stop and waits for them. `Err` with the first panic's message.
     fn stop(self: Box<Self>) -> Result<(), String>;
+    /// The heartbeats its threads keep for the watchdog, made as they were started, which the
+    /// supervisor hands on ([`Supervisor::take_heartbeats`]). Empty for the data-plane workers,
+    /// whose handlers were each given one that is watched already.
+    fn heartbeats(&self) -> Vec<Beat>;
 }
 
 /// The services, the signal they stop on, and what became of them.
@@ -66,6 +72,8 @@ pub(crate) struct Supervisor {
     tasks: JoinSet<Result<(), ServiceError>>,
     /// The running services' names; a service's is taken out once it ended.
     names: HashMap<Id, &'static str>,
+    /// The heartbeats of the thread groups started, not yet taken for the watchdog.
+    heartbeats: Vec<Beat>,
 }
 
 impl Supervisor {
@@ -75,6 +83,7 @@ impl Supervisor {
             stop: CancellationToken::new(),
             tasks: JoinSet::new(),
             names: HashMap::new(),
+            heartbeats: Vec::new(),
         }
     }
 
@@ -101,6 +110,7 @@ impl Supervisor {
     /// Watches `threads`, already started: a thread that ends before the stop signal ends the
     /// service; the signal stops them all (on a blocking thread: joining waits).
     pub(crate) fn threads(&mut self, name: &'static str, threads: impl Threads) {
+        self.heartbeats.extend(threads.heartbeats());
         let stop = self.stop.clone();
         let threads: Box<dyn Threads> = Box::new(threads);
         let handle = self.tasks.spawn(async move {
@@ -121,6 +131,12 @@ impl Supervisor {
             }
         });
         self.names.insert(handle.id(), name);
+    }
+
+    /// The heartbeats of the thread groups started since the last call, for the watchdog to
+    /// watch beside the workers'.
+    pub(crate) fn take_heartbeats(&mut self) -> Vec<Beat> {
+        std::mem::take(&mut self.heartbeats)
     }
 
     /// Waits for the first service to end: `Err` naming it. Never ends while all run.
@@ -214,6 +230,10 @@ impl Threads for chime_udp::Workers {
     fn stop(self: Box<Self>) -> Result<(), String> {
         self.join().map_err(panic_message)
     }
+
+    fn heartbeats(&self) -> Vec<Beat> {
+        Vec::new()
+    }
 }
 
 impl Threads for chime_udp::xdp::XdpWorkers {
@@ -223,6 +243,10 @@ impl Threads for chime_udp::xdp::XdpWorkers {
 
     fn stop(self: Box<Self>) -> Result<(), String> {
         self.join().map_err(panic_message)
+    }
+
+    fn heartbeats(&self) -> Vec<Beat> {
+        Vec::new()
     }
 }
 
@@ -276,6 +300,10 @@ mod tests {
             self.stop.store(true, Ordering::Release);
             self.stopped.store(true, Ordering::Release);
             self.thread.join().map_err(panic_message)
+        }
+
+        fn heartbeats(&self) -> Vec<Beat> {
+            Vec::new()
         }
     }
 
@@ -394,6 +422,36 @@ mod tests {
             let failures = sup.stop().await;
             assert!(failures.is_empty(), "{failures:?}");
             assert!(stopped.load(Ordering::Acquire) && signal.is_cancelled());
+        });
+    }
+
+    #[test]
+    fn the_heartbeats_a_thread_group_keeps_are_handed_on_once() {
+        struct Beating(Beat);
+        impl Threads for Beating {
+            fn any_finished(&self) -> bool {
+                false
+            }
+
+            fn stop(self: Box<Self>) -> Result<(), String> {
+                Ok(())
+            }
+
+            fn heartbeats(&self) -> Vec<Beat> {
+                vec![self.0.clone()]
+            }
+        }
+        runtime().block_on(async {
+            let mut sup = Supervisor::new();
+            let beat = Beat::default();
+            sup.threads("nts-ke", Beating(beat.clone()));
+            let mut hearts = crate::daemon::notify::Heartbeats::default();
+            hearts.watch(sup.take_heartbeats());
+            assert!(!hearts.all_moved(), "it did not beat yet");
+            beat.beat();
+            assert!(hearts.all_moved());
+            assert!(sup.take_heartbeats().is_empty(), "handed on already");
+            assert!(sup.stop().await.is_empty());
         });
     }
 

@@ -23,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::access::per_address::PerAddress;
+use crate::daemon::notify::{self, Beat};
 use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
@@ -495,9 +496,11 @@ impl KeShared {
 
 /// The NTS-KE threads (`--nts-ke-threads`), each accepting on the one listener with its own
 /// single-threaded runtime, so that a flood of handshakes delays neither the control plane's
-/// upstream polls nor its key rotations.
+/// upstream polls nor its key rotations. Each runtime beats a heartbeat of its own for the
+/// watchdog, which a handshake that blocked the thread would stop.
 pub(crate) struct KeThreads {
     handles: Vec<std::thread::JoinHandle<()>>,
+    heartbeats: Vec<Beat>,
 }
 
 impl KeThreads {
@@ -508,20 +511,31 @@ impl KeThreads {
         threads: usize,
         stopped: &CancellationToken,
     ) -> std::io::Result<Self> {
-        let mut handles = Vec::new();
+        let (mut handles, mut heartbeats) = (Vec::new(), Vec::new());
         for _ in 0..threads.max(1) {
             let (listener, shared, stopped) =
                 (listener.try_clone()?, shared.clone(), stopped.clone());
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
+            let beat = Beat::default();
+            heartbeats.push(beat.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name("nts-ke".into())
-                    .spawn(move || runtime.block_on(serve(listener, shared, stopped)))?,
+                    .spawn(move || {
+                        runtime.block_on(async move {
+                            // Ended with the runtime, when `serve` returns.
+                            tokio::spawn(notify::beat_on_every_wake(beat));
+                            serve(listener, shared, stopped).await;
+                        });
+                    })?,
             );
         }
-        Ok(Self { handles })
+        Ok(Self {
+            handles,
+            heartbeats,
+        })
     }
 }
 
@@ -542,6 +556,10 @@ impl Threads for KeThreads {
             }
         }
         result
+    }
+
+    fn heartbeats(&self) -> Vec<Beat> {
+        self.heartbeats.clone()
     }
 }
 

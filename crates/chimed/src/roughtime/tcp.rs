@@ -34,6 +34,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::daemon::notify::{self, Beat};
 use crate::daemon::supervisor::{Threads, panic_message};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{error, info, warn};
@@ -204,9 +205,11 @@ impl Ageing {
     }
 }
 
-/// The running TCP service, on a thread of its own until the stop signal.
+/// The running TCP service, on a thread of its own until the stop signal. The signer's stats
+/// tick (every batch, and every [`notify::WORKER_WAKE`]) beats its heartbeat for the watchdog.
 pub(crate) struct Service {
     thread: std::thread::JoinHandle<()>,
+    heartbeat: Beat,
 }
 
 impl Threads for Service {
@@ -218,6 +221,10 @@ impl Threads for Service {
     /// once the stop signal is given.
     fn stop(self: Box<Self>) -> Result<(), String> {
         self.thread.join().map_err(panic_message)
+    }
+
+    fn heartbeats(&self) -> Vec<Beat> {
+        vec![self.heartbeat.clone()]
     }
 }
 
@@ -254,6 +261,8 @@ pub(crate) fn spawn(
             what: "runtime",
             source,
         })?;
+    let heartbeat = Beat::default();
+    let beat = heartbeat.clone();
     let thread = std::thread::Builder::new()
         .name("roughtime-tcp".into())
         .spawn(move || {
@@ -265,7 +274,8 @@ pub(crate) fn spawn(
                     shared.ntp.stats_interval,
                     totals,
                     published,
-                );
+                )
+                .with_heartbeat(beat);
                 let (jobs, queue) = mpsc::channel(4 * MAX_BATCH_SIZE);
                 let ageing = shed.map(Ageing::new);
                 let signer = tokio::spawn(sign(queue, shared.clone(), (stats, ageing), pq));
@@ -302,7 +312,7 @@ pub(crate) fn spawn(
             what: "thread",
             source,
         })?;
-    Ok(Service { thread })
+    Ok(Service { thread, heartbeat })
 }
 
 /// A connection's place in the per-address count and in the open count; freed when it ends.
@@ -534,7 +544,8 @@ async fn sign(
     .over_stream();
     let mut jobs = Vec::with_capacity(MAX_BATCH_SIZE);
     let mut tickets = Vec::with_capacity(MAX_BATCH_SIZE);
-    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    // Ticks while no request comes, as an idle UDP worker wakes: the watchdog sees them.
+    let mut ticks = tokio::time::interval(notify::WORKER_WAKE);
     loop {
         // The tests' way to make the signer slower than its clients, who go on meanwhile.
         #[cfg(feature = "failpoints")]
