@@ -9,7 +9,6 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::{
     Chimed, Chronyd, certificate, chime_keygen, nts_flags, roughtime_flags, workspace_bin,
@@ -132,18 +131,7 @@ fn every_service_that_ends_takes_chimed_down_naming_it() {
         let failpoints = format!("{point}={action}");
         let mut chimed =
             Chimed::start_with_env(None, &args, &[("FAILPOINTS", &failpoints)], "running:");
-        let serving = Instant::now();
-        let status = chimed.exit_within(Duration::from_secs(2));
-        let took = serving.elapsed();
-        let log = chimed.log();
-        let status = status.unwrap_or_else(|| panic!("{failpoints}: still running:\n{log}"));
-        assert_eq!(status.code(), Some(1), "{failpoints}: {status}\n{log}");
-        let line = log
-            .lines()
-            .find(|l| l.contains(named))
-            .unwrap_or_else(|| panic!("{failpoints}: no '{named}' in:\n{log}"));
-        assert!(line.contains("ERROR"), "{failpoints}: {line}");
-        eprintln!("{failpoints}: exit 1 after {took:?}: {line}");
+        chimed.assert_fails_naming(&failpoints, named);
     }
 }
 
@@ -177,13 +165,10 @@ fn the_mldsa_key_rotation_ending_takes_chimed_down_naming_it() {
     let mut args = vec!["-s", &upstream, "-4", "1", "-6", "0", "-a", "127.0.0.1:0"];
     args.extend(roughtime_flags(rt.file.to_str().unwrap()));
     args.extend(["--roughtime-mldsa-key", pq.to_str().unwrap()]);
-    let env = [("FAILPOINTS", "roughtime-mldsa-keys=return")];
-    let mut chimed = Chimed::start_with_env(None, &args, &env, "running:");
-    let status = chimed.exit_within(Duration::from_secs(2));
-    let log = chimed.log();
-    assert_eq!(status.and_then(|s| s.code()), Some(1), "{log}");
-    assert!(
-        log.contains("ERROR service roughtime-mldsa-keys failed: fail point"),
-        "{log}"
+    let failpoints = "roughtime-mldsa-keys=return";
+    let mut chimed = Chimed::start_with_env(None, &args, &[("FAILPOINTS", failpoints)], "running:");
+    chimed.assert_fails_naming(
+        failpoints,
+        "service roughtime-mldsa-keys failed: fail point",
     );
 }

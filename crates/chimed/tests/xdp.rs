@@ -615,18 +615,6 @@ fn an_xdp_worker_that_ends_takes_chimed_down_naming_it() {
     ] {
         let failpoints = format!("xdp-worker={action}");
         let env = [("FAILPOINTS", failpoints.as_str())];
-        let mut server = chimed_running(&pair, IFACE, &[], &env);
-        let running = Instant::now();
-        let status = server.exit_within(Duration::from_secs(2));
-        let took = running.elapsed();
-        let log = server.log();
-        let status = status.unwrap_or_else(|| panic!("{failpoints}: still running:\n{log}"));
-        assert_eq!(status.code(), Some(1), "{failpoints}: {status}\n{log}");
-        let line = log
-            .lines()
-            .find(|l| l.contains(named))
-            .unwrap_or_else(|| panic!("{failpoints}: no '{named}' in:\n{log}"));
-        assert!(line.contains("ERROR"), "{failpoints}: {line}");
-        eprintln!("{failpoints}: exit 1 after {took:?}: {line}");
+        chimed_running(&pair, IFACE, &[], &env).assert_fails_naming(&failpoints, named);
     }
 }

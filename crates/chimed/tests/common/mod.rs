@@ -367,6 +367,24 @@ impl Chimed {
         }
     }
 
+    /// Asserts that chimed, made to fail through its fail points (`failpoints`, as FAILPOINTS
+    /// gave them), exits 1 by itself within 2 s of now, with an error line containing `named`;
+    /// prints that line and how long it took.
+    pub fn assert_fails_naming(&mut self, failpoints: &str, named: &str) {
+        let start = Instant::now();
+        let status = self.exit_within(Duration::from_secs(2));
+        let took = start.elapsed();
+        let log = self.log();
+        let status = status.unwrap_or_else(|| panic!("{failpoints}: still running:\n{log}"));
+        assert_eq!(status.code(), Some(1), "{failpoints}: {status}\n{log}");
+        let line = log
+            .lines()
+            .find(|l| l.contains(named))
+            .unwrap_or_else(|| panic!("{failpoints}: no '{named}' in:\n{log}"));
+        assert!(line.contains("ERROR"), "{failpoints}: {line}");
+        eprintln!("{failpoints}: exit 1 after {took:?}: {line}");
+    }
+
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         signal::kill(self.pid(), Signal::SIGTERM).unwrap();
