@@ -12,16 +12,20 @@
 //!
 //! Everything is bounded: connections at once and per client address (over either limit, or
 //! denied by the access rules, a connection is closed at once), the size of a request, what a
-//! connection buffers (one read, one request being framed and at most [`IN_FLIGHT`] requests or
-//! replies: at most about 100 KiB, so 100 MiB at the default 1,024 connections), the time between
-//! requests (`idle`), the whole connection (`lifetime`) and a reply's write (a client that does
-//! not read is closed). Each way a connection ends is counted.
+//! connection buffers (a 16 KiB read, a request being framed, [`WAITING`] requests waiting for
+//! the signer and [`IN_FLIGHT`] with it or as replies: at most about 200 KiB, a third of that
+//! with requests of the usual 1 KiB), the time between requests (`idle`), the whole connection
+//! (`lifetime`) and a reply's write (a client that does not read is closed). Each way a
+//! connection ends is counted.
 //!
-//! Under a standing overload the signer sheds by age, as the UDP workers do ([`Ageing`], with
-//! the same `--shed-target` and `--shed-interval`): a request that waited longer than the target
-//! before its batch is signed gets no reply and is counted as `shed`, so that the requests
-//! signed are fresh rather than all of them late; a connection that has [`SHED_IN_A_ROW`]
-//! requests in a row shed is closed (`closed_ageing`), which gives its slot to another.
+//! Under overload what waits does so where chimed can time it and choose. A connection is read
+//! as fast as its bytes come, not only while it has room with the signer: past [`WAITING`], its
+//! oldest waiting request is shed, so that a client that sends faster than it is served does
+//! not fill the kernel's buffers with requests that would be late. The signer sheds by age, as
+//! the UDP workers do ([`Ageing`], with the same `--shed-target` and `--shed-interval`): under a
+//! standing queue a request read longer than the target ago gets no reply. Both count as `shed`;
+//! a connection with [`SHED_IN_A_ROW`] requests in a row shed is closed (`closed_ageing`),
+//! which gives its slot to another.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -55,12 +59,15 @@ pub(crate) const MAX_MESSAGE: usize = 4096;
 /// Room for any Ed25519 reply (none is longer than 1024 bytes); ML-DSA-44 replies are made to
 /// measure.
 const MAX_REPLY: usize = 2048;
+/// Requests one connection may have waiting for the signer to have room, beyond those in flight;
+/// past it the oldest is shed.
+pub(crate) const WAITING: usize = 16;
 /// Requests in a row shed on one connection before it is closed: one shed request is a client's
-/// lost poll, as over UDP; a run of them is a client the server cannot serve in time.
-pub(crate) const SHED_IN_A_ROW: usize = 4;
+/// lost poll, as over UDP; a window's worth in a row is a client the server cannot serve in time.
+pub(crate) const SHED_IN_A_ROW: usize = 2 * IN_FLIGHT;
 /// How long writing one reply may take before the client is taken not to be reading.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-const READ_CHUNK: usize = 4096;
+const READ_CHUNK: usize = 16 * 1024;
 
 /// The bounds on Roughtime's TCP connections (`[roughtime.tcp]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +115,8 @@ pub(crate) struct Counts {
     pub(crate) closed_unanswered: AtomicU64,
     /// [`SHED_IN_A_ROW`] requests in a row waited too long and were shed.
     pub(crate) closed_ageing: AtomicU64,
+    /// Requests shed from a connection's waiting ones since the signer last counted them.
+    pub(crate) shed_waiting: AtomicU64,
     /// A reply could not be written within [`WRITE_TIMEOUT`].
     pub(crate) closed_slow: AtomicU64,
     /// A read or write failed (reset by the peer and the like).
@@ -278,7 +287,8 @@ pub(crate) fn spawn(
                 .with_heartbeat(beat);
                 let (jobs, queue) = mpsc::channel(4 * MAX_BATCH_SIZE);
                 let ageing = shed.map(Ageing::new);
-                let signer = tokio::spawn(sign(queue, shared.clone(), (stats, ageing), pq));
+                let counting = (stats, ageing, counts.clone());
+                let signer = tokio::spawn(sign(queue, shared.clone(), counting, pq));
                 let addresses = PerAddress::default();
                 let mut accepting = tokio::task::JoinSet::new();
                 for l in listeners {
@@ -414,7 +424,7 @@ async fn serve_connection(
     counts: Arc<Counts>,
     _slot: Slot,
 ) {
-    let end = converse(stream, peer, &jobs, limits).await;
+    let end = converse(stream, peer, (&jobs, &counts), limits).await;
     let counter = match end {
         End::ByClient => &counts.closed_by_client,
         End::Idle => &counts.closed_idle,
@@ -429,100 +439,136 @@ async fn serve_connection(
     counter.fetch_add(1, Relaxed);
 }
 
+/// A connection's requests: framed and waiting for the signer to have room (oldest first), and
+/// handed to it. Reading never waits for room: requests beyond [`WAITING`] push the oldest out
+/// (shed), so that what waits does so here, timed, rather than unseen in the kernel's buffers.
+struct Requests {
+    frames: FrameReader,
+    waiting: std::collections::VecDeque<(Vec<u8>, std::time::Instant)>,
+    in_flight: usize,
+    shed_in_a_row: usize,
+}
+
+impl Requests {
+    /// Takes `bytes` read from the connection; whether a whole request came.
+    fn read(&mut self, bytes: &[u8], counts: &Counts) -> Result<bool, End> {
+        self.frames.push(bytes);
+        let before = self.waiting.len();
+        while let Some(packet) = self.frames.next_packet().map_err(|_| End::BadFrame)? {
+            self.waiting
+                .push_back((packet.to_vec(), std::time::Instant::now()));
+        }
+        let came = self.waiting.len() > before;
+        while self.waiting.len() > WAITING {
+            self.waiting.pop_front();
+            counts.shed_waiting.fetch_add(1, Relaxed);
+            self.shed()?;
+        }
+        Ok(came)
+    }
+
+    /// One of this connection's requests was shed.
+    fn shed(&mut self) -> Result<(), End> {
+        self.shed_in_a_row += 1;
+        match self.shed_in_a_row >= SHED_IN_A_ROW {
+            true => Err(End::Ageing),
+            false => Ok(()),
+        }
+    }
+
+    /// Whether a request waits and the signer may take one more of this connection's.
+    fn ready(&self) -> bool {
+        !self.waiting.is_empty() && self.in_flight < IN_FLIGHT
+    }
+
+    /// The oldest waiting request, as a job for the signer.
+    fn next_job(&mut self, peer: IpAddr, reply: &mpsc::Sender<Reply>) -> Option<Job> {
+        let (packet, read_at) = self.waiting.pop_front()?;
+        self.in_flight += 1;
+        Some(Job {
+            packet,
+            peer,
+            read_at,
+            reply: reply.clone(),
+        })
+    }
+}
+
 /// Reads requests and writes replies until the connection ends, and says why it did.
 async fn converse(
     stream: TcpStream,
     peer: IpAddr,
-    jobs: &mpsc::Sender<Job>,
+    (jobs, counts): (&mpsc::Sender<Job>, &Counts),
     limits: Limits,
 ) -> End {
     let (mut rd, mut wr) = stream.into_split();
     let (reply_to, mut replies) = mpsc::channel::<Reply>(IN_FLIGHT);
-    let mut shed_in_a_row = 0;
-    let mut frames = FrameReader::new(MAX_MESSAGE);
+    let mut requests = Requests {
+        frames: FrameReader::new(MAX_MESSAGE),
+        waiting: std::collections::VecDeque::with_capacity(WAITING + 1),
+        in_flight: 0,
+        shed_in_a_row: 0,
+    };
     let mut buf = vec![0u8; READ_CHUNK];
-    let (mut in_flight, mut reading) = (0usize, true);
+    let mut reading = true;
     let ends = Instant::now() + limits.lifetime;
     let mut idle_until = Instant::now() + limits.idle;
     loop {
-        tokio::select! {
+        let handed = tokio::select! {
             biased;
             Some(reply) = replies.recv() => {
-                in_flight -= 1;
-                // A request that gets no reply ends the connection (RFC 10049 §4: either side
-                // closes on errors), so the client learns at once rather than at its timeout.
+                requests.in_flight -= 1;
                 match reply {
                     Reply::Signed(bytes) => {
-                        shed_in_a_row = 0;
+                        requests.shed_in_a_row = 0;
                         match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
                             Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
                             Ok(Err(_)) => return End::Error,
                             Err(_) => return End::Slow,
                         }
                     }
+                    // A request that gets no reply ends the connection (RFC 10049 §4: either
+                    // side closes on errors), so the client learns at once, not at its timeout.
                     Reply::Dropped => return End::Unanswered,
-                    Reply::Shed if shed_in_a_row + 1 >= SHED_IN_A_ROW => return End::Ageing,
-                    Reply::Shed => shed_in_a_row += 1,
+                    Reply::Shed => {
+                        if let Err(end) = requests.shed() {
+                            return end;
+                        }
+                    }
                 }
-                // Packets that waited in the reader for room go now.
-                if let Err(end) = submit(&mut frames, &mut in_flight, peer, jobs, &reply_to).await {
-                    return end;
-                }
-                if !reading && in_flight == 0 {
-                    return End::ByClient;
-                }
+                Ok(())
             }
-            read = rd.read(&mut buf), if reading && in_flight < IN_FLIGHT => match read {
+            permit = jobs.reserve(), if requests.ready() => match permit {
+                Ok(permit) => {
+                    permit.send(requests.next_job(peer, &reply_to).expect("one waits"));
+                    Ok(())
+                }
+                Err(_) => return End::Stopping,
+            },
+            read = rd.read(&mut buf), if reading => match read {
                 Ok(0) => {
                     reading = false;
-                    if in_flight == 0 {
-                        return End::ByClient;
-                    }
+                    Ok(())
                 }
-                Ok(n) => {
-                    frames.push(&buf[..n]);
-                    let before = in_flight;
-                    if let Err(end) =
-                        submit(&mut frames, &mut in_flight, peer, jobs, &reply_to).await
-                    {
-                        return end;
-                    }
-                    if in_flight > before {
+                Ok(n) => match requests.read(&buf[..n], counts) {
+                    Ok(true) => {
                         idle_until = Instant::now() + limits.idle;
+                        Ok(())
                     }
-                }
+                    other => other.map(drop),
+                },
                 Err(_) => return End::Error,
             },
             () = sleep_until(idle_until) => return End::Idle,
             () = sleep_until(ends) => return End::Lifetime,
+        };
+        if let Err(end) = handed {
+            return end;
+        }
+        if !reading && requests.in_flight == 0 && requests.waiting.is_empty() {
+            return End::ByClient;
         }
     }
-}
-
-/// Hands the whole packets the reader holds to the signer, while the connection has room.
-async fn submit(
-    frames: &mut FrameReader,
-    in_flight: &mut usize,
-    peer: IpAddr,
-    jobs: &mpsc::Sender<Job>,
-    reply_to: &mpsc::Sender<Reply>,
-) -> Result<(), End> {
-    while *in_flight < IN_FLIGHT {
-        let packet = match frames.next_packet() {
-            Ok(Some(p)) => p.to_vec(),
-            Ok(None) => return Ok(()),
-            Err(_) => return Err(End::BadFrame),
-        };
-        let job = Job {
-            packet,
-            peer,
-            read_at: std::time::Instant::now(),
-            reply: reply_to.clone(),
-        };
-        jobs.send(job).await.map_err(|_| End::Stopping)?;
-        *in_flight += 1;
-    }
-    Ok(())
 }
 
 /// Signs what the connections send, as many as have queued (up to [`MAX_BATCH_SIZE`]) per
@@ -530,7 +576,7 @@ async fn submit(
 async fn sign(
     mut queue: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
-    (mut stats, mut ageing): (WorkerStats<REASONS>, Option<Ageing>),
+    (mut stats, mut ageing, counts): (WorkerStats<REASONS>, Option<Ageing>, Arc<Counts>),
     pq: Option<PqNow>,
 ) {
     #[cfg(feature = "mldsa")]
@@ -557,6 +603,7 @@ async fn sign(
                 if n == 0 {
                     break;
                 }
+                stats.shed(counts.shed_waiting.swap(0, Relaxed) as usize);
                 if let Some(ageing) = &mut ageing {
                     shed(ageing, &mut jobs, n == MAX_BATCH_SIZE, &mut stats);
                 }
@@ -571,9 +618,13 @@ async fn sign(
                 }
                 jobs.clear();
             }
-            _ = ticks.tick() => stats.tick(clock::read().unix_secs()),
+            _ = ticks.tick() => {
+                stats.shed(counts.shed_waiting.swap(0, Relaxed) as usize);
+                stats.tick(clock::read().unix_secs());
+            }
         }
     }
+    stats.shed(counts.shed_waiting.swap(0, Relaxed) as usize);
     stats.finish();
 }
 
@@ -828,5 +879,41 @@ pub(super) mod tests {
             .take(4)
             .map(|mut a| a.try_recv().unwrap());
         assert!(shed_told.into_iter().all(|r| r == Reply::Shed));
+    }
+
+    /// A connection is read however far ahead of the signer its client is: past [`WAITING`]
+    /// the oldest waiting request goes, counted as shed, and a run of them closes it.
+    #[test]
+    fn a_connection_ahead_of_the_signer_sheds_its_oldest_waiting_requests() {
+        let counts = Counts::default();
+        let mut requests = Requests {
+            frames: FrameReader::new(MAX_MESSAGE),
+            waiting: Default::default(),
+            in_flight: 0,
+            shed_in_a_row: 0,
+        };
+        let packets: Vec<Vec<u8>> = (0..WAITING as u8 + 3).map(request).collect();
+        let bytes: Vec<u8> = packets.concat();
+        assert_eq!(requests.read(&bytes, &counts).ok(), Some(true));
+        assert_eq!(requests.waiting.len(), WAITING);
+        assert_eq!(counts.shed_waiting.load(Relaxed), 3);
+        // The youngest stay, oldest first: the fourth request leads.
+        assert_eq!(requests.waiting[0].0, packets[3]);
+        let (reply, _answers) = mpsc::channel(IN_FLIGHT);
+        let job = requests
+            .next_job("192.0.2.1".parse().unwrap(), &reply)
+            .unwrap();
+        assert_eq!((job.packet, requests.in_flight), (packets[3].clone(), 1));
+        // A signed reply ends a run; SHED_IN_A_ROW sheds in a row end the connection.
+        requests.shed_in_a_row = 0;
+        for _ in 1..SHED_IN_A_ROW {
+            assert!(requests.shed().is_ok());
+        }
+        assert!(matches!(requests.shed(), Err(End::Ageing)));
+        // Bytes that are not Roughtime end it too.
+        assert!(matches!(
+            requests.read(&[0xff; 64], &counts),
+            Err(End::BadFrame)
+        ));
     }
 }
