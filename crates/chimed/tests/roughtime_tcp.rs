@@ -528,7 +528,9 @@ fn pipeline_until(addr: SocketAddr, client: u8, deadline: Instant) -> usize {
     let mut replies = 0;
     while Instant::now() < deadline {
         let mut stream = connect(addr);
-        stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
         let (mut frames, mut buf) = (FrameReader::new(1 << 16), [0u8; 4096]);
         'connection: while Instant::now() < deadline {
             if stream.write_all(&batch).is_err() {
