@@ -3,7 +3,8 @@
 //! does slows the UDP workers.
 //!
 //! A connection carries packets back to back (chime-roughtime's `stream`), requests pipelined, up
-//! to [`IN_FLIGHT`] unanswered at once; replies go back as they are signed. Requests from every
+//! to [`IN_FLIGHT`] unanswered at once; replies go back as they are signed, all those ready in one
+//! write (a write per reply cost more than signing it). Requests from every
 //! connection meet in one signer, which signs whatever has queued as one batch (one signature
 //! over one Merkle tree per version family, each reply with its own path), as the UDP workers do
 //! with a receive batch. It drops what they drop (an unsynchronised upstream, a request it cannot
@@ -471,6 +472,22 @@ impl Requests {
         Ok(came)
     }
 
+    /// What became of one of this connection's requests: a reply goes onto `out`; one that
+    /// got none ends the connection (RFC 10049 §4: either side closes on errors), so that the
+    /// client learns at once rather than at its timeout, unless it was shed.
+    fn take(&mut self, reply: Reply, out: &mut Vec<u8>) -> Result<(), End> {
+        self.in_flight -= 1;
+        match reply {
+            Reply::Signed(bytes) => {
+                self.shed_in_a_row = 0;
+                out.extend_from_slice(&bytes);
+                Ok(())
+            }
+            Reply::Dropped => Err(End::Unanswered),
+            Reply::Shed => self.shed(),
+        }
+    }
+
     /// One of this connection's requests was shed by the signer, having waited too long.
     fn shed(&mut self) -> Result<(), End> {
         self.shed_in_a_row += 1;
@@ -513,7 +530,10 @@ async fn converse(
         in_flight: 0,
         shed_in_a_row: 0,
     };
-    let mut buf = vec![0u8; READ_CHUNK];
+    let (mut buf, mut out) = (
+        vec![0u8; READ_CHUNK],
+        Vec::with_capacity(IN_FLIGHT * MAX_REPLY),
+    );
     let mut reading = true;
     let ends = Instant::now() + limits.lifetime;
     let mut idle_until = Instant::now() + limits.idle;
@@ -521,26 +541,20 @@ async fn converse(
         let handed = tokio::select! {
             biased;
             Some(reply) = replies.recv() => {
-                requests.in_flight -= 1;
-                match reply {
-                    Reply::Signed(bytes) => {
-                        requests.shed_in_a_row = 0;
-                        match timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
-                            Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
-                            Ok(Err(_)) => return End::Error,
-                            Err(_) => return End::Slow,
-                        }
-                    }
-                    // A request that gets no reply ends the connection (RFC 10049 §4: either
-                    // side closes on errors), so the client learns at once, not at its timeout.
-                    Reply::Dropped => return End::Unanswered,
-                    Reply::Shed => {
-                        if let Err(end) = requests.shed() {
-                            return end;
-                        }
+                // Every reply that is in goes out in one write.
+                out.clear();
+                let mut ended = requests.take(reply, &mut out);
+                while ended.is_ok() && let Ok(reply) = replies.try_recv() {
+                    ended = requests.take(reply, &mut out);
+                }
+                if !out.is_empty() {
+                    match timeout(WRITE_TIMEOUT, wr.write_all(&out)).await {
+                        Ok(Ok(())) => idle_until = Instant::now() + limits.idle,
+                        Ok(Err(_)) => return End::Error,
+                        Err(_) => return End::Slow,
                     }
                 }
-                Ok(())
+                ended
             }
             permit = jobs.reserve(), if requests.ready() => match permit {
                 Ok(permit) => {
@@ -908,8 +922,20 @@ pub(super) mod tests {
             .next_job("192.0.2.1".parse().unwrap(), &reply)
             .unwrap();
         assert_eq!((job.packet, requests.in_flight), (packets[3].clone(), 1));
-        // A signed reply ends a run; SHED_IN_A_ROW sheds in a row end the connection.
-        requests.shed_in_a_row = 0;
+        // Replies go onto what is written next; a signed one ends a run of sheds, and
+        // SHED_IN_A_ROW sheds in a row end the connection, as does a dropped request.
+        let mut out = Vec::new();
+        requests.in_flight = 3;
+        assert!(requests.take(Reply::Shed, &mut out).is_ok());
+        assert!(requests.take(Reply::Signed(vec![1, 2]), &mut out).is_ok());
+        assert_eq!(
+            (out, requests.in_flight, requests.shed_in_a_row),
+            (vec![1, 2], 1, 0)
+        );
+        assert!(matches!(
+            requests.take(Reply::Dropped, &mut vec![]),
+            Err(End::Unanswered)
+        ));
         for _ in 1..SHED_IN_A_ROW {
             assert!(requests.shed().is_ok());
         }
