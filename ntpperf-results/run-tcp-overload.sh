@@ -8,8 +8,8 @@
 # loopback, mirroring a chronyd -x started here; `chime perf roughtime --tcp` runs pinned to CPU 1
 # over reused connections. One core of the server's can sign faster than one core of the
 # generator's can send over TCP, so to load the server past its capacity `--cpu-share PCT` holds it
-# to that share of CPU 0 (a cgroup v1 CPU quota, over 4 ms periods: a stall of at most 4 ms, under
-# the 5 ms shed target). The summary gives each round's figures, each build's mean, and B/A.
+# to that share of CPU 0 (a cgroup v1 CPU quota of 1.2 ms per 120/PCT ms: 4 ms periods at 30%,
+# 8 ms at 15%). The summary gives each round's figures, each build's mean, and B/A.
 #
 # This script builds nothing: it is given the binaries. Needs chronyd, taskset, python3.
 set -euo pipefail
@@ -61,8 +61,8 @@ cleanup() {
 trap cleanup EXIT
 if [[ -n $share ]]; then
     mkdir "$group"
-    echo 4000 >"$group/cpu.cfs_period_us"
-    echo $((share * 40)) >"$group/cpu.cfs_quota_us"
+    echo $((120000 / share)) >"$group/cpu.cfs_period_us"
+    echo 1200 >"$group/cpu.cfs_quota_us"
 fi
 
 free_port() {
