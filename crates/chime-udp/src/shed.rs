@@ -28,6 +28,11 @@
 //!   thread spends anything on it: shedding in the thread costs a receive per datagram, which
 //!   at twice the capacity is a fifth of the replies; a short kernel queue costs none.
 //!
+//! Once the overload has passed, the buffer grows back a step at a time, twice as large each
+//! interval the queue does not stand, rather than all at once: near capacity an overload comes
+//! and goes, and one that comes back to a full buffer stands a whole queue again, an interval
+//! long, which is then received only to be shed.
+//!
 //! CoDel drops one packet at a time, at a rate that grows until the senders slow down; datagram
 //! clients do not slow down, and a request that waited past the target has already lost most of
 //! its worth, so every old one goes at once. Sans-IO: the caller reads the clock, passes the
@@ -164,7 +169,7 @@ impl Shedder {
             let over = !full && self.buffer >= self.full_buffer;
             let due = now_ns - self.sized_at >= self.interval_ns.max(1);
             if over || due && !self.dropped {
-                return self.stop(cutoff);
+                return self.stop(cutoff, now_ns);
             }
             let mut recv_buffer = None;
             if due {
@@ -201,15 +206,25 @@ impl Shedder {
             // Young, or the queue drained with this batch: a burst, absorbed.
             self.above_since = None;
         }
+        // After an overload the buffer grows back step by step, twice as large each interval
+        // the queue does not stand: a load that comes back finds a short queue to shed.
+        if self.buffer < self.full_buffer && now_ns - self.sized_at >= self.interval_ns.max(1) {
+            self.sized_at = now_ns;
+            return Decision {
+                cutoff: None,
+                recv_buffer: self.scaled(2.0).or(Some(self.full_buffer)),
+            };
+        }
         Decision::default()
     }
 
-    fn stop(&mut self, cutoff: Option<Timestamp>) -> Decision {
+    fn stop(&mut self, cutoff: Option<Timestamp>, now_ns: i128) -> Decision {
         self.shedding = false;
         self.above_since = None;
+        self.sized_at = now_ns;
         Decision {
             cutoff,
-            recv_buffer: (self.buffer != self.full_buffer).then_some(self.full_buffer),
+            recv_buffer: None,
         }
     }
 
@@ -516,16 +531,28 @@ mod tests {
         // Neither: it stays.
         s.kernel_drops(300);
         assert_eq!(s.decide(ts(1550 * MS), at(1548 * MS), true), none);
-        // An interval in which the kernel dropped nothing: the load fits, shedding ends and the
-        // buffer is back at its full size (this batch's old ones still go).
+        // An interval in which the kernel dropped nothing: the load fits and shedding ends (this
+        // batch's old ones still go); the buffer stays as it is, to grow back step by step.
         let d = s.decide(ts(1650 * MS), at(1640 * MS), true);
-        assert_eq!((d.cutoff, d.recv_buffer), (Some(ts(1645 * MS)), Some(full)));
-        s.buffer_granted(full);
+        assert_eq!((d.cutoff, d.recv_buffer), (Some(ts(1645 * MS)), None));
         assert!(!s.is_shedding());
         // A burst that drains (a batch that does not fill) before the interval starts it over.
         assert_eq!(s.decide(ts(1660 * MS), at(1650 * MS), true), none);
         assert_eq!(s.decide(ts(1700 * MS), at(1680 * MS), false), none);
-        assert_eq!(s.decide(ts(1780 * MS), at(1770 * MS), true), none);
+        // Each interval the queue does not stand, the buffer doubles, up to its full size.
+        let d = s.decide(ts(1780 * MS), at(1779 * MS), true);
+        assert_eq!(
+            d,
+            Decision {
+                cutoff: None,
+                recv_buffer: Some(larger * 2)
+            }
+        );
+        s.buffer_granted(larger * 2);
+        let d = s.decide(ts(1880 * MS), at(1879 * MS), false);
+        assert_eq!(d.recv_buffer, Some(full));
+        s.buffer_granted(full);
+        assert_eq!(s.decide(ts(1980 * MS), at(1979 * MS), false), none);
         assert!(!s.is_shedding());
     }
 
@@ -576,5 +603,23 @@ mod tests {
         s.kernel_drops(1);
         let d = s.decide(Timestamp::from_nanos(151 * MS), at(140 * MS), true);
         assert_eq!((d.cutoff.is_some(), d.recv_buffer), (true, None));
+    }
+
+    /// An overload just over capacity with lulls in it (as a generator's, or clients' polls,
+    /// come and go): shedding ends in each lull, and the buffer grows back a step an interval
+    /// rather than all at once, so that the overload's return finds a short queue to shed
+    /// rather than a full one. Restoring it at once (as before) shed 55,173 requests received
+    /// only to be shed and answered 870,924; this sheds 8,786 and answers 883,514.
+    #[test]
+    fn after_an_overload_the_buffer_grows_back_a_step_at_a_time() {
+        // 400k/s of capacity; 380 ms at 1.1 times it, then 120 ms at half of it, six times.
+        let phases: Vec<_> = (0..6)
+            .flat_map(|_| [(380 * MS, 440_000), (120 * MS, 200_000)])
+            .collect();
+        let out = simulate(ShedConfig::default(), 8000 * DATAGRAM, &phases, 700, 1_800);
+        let answered: usize = answered_per_slot(&out, 300)[50..300].iter().sum();
+        let shed = out.shed.iter().filter(|&&a| a > 500 * MS).count();
+        assert!(shed < 20_000, "{shed} received only to be shed");
+        assert!(answered > 880_000, "{answered} answered in 2.5 s");
     }
 }
