@@ -65,8 +65,17 @@ if [[ -n $share ]]; then
     echo 1200 >"$group/cpu.cfs_quota_us"
 fi
 
+# A port free for both UDP and TCP: Roughtime over TCP binds the UDP socket's port.
 free_port() {
-    python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    python3 -c '
+import socket
+while True:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
+    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        t.bind(("127.0.0.1", u.getsockname()[1])); print(u.getsockname()[1]); break
+    except OSError:
+        pass'
 }
 
 chrony_port=$(free_port)
