@@ -58,25 +58,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-chrony_port=$(free_port)
-cat >"$work/chrony.conf" <<EOF
-port $chrony_port
-bindaddress 127.0.0.1
-allow 127.0.0.1
-local stratum 3
-cmdport 0
-pidfile $work/chronyd.pid
-driftfile $work/drift
-EOF
-/usr/sbin/chronyd -x -d -u root -f "$work/chrony.conf" >"$work/chronyd.log" 2>&1 &
-pids+=($!)
-"$chime" keygen "$work/rt.key" >"$work/keygen.txt"
-public=$(sed -n 's/.*public key (base64): \([^ ]*\).*/\1/p' "$work/keygen.txt" | head -1)
-[[ -n $public ]] || { echo "run-ab.sh: no public key from chime keygen:" >&2; cat "$work/keygen.txt" >&2; exit 1; }
+# shellcheck source=bench-lib.sh
+source "$(dirname "$0")/bench-lib.sh"
+start_upstream
 
 {
     echo "date: $(date -u +%FT%TZ)"

@@ -66,33 +66,9 @@ if [[ -n $share ]]; then
 fi
 
 # A port free for both UDP and TCP: Roughtime over TCP binds the UDP socket's port.
-free_port() {
-    python3 -c '
-import socket
-while True:
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0))
-    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        t.bind(("127.0.0.1", u.getsockname()[1])); print(u.getsockname()[1]); break
-    except OSError:
-        pass'
-}
-
-chrony_port=$(free_port)
-cat >"$work/chrony.conf" <<EOF
-port $chrony_port
-bindaddress 127.0.0.1
-allow 127.0.0.1
-local stratum 3
-cmdport 0
-pidfile $work/chronyd.pid
-driftfile $work/drift
-EOF
-/usr/sbin/chronyd -x -d -u root -f "$work/chrony.conf" >"$work/chronyd.log" 2>&1 &
-pids+=($!)
-"$chime" keygen "$work/rt.key" >"$work/keygen.txt"
-public=$(sed -n 's/.*public key (base64): \([^ ]*\).*/\1/p' "$work/keygen.txt" | head -1)
-[[ -n $public ]] || { echo "run-tcp-overload.sh: no public key from chime keygen" >&2; exit 1; }
+# shellcheck source=bench-lib.sh
+source "$(dirname "$0")/bench-lib.sh"
+start_upstream
 
 run_one() {
     local label=$1 bin=$2 round=$3
