@@ -141,7 +141,7 @@ impl Settings {
 
     /// Every value as a dotted key and its value: what SIGHUP compares.
     fn values(&self) -> Vec<(String, Value)> {
-        let value = Value::serialize(&self.config).unwrap_or(Value::from(false));
+        let value = Value::serialize(&self.config).expect("the schema's own values serialise");
         let keys = resolve::value_keys(&value);
         let at = |k: String| value.find_ref(&k).map(|v| (k, v.clone()));
         keys.into_iter().filter_map(at).collect()
