@@ -458,10 +458,9 @@ impl Requests {
     /// Takes `bytes` read from the connection; whether a whole request came.
     fn read(&mut self, bytes: &[u8], counts: &Counts) -> Result<bool, End> {
         self.frames.push(bytes);
-        let before = self.waiting.len();
+        let (before, read_at) = (self.waiting.len(), std::time::Instant::now());
         while let Some(packet) = self.frames.next_packet().map_err(|_| End::BadFrame)? {
-            self.waiting
-                .push_back((packet.to_vec(), std::time::Instant::now()));
+            self.waiting.push_back((packet.to_vec(), read_at));
         }
         let came = self.waiting.len() > before;
         // A client that sends faster than it is served: not a stuck one, so no run of sheds.
@@ -530,10 +529,7 @@ async fn converse(
         in_flight: 0,
         shed_in_a_row: 0,
     };
-    let (mut buf, mut out) = (
-        vec![0u8; READ_CHUNK],
-        Vec::with_capacity(IN_FLIGHT * MAX_REPLY),
-    );
+    let (mut buf, mut out) = (vec![0u8; READ_CHUNK], Vec::new());
     let mut reading = true;
     let ends = Instant::now() + limits.lifetime;
     let mut idle_until = Instant::now() + limits.idle;
