@@ -172,6 +172,20 @@ pub(crate) fn program(map_fd: RawFd, targets: &[Target]) -> Vec<Insn> {
     a.jump(JMP_JA, 0, 0, 0, pass);
 
     a.place(v4);
+    ipv4(&mut a, targets, (redirect, pass));
+    a.place(v6);
+    ipv6(&mut a, targets, (redirect, pass));
+    a.place(redirect);
+    to_socket(&mut a, map_fd, pass);
+    a.place(pass);
+    a.mov_imm(0, XDP_PASS);
+    a.emit(JMP_EXIT, 0, 0, 0, 0);
+    a.finish()
+}
+
+/// An IPv4 frame: UDP without options or fragments, to one of `targets`, jumps to `redirect`;
+/// anything else to `pass`.
+fn ipv4(a: &mut Asm, targets: &[Target], (redirect, pass): (Label, Label)) {
     a.emit(LDX_B, 4, 2, 14, 0);
     // Version 4 and a 20-byte header: frames with options go to the kernel.
     a.jump(JMP32_JNE_K, 4, 0, 0x45, pass);
@@ -203,8 +217,11 @@ pub(crate) fn program(map_fd: RawFd, targets: &[Target]) -> Vec<Insn> {
         a.place(next);
     }
     a.jump(JMP_JA, 0, 0, 0, pass);
+}
 
-    a.place(v6);
+/// An IPv6 frame: UDP with no extension header, to one of `targets`, jumps to `redirect`;
+/// anything else to `pass`.
+fn ipv6(a: &mut Asm, targets: &[Target], (redirect, pass): (Label, Label)) {
     // Ethernet (14) + IPv6 (40) + UDP (8).
     a.check_len(4, 2, 3, 62, pass);
     a.emit(LDX_B, 4, 2, 14, 0);
@@ -233,8 +250,11 @@ pub(crate) fn program(map_fd: RawFd, targets: &[Target]) -> Vec<Insn> {
         a.place(next);
     }
     a.jump(JMP_JA, 0, 0, 0, pass);
+}
 
-    a.place(redirect);
+/// A frame for the sockets: the clock reading goes into its metadata, then it is redirected to
+/// its receive queue's socket through the XSKMAP `map_fd` (to `pass` if there is no room).
+fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
     a.mov(1, 6);
     a.mov_imm(2, -(META_LEN as i32));
     a.emit(JMP_CALL, 0, 0, 0, FN_XDP_ADJUST_META);
@@ -252,11 +272,6 @@ pub(crate) fn program(map_fd: RawFd, targets: &[Target]) -> Vec<Insn> {
     a.mov_imm(3, XDP_PASS);
     a.emit(JMP_CALL, 0, 0, 0, FN_REDIRECT_MAP);
     a.emit(JMP_EXIT, 0, 0, 0, 0);
-
-    a.place(pass);
-    a.mov_imm(0, XDP_PASS);
-    a.emit(JMP_EXIT, 0, 0, 0, 0);
-    a.finish()
 }
 
 // bpf(2) commands and the types and flags used with them.

@@ -161,6 +161,44 @@ fn interface_addrs(interface: &str) -> io::Result<Vec<IpAddr>> {
 /// How long binding a queue is retried while another AF_XDP socket still holds it.
 const BUSY_WAIT: Duration = Duration::from_secs(2);
 
+/// Each group's addresses, an unspecified one standing for every address of its family that
+/// `own` (the interface's) holds.
+fn group_targets(groups: &[XdpGroup], own: &[IpAddr]) -> Vec<Vec<SocketAddr>> {
+    let expand = |a: &SocketAddr| -> Vec<SocketAddr> {
+        if !a.ip().is_unspecified() {
+            return vec![*a];
+        }
+        let family = own.iter().filter(|ip| ip.is_ipv4() == a.is_ipv4());
+        family.map(|&ip| SocketAddr::new(ip, a.port())).collect()
+    };
+    (groups.iter())
+        .map(|g| g.addrs.iter().flat_map(expand).collect())
+        .collect()
+}
+
+/// What an operator can do about a failed step (`what`) of setting XDP up, from its errno.
+fn hint(what: &str, e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => " (needs CAP_NET_ADMIN and CAP_BPF, or root)",
+        Some(libc::EBUSY) if what.starts_with("an AF_XDP socket") => {
+            " (another AF_XDP socket holds the queue: another chimed on this interface, or \
+             another program's)"
+        }
+        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+            " (the interface already has an XDP program: detach it with `ip link set dev IFACE \
+             xdp off`)"
+        }
+        Some(libc::ENOBUFS) | Some(libc::ENOMEM) => {
+            " (the frames are locked memory: raise RLIMIT_MEMLOCK, e.g. LimitMEMLOCK= in the \
+             unit, or grant CAP_IPC_LOCK)"
+        }
+        Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
+            " (the driver may lack native XDP or AF_XDP support)"
+        }
+        _ => "",
+    }
+}
+
 /// Makes the socket for queue `queue`, retrying for up to [`BUSY_WAIT`] while the queue is busy:
 /// the kernel releases a dead process's AF_XDP sockets a little after the process is gone (its
 /// program is detached at once), so a chimed restarted at once, or after `kill -9`, would
@@ -215,48 +253,17 @@ impl XdpBound {
                 cfg.threads
             )));
         }
-        let own = interface_addrs(iface)?;
-        let mut targets = Vec::new();
-        let mut prog_targets = Vec::new();
-        for g in &cfg.groups {
-            let mut addrs = Vec::new();
-            for a in &g.addrs {
-                if a.ip().is_unspecified() {
-                    for &ip in own.iter().filter(|ip| ip.is_ipv4() == a.is_ipv4()) {
-                        addrs.push(SocketAddr::new(ip, a.port()));
-                    }
-                } else {
-                    addrs.push(*a);
-                }
-            }
-            prog_targets.extend(addrs.iter().map(|a| (Some(a.ip()), a.port())));
-            targets.push(addrs);
-        }
+        let targets = group_targets(&cfg.groups, &interface_addrs(iface)?);
+        let prog_targets: Vec<bpf::Target> = (targets.iter().flatten())
+            .map(|a| (Some(a.ip()), a.port()))
+            .collect();
         if prog_targets.is_empty() {
             return Err(invalid(format!(
                 "XDP on {iface}: none of the addresses to serve is on the interface"
             )));
         }
         let ctx = |what: &str, e: io::Error| {
-            let hint = match e.raw_os_error() {
-                Some(libc::EPERM) => " (needs CAP_NET_ADMIN and CAP_BPF, or root)",
-                Some(libc::EBUSY) if what.starts_with("an AF_XDP socket") => {
-                    " (another AF_XDP socket holds the queue: another chimed on this interface, \
-                     or another program's)"
-                }
-                Some(libc::EBUSY) | Some(libc::EEXIST) => {
-                    " (the interface already has an XDP program: detach it with \
-                     `ip link set dev IFACE xdp off`)"
-                }
-                Some(libc::ENOBUFS) | Some(libc::ENOMEM) => {
-                    " (the frames are locked memory: raise RLIMIT_MEMLOCK, e.g. LimitMEMLOCK= in \
-                     the unit, or grant CAP_IPC_LOCK)"
-                }
-                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
-                    " (the driver may lack native XDP or AF_XDP support)"
-                }
-                _ => "",
-            };
+            let hint = hint(what, &e);
             io::Error::new(e.kind(), format!("XDP on {iface}: {what}: {e}{hint}"))
         };
         let map = bpf::create_xskmap(queues as u32).map_err(|e| ctx("making the socket map", e))?;
