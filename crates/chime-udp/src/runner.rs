@@ -488,16 +488,9 @@ struct Worker {
 impl Worker {
     fn run<H: BatchHandler>(self, mut handler: H, started: mpsc::Sender<io::Result<()>>) {
         let _span = self.span.enter();
-        if let Some(cpu) = self.cpu
-            && let Err(source) = affinity::pin_current_thread(cpu)
-        {
-            let e = ConfigError::Pin {
-                thread: self.name,
-                cpu,
-                source,
-            };
+        if let Err(e) = self.pin() {
             // The receiver only goes away if `spawn` itself is gone; nothing left to tell.
-            let _ = started.send(Err(e.into()));
+            let _ = started.send(Err(e));
             return;
         }
         // Allocated here, once, so that the loop below never allocates.
@@ -563,45 +556,13 @@ impl Worker {
             let received = rx.len();
             // One clock read per batch, and only with shedding on.
             if let Some(s) = &mut shedder {
-                let decision = s.decide(Timestamp::now(), rx.get(0).0.timestamp, full);
-                if let Some(bytes) = decision.recv_buffer {
-                    match self.socket.resize_recv_buffer(bytes) {
-                        Ok(granted) => {
-                            if granted < bytes && !warned_short {
-                                warned_short = true;
-                                tracing::warn!(
-                                    asked = bytes,
-                                    granted,
-                                    "the receive buffer could not grow back after shedding: \
-                                     without CAP_NET_ADMIN it is capped at net.core.rmem_max"
-                                );
-                            }
-                            s.buffer_granted(granted);
-                        }
-                        Err(e) => resize_errors.record(1, &e),
-                    }
-                }
-                if let Some(cutoff) = decision.cutoff {
-                    let shed = rx.shed_received_before(cutoff);
-                    if shed > 0 {
-                        handler.shed(shed);
-                    }
-                }
+                let resizing = (&mut resize_errors, &mut warned_short);
+                self.shed_batch(s, (&mut rx, full), &mut handler, resizing);
             }
             let started = gatherer.as_ref().map(|_| sys::thread_cpu_time());
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
-                handler.before_send(&mut tx);
-                let stamped = tx.wants_tx_timestamps();
-                let outcome = self.socket.send_batch(&mut tx);
-                handler.after_send(&outcome);
-                if stamped {
-                    match self.socket.recv_tx_timestamps(&mut looped) {
-                        Ok(0) => {}
-                        Ok(_) => handler.tx_timestamps(&looped),
-                        Err(e) => recv_errors.record(1, &e),
-                    }
-                }
+                self.send(&mut handler, &mut tx, &mut looped, &mut recv_errors);
             }
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
                 let took = sys::thread_cpu_time().saturating_sub(started);
@@ -622,6 +583,76 @@ impl Worker {
         recv_errors.flush();
         resize_errors.flush();
         tracing::debug!("worker stopped");
+    }
+
+    /// Pins this thread to its CPU, if it has one.
+    fn pin(&self) -> io::Result<()> {
+        match self.cpu.map(|cpu| (cpu, affinity::pin_current_thread(cpu))) {
+            Some((cpu, Err(source))) => Err(ConfigError::Pin {
+                thread: self.name.clone(),
+                cpu,
+                source,
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sends the replies in `tx`, and hands the handler their kernel transmit timestamps if it
+    /// asked for them (they come back on the error queue, into `looped`).
+    fn send<H: BatchHandler>(
+        &self,
+        handler: &mut H,
+        tx: &mut TxBatch,
+        looped: &mut RxBatch,
+        recv_errors: &mut ErrorLog,
+    ) {
+        handler.before_send(tx);
+        let stamped = tx.wants_tx_timestamps();
+        let outcome = self.socket.send_batch(tx);
+        handler.after_send(&outcome);
+        if stamped {
+            match self.socket.recv_tx_timestamps(looped) {
+                Ok(0) => {}
+                Ok(_) => handler.tx_timestamps(looped),
+                Err(e) => recv_errors.record(1, &e),
+            }
+        }
+    }
+
+    /// Shedding's decision for one received batch (`full`: it filled `rx`): the receive buffer
+    /// resized as it says, and the requests that waited too long shed from `rx`.
+    fn shed_batch<H: BatchHandler>(
+        &self,
+        s: &mut Shedder,
+        (rx, full): (&mut RxBatch, bool),
+        handler: &mut H,
+        (resize_errors, warned_short): (&mut ErrorLog, &mut bool),
+    ) {
+        let decision = s.decide(Timestamp::now(), rx.get(0).0.timestamp, full);
+        if let Some(bytes) = decision.recv_buffer {
+            match self.socket.resize_recv_buffer(bytes) {
+                Ok(granted) => {
+                    if granted < bytes && !*warned_short {
+                        *warned_short = true;
+                        tracing::warn!(
+                            asked = bytes,
+                            granted,
+                            "the receive buffer could not grow back after shedding: without \
+                             CAP_NET_ADMIN it is capped at net.core.rmem_max"
+                        );
+                    }
+                    s.buffer_granted(granted);
+                }
+                Err(e) => resize_errors.record(1, &e),
+            }
+        }
+        if let Some(cutoff) = decision.cutoff {
+            let shed = rx.shed_received_before(cutoff);
+            if shed > 0 {
+                handler.shed(shed);
+            }
+        }
     }
 }
 
