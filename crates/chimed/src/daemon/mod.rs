@@ -28,7 +28,6 @@ use crate::observe::stats;
 use crate::roughtime::udp as roughtime_worker;
 use crate::{ntp, ntp::worker as ntp_worker, roughtime};
 
-use self::notify::Heartbeats;
 use self::start::{Prepared, Running};
 use self::supervisor::Supervisor;
 
@@ -186,15 +185,7 @@ async fn supervise(
     (log, notifier): (reload::LogFilter, notify::Notifier),
 ) -> Result<()> {
     let mut sup = Supervisor::new();
-    let mut hearts = Heartbeats::default();
-    let started = start::all(
-        &mut sup,
-        &mut hearts,
-        (settings, secrets),
-        prepared,
-        sockets,
-        log,
-    );
+    let started = start::all(&mut sup, (settings, secrets), prepared, sockets, log);
     let running = match started {
         Ok(running) => running,
         Err(e) => {
@@ -202,9 +193,6 @@ async fn supervise(
             return Err(e);
         }
     };
-    // Beside the workers', the heartbeats of the threads that keep their own (NTS-KE, Roughtime
-    // over TCP).
-    hearts.watch(sup.take_heartbeats());
     let mut sigterm = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("cannot install SIGHUP handler")?;
@@ -233,7 +221,7 @@ async fn supervise(
             }
             failure = sup.first_failure() => break Err(failure),
             _ = feed.tick(), if watchdog.is_some() => {
-                if hearts.all_moved() {
+                if sup.all_moved() {
                     notifier.watchdog();
                 } else {
                     warn!("watchdog: a serving thread has not moved since the last check; not \

@@ -120,13 +120,6 @@ impl Heartbeats {
         Beat(beat)
     }
 
-    /// Counters made elsewhere: those of the thread groups that keep their own (see
-    /// [`crate::daemon::supervisor::Threads::heartbeats`]).
-    pub(crate) fn watch(&mut self, beats: impl IntoIterator<Item = Beat>) {
-        self.beats
-            .extend(beats.into_iter().map(|Beat(beat)| (beat, 0)));
-    }
-
     /// Whether every thread has beaten since the last call (the first call compares with 0).
     pub(crate) fn all_moved(&mut self) -> bool {
         let mut all = true;
@@ -181,11 +174,10 @@ mod tests {
         a.beat();
         b.beat();
         assert!(hearts.all_moved());
-        let c = Beat::default();
-        hearts.watch([c.clone()]);
+        let c = hearts.add();
         a.beat();
         b.beat();
-        assert!(!hearts.all_moved(), "c, watched since, did not beat");
+        assert!(!hearts.all_moved(), "c, added since, did not beat");
         for beat in [&a, &b, &c] {
             beat.beat();
         }

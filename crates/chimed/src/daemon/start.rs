@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use crate::clock::{self, upstream};
 use crate::config::Settings;
 use crate::daemon::bind::{self, Group, Service, Sockets};
-use crate::daemon::notify::Heartbeats;
+use crate::daemon::notify::Beat;
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
 use crate::daemon::secrets::Secrets;
 use crate::daemon::supervisor::Supervisor;
@@ -51,7 +51,6 @@ pub(crate) struct Running {
 /// Starts every service. On an error, the services already started are the supervisor's to stop.
 pub(crate) fn all(
     sup: &mut Supervisor,
-    hearts: &mut Heartbeats,
     (settings, mut secrets): (&Settings, Secrets),
     prepared: Prepared,
     sockets: Sockets,
@@ -68,7 +67,6 @@ pub(crate) fn all(
     let roughtime = (rt_shared.as_ref()).map(|shared| (shared, settings.roughtime.batch_size.0));
     data_plane(
         sup,
-        hearts,
         (sockets.ntp, sockets.roughtime),
         ntp,
         roughtime,
@@ -77,7 +75,6 @@ pub(crate) fn all(
     let xdp = match sockets.xdp {
         Some(bound) => Some(xdp(
             sup,
-            hearts,
             bound,
             settings,
             ntp,
@@ -163,7 +160,6 @@ fn metrics_service(
 /// Starts the NTP and the Roughtime workers on their sockets, group by group.
 fn data_plane(
     sup: &mut Supervisor,
-    hearts: &mut Heartbeats,
     (ntp_groups, rt_groups): (Vec<Group>, Vec<Group>),
     ntp: &Arc<ntp_worker::Shared>,
     roughtime: Option<(&Arc<roughtime_worker::Shared>, usize)>,
@@ -171,9 +167,9 @@ fn data_plane(
 ) -> Result<()> {
     for group in ntp_groups {
         let family = group.family;
-        workers(sup, group, |i| {
+        workers(sup, group, |i, beat| {
             let published = register("ntp", family, i, &ntp_worker::LABELS);
-            NtpWorker::new(ntp.clone(), published).with_heartbeat(hearts.add())
+            NtpWorker::new(ntp.clone(), published).with_heartbeat(beat)
         })?;
     }
     let Some((shared, batch)) = roughtime else {
@@ -181,9 +177,9 @@ fn data_plane(
     };
     for group in rt_groups {
         let family = group.family;
-        workers(sup, group, |i| {
+        workers(sup, group, |i, beat| {
             let published = register("roughtime", family, i, &roughtime_worker::LABELS);
-            RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(hearts.add())
+            RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(beat)
         })?;
     }
     Ok(())
@@ -193,7 +189,7 @@ fn data_plane(
 fn workers<H: BatchHandler>(
     sup: &mut Supervisor,
     group: Group,
-    mut make: impl FnMut(usize) -> H,
+    mut make: impl FnMut(usize, Beat) -> H,
 ) -> Result<()> {
     let addr = group.workers.local_addr();
     let caps = group.workers.capabilities();
@@ -202,7 +198,7 @@ fn workers<H: BatchHandler>(
     let stop = Arc::new(AtomicBool::new(false));
     let running = group
         .workers
-        .spawn(stop, &mut make)
+        .spawn(stop, |i| make(i, sup.beat()))
         .with_context(|| format!("cannot start the {name} threads"))?;
     sup.threads(name, running);
     let service = group.service.name();
@@ -237,7 +233,6 @@ type Register<'a> = dyn Fn(&'static str, &'static str, usize, &'static [&'static
 /// Starts the AF_XDP workers: group 0 answers NTP, group 1 Roughtime.
 fn xdp(
     sup: &mut Supervisor,
-    hearts: &mut Heartbeats,
     bound: chime_udp::xdp::XdpBound,
     settings: &Settings,
     ntp: &Arc<ntp_worker::Shared>,
@@ -250,7 +245,7 @@ fn xdp(
         .spawn(
             Arc::new(AtomicBool::new(false)),
             |i, group| -> Box<dyn BatchHandler> {
-                let beat = hearts.add();
+                let beat = sup.beat();
                 match (group, rt_shared) {
                     (0, _) => {
                         let published = register("ntp", "xdp", i, &ntp_worker::LABELS);
@@ -311,7 +306,7 @@ fn tcp(
         limits,
         (counts.clone(), totals.clone(), published),
         (pq_now, settings.shed()),
-        sup.stop_signal(),
+        (sup.beat(), sup.stop_signal()),
     )?;
     sup.threads("roughtime-tcp", service);
     Ok((counts, totals))
@@ -363,7 +358,8 @@ fn nts_ke_service(
         limiter,
         ntp.clone(),
     ));
-    let threads = nts_ke::KeThreads::spawn(&listener, &shared, threads, &sup.stop_signal())
+    let beats = (0..threads).map(|_| sup.beat()).collect();
+    let threads = nts_ke::KeThreads::spawn(&listener, &shared, beats, &sup.stop_signal())
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
     nts_ke::log_expiry(certificate, *not_after);

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::notify::Beat;
+use crate::daemon::notify::{Beat, Heartbeats};
 
 /// How often thread groups are checked for a dead thread: well inside the 2 s in which a dead
 /// service must have taken the daemon down.
@@ -59,10 +59,6 @@ pub(crate) trait Threads: Send + 'static {
     fn any_finished(&self) -> bool;
     /// Asks every thread to stop and waits for them. `Err` with the first panic's message.
     fn stop(self: Box<Self>) -> Result<(), String>;
-    /// The heartbeats its threads keep for the watchdog, made as they were started, which the
-    /// supervisor hands on ([`Supervisor::take_heartbeats`]). Empty for the data-plane workers,
-    /// whose handlers were each given one that is watched already.
-    fn heartbeats(&self) -> Vec<Beat>;
 }
 
 /// The services, the signal they stop on, and what became of them.
@@ -72,8 +68,9 @@ pub(crate) struct Supervisor {
     tasks: JoinSet<Result<(), ServiceError>>,
     /// The running services' names; a service's is taken out once it ended.
     names: HashMap<Id, &'static str>,
-    /// The heartbeats of the thread groups started, not yet taken for the watchdog.
-    heartbeats: Vec<Beat>,
+    /// One per serving thread, each made here as its service is started: what the watchdog
+    /// reads.
+    hearts: Heartbeats,
 }
 
 impl Supervisor {
@@ -83,7 +80,7 @@ impl Supervisor {
             stop: CancellationToken::new(),
             tasks: JoinSet::new(),
             names: HashMap::new(),
-            heartbeats: Vec::new(),
+            hearts: Heartbeats::default(),
         }
     }
 
@@ -110,7 +107,6 @@ impl Supervisor {
     /// Watches `threads`, already started: a thread that ends before the stop signal ends the
     /// service; the signal stops them all (on a blocking thread: joining waits).
     pub(crate) fn threads(&mut self, name: &'static str, threads: impl Threads) {
-        self.heartbeats.extend(threads.heartbeats());
         let stop = self.stop.clone();
         let threads: Box<dyn Threads> = Box::new(threads);
         let handle = self.tasks.spawn(async move {
@@ -133,10 +129,15 @@ impl Supervisor {
         self.names.insert(handle.id(), name);
     }
 
-    /// The heartbeats of the thread groups started since the last call, for the watchdog to
-    /// watch beside the workers'.
-    pub(crate) fn take_heartbeats(&mut self) -> Vec<Beat> {
-        std::mem::take(&mut self.heartbeats)
+    /// A heartbeat for one more serving thread, to be handed to it as it is started: every
+    /// service's threads get theirs here, whatever loop beats it.
+    pub(crate) fn beat(&mut self) -> Beat {
+        self.hearts.add()
+    }
+
+    /// Whether every serving thread has beaten since the last call: the watchdog's question.
+    pub(crate) fn all_moved(&mut self) -> bool {
+        self.hearts.all_moved()
     }
 
     /// Waits for the first service to end: `Err` naming it. Never ends while all run.
@@ -230,10 +231,6 @@ impl Threads for chime_udp::Workers {
     fn stop(self: Box<Self>) -> Result<(), String> {
         self.join().map_err(panic_message)
     }
-
-    fn heartbeats(&self) -> Vec<Beat> {
-        Vec::new()
-    }
 }
 
 impl Threads for chime_udp::xdp::XdpWorkers {
@@ -243,10 +240,6 @@ impl Threads for chime_udp::xdp::XdpWorkers {
 
     fn stop(self: Box<Self>) -> Result<(), String> {
         self.join().map_err(panic_message)
-    }
-
-    fn heartbeats(&self) -> Vec<Beat> {
-        Vec::new()
     }
 }
 
@@ -300,10 +293,6 @@ mod tests {
             self.stop.store(true, Ordering::Release);
             self.stopped.store(true, Ordering::Release);
             self.thread.join().map_err(panic_message)
-        }
-
-        fn heartbeats(&self) -> Vec<Beat> {
-            Vec::new()
         }
     }
 
@@ -426,31 +415,21 @@ mod tests {
     }
 
     #[test]
-    fn the_heartbeats_a_thread_group_keeps_are_handed_on_once() {
-        struct Beating(Beat);
-        impl Threads for Beating {
-            fn any_finished(&self) -> bool {
-                false
-            }
-
-            fn stop(self: Box<Self>) -> Result<(), String> {
-                Ok(())
-            }
-
-            fn heartbeats(&self) -> Vec<Beat> {
-                vec![self.0.clone()]
-            }
-        }
+    fn the_watchdog_waits_for_every_beat_the_supervisor_handed_out() {
         runtime().block_on(async {
             let mut sup = Supervisor::new();
-            let beat = Beat::default();
-            sup.threads("nts-ke", Beating(beat.clone()));
-            let mut hearts = crate::daemon::notify::Heartbeats::default();
-            hearts.watch(sup.take_heartbeats());
-            assert!(!hearts.all_moved(), "it did not beat yet");
-            beat.beat();
-            assert!(hearts.all_moved());
-            assert!(sup.take_heartbeats().is_empty(), "handed on already");
+            let (worker, ke) = (sup.beat(), sup.beat());
+            assert!(!sup.all_moved(), "neither beat yet");
+            worker.beat();
+            assert!(!sup.all_moved(), "one did not beat");
+            ke.beat();
+            assert!(
+                !sup.all_moved(),
+                "the worker did not beat since the last check"
+            );
+            worker.beat();
+            ke.beat();
+            assert!(sup.all_moved());
             assert!(sup.stop().await.is_empty());
         });
     }

@@ -496,30 +496,28 @@ impl KeShared {
 
 /// The NTS-KE threads (`--nts-ke-threads`), each accepting on the one listener with its own
 /// single-threaded runtime, so that a flood of handshakes delays neither the control plane's
-/// upstream polls nor its key rotations. Each runtime beats a heartbeat of its own for the
+/// upstream polls nor its key rotations. Each runtime beats its thread's heartbeat for the
 /// watchdog, which a handshake that blocked the thread would stop.
 pub(crate) struct KeThreads {
     handles: Vec<std::thread::JoinHandle<()>>,
-    heartbeats: Vec<Beat>,
 }
 
 impl KeThreads {
-    /// Starts `threads` threads named `nts-ke`, serving `listener` until `stop` is cancelled.
+    /// Starts one thread named `nts-ke` per heartbeat in `beats`, serving `listener` until
+    /// `stopped` is cancelled.
     pub(crate) fn spawn(
         listener: &std::net::TcpListener,
         shared: &Arc<KeShared>,
-        threads: usize,
+        beats: Vec<Beat>,
         stopped: &CancellationToken,
     ) -> std::io::Result<Self> {
-        let (mut handles, mut heartbeats) = (Vec::new(), Vec::new());
-        for _ in 0..threads.max(1) {
+        let mut handles = Vec::new();
+        for beat in beats {
             let (listener, shared, stopped) =
                 (listener.try_clone()?, shared.clone(), stopped.clone());
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let beat = Beat::default();
-            heartbeats.push(beat.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name("nts-ke".into())
@@ -532,10 +530,7 @@ impl KeThreads {
                     })?,
             );
         }
-        Ok(Self {
-            handles,
-            heartbeats,
-        })
+        Ok(Self { handles })
     }
 }
 
@@ -556,10 +551,6 @@ impl Threads for KeThreads {
             }
         }
         result
-    }
-
-    fn heartbeats(&self) -> Vec<Beat> {
-        self.heartbeats.clone()
     }
 }
 

@@ -219,7 +219,6 @@ impl Ageing {
 /// tick (every batch, and every [`notify::WORKER_WAKE`]) beats its heartbeat for the watchdog.
 pub(crate) struct Service {
     thread: std::thread::JoinHandle<()>,
-    heartbeat: Beat,
 }
 
 impl Threads for Service {
@@ -231,10 +230,6 @@ impl Threads for Service {
     /// once the stop signal is given.
     fn stop(self: Box<Self>) -> Result<(), String> {
         self.thread.join().map_err(panic_message)
-    }
-
-    fn heartbeats(&self) -> Vec<Beat> {
-        vec![self.heartbeat.clone()]
     }
 }
 
@@ -255,7 +250,7 @@ pub(crate) fn spawn(
     limits: Limits,
     (counts, totals, published): Counters,
     (pq, shed): (Option<PqNow>, Option<chime_udp::ShedConfig>),
-    stopped: CancellationToken,
+    (beat, stopped): (Beat, CancellationToken),
 ) -> Result<Service, Error> {
     for l in &listeners {
         l.set_nonblocking(true).map_err(|source| Error::Tcp {
@@ -271,8 +266,6 @@ pub(crate) fn spawn(
             what: "runtime",
             source,
         })?;
-    let heartbeat = Beat::default();
-    let beat = heartbeat.clone();
     let thread = std::thread::Builder::new()
         .name("roughtime-tcp".into())
         .spawn(move || {
@@ -327,7 +320,7 @@ pub(crate) fn spawn(
             what: "thread",
             source,
         })?;
-    Ok(Service { thread, heartbeat })
+    Ok(Service { thread })
 }
 
 /// A connection's place in the per-address count and in the open count; freed when it ends.
