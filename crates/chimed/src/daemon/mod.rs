@@ -147,6 +147,7 @@ fn run(
         nts_start,
         roughtime,
     };
+    privileges::raise_open_files(open_files_needed(settings));
     let sockets = bind::all(settings)?;
     // Before the root changes, while systemd's socket can still be reached.
     let notifier = notify::Notifier::connect();
@@ -162,6 +163,16 @@ fn run(
         sockets,
         (log, notifier),
     ))
+}
+
+/// The most files the services may hold open at once: the TCP services' connections, and room
+/// for the rest (sockets, keys, the log).
+fn open_files_needed(settings: &Settings) -> u64 {
+    let nts = match settings.nts_ke() {
+        Some(_) => nts_ke::MAX_SESSIONS,
+        None => 0,
+    };
+    (nts + settings.roughtime.tcp.connections.0 + 256) as u64
 }
 
 fn log_shedding(settings: &Settings) {

@@ -4,7 +4,30 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::unistd::{self, User};
+use tracing::{debug, warn};
+
+/// Raises the soft limit on open files to the hard one, as the TCP services may hold `needed`
+/// connections at once (NTS-KE's session slots, Roughtime's connections) and a soft limit of 1024
+/// (systemd's and most shells' default) would turn clients away with EMFILE long before that.
+/// Warns if even the hard limit is below `needed`.
+pub(crate) fn raise_open_files(needed: u64) {
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let soft = match soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        true => hard,
+        false => soft,
+    };
+    debug!("open files: at most {soft}");
+    if soft < needed {
+        warn!(
+            "open files: at most {soft}, below the {needed} the TCP services may hold at once; \
+             raise the hard limit (systemd: LimitNOFILE=)"
+        );
+    }
+}
 
 pub(crate) fn drop_to(user: Option<&str>, root: Option<&Path>) -> Result<()> {
     // Look the user up before the chroot: /etc/passwd is usually not inside it.
