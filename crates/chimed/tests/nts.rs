@@ -676,17 +676,23 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
 
 /// A TCP connection to `ke` from `local`, saying nothing.
 fn ke_connect(ke: std::net::SocketAddr, local: std::net::IpAddr) -> std::net::TcpStream {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.bind(&std::net::SocketAddr::new(local, 0).into())
-        .unwrap();
-    sock.connect(&ke.into()).unwrap();
-    sock.into()
+    try_ke_connect(ke, local).unwrap()
+}
+
+fn try_ke_connect(
+    ke: std::net::SocketAddr,
+    local: std::net::IpAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&std::net::SocketAddr::new(local, 0).into())?;
+    sock.connect(&ke.into())?;
+    Ok(sock.into())
 }
 
 /// Whether chimed's NTS-KE server kept `stream` open for a TLS handshake (`true`) or closed it
 /// unserved (`false`), as `--nts-ratelimit` does over the limit at once: a connection still open
-/// at `deadline` was kept. A served one stays open for our ClientHello until chimed's 5 s session
-/// timeout, so the deadline (a couple of seconds) only has to outlast a loaded machine's stalls.
+/// at `deadline` was kept. A served one stays open for our ClientHello until chimed's 2 s deadline
+/// for it, so the deadline (a second) only has to outlast a loaded machine's stalls.
 fn ke_kept_open(mut stream: std::net::TcpStream, deadline: std::time::Instant) -> bool {
     use std::io::Read as _;
     let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -719,7 +725,7 @@ fn nts_ke_closes_a_denied_address_before_tls() {
     let chronyd = Chronyd::start();
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &["--deny", "127.0.0.2"]);
     let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
     assert!(
         !ke_kept_open(ke_connect(ke, [127, 0, 0, 2].into()), deadline),
         "127.0.0.2 is denied, but its NTS-KE connection was kept open"
@@ -768,7 +774,7 @@ fn nts_ke_rate_limit_turns_a_flood_away_before_tls() {
         .map(|_| ke_connect(ke, [127, 0, 0, 1].into()))
         .collect();
     let other = ke_connect(ke, [127, 0, 0, 2].into());
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
     let flood: Vec<bool> = flood
         .into_iter()
         .map(|c| ke_kept_open(c, deadline))
@@ -1181,6 +1187,16 @@ fn ke_tls(
     local: std::net::IpAddr,
     cert: &Path,
 ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    try_ke_tls(ke, local, cert).unwrap()
+}
+
+type KeTls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+fn try_ke_tls(
+    ke: std::net::SocketAddr,
+    local: std::net::IpAddr,
+    cert: &Path,
+) -> std::io::Result<KeTls> {
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
@@ -1195,13 +1211,13 @@ fn ke_tls(
     config.alpn_protocols = vec![b"ntske/1".to_vec()];
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
-    let tcp = ke_connect(ke, local);
-    tcp.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let tcp = try_ke_connect(ke, local)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(8)))?;
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     while tls.conn.is_handshaking() {
-        tls.conn.complete_io(&mut tls.sock).unwrap();
+        tls.conn.complete_io(&mut tls.sock)?;
     }
-    tls
+    Ok(tls)
 }
 
 /// 127.0.c.d, the address a client connects from.
@@ -1335,7 +1351,7 @@ fn good_client_during(ke_port: u16, cert: &Path, hold: Duration) -> (u32, Durati
 /// (`chime ntp --nts`, a whole NTS-KE and an authenticated exchange) keeps asking:
 ///
 /// * a byte every 200 ms of a ClientHello (slowloris), and connections that send nothing, held
-///   to chimed's 5 s session limit: `failed.timeout`; from one address, no more than 8 at once:
+///   to chimed's 2 s deadline for a ClientHello: `failed.timeout`; from one address, no more than 8 at once:
 ///   the rest are closed unserved, `address_limited`;
 /// * half a handshake (a TLS record header and part of a ClientHello, then silence): timeout;
 /// * plain bytes instead of TLS, and floods of connections closed at once, from one address and
@@ -1394,4 +1410,117 @@ fn nts_ke_holds_up_against_hostile_clients() {
     ] {
         assert!(count_in(&ke_line, kind) >= least, "{kind}: {ke_line}");
     }
+}
+
+/// How a hostile connection of [`distributed_attack`] holds its slot.
+#[derive(Debug, Clone, Copy)]
+enum Stall {
+    /// Sends nothing.
+    Silent,
+    /// Sends a ClientHello's first bytes, one every 200 ms.
+    Drip,
+    /// Finishes the TLS handshake, then sends nothing.
+    AfterHandshake,
+}
+
+/// One hostile connection from `from`, of kind `stall`, opened again as soon as chimed closes it,
+/// until `until`: how many times it was opened.
+fn hostile_until(
+    ke: std::net::SocketAddr,
+    from: std::net::IpAddr,
+    stall: Stall,
+    cert: &Path,
+    until: Instant,
+) -> u32 {
+    use std::io::{Read as _, Write as _};
+    let mut opened = 0;
+    while Instant::now() < until {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let held = match stall {
+            Stall::Silent | Stall::Drip => try_ke_connect(ke, from).and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_millis(200)))?;
+                let hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03];
+                for b in hello.iter().cycle() {
+                    if matches!(stall, Stall::Drip) {
+                        s.write_all(&[*b])?;
+                    }
+                    match s.read(&mut [0u8; 16]) {
+                        Ok(_) => return Ok(()),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
+                Ok(())
+            }),
+            Stall::AfterHandshake => try_ke_tls(ke, from, cert).and_then(|mut tls| {
+                tls.sock.set_read_timeout(Some(left))?;
+                tls.read(&mut [0u8; 16]).map(drop)
+            }),
+        };
+        opened += 1;
+        if held.is_err() {
+            // Refused or reset: come back after a moment, not in a tight loop.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    opened
+}
+
+/// A distributed attack on NTS-KE, as a cheap attacker mounts one: 480 connections from 60
+/// addresses (eight each, the most chimed lets one address hold), a third sending nothing, a
+/// third dripping a ClientHello a byte every 200 ms, a third finishing the TLS handshake and then
+/// saying nothing, each opened again as soon as chimed closes it, for 8 s. Meanwhile a good client
+/// from another address (`chime ntp --nts`: a whole NTS-KE session and an authenticated exchange)
+/// keeps asking: every exchange succeeds, each within a second.
+///
+/// The attack holds more connections than chimed once had slots (256, each held up to 5 s and
+/// taken by an idle thread): with those, good clients waited seconds or were never served.
+#[test]
+fn nts_ke_serves_good_clients_through_a_distributed_attack() {
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
+    let ke: std::net::SocketAddr = ([127, 0, 0, 1], ke_port).into();
+    let until = Instant::now() + Duration::from_secs(8);
+    let stalls = [Stall::Silent, Stall::Drip, Stall::AfterHandshake];
+    let hostile: Vec<_> = (0..480)
+        .map(|i| {
+            let (cert, from) = (cert.clone(), loopback(2, 1 + (i / 8) as u8));
+            std::thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || hostile_until(ke, from, stalls[i % 3], &cert, until))
+                .unwrap()
+        })
+        .collect();
+    // Let the attack take hold before the good client starts.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut slow = Vec::new();
+    let mut tries = 0;
+    while Instant::now() + Duration::from_secs(1) < until {
+        tries += 1;
+        let t = Instant::now();
+        let r = chime_ntp_nts(&ke.to_string(), &cert);
+        if r.is_err() || t.elapsed() > Duration::from_secs(1) {
+            slow.push((tries, t.elapsed(), r.err()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let opened: u32 = hostile.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(chimed.terminate().success());
+    let ke_line = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    eprintln!("{tries} good exchanges, {opened} hostile connections opened: {ke_line}");
+    assert!(
+        slow.is_empty(),
+        "good exchanges failed or slow: {slow:?}; {ke_line}"
+    );
+    assert!(tries >= 10, "{tries} good exchanges");
+    // The attack was what the test says: every kind held its slot to a deadline.
+    assert!(opened >= 960, "{opened} hostile connections opened");
+    assert!(count_in(&ke_line, "failed.timeout") >= 480, "{ke_line}");
 }

@@ -1,5 +1,5 @@
 //! NTS-KE (RFC 8915 §4) on the control plane: TLS 1.3 over TCP, one short session per client,
-//! at most [`MAX_SESSIONS`] at a time, each bounded to [`SESSION_TIMEOUT`]. The session's records
+//! at most [`MAX_SESSIONS`] at a time, each step of each bounded (`slots`). The session's records
 //! are answered by `chime_ntp::nts`; the two keys come from the TLS exporter; the cookies are
 //! sealed under the master keys the NTP workers open them with, which [`rotate`] replaces on a
 //! schedule (the one before still opens, so no cookie in use dies at a rotation), or on a fleet
@@ -7,8 +7,8 @@
 //! and key, for renewals without a restart, and the fleet secret.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -18,8 +18,7 @@ use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Semaphore;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::access::per_address::PerAddress;
@@ -27,16 +26,18 @@ use crate::daemon::notify::{self, Beat};
 use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
+use crate::nts::slots::{SessionId, Slots, Step};
 use tokio_util::sync::CancellationToken;
 
-/// Sessions served at once, over all the NTS-KE threads; more wait for a slot (each idle
-/// thread holds one while it waits to accept).
-const MAX_SESSIONS: usize = 256;
+/// Sessions served at once, over all the NTS-KE threads. More than 250 addresses can hold at
+/// [`MAX_SESSIONS_PER_ADDRESS`] each, so that an attack from that many stalls only until its
+/// steps' deadlines; past it, a new connection takes the slot of the session that did least
+/// (`slots`). A session waiting for its ClientHello holds a socket and a task (a few KiB); one
+/// past it, rustls's state (some 30 KiB), for at most its step's deadline.
+pub(crate) const MAX_SESSIONS: usize = 4096;
 /// Sessions served at once for one client address; more are closed at once (counted as
 /// `address_limited`), so that one host holding connections open cannot take every slot.
 const MAX_SESSIONS_PER_ADDRESS: usize = 8;
-/// The longest one session (handshake, request, response) may take.
-const SESSION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Cookies handed out per session, as chronyd.
 const COOKIES: usize = 8;
 
@@ -53,8 +54,10 @@ pub(crate) struct KeCounts {
     pub(crate) address_limited: AtomicU64,
     /// Connections closed unserved: `--allow`/`--deny` refuse their address.
     pub(crate) denied: AtomicU64,
+    /// Sessions closed, every slot being taken, for a new connection: they had stalled longest.
+    pub(crate) evicted: AtomicU64,
     /// The failed sessions (also in `failed`) by what went wrong: the TLS handshake (or bytes
-    /// that are not TLS), the time limit, the request (too long, or cut off before End of
+    /// that are not TLS), a step's deadline, the request (too long, or cut off before End of
     /// Message), or reading and writing.
     pub(crate) failed_tls: AtomicU64,
     pub(crate) failed_timeout: AtomicU64,
@@ -72,6 +75,7 @@ impl Default for KeCounts {
             rate_limited: AtomicU64::new(0),
             address_limited: AtomicU64::new(0),
             denied: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             failed_tls: AtomicU64::new(0),
             failed_timeout: AtomicU64::new(0),
             failed_request: AtomicU64::new(0),
@@ -84,13 +88,15 @@ impl Default for KeCounts {
 impl KeCounts {
     pub(crate) fn line(&self) -> String {
         let mut line = format!(
-            "agreed={} refused={} failed={} rate_limited={} address_limited={} denied={}",
+            "agreed={} refused={} failed={} rate_limited={} address_limited={} denied={} \
+             evicted={}",
             self.agreed.load(Relaxed),
             self.refused.load(Relaxed),
             self.failed.load(Relaxed),
             self.rate_limited.load(Relaxed),
             self.address_limited.load(Relaxed),
-            self.denied.load(Relaxed)
+            self.denied.load(Relaxed),
+            self.evicted.load(Relaxed)
         );
         for (kind, n) in self.failures() {
             line.push_str(&format!(" failed.{kind}={n}"));
@@ -465,7 +471,8 @@ pub(crate) struct KeShared {
     pub(crate) counts: Arc<KeCounts>,
     limiter: Option<ClientTable>,
     access: Arc<ntp_worker::Shared>,
-    slots: Arc<Semaphore>,
+    /// The sessions in progress, each with the token that closes it.
+    slots: Mutex<Slots<CancellationToken>>,
     per_address: PerAddress,
     /// The rate limiter's clock starts here, the same for every thread.
     epoch: std::time::Instant,
@@ -487,7 +494,7 @@ impl KeShared {
             counts,
             limiter,
             access,
-            slots: Arc::new(Semaphore::new(MAX_SESSIONS)),
+            slots: Mutex::new(Slots::new(MAX_SESSIONS)),
             per_address: PerAddress::default(),
             epoch: std::time::Instant::now(),
         }
@@ -572,13 +579,7 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
     };
     let counts = &shared.counts;
     loop {
-        let permit = tokio::select! {
-            p = shared.slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            () = stopped.cancelled() => return,
-        };
+        // No slot is taken before a connection is accepted: an idle thread holds none.
         let accepted = tokio::select! {
             a = listener.accept() => a,
             () = stopped.cancelled() => return,
@@ -610,37 +611,63 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
             debug!("nts-ke: {peer}: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
             continue;
         };
-        // The certificate in force now: SIGHUP may have replaced it.
-        let acceptor = TlsAcceptor::from(shared.tls.load_full());
+        let closing = CancellationToken::new();
+        let id = shared.admit(closing.clone());
         let shared = shared.clone();
         tokio::spawn(async move {
-            let (cookies, counts) = (&shared.cookies, &shared.counts);
-            let outcome = tokio::time::timeout(
-                SESSION_TIMEOUT,
-                session(stream, acceptor, cookies, &shared.ntp),
-            )
-            .await;
-            let kind = match outcome {
-                Ok(Ok(true)) => &counts.agreed,
-                Ok(Ok(false)) => &counts.refused,
-                Ok(Err(failure)) => {
-                    debug!("nts-ke: {peer}: {failure}");
-                    counts.failed.fetch_add(1, Relaxed);
-                    match failure {
-                        Failure::Tls(_) => &counts.failed_tls,
-                        Failure::Request(_) => &counts.failed_request,
-                        Failure::Io(_) => &counts.failed_io,
-                    }
-                }
-                Err(_) => {
-                    debug!("nts-ke: {peer}: timed out");
-                    counts.failed.fetch_add(1, Relaxed);
-                    &counts.failed_timeout
-                }
+            let outcome = tokio::select! {
+                outcome = session(stream, &shared, id) => Some(outcome),
+                () = closing.cancelled() => None,
             };
-            kind.fetch_add(1, Relaxed);
-            drop((permit, place));
+            shared.lock_slots().release(id);
+            drop(place);
+            shared.count(peer, outcome);
         });
+    }
+}
+
+impl KeShared {
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, Slots<CancellationToken>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A slot for a session accepted now, closing the one that did least if none is free.
+    fn admit(&self, closing: CancellationToken) -> SessionId {
+        let admitted = self.lock_slots().admit(std::time::Instant::now(), closing);
+        if let Some((evicted, step)) = admitted.closed {
+            debug!(
+                "nts-ke: every slot taken: closing a session stalled in its {}",
+                step.name()
+            );
+            evicted.cancel();
+        }
+        admitted.id
+    }
+
+    /// Session `id` has reached `step`.
+    fn enter(&self, id: SessionId, step: Step) {
+        self.lock_slots().enter(id, step, std::time::Instant::now());
+    }
+
+    /// Counts a session's outcome: `None` if it was closed for another.
+    fn count(&self, peer: std::net::SocketAddr, outcome: Option<Result<bool, Failure>>) {
+        let counts = &self.counts;
+        let kind = match outcome {
+            Some(Ok(true)) => &counts.agreed,
+            Some(Ok(false)) => &counts.refused,
+            None => &counts.evicted,
+            Some(Err(failure)) => {
+                debug!("nts-ke: {peer}: {failure}");
+                counts.failed.fetch_add(1, Relaxed);
+                match failure {
+                    Failure::Tls(_) => &counts.failed_tls,
+                    Failure::Timeout(_) => &counts.failed_timeout,
+                    Failure::Request(_) => &counts.failed_request,
+                    Failure::Io(_) => &counts.failed_io,
+                }
+            }
+        };
+        kind.fetch_add(1, Relaxed);
     }
 }
 
@@ -649,6 +676,8 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
 enum Failure {
     /// The TLS handshake failed: not TLS, no common ALPN or version, an alert.
     Tls(String),
+    /// The client stalled in this step past its deadline.
+    Timeout(Step),
     /// The request was too long, or the client closed before End of Message.
     Request(String),
     /// Reading, writing or exporting the keys failed.
@@ -659,24 +688,54 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Tls(e) => write!(f, "TLS: {e}"),
+            Self::Timeout(step) => write!(f, "timed out in its {}", step.name()),
             Self::Request(e) | Self::Io(e) => f.write_str(e),
         }
     }
 }
 
-/// One session: the TLS handshake, the client's records up to End of Message, the answer.
-/// `Ok(true)` if keys were agreed and cookies handed out, `Ok(false)` if the request was refused
-/// with an error record.
+/// `work`, which must end by `step`'s deadline.
+async fn by_deadline<T>(
+    step: Step,
+    work: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    let late = tokio::time::timeout(step.deadline(), work).await;
+    late.unwrap_or(Err(Failure::Timeout(step)))
+}
+
+/// One session, step by step, each by its deadline: the ClientHello, the rest of the TLS
+/// handshake (with the certificate in force then: SIGHUP may replace it), the client's records
+/// up to End of Message, the answer. `Ok(true)` if keys were agreed and cookies handed out,
+/// `Ok(false)` if the request was refused with an error record.
 async fn session(
     stream: tokio::net::TcpStream,
-    acceptor: TlsAcceptor,
-    cookies: &ArcSwap<CookieKeys>,
-    ntp: &nts::NtpNegotiation,
+    shared: &KeShared,
+    id: SessionId,
 ) -> Result<bool, Failure> {
-    let mut tls = acceptor
-        .accept(stream)
-        .await
-        .map_err(|e| Failure::Tls(e.to_string()))?;
+    let tls_error = |e: std::io::Error| Failure::Tls(e.to_string());
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
+    let hello = by_deadline(Step::Hello, async { acceptor.await.map_err(tls_error) }).await?;
+    shared.enter(id, Step::Handshake);
+    let config = shared.tls.load_full();
+    let handshake = async { hello.into_stream(config).await.map_err(tls_error) };
+    let mut tls = by_deadline(Step::Handshake, handshake).await?;
+    shared.enter(id, Step::Request);
+    let request = by_deadline(Step::Request, read_request(&mut tls)).await?;
+    shared.enter(id, Step::Response);
+    let response = respond(&request, &tls, &shared.cookies, &shared.ntp)?;
+    let io = |e: std::io::Error| Failure::Io(e.to_string());
+    by_deadline(Step::Response, async {
+        tls.write_all(&response.0).await.map_err(io)?;
+        tls.shutdown().await.map_err(io)
+    })
+    .await?;
+    Ok(response.1)
+}
+
+type Tls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// The client's records up to End of Message, at most [`nts::KE_MAX_REQUEST`] bytes.
+async fn read_request(tls: &mut Tls) -> Result<Vec<u8>, Failure> {
     let mut request = Vec::with_capacity(256);
     let mut chunk = [0u8; 1024];
     let len = loop {
@@ -695,7 +754,18 @@ async fn session(
         }
         request.extend_from_slice(&chunk[..n]);
     };
-    let outcome = nts::ke_check(&request[..len]);
+    request.truncate(len);
+    Ok(request)
+}
+
+/// The answer to `request`, and whether it agreed keys (`false`: an error record).
+fn respond(
+    request: &[u8],
+    tls: &Tls,
+    cookies: &ArcSwap<CookieKeys>,
+    ntp: &nts::NtpNegotiation,
+) -> Result<(Vec<u8>, bool), Failure> {
+    let outcome = nts::ke_check(request);
     let mut response = Vec::with_capacity(1024);
     let agreed = outcome == KeOutcome::Agreed;
     if agreed {
@@ -719,10 +789,7 @@ async fn session(
     } else {
         nts::ke_response(&outcome, ntp, 0, || [0; nts::COOKIE_LEN], &mut response);
     }
-    let io = |e: std::io::Error| Failure::Io(e.to_string());
-    tls.write_all(&response).await.map_err(io)?;
-    tls.shutdown().await.map_err(io)?;
-    Ok(agreed)
+    Ok((response, agreed))
 }
 
 #[cfg(test)]

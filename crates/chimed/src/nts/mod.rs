@@ -3,3 +3,4 @@
 
 pub(crate) mod ke;
 pub(crate) mod keys;
+mod slots;

@@ -401,7 +401,9 @@ fn nts_ke(enc: &mut DescriptorEncoder, ke: &crate::nts::ke::KeCounts) -> fmt::Re
         "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
          failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
          rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
-         8 sessions from that address already), denied (closed unserved: --allow/--deny).",
+         8 sessions from that address already), denied (closed unserved: --allow/--deny), \
+         evicted (closed, every slot being taken, for a new connection: it had stalled \
+         longest in its step).",
         [
             ("agreed", &ke.agreed),
             ("refused", &ke.refused),
@@ -409,6 +411,7 @@ fn nts_ke(enc: &mut DescriptorEncoder, ke: &crate::nts::ke::KeCounts) -> fmt::Re
             ("rate_limited", &ke.rate_limited),
             ("address_limited", &ke.address_limited),
             ("denied", &ke.denied),
+            ("evicted", &ke.evicted),
         ]
         .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
     )?;
@@ -416,7 +419,9 @@ fn nts_ke(enc: &mut DescriptorEncoder, ke: &crate::nts::ke::KeCounts) -> fmt::Re
         enc,
         "chimed_nts_ke_failures_total",
         "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
-         alert), timeout (5 s for the whole session), request (longer than 16 KiB, or cut off \
+         alert), timeout (a step's deadline: 2 s for the ClientHello, 2 s for the rest of the \
+         handshake, 1 s for the request after it, 2 s for the response), request (longer than \
+         16 KiB, or cut off \
          before End of Message), io (reading or writing).",
         ke.failures()
             .into_iter()
