@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# run-overload-burst.sh: chimed's NTP goodput when offered three times its capacity. chimed gets
+# run-overload-burst.sh: chimed's NTP goodput when offered more than its capacity. chimed gets
 # SHARE% (default 25) of CPU 0 through a CPU cgroup with a short period (the 1 ms minimum quota:
 # 4 ms at 25%), so that `chime perf` on CPU 1 can offer well past what it answers. First a ladder
-# finds its capacity: the highest rate whose answers come back with under 1% lost or stale. Then
-# ROUNDS bursts of DURATION seconds at three times that: the accepted replies per second (answered
-# within the client interval) against the capacity. The claim to check: goodput held at 90% or
-# more, because chimed sheds a standing queue instead of answering everything late.
+# finds its capacity: the highest rate whose answers come back with under 1% lost or stale. Then,
+# each of ROUNDS rounds, a burst of DURATION seconds at each of MULTIPLES times that (default 3),
+# in an order that turns from round to round: the accepted replies per second (answered within
+# the client interval) against the capacity, and from chimed's metrics the requests it received
+# and of those the ones it shed (received only to go unanswered), and the kernel's drops. The
+# claim to check: goodput held near capacity, because chimed sheds a standing queue instead of
+# answering everything late.
 #
 # Usage: run-overload-burst.sh [--share PCT] [--rounds N] [--duration S] [--out DIR]
-#                              [--chimed PATH] [--chime PATH]
+#                              [--multiples "1.1 1.5 3"] [--chimed PATH] [--chime PATH]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-share=25 rounds=3 duration=4
+share=25 rounds=3 duration=4 multiples=3
 out="$here/overload-burst"
 chimed="$repo/target/release/chimed" chime="$repo/target/release/chime"
 while (($#)); do
@@ -20,6 +23,7 @@ while (($#)); do
     --share) share=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --multiples) multiples=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --chimed) chimed=$2; shift 2 ;;
     --chime) chime=$2; shift 2 ;;
@@ -57,8 +61,9 @@ else
   echo "$quota" >"$cgroup/cpu.cfs_quota_us"
 fi
 ntp_port=$(free_port)
+metrics_port=$(free_port)
 taskset -c 0 "$chimed" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:$ntp_port" \
-  >"$work/chimed.log" 2>&1 &
+  --metrics-address "127.0.0.1:$metrics_port" >"$work/chimed.log" 2>&1 &
 pid=$!
 pids+=("$pid")
 echo "$pid" >"$cgroup/cgroup.procs"
@@ -78,19 +83,52 @@ print(int(max(s["accepted_rate"] for s in ok)) if ok else 0)
 PY
 )
 echo "capacity: $capacity accepted replies/s (the ladder's best step under 1% lost or stale)"
-burst=$((3 * capacity))
+# chimed's NTP counters, summed over its threads: received, shed, kernel drops.
+counters() {
+  python3 - "$metrics_port" <<'PY'
+import sys, urllib.request
+page = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+def total(name):
+    rows = [l for l in page.splitlines() if l.startswith(name + "{") and 'service="ntp"' in l]
+    if not rows:
+        sys.exit(f"run-overload-burst.sh: no {name} for ntp in chimed's metrics")
+    return sum(float(l.rsplit(" ", 1)[1]) for l in rows)
+print(" ".join(str(int(total(n))) for n in
+               ("chimed_requests_received_total", "chimed_requests_shed_total",
+                "chimed_kernel_receive_drops_total")))
+PY
+}
+read -ra mults <<<"$multiples"
 for r in $(seq "$rounds"); do
-  taskset -c 1 "$chime" perf ntp --target "127.0.0.1:$ntp_port" --rate "$burst" \
-    --duration "$duration" --warmup 0 --server-pid "$pid" --json "$out/burst-round$r.json" \
-    >"$out/burst-round$r.txt"
+  # The order turns: round r starts at the r-th multiple.
+  n=${#mults[@]}
+  for i in $(seq 0 $((n - 1))); do
+    m=${mults[$(( (i + r - 1) % n ))]}
+    rate=$(python3 -c "print(round($m * $capacity))")
+    before=$(counters)
+    taskset -c 1 "$chime" perf ntp --target "127.0.0.1:$ntp_port" --rate "$rate" \
+      --duration "$duration" --warmup 0 --server-pid "$pid" --json "$out/burst-x$m-round$r.json" \
+      >"$out/burst-x$m-round$r.txt"
+    after=$(counters)
+    echo "$m $r $before $after" >>"$out/counters.txt"
+    sleep 1
+  done
 done
-python3 - "$out" "$rounds" "$capacity" <<'PY' | tee "$out/summary.txt"
+python3 - "$out" "$rounds" "$capacity" "$multiples" <<'PY' | tee "$out/summary.txt"
 import json, sys
-out, rounds, capacity = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-print(f"capacity {capacity}/s; offered {3 * capacity}/s in each burst")
-for r in range(1, rounds + 1):
-    s = json.load(open(f"{out}/burst-round{r}.json"))["steps"][0]
-    print(f"round {r}: sent {s['sent_rate']:.0f}/s, answered {s['answered_rate']:.0f}/s, "
-          f"accepted {s['accepted_rate']:.0f}/s = {100 * s['accepted_rate'] / capacity:.1f}% "
-          f"of capacity; stale {s.get('stale_pct', 0):.2f}%, p99 {s['rtt_us']['p99']:.0f} µs")
+out, rounds, capacity, mults = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
+counts = {}
+for line in open(f"{out}/counters.txt"):
+    m, r, *v = line.split()
+    b, a = list(map(int, v[:3])), list(map(int, v[3:]))
+    counts[(m, int(r))] = [y - x for x, y in zip(b, a)]
+print(f"capacity {capacity}/s")
+print("multiple round   offered/s  accepted/s  % of capacity  received/s  shed/s  kernel drops/s  p99 µs")
+for m in mults:
+    for r in range(1, rounds + 1):
+        s = json.load(open(f"{out}/burst-x{m}-round{r}.json"))["steps"][0]
+        rec, shed, drops = (c / s["duration"] for c in counts[(m, r)])
+        print(f"{m:>8} {r:>5} {s['sent_rate']:>11.0f} {s['accepted_rate']:>11.0f} "
+              f"{100 * s['accepted_rate'] / capacity:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
+              f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f}")
 PY
