@@ -25,7 +25,7 @@
 # --roughtime-recv-buffer BYTES/2, since the kernel doubles what a program asks for. Each server's
 # rb is read back with ss once it answers, printed, and must be BYTES. --rmem 0 runs both as
 # shipped: chimed's default, the system's for roughenough.
-# (Before this was checked, sessions 2 to 6 gave roughenough rmem_default = 4 MiB and chimed
+# (Before this was checked, the runs up to 2026-11-22-b gave roughenough rmem_default = 4 MiB and chimed
 # --recv-buffer 4 MiB, which the kernel made 8: chimed had twice roughenough's buffer.)
 #
 # --cpu-share PCT gives each server only PCT% of CPU 0 (a CPU cgroup whose period is as short as
