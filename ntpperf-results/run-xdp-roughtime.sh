@@ -15,7 +15,7 @@
 #
 # Topology, in two network namespaces this script makes and removes:
 #   client netns: chime perf (CPU 1) on vc 10.97.0.2, sending complete UDP checksums
-#                 (ethtool -K vc tx off: see docs/XDP.md, "Checksums, and veth")
+#                 (ethtool -K vc tx off: see docs/XDP.adoc, "Checksums, and veth")
 #   server netns: the server under test (CPU 0) on vs 10.97.0.1:2002; chronyd -x on its loopback
 #                 for chimed to mirror (chimed signs nothing while unsynchronised)
 #

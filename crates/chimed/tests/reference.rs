@@ -175,11 +175,11 @@ fn every_chime_subcommand_has_a_manual_page_naming_its_flags() {
     }
 }
 
-/// docs/METRICS.md names every metric family chimed serves (every `"chimed_…"` name written in
+/// docs/METRICS.adoc names every metric family chimed serves (every `"chimed_…"` name written in
 /// `src/observe/metrics.rs`) and every reason `chimed_requests_dropped_total` can carry.
 #[test]
 fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
-    let doc = repo_file("docs/METRICS.md");
+    let doc = repo_file("docs/METRICS.adoc");
     let source = repo_file("crates/chimed/src/observe/metrics.rs");
     let mut families: Vec<&str> = source
         .split('"')
@@ -222,5 +222,5 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
         .chain(reasons)
         .filter(|name| !doc.contains(&format!("`{name}`")))
         .collect();
-    assert!(missing.is_empty(), "not in docs/METRICS.md: {missing:?}");
+    assert!(missing.is_empty(), "not in docs/METRICS.adoc: {missing:?}");
 }

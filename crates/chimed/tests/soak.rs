@@ -1,6 +1,6 @@
 //! The soak: chimed serving NTP, NTS and Roughtime beside a chronyd under a steady load while a
 //! fault schedule runs, every reply checked, and figures printed at the end. `SOAK_SECONDS`
-//! (default 60, as CI runs it; `scripts/soak` runs 600 for the record in docs/RELIABILITY.md) and
+//! (default 60, as CI runs it; `scripts/soak` runs 600 for the record in docs/RELIABILITY.adoc) and
 //! `SOAK_NTP_RATE` (requests per second, default 1000) set it.
 //!
 //! `SOAK_CPU_SHARE=P` (percent of one core; the record uses it, CI does not) puts chimed in a CPU

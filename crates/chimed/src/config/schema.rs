@@ -456,7 +456,7 @@ sections! {
     /// to chimed before the kernel's network stack, everything else (ARP, ICMP, TCP, other
     /// ports) goes on to the kernel. Needs root or CAP_NET_ADMIN + CAP_BPF and a driver with
     /// native XDP. Bypasses the firewall and socket counters; no interleaved mode on this path.
-    /// The sockets still serve what arrives elsewhere (see docs/XDP.md) [default: off]
+    /// The sockets still serve what arrives elsewhere (see docs/XDP.adoc) [default: off]
     #[arg(id = "xdp.interface", long = "xdp", value_name = "IFACE")]
     pub(crate) interface: Option<Interface>,
 
