@@ -37,7 +37,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=napi.sh
 . "$here/napi.sh"
-repo=$(dirname "$here")
+repo=$(cd "$here/../.." && pwd)
 out=
 rounds=3
 rate=200000

@@ -14,9 +14,9 @@
 #                              [--multiples "1.1 1.5 3"] [--chimed PATH] [--chime PATH]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(cd "$here/../.." && pwd)
 share=25 rounds=3 duration=4 multiples=3
-out="$here/overload-burst"
+out="$(dirname "$here")/overload-burst/$(date -u +%F)"
 chimed="$repo/target/release/chimed" chime="$repo/target/release/chime"
 while (($#)); do
   case $1 in

@@ -25,8 +25,8 @@
 # --roughtime-recv-buffer BYTES/2, since the kernel doubles what a program asks for. Each server's
 # rb is read back with ss once it answers, printed, and must be BYTES. --rmem 0 runs both as
 # shipped: chimed's default, the system's for roughenough.
-# (Before this was checked, the runs up to 2026-11-22-b gave roughenough rmem_default = 4 MiB and chimed
-# --recv-buffer 4 MiB, which the kernel made 8: chimed had twice roughenough's buffer.)
+# (Before this was checked, the runs up to 2026-11-22-b gave roughenough rmem_default = 4 MiB and
+# chimed --recv-buffer 4 MiB, which the kernel made 8: chimed had twice roughenough's buffer.)
 #
 # --cpu-share PCT gives each server only PCT% of CPU 0 (a CPU cgroup whose period is as short as
 # the kernel's 1 ms minimum quota allows, 2 ms at 50%, so a server is held back about a millisecond
@@ -57,19 +57,19 @@
 #                         [--verify-every N] [--rmem BYTES] [--chimed-args FLAGS] [--batch-size N]
 #                         [--roughenough-batch-size N] [--cpu-share PCT] [--interleave]
 #                         [--chimed PATH] [--chime PATH] [--roughenough PATH]
-# Outputs in --out (default: this script's directory /roughtime): <server>-round<N>.json (chime
+# Outputs in --out (default: ntpperf-results/roughtime/DATE): <server>-round<N>.json (chime
 # perf's JSON for each ladder) and summary.txt.
 
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(cd "$here/../.." && pwd)
 rounds=2
 steps=100000:1.12:10
 duration=2
 verify_every=1000
 rmem=33554432
-out="$here/roughtime"
+out="$(dirname "$here")/roughtime/$(date -u +%F)"
 chimed_args=""
 batch=256
 rbatch=64

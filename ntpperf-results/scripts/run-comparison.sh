@@ -57,7 +57,7 @@ What to run:
                                 16384, so each polls rate/16384 times a second above 163840
                                 req/s, 61/s at 1M; --ratelimit --ratelimit-interval -6
                                 --ratelimit-burst 16 allows 64/s)
-  --out DIR           OUT_DIR   where results go (default: this script's directory)
+  --out DIR           OUT_DIR   where results go (default: ntpperf-results/DATE-ntp-ladder)
   --rmem BYTES        RMEM      the receive buffer every server's socket gets, as the kernel
                                 counts it (ss -m's rb): chronyd and rsntp through
                                 net.core.rmem_default (set for the run, put back on exit),
@@ -110,14 +110,14 @@ note() {
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=napi.sh
 . "$script_dir/napi.sh"
-repo_dir=$(dirname "$script_dir")
+repo_dir=$(cd "$script_dir/../.." && pwd)
 
 NTPPERF=${NTPPERF:-}
 CHRONYD=${CHRONYD:-/usr/sbin/chronyd}
 CHIMED=${CHIMED:-$repo_dir/target/release/chimed}
 RSNTP=${RSNTP:-}
 SERVERS=${SERVERS:-}
-OUT_DIR=${OUT_DIR:-$script_dir}
+OUT_DIR=${OUT_DIR:-$(dirname "$script_dir")/$(date -u +%F)-ntp-ladder}
 RATE_START=${RATE_START:-10000}
 RATE_MAX=${RATE_MAX:-1000000}
 RATE_MULT=${RATE_MULT:-1.5}

@@ -29,10 +29,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(cd "$here/../.." && pwd)
 rounds=3
 duration=2
-out="$here/nts"
+out="$(dirname "$here")/$(date -u +%F)-nts"
 modes="ntp nts-ke"
 ntp_rates="20000 40000 80000 120000 160000"
 ke_rates="300 600 1200 1800 2400 3000"

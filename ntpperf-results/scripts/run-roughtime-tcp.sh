@@ -26,17 +26,17 @@
 #                             [--reuse-rates "R1 R2 ..."] [--cold-rates "R1 R2 ..."]
 #                             [--modes "reuse cold"]
 #                             [--chimed PATH] [--chime PATH] [--tannerryan PATH]
-# Outputs in --out (default: this script's directory /roughtime-tcp): one chime perf JSON per run,
+# Outputs in --out (default: ntpperf-results/DATE-roughtime-tcp): one chime perf JSON per run,
 # named <server>-<mode>-round<N>-<rate>.json, and summary.txt.
 
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(cd "$here/../.." && pwd)
 rounds=3
 duration=2
 connections=64
-out="$here/roughtime-tcp"
+out="$(dirname "$here")/$(date -u +%F)-roughtime-tcp"
 reuse_rates="20000 40000 60000 80000 100000 120000"
 cold_rates="2000 4000 6000 8000 10000 12000"
 chimed="$repo/target/release/chimed"

@@ -35,10 +35,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(cd "$here/../.." && pwd)
 command_line=$(printf '%q ' "$0" "$@")
 rounds=3
-out="$here/$(date -u +%F)-nts-ke-attack"
+out="$(dirname "$here")/$(date -u +%F)-nts-ke-attack"
 chime="$repo/target/release/chime"
 chimed="$repo/target/release/chimed"
 chronyd=/usr/sbin/chronyd

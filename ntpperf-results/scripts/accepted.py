@@ -12,7 +12,7 @@ directories): every server's mean accepted replies, and chimed-1's ratio over ea
 the means, and the range over rounds). Ratios are of chimed-1 where it ran, else of the first
 server listed.
 
-Usage: accepted.py RUN_DIR [RUN_DIR ...]   (e.g. accepted.py run1[0-9] run2*-saturation)
+Usage: accepted.py RUN_DIR [RUN_DIR ...]   (e.g. accepted.py ../2026-11-22-ntp-ladders/run1[0-9])
 """
 import csv
 import os
