@@ -432,8 +432,8 @@ sections! {
     #[arg(value_name = "N", default_value = "1024")]
     pub(crate) connections: TcpConnections,
 
-    /// Most Roughtime TCP connections open at once from one client address; more are closed
-    /// at once
+    /// Most Roughtime TCP connections open at once from one client address (an IPv6 client
+    /// counted by its /64); more are closed at once
     #[arg(id = "roughtime.tcp.per-address", long = "roughtime-tcp-per-address")]
     #[arg(value_name = "N", default_value = "16")]
     pub(crate) per_address: AtLeastOne,
