@@ -106,7 +106,7 @@ struct Set([Slot; WAYS]);
 /// 2% are.
 ///
 /// No thread ever waits: a save or a take first claims its slot by swapping the key it saw for
-/// [`BUSY`] (compare-and-swap), touches the time only while it holds the slot, and releases it
+/// a busy mark (compare-and-swap), touches the time only while it holds the slot, and releases it
 /// with the new key (a save) or empty (a take). So a time is only ever written, and read, by the
 /// one thread holding its slot, and returned only under the key it was saved with. A thread that
 /// loses the race for a slot gives up: a save is lost, which costs its client one basic reply, and

@@ -10,8 +10,8 @@
 //!    [`ServerState::served_at`], which ages it (dispersion growth, then "unsynchronised" after the
 //!    [`StalePolicy`]'s stale time).
 //! 3. For each datagram the worker calls [`respond`] with the kernel's receive timestamp; a
-//!    [`Drop`] says why a datagram gets no reply, with a dense [`Drop::index`] for counters. Just
-//!    before sending, [`stamp_transmit`] writes the transmit timestamp.
+//!    [`DropReason`] says why a datagram gets no reply, with a dense [`DropReason::index`] for
+//!    counters. Just before sending, [`stamp_transmit`] writes the transmit timestamp.
 //! 4. With rate limiting on, a [`ClientTable`] shared by the workers gives each request a
 //!    [`Verdict`]; [`kiss_of_death`] and [`suggest_poll`] adjust the reply to match.
 //! 5. For a request in interleaved mode ([`interleaved_origin`]), the worker takes the previous
@@ -23,21 +23,21 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod interleave;
-pub mod mirror;
+mod interleave;
+mod mirror;
 pub mod nts;
-pub mod packet;
-pub mod ratelimit;
-pub mod responder;
-pub mod state;
-pub mod time;
-pub mod timescale;
+mod packet;
+mod ratelimit;
+mod responder;
+mod state;
+mod time;
+mod timescale;
 
 pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_timestamp};
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
 pub use ratelimit::{ClientTable, Coin, RateLimit, RateLimitError, Verdict};
-pub use responder::{Drop, kiss_of_death, respond, stamp_transmit, suggest_poll};
+pub use responder::{DropReason, kiss_of_death, respond, stamp_transmit, suggest_poll};
 pub use state::{ServedHeader, ServerState, StalePolicy};
 pub use time::{NtpShort, NtpTimestamp};
 pub use timescale::ZoneShift;

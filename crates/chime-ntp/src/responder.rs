@@ -39,7 +39,8 @@ const NTP_PORT: u16 = 123;
 /// timestamp, receive is `rx_time`, and transmit is provisionally `rx_time` too, to be overwritten
 /// with [`stamp_transmit`] as late as possible. The lowest bit of the receive timestamp's fraction
 /// is set and that of the transmit timestamp cleared (a quarter of a nanosecond, as chronyd does),
-/// which is how a later request in interleaved mode is recognised ([`crate::interleave`]). When `served` says unsynchronised the reply still
+/// which is how a later request in interleaved mode is recognised ([`crate::interleaved_origin`]).
+/// When `served` says unsynchronised the reply still
 /// goes out (leap 3, stratum 0), so that clients learn it.
 ///
 /// The caller passes a `reply` buffer no longer than `request` (typically the same length), so
@@ -52,23 +53,23 @@ pub fn respond(
     rx_time: NtpTimestamp,
     served: &ServedHeader,
     reply: &mut [u8],
-) -> Result<usize, Drop> {
+) -> Result<usize, DropReason> {
     let Some((head, after_header)) = request.split_first_chunk::<{ Header::LEN }>() else {
-        return Err(Drop::TooShort);
+        return Err(DropReason::TooShort);
     };
     if !request.len().is_multiple_of(4) {
-        return Err(Drop::BadLength);
+        return Err(DropReason::BadLength);
     }
     let version = version_of(head[offset::LVM]);
     if !(1..=4).contains(&version) {
-        return Err(Drop::BadVersion(version));
+        return Err(DropReason::BadVersion(version));
     }
     let reply_mode = match Mode::from_first_byte(head[offset::LVM]) {
         Mode::Client => Mode::Server,
         Mode::SymmetricActive => Mode::SymmetricPassive,
         Mode::Reserved if version == 1 && src_port != NTP_PORT => Mode::Server,
-        Mode::Reserved if version == 1 => return Err(Drop::V1SymmetricActive),
-        other => return Err(Drop::UnsupportedMode(other)),
+        Mode::Reserved if version == 1 => return Err(DropReason::V1SymmetricActive),
+        other => return Err(DropReason::UnsupportedMode(other)),
     };
     let well_formed = if version == 4 {
         check_extensions(after_header).is_ok()
@@ -76,7 +77,7 @@ pub fn respond(
         is_mac_only(after_header)
     };
     if !well_formed {
-        return Err(Drop::BadExtension);
+        return Err(DropReason::BadExtension);
     }
     // Checked here rather than on entry, so that a caller that hands every datagram the same
     // 48-byte buffer is not tripped by requests that are dropped as too short anyway.
@@ -87,7 +88,7 @@ pub fn respond(
         request.len()
     );
     let Some(out) = reply.first_chunk_mut::<{ Header::LEN }>() else {
-        return Err(Drop::ReplyBufferTooSmall);
+        return Err(DropReason::ReplyBufferTooSmall);
     };
 
     out[offset::LVM] = first_byte(served.leap, version, reply_mode);
@@ -127,7 +128,7 @@ pub fn stamp_transmit(reply: &mut [u8], t3: NtpTimestamp) {
 /// `code`: leap 3 (alarm), stratum 0, the code as reference ID; the version, mode and every
 /// timestamp stay, so the client can match it to its request by the origin timestamp, as a
 /// chronyd client checks before it believes a kiss. Only `RATE` is sent today (see
-/// [`crate::ratelimit`]). A buffer shorter than a header is left alone.
+/// [`crate::ClientTable`]). A buffer shorter than a header is left alone.
 pub fn kiss_of_death(reply: &mut [u8], code: [u8; 4]) {
     if let Some(out) = reply.first_chunk_mut::<{ Header::LEN }>() {
         out[offset::LVM] = (out[offset::LVM] & 0x3f) | (Leap::Unsynchronised as u8) << 6;
@@ -145,10 +146,11 @@ pub fn suggest_poll(reply: &mut [u8], min_poll: i8) {
     }
 }
 
-/// Why a datagram got no reply. Every variant is counted by the caller: [`Drop::index`] gives a
-/// dense slot for a per-thread counter array and [`Drop::reason`] a label for logs and metrics.
+/// Why a datagram got no reply. Every variant is counted by the caller: [`DropReason::index`]
+/// gives a dense slot for a per-thread counter array and [`DropReason::reason`] a label for logs
+/// and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
-pub enum Drop {
+pub enum DropReason {
     /// Shorter than the 48-byte header.
     #[error("shorter than the 48-byte NTP header")]
     TooShort,
@@ -159,7 +161,8 @@ pub enum Drop {
     #[error("unsupported NTP version {0}")]
     BadVersion(u8),
     /// A mode that is not a request to us: 0 (NTPv2–v4), 2, 4, 5, 6 and 7. [`respond`] never
-    /// produces it for modes 1 and 3; they have counter slots so that [`Drop::index`] is total.
+    /// produces it for modes 1 and 3; they have counter slots so that [`DropReason::index`] is
+    /// total.
     #[error("unsupported NTP mode {0:?}")]
     UnsupportedMode(Mode),
     /// An NTPv1 packet (no mode field) from source port 123: an NTPv1 symmetric peer, which
@@ -181,11 +184,11 @@ pub enum Drop {
     ReplyBufferTooSmall,
 }
 
-impl Drop {
-    /// The number of counter slots: [`Drop::index`] is always below it.
+impl DropReason {
+    /// The number of counter slots: [`DropReason::index`] is always below it.
     pub const COUNT: usize = 15;
 
-    /// The label of each slot, in [`Drop::index`] order.
+    /// The label of each slot, in [`DropReason::index`] order.
     pub const ALL_REASONS: [&'static str; Self::COUNT] = [
         "too_short",
         "bad_length",
@@ -204,8 +207,8 @@ impl Drop {
         "reply_buffer_too_small",
     ];
 
-    /// A dense index in `0..Drop::COUNT`, for per-thread counter arrays. Each unsupported mode has
-    /// its own slot, so that ntpq (6) and ntpdc/monlist (7) probes can be told apart.
+    /// A dense index in `0..DropReason::COUNT`, for per-thread counter arrays. Each unsupported
+    /// mode has its own slot, so that ntpq (6) and ntpdc/monlist (7) probes can be told apart.
     pub const fn index(self) -> usize {
         match self {
             Self::TooShort => 0,
@@ -257,7 +260,7 @@ pub(crate) mod tests {
         r
     }
 
-    fn answer(request: &[u8], src_port: u16) -> Result<Header, Drop> {
+    fn answer(request: &[u8], src_port: u16) -> Result<Header, DropReason> {
         let mut reply = vec![0xEE; request.len()];
         let len = respond(request, src_port, RX, &served(), &mut reply)?;
         assert_eq!(len, 48);
@@ -343,7 +346,10 @@ pub(crate) mod tests {
     fn v1_mode_0_is_a_client_unless_from_port_123() {
         assert_eq!(answer(&request(1, 0), 1023), Ok(expected(1, Mode::Server)));
         assert_eq!(answer(&request(1, 0), 124), Ok(expected(1, Mode::Server)));
-        assert_eq!(answer(&request(1, 0), 123), Err(Drop::V1SymmetricActive));
+        assert_eq!(
+            answer(&request(1, 0), 123),
+            Err(DropReason::V1SymmetricActive)
+        );
     }
 
     #[test]
@@ -351,7 +357,7 @@ pub(crate) mod tests {
         for version in 2..=4 {
             assert_eq!(
                 answer(&request(version, 0), 50_000),
-                Err(Drop::UnsupportedMode(Mode::Reserved))
+                Err(DropReason::UnsupportedMode(Mode::Reserved))
             );
         }
         for (mode, expected) in [
@@ -364,7 +370,7 @@ pub(crate) mod tests {
             for version in 1..=4 {
                 assert_eq!(
                     answer(&request(version, mode), 50_000),
-                    Err(Drop::UnsupportedMode(expected))
+                    Err(DropReason::UnsupportedMode(expected))
                 );
             }
         }
@@ -375,19 +381,19 @@ pub(crate) mod tests {
         for version in [0, 5, 6, 7] {
             assert_eq!(
                 answer(&request(version, 3), 50_000),
-                Err(Drop::BadVersion(version))
+                Err(DropReason::BadVersion(version))
             );
         }
         let full = request(4, 3);
-        assert_eq!(answer(&full[..47], 50_000), Err(Drop::TooShort));
-        assert_eq!(answer(&[], 50_000), Err(Drop::TooShort));
+        assert_eq!(answer(&full[..47], 50_000), Err(DropReason::TooShort));
+        assert_eq!(answer(&[], 50_000), Err(DropReason::TooShort));
         assert_eq!(
             answer(&[full.clone(), vec![0; 2]].concat(), 50_000),
-            Err(Drop::BadLength)
+            Err(DropReason::BadLength)
         );
         assert_eq!(
             answer(&[full, vec![0; 1]].concat(), 50_000),
-            Err(Drop::BadLength)
+            Err(DropReason::BadLength)
         );
     }
 
@@ -423,24 +429,24 @@ pub(crate) mod tests {
         // Malformed: dropped.
         assert_eq!(
             answer(&[v4.clone(), ef(0x7A7A, 16)].concat(), 50_000),
-            Err(Drop::BadExtension)
+            Err(DropReason::BadExtension)
         );
         assert_eq!(
             answer(
                 &[v4.clone(), ef(0x7A7A, 12), ef(0x7A7A, 28)].concat(),
                 50_000
             ),
-            Err(Drop::BadExtension)
+            Err(DropReason::BadExtension)
         );
         assert_eq!(
             answer(&[v4.clone(), vec![0; 4]].concat(), 50_000),
-            Err(Drop::BadExtension)
+            Err(DropReason::BadExtension)
         );
         let mut overrun = ef(0x7A7A, 28);
         overrun[3] = 32;
         assert_eq!(
             answer(&[v4, overrun].concat(), 50_000),
-            Err(Drop::BadExtension)
+            Err(DropReason::BadExtension)
         );
     }
 
@@ -453,11 +459,11 @@ pub(crate) mod tests {
             assert_eq!(answer(&[req.clone(), vec![0; 24]].concat(), 50_000), ok);
             assert_eq!(
                 answer(&[req.clone(), ef(0x7A7A, 28)].concat(), 50_000),
-                Err(Drop::BadExtension)
+                Err(DropReason::BadExtension)
             );
             assert_eq!(
                 answer(&[req, vec![0; 12]].concat(), 50_000),
-                Err(Drop::BadExtension)
+                Err(DropReason::BadExtension)
             );
         }
     }
@@ -504,7 +510,7 @@ pub(crate) mod tests {
         let mut reply = [0xEE; 40];
         assert_eq!(
             respond(&request(4, 3), 50_000, RX, &served(), &mut reply),
-            Err(Drop::ReplyBufferTooSmall)
+            Err(DropReason::ReplyBufferTooSmall)
         );
         assert_eq!(reply, [0xEE; 40]);
     }
@@ -512,31 +518,38 @@ pub(crate) mod tests {
     #[test]
     fn drop_slots_are_dense_and_labelled() {
         let modes = [0, 1, 2, 3, 4, 5, 6, 7].map(Mode::from_first_byte);
-        let all: Vec<Drop> = [Drop::TooShort, Drop::BadLength, Drop::BadVersion(0)]
-            .into_iter()
-            .chain(modes.map(Drop::UnsupportedMode))
-            .chain([
-                Drop::V1SymmetricActive,
-                Drop::BadExtension,
-                Drop::Truncated,
-                Drop::ReplyBufferTooSmall,
-            ])
-            .collect();
-        assert_eq!(all.len(), Drop::COUNT);
+        let all: Vec<DropReason> = [
+            DropReason::TooShort,
+            DropReason::BadLength,
+            DropReason::BadVersion(0),
+        ]
+        .into_iter()
+        .chain(modes.map(DropReason::UnsupportedMode))
+        .chain([
+            DropReason::V1SymmetricActive,
+            DropReason::BadExtension,
+            DropReason::Truncated,
+            DropReason::ReplyBufferTooSmall,
+        ])
+        .collect();
+        assert_eq!(all.len(), DropReason::COUNT);
         for (i, drop) in all.iter().enumerate() {
             assert_eq!(drop.index(), i);
-            assert_eq!(drop.reason(), Drop::ALL_REASONS[i]);
+            assert_eq!(drop.reason(), DropReason::ALL_REASONS[i]);
         }
-        assert_eq!(Drop::BadVersion(7).index(), Drop::BadVersion(0).index());
         assert_eq!(
-            Drop::UnsupportedMode(Mode::Control).reason(),
+            DropReason::BadVersion(7).index(),
+            DropReason::BadVersion(0).index()
+        );
+        assert_eq!(
+            DropReason::UnsupportedMode(Mode::Control).reason(),
             "mode_control"
         );
         assert_eq!(
-            Drop::UnsupportedMode(Mode::Private).to_string(),
+            DropReason::UnsupportedMode(Mode::Private).to_string(),
             "unsupported NTP mode Private"
         );
-        for reason in Drop::ALL_REASONS {
+        for reason in DropReason::ALL_REASONS {
             assert!(
                 reason
                     .bytes()

@@ -12,12 +12,12 @@ use crate::time::{NtpShort, NtpTimestamp};
 
 /// The root delay and root dispersion of an unsynchronised server: one second each, the values
 /// chronyd 4.3 sends (`REF_GetReferenceParams`). Clients ignore them once they see leap 3.
-pub const UNSYNCHRONISED_ROOT: NtpShort = NtpShort(0x0001_0000);
+pub(crate) const UNSYNCHRONISED_ROOT: NtpShort = NtpShort(0x0001_0000);
 
 /// The precision a [`ServerState::unsynchronised`] state claims before the upstream has told us its
 /// own: 2^-20 s, about a microsecond, a conservative bound for reading a Linux clock with
 /// `clock_gettime` or a kernel timestamp. The mirror replaces it with the upstream's value.
-pub const DEFAULT_PRECISION: i8 = -20;
+pub(crate) const DEFAULT_PRECISION: i8 = -20;
 
 /// The upstream's view of the clock, as last mirrored, and when that was.
 #[derive(Clone, Copy, Debug, PartialEq)]

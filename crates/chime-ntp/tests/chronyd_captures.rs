@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use chime_ntp::{
-    Drop, Header, Leap, Mirror, Mode, NtpShort, NtpTimestamp, ServedHeader, ServerState, respond,
+    DropReason, Header, Leap, Mirror, Mode, NtpShort, NtpTimestamp, ServedHeader, ServerState,
+    respond,
 };
 
 /// The request and, if chronyd answered, the response of one captured case.
@@ -159,48 +160,72 @@ fn responder_answers_as_chronyd_did() {
 #[test]
 fn responder_drops_what_chronyd_dropped() {
     let dropped = [
-        (case!("drop-v1-mode0-port123"), 123, Drop::V1SymmetricActive),
-        (case!("drop-v0-client"), EPHEMERAL_PORT, Drop::BadVersion(0)),
-        (case!("drop-v5-client"), EPHEMERAL_PORT, Drop::BadVersion(5)),
+        (
+            case!("drop-v1-mode0-port123"),
+            123,
+            DropReason::V1SymmetricActive,
+        ),
+        (
+            case!("drop-v0-client"),
+            EPHEMERAL_PORT,
+            DropReason::BadVersion(0),
+        ),
+        (
+            case!("drop-v5-client"),
+            EPHEMERAL_PORT,
+            DropReason::BadVersion(5),
+        ),
         (
             case!("drop-v2-mode0"),
             EPHEMERAL_PORT,
-            Drop::UnsupportedMode(Mode::Reserved),
+            DropReason::UnsupportedMode(Mode::Reserved),
         ),
         (
             case!("drop-v4-passive"),
             EPHEMERAL_PORT,
-            Drop::UnsupportedMode(Mode::SymmetricPassive),
+            DropReason::UnsupportedMode(Mode::SymmetricPassive),
         ),
         (
             case!("drop-v4-server"),
             EPHEMERAL_PORT,
-            Drop::UnsupportedMode(Mode::Server),
+            DropReason::UnsupportedMode(Mode::Server),
         ),
         (
             case!("drop-v4-broadcast"),
             EPHEMERAL_PORT,
-            Drop::UnsupportedMode(Mode::Broadcast),
+            DropReason::UnsupportedMode(Mode::Broadcast),
         ),
         (
             case!("drop-v2-control"),
             EPHEMERAL_PORT,
-            Drop::UnsupportedMode(Mode::Control),
+            DropReason::UnsupportedMode(Mode::Control),
         ),
         (
             case!("drop-v2-private"),
             EPHEMERAL_PORT,
-            Drop::UnsupportedMode(Mode::Private),
+            DropReason::UnsupportedMode(Mode::Private),
         ),
-        (case!("drop-short-47"), EPHEMERAL_PORT, Drop::TooShort),
-        (case!("drop-length-50"), EPHEMERAL_PORT, Drop::BadLength),
+        (case!("drop-short-47"), EPHEMERAL_PORT, DropReason::TooShort),
+        (
+            case!("drop-length-50"),
+            EPHEMERAL_PORT,
+            DropReason::BadLength,
+        ),
         (
             case!("drop-ef-length-12"),
             EPHEMERAL_PORT,
-            Drop::BadExtension,
+            DropReason::BadExtension,
         ),
-        (case!("drop-ef-overrun"), EPHEMERAL_PORT, Drop::BadExtension),
-        (case!("drop-ef-last-16"), EPHEMERAL_PORT, Drop::BadExtension),
+        (
+            case!("drop-ef-overrun"),
+            EPHEMERAL_PORT,
+            DropReason::BadExtension,
+        ),
+        (
+            case!("drop-ef-last-16"),
+            EPHEMERAL_PORT,
+            DropReason::BadExtension,
+        ),
     ];
     let served = ServedHeader::unsynchronised(-25);
     for ((name, request), port, expected) in dropped {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
-use chime_ntp::{ClientTable, Coin, Drop, ServerState, StalePolicy, TxLog, Verdict};
+use chime_ntp::{ClientTable, Coin, DropReason, ServerState, StalePolicy, TxLog, Verdict};
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
 use crate::access::acl::Acl;
@@ -20,15 +20,15 @@ use crate::reply;
 /// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
 /// `rate_limited` (over `--ratelimit`, neither leaked nor kissed) and `nts_invalid` (NTS fields
 /// that are not a valid request, or no room for the reply).
-pub(crate) const REASONS: usize = Drop::COUNT + 3;
-const DENIED: usize = Drop::COUNT;
-const RATE_LIMITED: usize = Drop::COUNT + 1;
-const NTS_INVALID: usize = Drop::COUNT + 2;
+pub(crate) const REASONS: usize = DropReason::COUNT + 3;
+const DENIED: usize = DropReason::COUNT;
+const RATE_LIMITED: usize = DropReason::COUNT + 1;
+const NTS_INVALID: usize = DropReason::COUNT + 2;
 pub(crate) const LABELS: [&str; REASONS] = {
     let mut labels = [""; REASONS];
     let mut i = 0;
-    while i < Drop::COUNT {
-        labels[i] = Drop::ALL_REASONS[i];
+    while i < DropReason::COUNT {
+        labels[i] = DropReason::ALL_REASONS[i];
         i += 1;
     }
     labels[DENIED] = "denied";
@@ -263,7 +263,7 @@ impl BatchHandler for NtpWorker {
                 continue;
             }
             if meta.truncated {
-                self.stats.pending.drop_at(Drop::Truncated.index());
+                self.stats.pending.drop_at(DropReason::Truncated.index());
                 continue;
             }
             let mut t2 = meta.timestamp.map_or(now, clock::from_kernel);
@@ -442,7 +442,7 @@ mod tests {
         let p = worker.stats.pending;
         assert_eq!(p.received, 2);
         assert_eq!(p.dropped[DENIED], 1);
-        assert_eq!(p.dropped[Drop::TooShort.index()], 1);
+        assert_eq!(p.dropped[DropReason::TooShort.index()], 1);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use chime_ntp::nts::{self, CookieKeys, KeOutcome, Keys};
-use chime_ntp::ratelimit::{ClientTable, Coin, Verdict};
+use chime_ntp::{ClientTable, Coin, Verdict};
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};

@@ -579,7 +579,7 @@ mod tests {
     fn sources() -> Arc<Sources> {
         let registry = Arc::new(Registry::default());
         // One worker, so that the per-worker families have a series.
-        let _worker = registry.register("ntp", "ipv4", 0, &chime_ntp::Drop::ALL_REASONS);
+        let _worker = registry.register("ntp", "ipv4", 0, &chime_ntp::DropReason::ALL_REASONS);
         Arc::new(Sources {
             registry,
             ntp: Arc::new(ntp_worker::Shared {

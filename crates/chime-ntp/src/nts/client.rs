@@ -1,0 +1,248 @@
+//! The client's side, for `chime ntp --nts`: the NTS-KE request and the response's records, and
+//! an NTS request and the check of its reply.
+
+use std::ops::Range;
+
+use aes_siv::KeyInit;
+use aes_siv::siv::Aes128Siv;
+
+use super::server::{Field, Unopened, fields, open_authenticator};
+use super::{AEAD_AES_SIV_CMAC_256, KEY_LEN, NONCE_LEN, TAG_LEN, ef, record};
+use crate::packet::Header;
+
+/// The NTS-KE request a client sends: NTPv4, AEAD_AES_SIV_CMAC_256, End of Message.
+pub fn ke_request() -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    for (ty, body) in [
+        (
+            record::CRITICAL | record::NEXT_PROTOCOL,
+            &0u16.to_be_bytes()[..],
+        ),
+        (
+            record::CRITICAL | record::AEAD_ALGORITHM,
+            &AEAD_AES_SIV_CMAC_256.to_be_bytes()[..],
+        ),
+        (record::CRITICAL | record::END_OF_MESSAGE, &[][..]),
+    ] {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    }
+    out
+}
+
+/// What an NTS-KE server answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeAnswer {
+    /// The cookies handed out.
+    pub cookies: Vec<Vec<u8>>,
+    /// The NTP server to use, if not the NTS-KE server's host.
+    pub server: Option<String>,
+    /// The NTP port to use, if not 123.
+    pub port: Option<u16>,
+}
+
+/// Why an NTS-KE response is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeAnswerError {
+    /// The server sent an Error record with this code.
+    #[error("the server refused: NTS-KE error {0}")]
+    Refused(u16),
+    /// Records that do not parse, or are missing.
+    #[error("bad NTS-KE response: {0}")]
+    Bad(&'static str),
+}
+
+/// Reads an NTS-KE response (up to End of Message).
+pub fn parse_ke_response(bytes: &[u8]) -> Result<KeAnswer, KeAnswerError> {
+    let mut answer = KeAnswer::default();
+    let (mut ntpv4, mut siv, mut ended) = (false, false, false);
+    let mut at = 0;
+    while at + 4 <= bytes.len() && !ended {
+        let raw = u16::from_be_bytes([bytes[at], bytes[at + 1]]);
+        let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
+        let len = usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
+        let body = bytes
+            .get(at + 4..at + 4 + len)
+            .ok_or(KeAnswerError::Bad("a record runs past the end"))?;
+        let u16_body = || {
+            <[u8; 2]>::try_from(body)
+                .map(u16::from_be_bytes)
+                .map_err(|_| KeAnswerError::Bad("a record is not 2 bytes long"))
+        };
+        match ty {
+            record::END_OF_MESSAGE => ended = true,
+            record::NEXT_PROTOCOL => ntpv4 = u16_body()? == 0,
+            record::AEAD_ALGORITHM => siv = u16_body()? == AEAD_AES_SIV_CMAC_256,
+            record::ERROR => return Err(KeAnswerError::Refused(u16_body().unwrap_or(u16::MAX))),
+            record::NEW_COOKIE => answer.cookies.push(body.to_vec()),
+            6 => {
+                let name = std::str::from_utf8(body)
+                    .map_err(|_| KeAnswerError::Bad("the server name is not text"))?;
+                answer.server = Some(name.to_owned());
+            }
+            record::NTPV4_PORT => answer.port = Some(u16_body()?),
+            _ if critical => return Err(KeAnswerError::Bad("an unknown critical record")),
+            _ => {}
+        }
+        at += 4 + len;
+    }
+    if !ended {
+        return Err(KeAnswerError::Bad("no End of Message"));
+    }
+    if !ntpv4 || !siv {
+        return Err(KeAnswerError::Bad("not NTPv4 with AEAD_AES_SIV_CMAC_256"));
+    }
+    if answer.cookies.is_empty() {
+        return Err(KeAnswerError::Bad("no cookies"));
+    }
+    Ok(answer)
+}
+
+/// Appends to `header` (a 48-byte client request) the NTS fields of a client request: the unique
+/// identifier, the cookie, `placeholders` placeholders as long as the cookie, and an authenticator
+/// over all of it under `c2s` with `nonce`.
+pub fn client_request(
+    header: &[u8; Header::LEN],
+    unique_id: &[u8; 32],
+    cookie: &[u8],
+    placeholders: usize,
+    c2s: &[u8; KEY_LEN],
+    nonce: [u8; NONCE_LEN],
+) -> Vec<u8> {
+    let mut p = vec![0; client_request_len(cookie.len(), placeholders)];
+    let len = client_request_into(&mut p, header, unique_id, cookie, placeholders, c2s, nonce);
+    p.truncate(len);
+    p
+}
+
+/// The length of a client request with a cookie of `cookie_len` bytes and `placeholders`
+/// placeholders.
+pub fn client_request_len(cookie_len: usize, placeholders: usize) -> usize {
+    Header::LEN + (4 + 32) + (1 + placeholders) * (4 + cookie_len) + 4 + 4 + NONCE_LEN + TAG_LEN
+}
+
+/// [`client_request`] written into `out` (at least [`client_request_len`] bytes) without
+/// allocating; returns the length written.
+///
+/// # Panics
+/// If `out` is shorter than [`client_request_len`].
+pub fn client_request_into(
+    out: &mut [u8],
+    header: &[u8; Header::LEN],
+    unique_id: &[u8; 32],
+    cookie: &[u8],
+    placeholders: usize,
+    c2s: &[u8; KEY_LEN],
+    nonce: [u8; NONCE_LEN],
+) -> usize {
+    let mut at = Header::LEN;
+    out[..at].copy_from_slice(header);
+    let field = |out: &mut [u8], at: &mut usize, ty: u16, body: Option<&[u8]>, len: usize| {
+        out[*at..*at + 2].copy_from_slice(&ty.to_be_bytes());
+        out[*at + 2..*at + 4].copy_from_slice(&((4 + len) as u16).to_be_bytes());
+        let room = &mut out[*at + 4..*at + 4 + len];
+        match body {
+            Some(b) => room.copy_from_slice(b),
+            None => room.fill(0),
+        }
+        *at += 4 + len;
+    };
+    field(out, &mut at, ef::UNIQUE_IDENTIFIER, Some(unique_id), 32);
+    field(out, &mut at, ef::COOKIE, Some(cookie), cookie.len());
+    for _ in 0..placeholders {
+        field(out, &mut at, ef::COOKIE_PLACEHOLDER, None, cookie.len());
+    }
+    let mut siv = Aes128Siv::new(c2s.into());
+    // An empty plaintext cannot fail to encrypt.
+    let tag = siv
+        .encrypt_in_place_detached([&out[..at], &nonce[..]], &mut [])
+        .unwrap_or_default();
+    let mut body = [0u8; 4 + NONCE_LEN + TAG_LEN];
+    body[..2].copy_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    body[2..4].copy_from_slice(&(TAG_LEN as u16).to_be_bytes());
+    body[4..4 + NONCE_LEN].copy_from_slice(&nonce);
+    body[4 + NONCE_LEN..].copy_from_slice(&tag);
+    field(out, &mut at, ef::AUTHENTICATOR, Some(&body), body.len());
+    at
+}
+
+/// The unique identifier a reply carries (the first, if it has several), for a client to find
+/// which of its requests the reply answers.
+pub fn reply_unique_id(reply: &[u8]) -> Option<&[u8]> {
+    fields(reply)
+        .find(|f| f.ty == ef::UNIQUE_IDENTIFIER)
+        .map(|f| &reply[f.body])
+}
+
+/// What the client makes of a reply to an NTS request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientReply {
+    /// Authentic: the new cookies it carried.
+    Authentic(Vec<Vec<u8>>),
+    /// An NTS NAK for our identifier: the cookie was refused; run NTS-KE again.
+    Nak,
+}
+
+/// Why a reply to an NTS request is not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClientReplyError {
+    /// No unique identifier, or not ours.
+    #[error("the reply's unique identifier is missing or not ours")]
+    WrongIdentifier,
+    /// No authenticator (and not a NAK), or one that is malformed.
+    #[error("the reply has no usable NTS authenticator")]
+    NoAuthenticator,
+    /// The authenticator does not verify under the server-to-client key.
+    #[error("the reply's NTS authenticator does not verify")]
+    Forged,
+}
+
+/// Checks a reply to our NTS request: our identifier, then either an NTS NAK (stratum 0, `NTSN`)
+/// or an authenticator that verifies under `s2c`, whose plaintext holds new cookies.
+pub fn client_check_reply(
+    reply: &[u8],
+    unique_id: &[u8; 32],
+    s2c: &[u8; KEY_LEN],
+) -> Result<ClientReply, ClientReplyError> {
+    let fs: Vec<Field> = fields(reply).collect();
+    let ours = fs
+        .iter()
+        .any(|f| f.ty == ef::UNIQUE_IDENTIFIER && reply[f.body.clone()] == unique_id[..]);
+    if !ours {
+        return Err(ClientReplyError::WrongIdentifier);
+    }
+    let is_nak = reply.len() >= Header::LEN && reply[1] == 0 && reply[offset_refid()] == *b"NTSN";
+    let Some(auth) = fs.iter().find(|f| f.ty == ef::AUTHENTICATOR) else {
+        return if is_nak {
+            Ok(ClientReply::Nak)
+        } else {
+            Err(ClientReplyError::NoAuthenticator)
+        };
+    };
+    // At most eight cookies of up to 256 bytes come back: 2 KiB holds them.
+    let mut buf = [0u8; 2048];
+    let len = open_authenticator(reply, auth, s2c, 1, &mut buf).map_err(|e| match e {
+        Unopened::Malformed => ClientReplyError::NoAuthenticator,
+        Unopened::Forged => ClientReplyError::Forged,
+    })?;
+    let plain = &buf[..len];
+    let mut cookies = Vec::new();
+    let mut at = 0;
+    while at + 4 <= plain.len() {
+        let ty = u16::from_be_bytes([plain[at], plain[at + 1]]);
+        let len = usize::from(u16::from_be_bytes([plain[at + 2], plain[at + 3]]));
+        if len < 4 || at + len > plain.len() {
+            break;
+        }
+        if ty == ef::COOKIE {
+            cookies.push(plain[at + 4..at + len].to_vec());
+        }
+        at += len;
+    }
+    Ok(ClientReply::Authentic(cookies))
+}
+
+fn offset_refid() -> Range<usize> {
+    crate::packet::offset::REFERENCE_ID..crate::packet::offset::REFERENCE_TS
+}

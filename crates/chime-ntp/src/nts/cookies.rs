@@ -1,0 +1,173 @@
+//! Cookies: a client's two keys sealed under a master key only the server holds, and opened again
+//! when a request spends one.
+
+use aes_siv::KeyInit;
+use aes_siv::siv::Aes128Siv;
+use zeroize::Zeroize;
+
+use super::fleet::{FleetSecret, fleet_key};
+use super::{AEAD_AES_SIV_CMAC_256, COOKIE_LEN, COOKIE_PLAIN, KEY_LEN, NONCE_LEN, TAG_LEN};
+
+/// The two keys of one client's NTS association.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// Client to server: the requests' authenticators.
+    pub c2s: [u8; KEY_LEN],
+    /// Server to client: the replies' authenticators and the cookies in them.
+    pub s2c: [u8; KEY_LEN],
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        self.c2s.zeroize();
+        self.s2c.zeroize();
+    }
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keys { .. }")
+    }
+}
+
+/// The master keys cookies are sealed under: the current one seals, it and the others open. On
+/// one server the others are the key before the current one, so cookies handed out just before a
+/// rotation still work. On a fleet ([`CookieKeys::for_fleet`]) they are the neighbouring rotation
+/// periods' keys, and an old fleet secret's while it is being replaced.
+#[derive(Clone)]
+pub struct CookieKeys {
+    current: (u32, [u8; KEY_LEN]),
+    /// The other keys that open, the most recent first.
+    also_open: Vec<(u32, [u8; KEY_LEN])>,
+}
+
+impl Drop for CookieKeys {
+    // A rotated-out master key is wiped once the last worker lets go of the set that held it.
+    fn drop(&mut self) {
+        self.current.1.zeroize();
+        for (_, key) in &mut self.also_open {
+            key.zeroize();
+        }
+    }
+}
+
+impl std::fmt::Debug for CookieKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<u32> = self.also_open.iter().map(|k| k.0).collect();
+        f.debug_struct("CookieKeys")
+            .field("current_id", &self.current.0)
+            .field("also_open_ids", &ids)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CookieKeys {
+    /// Master keys with `key` (random bits) as the current one, named `id`.
+    pub fn new(id: u32, key: [u8; KEY_LEN]) -> Self {
+        Self {
+            current: (id, key),
+            also_open: Vec::new(),
+        }
+    }
+
+    /// The keys after a rotation: `key` seals from now on, the current one still opens.
+    pub fn rotated(&self, id: u32, key: [u8; KEY_LEN]) -> Self {
+        Self {
+            current: (id, key),
+            also_open: vec![self.current],
+        }
+    }
+
+    /// The id of the key that seals.
+    pub fn current_id(&self) -> u32 {
+        self.current.0
+    }
+
+    /// The key that seals, with its id: what a server saves so that its cookies outlive a
+    /// restart.
+    pub fn current(&self) -> (u32, [u8; KEY_LEN]) {
+        self.current
+    }
+
+    /// The most recent other key that still opens, with its id: on one server, the key before.
+    pub fn previous(&self) -> Option<(u32, [u8; KEY_LEN])> {
+        self.also_open.first().copied()
+    }
+
+    /// Master keys as [`CookieKeys::current`] and [`CookieKeys::previous`] gave them, e.g. read
+    /// back from where a server saved them.
+    pub fn from_parts(
+        current: (u32, [u8; KEY_LEN]),
+        previous: Option<(u32, [u8; KEY_LEN])>,
+    ) -> Self {
+        Self {
+            current,
+            also_open: previous.into_iter().collect(),
+        }
+    }
+
+    /// A fleet member's keys for rotation period `period` (Unix time divided by the rotation
+    /// interval): [`fleet_key`] of `secret` for `period` seals; it and the keys of the periods
+    /// before and after open (members' clocks differ a little, and a client's cookie outlives a
+    /// period's end), and so do those of `old_secret`, if given, while the fleet replaces it.
+    /// Every member with the same secrets derives the same keys: no store, no copying.
+    pub fn for_fleet(secret: &FleetSecret, old_secret: Option<&FleetSecret>, period: u64) -> Self {
+        let neighbours = [period.checked_sub(1), period.checked_add(1)];
+        let mut also_open: Vec<_> = neighbours
+            .iter()
+            .flatten()
+            .map(|&p| fleet_key(secret, p))
+            .collect();
+        if let Some(old) = old_secret {
+            also_open.push(fleet_key(old, period));
+            also_open.extend(neighbours.iter().flatten().map(|&p| fleet_key(old, p)));
+        }
+        Self {
+            current: fleet_key(secret, period),
+            also_open,
+        }
+    }
+
+    /// Seals `keys` into a cookie with a fresh random `nonce`.
+    pub fn seal(&self, keys: &Keys, nonce: [u8; NONCE_LEN]) -> [u8; COOKIE_LEN] {
+        let (id, master) = &self.current;
+        let mut cookie = [0u8; COOKIE_LEN];
+        let (head, body) = cookie.split_at_mut(4 + NONCE_LEN + TAG_LEN);
+        head[..4].copy_from_slice(&id.to_be_bytes());
+        head[4..4 + NONCE_LEN].copy_from_slice(&nonce);
+        body[..2].copy_from_slice(&AEAD_AES_SIV_CMAC_256.to_be_bytes());
+        body[4..4 + KEY_LEN].copy_from_slice(&keys.c2s);
+        body[4 + KEY_LEN..].copy_from_slice(&keys.s2c);
+        let mut siv = Aes128Siv::new(master.into());
+        // Sealing cannot fail: two headers, and the plaintext is not empty.
+        if let Ok(tag) = siv.encrypt_in_place_detached([&head[..4], &nonce[..]], body) {
+            head[4 + NONCE_LEN..].copy_from_slice(&tag);
+        }
+        cookie
+    }
+
+    /// The keys in `cookie`, if one of our master keys sealed it and nobody changed it since.
+    pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
+        let cookie: &[u8; COOKIE_LEN] = cookie.try_into().ok()?;
+        let id = u32::from_be_bytes(cookie[..4].try_into().ok()?);
+        let (_, master) = std::iter::once(&self.current)
+            .chain(&self.also_open)
+            .find(|(k, _)| *k == id)?;
+        let nonce = &cookie[4..4 + NONCE_LEN];
+        let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..4 + NONCE_LEN + TAG_LEN]);
+        let mut body = [0u8; COOKIE_PLAIN];
+        body.copy_from_slice(&cookie[4 + NONCE_LEN + TAG_LEN..]);
+        let mut siv = Aes128Siv::new(master.into());
+        siv.decrypt_in_place_detached([&cookie[..4], nonce], &mut body, &tag)
+            .ok()?;
+        let mut keys = Keys {
+            c2s: [0; KEY_LEN],
+            s2c: [0; KEY_LEN],
+        };
+        keys.c2s.copy_from_slice(&body[4..4 + KEY_LEN]);
+        keys.s2c.copy_from_slice(&body[4 + KEY_LEN..]);
+        let algorithm = u16::from_be_bytes([body[0], body[1]]);
+        body.zeroize();
+        (algorithm == AEAD_AES_SIV_CMAC_256).then_some(keys)
+    }
+}

@@ -1,0 +1,151 @@
+//! NTS-KE records (RFC 8915 §4), the server's side: a message's length, the request's checks, and
+//! the response.
+
+use super::{
+    AEAD_AES_SIV_CMAC_256, COOKIE_LEN, ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES,
+    record,
+};
+
+/// The most bytes of NTS-KE request the server reads, as chronyd.
+pub const KE_MAX_REQUEST: usize = 16384;
+
+/// Whether `buf` holds a whole NTS-KE message: records up to and including End of Message.
+/// `None` while more bytes are needed; `Some(len)` once the message ends at `len`.
+pub fn ke_message_len(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while at + 4 <= buf.len() {
+        let ty = u16::from_be_bytes([buf[at], buf[at + 1]]) & !record::CRITICAL;
+        let len = usize::from(u16::from_be_bytes([buf[at + 2], buf[at + 3]]));
+        if at + 4 + len > buf.len() {
+            return None;
+        }
+        at += 4 + len;
+        if ty == record::END_OF_MESSAGE {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// What the server answers to an NTS-KE request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeOutcome {
+    /// Agreed on NTPv4 and AEAD_AES_SIV_CMAC_256: export the keys and send [`ke_response`] with
+    /// cookies.
+    Agreed,
+    /// Refused: send this error code (0 unrecognized critical record, 1 bad request).
+    Error(u16),
+}
+
+/// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides.
+pub fn ke_check(request: &[u8]) -> KeOutcome {
+    let mut at = 0;
+    let (mut ntpv4, mut siv, mut protocols_seen, mut aeads_seen, mut ended) =
+        (false, false, 0, 0, false);
+    while at + 4 <= request.len() && !ended {
+        let raw = u16::from_be_bytes([request[at], request[at + 1]]);
+        let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
+        let len = usize::from(u16::from_be_bytes([request[at + 2], request[at + 3]]));
+        let Some(body) = request.get(at + 4..at + 4 + len) else {
+            return KeOutcome::Error(ERROR_BAD_REQUEST);
+        };
+        let ids = || {
+            body.chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        };
+        match ty {
+            record::END_OF_MESSAGE => ended = true,
+            record::NEXT_PROTOCOL => {
+                protocols_seen += 1;
+                ntpv4 |= body.len() % 2 == 0 && ids().any(|p| p == 0);
+            }
+            record::AEAD_ALGORITHM => {
+                aeads_seen += 1;
+                siv |= body.len() % 2 == 0 && ids().any(|a| a == AEAD_AES_SIV_CMAC_256);
+            }
+            // Server and port negotiation from a client only state preferences: ignored.
+            6 | record::NTPV4_PORT => {}
+            _ if critical => return KeOutcome::Error(ERROR_UNRECOGNIZED_CRITICAL),
+            _ => {}
+        }
+        at += 4 + len;
+    }
+    if !ended || protocols_seen != 1 || aeads_seen > 1 || !ntpv4 || !siv {
+        return KeOutcome::Error(ERROR_BAD_REQUEST);
+    }
+    KeOutcome::Agreed
+}
+
+/// Where an NTS-KE server sends its clients for NTP when that is not its own address and port
+/// 123 (RFC 8915 §4.1.7, §4.1.8): the NTPv4 Server and Port Negotiation records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NtpNegotiation {
+    /// The NTP server, an IP address or a fully qualified domain name (see [`valid_ntp_server`]).
+    pub server: Option<String>,
+    /// The NTP port.
+    pub port: Option<u16>,
+}
+
+/// Whether `name` may go in an NTPv4 Server Negotiation record: an IPv4 address in dotted decimal,
+/// an IPv6 address in its text form without a zone, or a domain name (letters, digits and hyphens
+/// in dot-separated labels of 1 to 63, at most 253 in all, a label neither starting nor ending
+/// with a hyphen).
+pub fn valid_ntp_server(name: &str) -> bool {
+    if name.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && !name.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+/// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, AEAD_AES_SIV_CMAC_256, the NTP
+/// port if `ntp_port` is given (one other than 123), `cookies` cookies from `new_cookie`, End of
+/// Message. For [`KeOutcome::Error`], the error record and End of Message.
+pub fn ke_response(
+    outcome: &KeOutcome,
+    ntp: &NtpNegotiation,
+    cookies: usize,
+    mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
+    out: &mut Vec<u8>,
+) {
+    let mut put = |ty: u16, body: &[u8]| {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    };
+    match outcome {
+        KeOutcome::Error(code) => {
+            put(record::CRITICAL | record::ERROR, &code.to_be_bytes());
+        }
+        KeOutcome::Agreed => {
+            put(
+                record::CRITICAL | record::NEXT_PROTOCOL,
+                &0u16.to_be_bytes(),
+            );
+            put(
+                record::CRITICAL | record::AEAD_ALGORITHM,
+                &AEAD_AES_SIV_CMAC_256.to_be_bytes(),
+            );
+            if let Some(server) = &ntp.server {
+                put(record::CRITICAL | record::NTPV4_SERVER, server.as_bytes());
+            }
+            if let Some(port) = ntp.port {
+                put(record::CRITICAL | record::NTPV4_PORT, &port.to_be_bytes());
+            }
+            for _ in 0..cookies.min(MAX_COOKIES) {
+                put(record::NEW_COOKIE, &new_cookie());
+            }
+        }
+    }
+    put(record::CRITICAL | record::END_OF_MESSAGE, &[]);
+}

@@ -1,0 +1,260 @@
+//! The server's side of an NTS request: its extension fields checked, its cookie opened, its
+//! authenticator verified, and the reply (fresh cookies, sealed under the client's key) or the NAK
+//! written into the caller's buffer.
+
+use std::ops::Range;
+
+use aes_siv::KeyInit;
+use aes_siv::siv::Aes128Siv;
+
+use super::cookies::{CookieKeys, Keys};
+use super::{COOKIE_LEN, KEY_LEN, MAX_COOKIES, MIN_UNIQUE_ID, NONCE_LEN, TAG_LEN, ef};
+use crate::packet::Header;
+use crate::responder::kiss_of_death;
+
+/// One extension field of a request: its type, where its body is, and where it starts.
+#[derive(Clone, Debug)]
+pub(super) struct Field {
+    pub(super) ty: u16,
+    pub(super) start: usize,
+    pub(super) body: Range<usize>,
+}
+
+/// The extension fields after the header, as `check_extensions` accepted them: a remainder of 20
+/// or 24 bytes is a MAC, not a field.
+pub(super) fn fields(packet: &[u8]) -> impl Iterator<Item = Field> + '_ {
+    let mut at = Header::LEN;
+    std::iter::from_fn(move || {
+        let remaining = packet.len().checked_sub(at)?;
+        if remaining < 16 || remaining == 20 || remaining == 24 {
+            return None;
+        }
+        let ty = u16::from_be_bytes([packet[at], packet[at + 1]]);
+        let len = usize::from(u16::from_be_bytes([packet[at + 2], packet[at + 3]]));
+        if len < 16 || len > remaining || len % 4 != 0 {
+            return None;
+        }
+        let field = Field {
+            ty,
+            start: at,
+            body: at + 4..at + len,
+        };
+        at += len;
+        Some(field)
+    })
+}
+
+/// A request that passed NTS: what the reply needs.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    /// The association's keys, from the cookie.
+    pub keys: Keys,
+    /// The unique identifier field's body, to echo.
+    unique_id: Range<usize>,
+    /// Cookies to return: the one spent plus one per placeholder, at most 8.
+    cookies: usize,
+}
+
+/// What NTS makes of a request.
+#[derive(Debug, Clone)]
+pub enum Check {
+    /// No NTS fields: an ordinary request.
+    NotNts,
+    /// Authentic: answer with [`write_response`].
+    Verified(Verified),
+    /// The cookie did not open or the authenticator did not verify: answer with [`write_nak`]
+    /// (the unique identifier's body is at this range).
+    Nak(Range<usize>),
+    /// NTS fields that are not a valid request (no identifier, two cookies, the authenticator
+    /// not last, ...): drop.
+    Malformed,
+}
+
+/// Checks the NTS fields of an NTPv4 client request that [`crate::respond`] accepted.
+pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
+    let mut unique_id = None;
+    let mut cookie = None;
+    let mut wanted = 0usize;
+    let mut cookie_len = None;
+    let mut auth = None;
+    let mut any = false;
+    for f in fields(request) {
+        match f.ty {
+            ef::UNIQUE_IDENTIFIER => {
+                any = true;
+                if unique_id.is_some() || f.body.len() < MIN_UNIQUE_ID {
+                    return Check::Malformed;
+                }
+                unique_id = Some(f.body.clone());
+            }
+            ef::COOKIE | ef::COOKIE_PLACEHOLDER => {
+                any = true;
+                if f.ty == ef::COOKIE {
+                    if cookie.is_some() {
+                        return Check::Malformed;
+                    }
+                    cookie = Some(f.body.clone());
+                }
+                // Placeholders are as long as the cookie: the room its replacement takes.
+                if *cookie_len.get_or_insert(f.body.len()) != f.body.len() {
+                    return Check::Malformed;
+                }
+                wanted += 1;
+            }
+            ef::AUTHENTICATOR => {
+                any = true;
+                if f.body.end != request.len() {
+                    return Check::Malformed;
+                }
+                auth = Some(f);
+            }
+            _ => {}
+        }
+    }
+    if !any {
+        return Check::NotNts;
+    }
+    let (Some(unique_id), Some(cookie), Some(auth)) = (unique_id, cookie, auth) else {
+        return Check::Malformed;
+    };
+    let Some(keys) = cookie_keys.open(&request[cookie]) else {
+        return Check::Nak(unique_id);
+    };
+    if !authentic(request, &auth, &keys.c2s) {
+        return Check::Nak(unique_id);
+    }
+    Check::Verified(Verified {
+        keys,
+        unique_id,
+        cookies: wanted.min(MAX_COOKIES),
+    })
+}
+
+/// Whether the authenticator field `auth` (the request's last) verifies under `c2s`, over every
+/// byte before it. Encrypted fields inside it are not used (chime needs none) but must
+/// authenticate too; at most 1 KiB of them is checked, anything longer is refused.
+fn authentic(request: &[u8], auth: &Field, c2s: &[u8; KEY_LEN]) -> bool {
+    open_authenticator(request, auth, c2s, NONCE_LEN, &mut [0u8; 1024]).is_ok()
+}
+
+/// Why an authenticator field did not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unopened {
+    /// Its lengths do not fit the field, the nonce is shorter than `min_nonce`, or the plaintext
+    /// is longer than the buffer.
+    Malformed,
+    /// It does not verify under the key.
+    Forged,
+}
+
+/// Opens the authenticator field `auth` of `packet` under `key`: nonce and ciphertext lengths, the
+/// nonce and the SIV tag and ciphertext (each padded to 4 bytes), with every byte of `packet`
+/// before the field as associated data. The plaintext goes to the start of `plain`; its length
+/// is returned. Shared by the server (requests) and the client (replies).
+pub(super) fn open_authenticator(
+    packet: &[u8],
+    auth: &Field,
+    key: &[u8; KEY_LEN],
+    min_nonce: usize,
+    plain: &mut [u8],
+) -> Result<usize, Unopened> {
+    let body = &packet[auth.body.clone()];
+    if body.len() < 4 {
+        return Err(Unopened::Malformed);
+    }
+    let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+    let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
+    let padded = |n: usize| n.div_ceil(4) * 4;
+    if nonce_len < min_nonce
+        || ct_len < TAG_LEN
+        || 4 + padded(nonce_len) + padded(ct_len) > body.len()
+    {
+        return Err(Unopened::Malformed);
+    }
+    let nonce = &body[4..4 + nonce_len];
+    let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
+    let plain = plain
+        .get_mut(..ct_len - TAG_LEN)
+        .ok_or(Unopened::Malformed)?;
+    plain.copy_from_slice(&ct[TAG_LEN..]);
+    let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
+    Aes128Siv::new(key.into())
+        .decrypt_in_place_detached([&packet[..auth.start], nonce], plain, &tag)
+        .map_err(|_| Unopened::Forged)?;
+    Ok(plain.len())
+}
+
+/// Completes the reply to a [`Check::Verified`] request: `reply` holds the 48-byte header made
+/// by [`crate::respond`], with its transmit timestamp already stamped (the authenticator covers
+/// it), and is as long as the request. Appends the echoed identifier and an authenticator under
+/// the server-to-client key holding fresh cookies, made by `new_cookie`, as many as were spent
+/// or asked for and fit; pads the authenticator so the reply is exactly as long as the request.
+/// `nonce` must be fresh random bits. Returns the reply's length, or `None` if not even the
+/// identifier and an authenticator without cookies fit (then drop).
+pub fn write_response(
+    reply: &mut [u8],
+    request: &[u8],
+    verified: &Verified,
+    nonce: [u8; NONCE_LEN],
+    mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
+) -> Option<usize> {
+    let target = request.len().min(reply.len());
+    let uid = &request[verified.unique_id.clone()];
+    let uid_field = 4 + uid.len();
+    let auth_start = Header::LEN + uid_field;
+    const COOKIE_FIELD: usize = 4 + COOKIE_LEN;
+    // Authenticator without cookies: header 4, lengths 4, nonce 16, tag 16.
+    let auth_min = 4 + 4 + NONCE_LEN + TAG_LEN;
+    let room = target.checked_sub(auth_start + auth_min)?;
+    let cookies = verified.cookies.min(room / COOKIE_FIELD);
+    let plain_len = cookies * COOKIE_FIELD;
+    let auth_len = target - auth_start;
+
+    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
+    reply[Header::LEN + 4..auth_start].copy_from_slice(uid);
+
+    put_field_header(reply, auth_start, ef::AUTHENTICATOR, auth_len);
+    let lengths = auth_start + 4;
+    reply[lengths..lengths + 2].copy_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    reply[lengths + 2..lengths + 4].copy_from_slice(&((TAG_LEN + plain_len) as u16).to_be_bytes());
+    let nonce_at = lengths + 4;
+    reply[nonce_at..nonce_at + NONCE_LEN].copy_from_slice(&nonce);
+    let tag_at = nonce_at + NONCE_LEN;
+    let plain_at = tag_at + TAG_LEN;
+    for i in 0..cookies {
+        let at = plain_at + i * COOKIE_FIELD;
+        put_field_header(reply, at, ef::COOKIE, COOKIE_FIELD);
+        reply[at + 4..at + COOKIE_FIELD].copy_from_slice(&new_cookie());
+    }
+    // Padding to the request's length, inside the authenticator, after the ciphertext.
+    reply[plain_at + plain_len..target].fill(0);
+
+    let (ad, rest) = reply.split_at_mut(auth_start);
+    let plain = &mut rest[plain_at - auth_start..plain_at - auth_start + plain_len];
+    let mut siv = Aes128Siv::new((&verified.keys.s2c).into());
+    let tag = siv
+        .encrypt_in_place_detached([&ad[..], &nonce[..]], plain)
+        .ok()?;
+    reply[tag_at..plain_at].copy_from_slice(&tag);
+    Some(target)
+}
+
+/// Turns `reply` (a header made by [`crate::respond`]) into an NTS NAK: a Kiss-o'-Death `NTSN`
+/// with the request's unique identifier (at `unique_id` in `request`) and nothing else. Returns
+/// its length, or `None` if the buffer cannot hold it.
+pub fn write_nak(reply: &mut [u8], request: &[u8], unique_id: Range<usize>) -> Option<usize> {
+    let uid = request.get(unique_id)?;
+    let len = Header::LEN + 4 + uid.len();
+    if len > reply.len() {
+        return None;
+    }
+    kiss_of_death(reply, *b"NTSN");
+    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, 4 + uid.len());
+    reply[Header::LEN + 4..len].copy_from_slice(uid);
+    Some(len)
+}
+
+pub(super) fn put_field_header(buf: &mut [u8], at: usize, ty: u16, len: usize) {
+    buf[at..at + 2].copy_from_slice(&ty.to_be_bytes());
+    buf[at + 2..at + 4].copy_from_slice(&(len as u16).to_be_bytes());
+}

@@ -1,0 +1,553 @@
+//! The NTS tests: the server's checks against requests made here, the records, and the client's
+//! side against the server's.
+
+use aes_siv::KeyInit;
+use aes_siv::siv::Aes128Siv;
+
+use super::server::fields;
+use super::*;
+use crate::packet::{Header, Mode};
+use crate::time::NtpTimestamp;
+
+const C2S: [u8; KEY_LEN] = [0x11; KEY_LEN];
+const S2C: [u8; KEY_LEN] = [0x22; KEY_LEN];
+
+fn keys() -> Keys {
+    Keys { c2s: C2S, s2c: S2C }
+}
+
+fn master() -> CookieKeys {
+    CookieKeys::new(7, [0x33; KEY_LEN])
+}
+
+fn field(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
+    out.extend_from_slice(&ty.to_be_bytes());
+    out.extend_from_slice(&((4 + body.len()) as u16).to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+/// A request as chronyd makes one: header, unique identifier, cookie, `placeholders`
+/// placeholders, authenticator over all of it under `c2s`.
+fn request(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8> {
+    let mut p = vec![0u8; 48];
+    Header::request(4, Mode::Client, NtpTimestamp(0x0102_0304_0506_0708))
+        .encode((&mut p[..48]).try_into().unwrap());
+    field(&mut p, ef::UNIQUE_IDENTIFIER, &[0xAB; 32]);
+    field(&mut p, ef::COOKIE, cookie);
+    for _ in 0..placeholders {
+        field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
+    }
+    let nonce = [0x44u8; NONCE_LEN];
+    let mut siv = Aes128Siv::new(c2s.into());
+    let tag = siv
+        .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
+        .unwrap();
+    let mut body = Vec::new();
+    body.extend_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
+    body.extend_from_slice(&nonce);
+    body.extend_from_slice(&tag);
+    field(&mut p, ef::AUTHENTICATOR, &body);
+    p
+}
+
+/// What a client makes of the reply: the identifier must match, the authenticator verify
+/// under `s2c`, and the cookies come out of its ciphertext.
+fn client_reads(reply: &[u8], uid: &[u8]) -> Vec<Vec<u8>> {
+    let fs: Vec<_> = fields(reply).collect();
+    assert_eq!(fs.len(), 2, "identifier and authenticator");
+    assert_eq!(fs[0].ty, ef::UNIQUE_IDENTIFIER);
+    assert_eq!(&reply[fs[0].body.clone()], uid);
+    let auth = &fs[1];
+    assert_eq!((auth.ty, auth.body.end), (ef::AUTHENTICATOR, reply.len()));
+    let uid: &[u8; 32] = uid.try_into().unwrap();
+    match client_check_reply(reply, uid, &S2C) {
+        Ok(ClientReply::Authentic(cookies)) => cookies,
+        other => panic!("the reply does not verify as a client reads it: {other:?}"),
+    }
+}
+
+fn reply_to(req: &[u8], m: &CookieKeys) -> (Vec<u8>, usize) {
+    let Check::Verified(v) = check_request(req, m) else {
+        panic!("not verified");
+    };
+    let mut reply = vec![0u8; req.len()];
+    let mut server = Header::request(4, Mode::Server, NtpTimestamp(9));
+    server.stratum = 2;
+    server.encode((&mut reply[..48]).try_into().unwrap());
+    let mut n = 0u8;
+    let len = write_response(&mut reply, req, &v, [0x55; NONCE_LEN], || {
+        n += 1;
+        m.seal(&keys(), [n; NONCE_LEN])
+    })
+    .unwrap();
+    (reply, len)
+}
+
+#[test]
+fn cookies_open_under_the_current_and_previous_key_only() {
+    let m = master();
+    let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+    assert_eq!(cookie.len() % 4, 0);
+    assert_eq!(m.open(&cookie), Some(keys()));
+    let r1 = m.rotated(8, [0x66; KEY_LEN]);
+    assert_eq!(
+        r1.open(&cookie),
+        Some(keys()),
+        "the previous key still opens"
+    );
+    assert_ne!(r1.seal(&keys(), [1; NONCE_LEN])[..4], cookie[..4]);
+    let r2 = r1.rotated(9, [0x77; KEY_LEN]);
+    assert_eq!(r2.open(&cookie), None, "two rotations later it does not");
+    for i in 0..COOKIE_LEN {
+        let mut bad = cookie;
+        bad[i] ^= 1;
+        assert_eq!(m.open(&bad), None, "flipped byte {i} still opened");
+    }
+    assert_eq!(m.open(&cookie[1..]), None);
+}
+
+fn secret(fill: u8) -> FleetSecret {
+    FleetSecret([fill; FLEET_SECRET_LEN])
+}
+
+/// Known answers, computed apart from this code with Python's hmac and hashlib (RFC 5869's
+/// HKDF-Extract and -Expand by hand): secret 00 01 02 .. 1f, periods 20415 and 0.
+#[test]
+fn fleet_keys_match_an_independent_hkdf() {
+    let secret = FleetSecret(std::array::from_fn(|i| i as u8));
+    let hex = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let (id, key) = fleet_key(&secret, 20415);
+    assert_eq!(id, 0x85c3_1154);
+    assert_eq!(
+        hex(&key),
+        "d4001d5f606e5a1f95161924f8c5a32fde120906ad429fead320e13e7ced1902"
+    );
+    let (id, key) = fleet_key(&secret, 0);
+    assert_eq!(id, 0x5382_5973);
+    assert_eq!(
+        hex(&key),
+        "b262e57f85276692a13652e1691101588a04eb5a7d971f0c65299b843dd381e9"
+    );
+}
+
+#[test]
+fn members_derive_equal_keys_from_equal_secrets_and_periods_only() {
+    let (a, b) = (secret(1), secret(1));
+    assert_eq!(fleet_key(&a, 7), fleet_key(&b, 7));
+    assert_ne!(fleet_key(&a, 7), fleet_key(&a, 8));
+    assert_ne!(fleet_key(&a, 7), fleet_key(&secret(2), 7));
+    let one = CookieKeys::for_fleet(&a, None, 100);
+    let other = CookieKeys::for_fleet(&b, None, 100);
+    assert_eq!(one.current(), other.current());
+    assert_eq!(one.current(), fleet_key(&a, 100));
+}
+
+proptest::proptest! {
+    /// Two members' keys agree exactly when their secrets and periods do (the second secret
+    /// and period are the first's half the time, so that both sides are tried).
+    #[test]
+    fn fleet_keys_agree_exactly_when_secret_and_period_do(
+        a: [u8; FLEET_SECRET_LEN],
+        b: [u8; FLEET_SECRET_LEN],
+        p: u64,
+        q: u64,
+        same_secret: bool,
+        same_period: bool,
+    ) {
+        let b = if same_secret { a } else { b };
+        let q = if same_period { p } else { q };
+        let (ka, kb) = (fleet_key(&FleetSecret(a), p), fleet_key(&FleetSecret(b), q));
+        proptest::prop_assert_eq!(ka == kb, a == b && p == q);
+        proptest::prop_assert_eq!(ka.0 == kb.0, a == b && p == q);
+    }
+}
+
+/// A cookie one member seals opens at any other member whose period is the same, one before
+/// or one after; two periods apart, or under another secret, it does not.
+#[test]
+fn a_fleet_cookie_opens_across_members_within_a_period_either_side() {
+    let s = secret(9);
+    let cookie = CookieKeys::for_fleet(&s, None, 1000).seal(&keys(), [3; NONCE_LEN]);
+    for period in [999, 1000, 1001] {
+        let member = CookieKeys::for_fleet(&s, None, period);
+        assert_eq!(member.open(&cookie), Some(keys()), "period {period}");
+    }
+    for period in [998, 1002] {
+        let member = CookieKeys::for_fleet(&s, None, period);
+        assert_eq!(member.open(&cookie), None, "period {period}");
+    }
+    assert_eq!(
+        CookieKeys::for_fleet(&secret(8), None, 1000).open(&cookie),
+        None
+    );
+    // Period 0 has no period before it; it still opens its own and the next.
+    let first = CookieKeys::for_fleet(&s, None, 0);
+    assert_eq!(
+        first.open(&first.seal(&keys(), [4; NONCE_LEN])),
+        Some(keys())
+    );
+}
+
+/// Replacing the fleet secret: members holding the new one with the old beside it seal under
+/// the new and open cookies of both, so a member still on the old secret, or a client's cookie
+/// from before, is not cut off.
+#[test]
+fn a_new_fleet_secret_opens_the_old_ones_cookies_while_both_are_held() {
+    let (old, new) = (secret(1), secret(2));
+    let by_old = CookieKeys::for_fleet(&old, None, 50).seal(&keys(), [5; NONCE_LEN]);
+    let both = CookieKeys::for_fleet(&new, Some(&old), 50);
+    assert_eq!(both.current(), fleet_key(&new, 50));
+    assert_eq!(both.open(&by_old), Some(keys()));
+    let next_period_old = CookieKeys::for_fleet(&old, None, 51).seal(&keys(), [6; NONCE_LEN]);
+    assert_eq!(both.open(&next_period_old), Some(keys()));
+    let by_new = both.seal(&keys(), [7; NONCE_LEN]);
+    assert_eq!(
+        CookieKeys::for_fleet(&new, None, 50).open(&by_new),
+        Some(keys())
+    );
+    // Once the old secret is dropped, its cookies no longer open.
+    assert_eq!(CookieKeys::for_fleet(&new, None, 50).open(&by_old), None);
+}
+
+#[test]
+fn fleet_files_round_trip_and_bad_ones_name_the_line() {
+    let s = FleetSecret(std::array::from_fn(|i| (i * 7) as u8));
+    let text = encode_fleet_file(&s);
+    assert_eq!(parse_fleet_file(&text), Ok((s.clone(), None)));
+    let old = secret(0xAB);
+    let both = format!("{}previous {}\n", &*text, "ab".repeat(32));
+    assert_eq!(parse_fleet_file(&both), Ok((s.clone(), Some(old))));
+    for (bad, says) in [
+        ("", "no `secret` line"),
+        ("secret 00\n", "line 1: not 64 hex digits"),
+        (
+            &format!("secret {}\n", "zz".repeat(32)),
+            "line 1: not 64 hex digits",
+        ),
+        (
+            &format!("\nsecret {h}\nsecret {h}\n", h = "00".repeat(32)),
+            "line 3: given twice",
+        ),
+        (
+            "key 00\n",
+            "line 1: expected `secret HEX` or `previous HEX`",
+        ),
+        (
+            &format!("secret {h}\nprevious {h}\n", h = "01".repeat(32)),
+            "`previous` is the same as `secret`",
+        ),
+    ] {
+        assert_eq!(
+            parse_fleet_file(bad).map(|_| ()),
+            Err(says.to_owned()),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn a_request_gets_an_authentic_reply_as_long_as_itself_with_fresh_cookies() {
+    let m = master();
+    for placeholders in [0, 1, 3, 7, 9] {
+        let req = request(&m.seal(&keys(), [2; NONCE_LEN]), placeholders, &C2S);
+        let (reply, len) = reply_to(&req, &m);
+        assert_eq!(len, req.len(), "exactly the request's length");
+        let cookies = client_reads(&reply, &[0xAB; 32]);
+        assert_eq!(cookies.len(), (1 + placeholders).min(8));
+        for c in &cookies {
+            assert_eq!(m.open(c), Some(keys()));
+        }
+    }
+}
+
+#[test]
+fn a_short_request_gets_fewer_cookies_never_a_longer_reply() {
+    let m = master();
+    // A request whose placeholders are shorter than the cookies: they cannot all be replaced.
+    let mut req = request(&m.seal(&keys(), [2; NONCE_LEN]), 0, &C2S);
+    let (reply, len) = reply_to(&req, &m);
+    assert_eq!(
+        (len, client_reads(&reply, &[0xAB; 32]).len()),
+        (req.len(), 1)
+    );
+    // Cut room: a reply buffer of 48 + identifier + a cookieless authenticator only.
+    req.truncate(req.len());
+    let Check::Verified(v) = check_request(&req, &m) else {
+        panic!()
+    };
+    let mut small = vec![0u8; 48 + 36 + 40];
+    let len = write_response(&mut small, &req, &v, [0; NONCE_LEN], || unreachable!()).unwrap();
+    assert_eq!(len, small.len());
+    let mut tiny = vec![0u8; 48 + 36 + 39];
+    assert_eq!(
+        write_response(&mut tiny, &req, &v, [0; NONCE_LEN], || unreachable!()),
+        None
+    );
+}
+
+#[test]
+fn bad_cookies_and_forged_authenticators_get_a_nak() {
+    let m = master();
+    let other = CookieKeys::new(99, [0x99; KEY_LEN]);
+    let req = request(&other.seal(&keys(), [2; NONCE_LEN]), 1, &C2S);
+    let Check::Nak(uid) = check_request(&req, &m) else {
+        panic!("foreign cookie")
+    };
+    let mut reply = vec![0u8; req.len()];
+    Header::request(4, Mode::Server, NtpTimestamp(9))
+        .encode((&mut reply[..48]).try_into().unwrap());
+    let len = write_nak(&mut reply, &req, uid).unwrap();
+    assert_eq!(len, 48 + 36);
+    let h = Header::parse(&reply).unwrap();
+    assert_eq!((h.stratum, h.reference_id), (0, *b"NTSN"));
+    assert_eq!(&reply[52..len], &[0xAB; 32]);
+
+    let forged = request(&m.seal(&keys(), [2; NONCE_LEN]), 1, &[0x12; KEY_LEN]);
+    assert!(matches!(check_request(&forged, &m), Check::Nak(_)));
+}
+
+#[test]
+fn any_changed_byte_of_a_request_is_refused() {
+    let m = master();
+    let req = request(&m.seal(&keys(), [2; NONCE_LEN]), 1, &C2S);
+    for i in 0..req.len() {
+        for bit in [0x01, 0x80] {
+            let mut bad = req.clone();
+            bad[i] ^= bit;
+            assert!(
+                !matches!(check_request(&bad, &m), Check::Verified(_)),
+                "byte {i} bit {bit:#x} changed and still verified"
+            );
+        }
+    }
+}
+
+#[test]
+fn malformed_nts_requests_and_plain_ones() {
+    let m = master();
+    let cookie = m.seal(&keys(), [2; NONCE_LEN]);
+    let mut plain = vec![0u8; 48];
+    Header::request(4, Mode::Client, NtpTimestamp(1))
+        .encode((&mut plain[..48]).try_into().unwrap());
+    assert!(matches!(check_request(&plain, &m), Check::NotNts));
+    // An unknown field alone is not NTS either.
+    let mut other = plain.clone();
+    field(&mut other, 0x7777, &[0; 24]);
+    assert!(matches!(check_request(&other, &m), Check::NotNts));
+    // A cookie without identifier or authenticator.
+    let mut half = plain.clone();
+    field(&mut half, ef::COOKIE, &cookie);
+    assert!(matches!(check_request(&half, &m), Check::Malformed));
+    // Two cookies.
+    let mut two = plain.clone();
+    field(&mut two, ef::UNIQUE_IDENTIFIER, &[1; 32]);
+    field(&mut two, ef::COOKIE, &cookie);
+    field(&mut two, ef::COOKIE, &cookie);
+    assert!(matches!(check_request(&two, &m), Check::Malformed));
+    // A short identifier.
+    let mut short = plain.clone();
+    field(&mut short, ef::UNIQUE_IDENTIFIER, &[1; 16]);
+    field(&mut short, ef::COOKIE, &cookie);
+    assert!(matches!(check_request(&short, &m), Check::Malformed));
+}
+
+fn record(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
+    out.extend_from_slice(&ty.to_be_bytes());
+    out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+#[test]
+fn ke_agrees_on_ntpv4_and_siv_and_refuses_the_rest() {
+    // chronyd's request: next protocol NTPv4, AEADs 30 and 15, end.
+    let mut req = Vec::new();
+    record(&mut req, 0x8001, &[0, 0]);
+    record(&mut req, 0x8004, &[0, 30, 0, 15]);
+    assert_eq!(ke_message_len(&req), None, "no end yet");
+    record(&mut req, 0x8000, &[]);
+    assert_eq!(ke_message_len(&req), Some(req.len()));
+    assert_eq!(ke_message_len(&req[..req.len() - 1]), None);
+    assert_eq!(ke_check(&req), KeOutcome::Agreed);
+
+    let mut out = Vec::new();
+    let cookie = master().seal(&keys(), [3; NONCE_LEN]);
+    let port_only = NtpNegotiation {
+        server: None,
+        port: Some(12345),
+    };
+    ke_response(&KeOutcome::Agreed, &port_only, 8, || cookie, &mut out);
+    assert_eq!(&out[..6], &[0x80, 1, 0, 2, 0, 0]);
+    assert_eq!(&out[6..12], &[0x80, 4, 0, 2, 0, 15]);
+    assert_eq!(&out[12..18], &[0x80, 7, 0, 2, 0x30, 0x39]);
+    assert_eq!(&out[18..22], &[0, 5, 0, COOKIE_LEN as u8]);
+    assert_eq!(out.len(), 18 + 8 * (4 + COOKIE_LEN) + 4);
+    assert_eq!(&out[out.len() - 4..], &[0x80, 0, 0, 0]);
+
+    let refused = |body: &[(u16, &[u8])]| {
+        let mut r = Vec::new();
+        for (t, b) in body {
+            record(&mut r, *t, b);
+        }
+        ke_check(&r)
+    };
+    let eom: (u16, &[u8]) = (0x8000, &[]);
+    assert_eq!(
+        refused(&[(0x8004, &[0, 15]), eom]),
+        KeOutcome::Error(1),
+        "no protocol"
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 1]), (0x8004, &[0, 15]), eom]),
+        KeOutcome::Error(1)
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 30]), eom]),
+        KeOutcome::Error(1)
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x8123, &[]), eom]),
+        KeOutcome::Error(0),
+        "unknown critical record"
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x0123, &[1]), eom]),
+        KeOutcome::Agreed,
+        "unknown non-critical record"
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15])]),
+        KeOutcome::Error(1)
+    );
+    let mut err = Vec::new();
+    ke_response(
+        &KeOutcome::Error(1),
+        &port_only,
+        8,
+        || unreachable!(),
+        &mut err,
+    );
+    assert_eq!(err, [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0]);
+}
+
+#[test]
+fn server_names_for_the_negotiation_record() {
+    for good in [
+        "192.0.2.1",
+        "2001:db8::1",
+        "ntp.example.net",
+        "ntp.example.net.",
+        "a-b.c0",
+    ] {
+        assert!(valid_ntp_server(good), "{good}");
+    }
+    let long = ["a"; 130].join(".");
+    for bad in [
+        "",
+        "fe80::1%eth0",
+        "[2001:db8::1]",
+        "ntp example",
+        "-ntp.example",
+        "ntp-.example",
+        "ntp..example",
+        "192.0.2.300",
+        "ntp.example.net:123",
+        long.as_str(),
+    ] {
+        assert!(!valid_ntp_server(bad), "{bad}");
+    }
+}
+
+#[test]
+fn the_client_side_round_trips_with_the_server_side() {
+    let m = master();
+    let mut ke = Vec::new();
+    let elsewhere = NtpNegotiation {
+        server: Some("ntp.example.net".to_owned()),
+        port: Some(4123),
+    };
+    ke_response(
+        &ke_check(&ke_request()),
+        &elsewhere,
+        8,
+        || m.seal(&keys(), [1; 16]),
+        &mut ke,
+    );
+    let answer = parse_ke_response(&ke).unwrap();
+    assert_eq!(
+        (answer.cookies.len(), answer.server.as_deref(), answer.port),
+        (8, Some("ntp.example.net"), Some(4123))
+    );
+    let mut err = Vec::new();
+    let nowhere = NtpNegotiation::default();
+    ke_response(
+        &KeOutcome::Error(1),
+        &nowhere,
+        0,
+        || unreachable!(),
+        &mut err,
+    );
+    assert_eq!(parse_ke_response(&err), Err(KeAnswerError::Refused(1)));
+
+    let mut header = [0u8; 48];
+    Header::request(4, Mode::Client, NtpTimestamp(5)).encode(&mut header);
+    let uid = [0x5A; 32];
+    let req = client_request(&header, &uid, &answer.cookies[0], 2, &C2S, [8; 16]);
+    let Check::Verified(v) = check_request(&req, &m) else {
+        panic!()
+    };
+    let mut reply = vec![0u8; req.len()];
+    Header::request(4, Mode::Server, NtpTimestamp(9))
+        .encode((&mut reply[..48]).try_into().unwrap());
+    write_response(&mut reply, &req, &v, [2; 16], || m.seal(&keys(), [3; 16])).unwrap();
+    let Ok(ClientReply::Authentic(cookies)) = client_check_reply(&reply, &uid, &S2C) else {
+        panic!()
+    };
+    assert_eq!(cookies.len(), 3);
+    assert_eq!(
+        client_check_reply(&reply, &[0; 32], &S2C),
+        Err(ClientReplyError::WrongIdentifier)
+    );
+    assert_eq!(
+        client_check_reply(&reply, &uid, &C2S),
+        Err(ClientReplyError::Forged)
+    );
+    let mut bad = reply.clone();
+    bad[40] ^= 1; // the transmit timestamp is covered
+    assert_eq!(
+        client_check_reply(&bad, &uid, &S2C),
+        Err(ClientReplyError::Forged)
+    );
+
+    let foreign = client_request(&header, &uid, &[0; COOKIE_LEN], 0, &C2S, [8; 16]);
+    let Check::Nak(range) = check_request(&foreign, &m) else {
+        panic!()
+    };
+    let mut nak = vec![0u8; foreign.len()];
+    Header::request(4, Mode::Server, NtpTimestamp(9)).encode((&mut nak[..48]).try_into().unwrap());
+    let len = write_nak(&mut nak, &foreign, range).unwrap();
+    assert_eq!(
+        client_check_reply(&nak[..len], &uid, &S2C),
+        Ok(ClientReply::Nak)
+    );
+}
+#[test]
+fn client_request_is_what_chronyd_sends_and_the_reply_names_it() {
+    let cookie = master().seal(&keys(), [1; 16]);
+    for placeholders in [0, 1, 7] {
+        let mut header = [0u8; 48];
+        Header::request(4, Mode::Client, NtpTimestamp(0x0102_0304_0506_0708)).encode(&mut header);
+        let ours = client_request(
+            &header,
+            &[0xAB; 32],
+            &cookie,
+            placeholders,
+            &C2S,
+            [0x44; 16],
+        );
+        assert_eq!(ours, request(&cookie, placeholders, &C2S));
+        assert_eq!(ours.len(), client_request_len(cookie.len(), placeholders));
+        assert_eq!(reply_unique_id(&ours), Some(&[0xAB; 32][..]));
+    }
+    assert_eq!(reply_unique_id(&[0; 48]), None);
+}
