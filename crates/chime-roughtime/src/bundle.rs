@@ -148,7 +148,7 @@ impl Bundle {
         until - unix_s
     }
 
-    /// The bundle as text ([the format](self)); wiped when dropped, since it holds the online
+    /// The bundle as text (the format [`make_bundle`] writes); wiped when dropped, since it holds the online
     /// keys' seeds.
     pub fn encode(&self) -> Zeroizing<String> {
         let per_window = 2 * 8 * 3 + 2 * KEY_LEN + Family::COUNT * (6 + 2 * CERT_LEN);

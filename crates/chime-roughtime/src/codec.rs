@@ -9,19 +9,19 @@
 /// Every `take` either returns the bytes or `None` without moving; nothing here panics on short
 /// input.
 #[derive(Debug, Clone)]
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
     /// Starts reading at the beginning of `buf`.
-    pub fn new(buf: &'a [u8]) -> Self {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
         Self { buf, pos: 0 }
     }
 
     /// The next `len` bytes.
-    pub fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, len: usize) -> Option<&'a [u8]> {
         let end = self.pos.checked_add(len)?;
         let bytes = self.buf.get(self.pos..end)?;
         self.pos = end;
@@ -29,34 +29,35 @@ impl<'a> Reader<'a> {
     }
 
     /// The next `N` bytes as an array reference.
-    pub fn take_array<const N: usize>(&mut self) -> Option<&'a [u8; N]> {
+    pub(crate) fn take_array<const N: usize>(&mut self) -> Option<&'a [u8; N]> {
         self.take(N)?.try_into().ok()
     }
 
     /// A little-endian `u32`.
-    pub fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         self.take_array::<4>().map(|b| u32::from_le_bytes(*b))
     }
 
     /// A little-endian `u64`.
-    pub fn u64(&mut self) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         self.take_array::<8>().map(|b| u64::from_le_bytes(*b))
     }
 
     /// Everything not read yet; the reader is then empty.
-    pub fn rest(&mut self) -> &'a [u8] {
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
         let rest = self.buf.get(self.pos..).unwrap_or_default();
         self.pos = self.buf.len();
         rest
     }
 
     /// How many bytes are left.
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
 
     /// True when everything has been read.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.remaining() == 0
     }
 }
@@ -80,42 +81,42 @@ pub struct BufferTooSmall {
 
 /// A write cursor over a caller-provided buffer.
 #[derive(Debug)]
-pub struct Writer<'a> {
+pub(crate) struct Writer<'a> {
     buf: &'a mut [u8],
     pos: usize,
 }
 
 impl<'a> Writer<'a> {
     /// Starts writing at the beginning of `buf`.
-    pub fn new(buf: &'a mut [u8]) -> Self {
+    pub(crate) fn new(buf: &'a mut [u8]) -> Self {
         Self { buf, pos: 0 }
     }
 
     /// Appends `bytes`.
-    pub fn put(&mut self, bytes: &[u8]) -> Result<(), BufferTooSmall> {
+    pub(crate) fn put(&mut self, bytes: &[u8]) -> Result<(), BufferTooSmall> {
         self.slot(bytes.len())?.copy_from_slice(bytes);
         Ok(())
     }
 
     /// Appends a little-endian `u32`.
-    pub fn put_u32(&mut self, value: u32) -> Result<(), BufferTooSmall> {
+    pub(crate) fn put_u32(&mut self, value: u32) -> Result<(), BufferTooSmall> {
         self.put(&value.to_le_bytes())
     }
 
     /// Appends a little-endian `u64`.
-    pub fn put_u64(&mut self, value: u64) -> Result<(), BufferTooSmall> {
+    pub(crate) fn put_u64(&mut self, value: u64) -> Result<(), BufferTooSmall> {
         self.put(&value.to_le_bytes())
     }
 
     /// Appends `len` zero bytes.
-    pub fn put_zeros(&mut self, len: usize) -> Result<(), BufferTooSmall> {
+    pub(crate) fn put_zeros(&mut self, len: usize) -> Result<(), BufferTooSmall> {
         self.slot(len)?.fill(0);
         Ok(())
     }
 
     /// Reserves the next `len` bytes and hands them out to be filled in place, e.g. by a hash
     /// function, so that nothing has to be assembled elsewhere and copied.
-    pub fn slot(&mut self, len: usize) -> Result<&mut [u8], BufferTooSmall> {
+    pub(crate) fn slot(&mut self, len: usize) -> Result<&mut [u8], BufferTooSmall> {
         let too_small = BufferTooSmall {
             needed: self.pos.saturating_add(len),
             available: self.buf.len(),
@@ -127,7 +128,7 @@ impl<'a> Writer<'a> {
     }
 
     /// Bytes written so far.
-    pub fn position(&self) -> usize {
+    pub(crate) fn position(&self) -> usize {
         self.pos
     }
 }

@@ -21,13 +21,13 @@ use crate::tag::Tag;
 use crate::version::Family;
 
 /// Bytes of an Ed25519 seed, public key, and of an SRV value.
-pub const KEY_LEN: usize = 32;
+pub(crate) const KEY_LEN: usize = 32;
 /// Bytes of an Ed25519 signature.
-pub const SIGNATURE_LEN: usize = 64;
+pub(crate) const SIGNATURE_LEN: usize = 64;
 /// Bytes of an encoded DELE: `{PUBK, MINT, MAXT}`.
-pub const DELE_LEN: usize = 24 + KEY_LEN + 8 + 8;
+pub(crate) const DELE_LEN: usize = 24 + KEY_LEN + 8 + 8;
 /// Bytes of an encoded CERT: `{SIG, DELE}`.
-pub const CERT_LEN: usize = 16 + SIGNATURE_LEN + DELE_LEN;
+pub(crate) const CERT_LEN: usize = 16 + SIGNATURE_LEN + DELE_LEN;
 
 /// The SRV value that names a long-term key: `SHA-512(0xff ‖ public key)[0..32]`.
 pub fn srv_value(long_term_public_key: &[u8; KEY_LEN]) -> [u8; KEY_LEN] {
@@ -159,7 +159,7 @@ impl OnlineKey {
         self.key.verifying_key().to_bytes()
     }
 
-    /// The seed, for writing a delegation bundle ([`crate::bundle`]); wiped when dropped.
+    /// The seed, for writing a delegation bundle ([`crate::make_bundle`]); wiped when dropped.
     pub fn seed(&self) -> zeroize::Zeroizing<[u8; KEY_LEN]> {
         zeroize::Zeroizing::new(self.key.to_bytes())
     }

@@ -9,7 +9,7 @@
 //!
 //! RFC 10049 (version 1), 0x8000000c (drafts 12–19), drafts 08–11, draft 07 and Google's
 //! original, chosen per request as the best the client offers and the server has enabled; see
-//! [`version`] for what differs between them.
+//! [`Version`] for what differs between them.
 //!
 //! # Server
 //!
@@ -35,25 +35,25 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod bundle;
-pub mod chain;
-pub mod client;
-pub mod codec;
-pub mod error;
-pub mod grease;
-pub mod keyfile;
-pub mod keys;
+mod bundle;
+mod chain;
+mod client;
+mod codec;
+mod error;
+mod grease;
+mod keyfile;
+mod keys;
 pub mod merkle;
-pub mod message;
+mod message;
 #[cfg(feature = "mldsa")]
 pub mod mldsa;
-pub mod packet;
-pub mod request;
-pub mod response;
-pub mod server;
-pub mod stream;
-pub mod tag;
-pub mod version;
+mod packet;
+mod request;
+mod response;
+mod server;
+mod stream;
+mod tag;
+mod version;
 
 pub use bundle::{Bundle, BundleError, BundlePlan, make_bundle};
 pub use chain::{

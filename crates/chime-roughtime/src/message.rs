@@ -11,7 +11,7 @@ use crate::tag::Tag;
 
 /// The deepest nesting [`Message::nested`] follows. Roughtime's deepest structure is
 /// response → CERT → DELE (depth 2); a little slack leaves room for extensions.
-pub const MAX_DEPTH: u8 = 4;
+pub(crate) const MAX_DEPTH: u8 = 4;
 
 /// A parsed, validated message borrowing its bytes.
 #[derive(Debug, Clone, Copy)]
@@ -223,7 +223,7 @@ impl<'a> Message<'a> {
 }
 
 /// Bytes a message with `count` tags spends on its header.
-pub const fn header_len(count: usize) -> usize {
+pub(crate) const fn header_len(count: usize) -> usize {
     match count {
         0 => 4,
         n => 8 * n,
@@ -233,7 +233,7 @@ pub const fn header_len(count: usize) -> usize {
 /// Writes a message header for `fields` (tag and value length, in strictly increasing tag
 /// order); the caller then writes the values in the same order. This lets values be produced in
 /// place (a Merkle path, a signature) instead of being assembled and copied.
-pub fn write_header(w: &mut Writer<'_>, fields: &[(Tag, usize)]) -> Result<(), EncodeError> {
+pub(crate) fn write_header(w: &mut Writer<'_>, fields: &[(Tag, usize)]) -> Result<(), EncodeError> {
     let mut total = 0usize;
     for (i, &(tag, len)) in fields.iter().enumerate() {
         if len % 4 != 0 {
@@ -263,15 +263,18 @@ pub fn write_header(w: &mut Writer<'_>, fields: &[(Tag, usize)]) -> Result<(), E
 }
 
 /// Encodes `fields` (strictly increasing tags, values a multiple of 4 bytes long) into `out`,
-/// returning the number of bytes written.
-pub fn encode(out: &mut [u8], fields: &[(Tag, &[u8])]) -> Result<usize, EncodeError> {
+/// returning the number of bytes written. The server writes its replies field by field; this is
+/// for the ML-DSA-44 suite and the tests.
+#[cfg(any(test, feature = "mldsa"))]
+pub(crate) fn encode(out: &mut [u8], fields: &[(Tag, &[u8])]) -> Result<usize, EncodeError> {
     let mut w = Writer::new(out);
     encode_into(&mut w, fields)?;
     Ok(w.position())
 }
 
 /// Like [`encode`], appending to a [`Writer`].
-pub fn encode_into(w: &mut Writer<'_>, fields: &[(Tag, &[u8])]) -> Result<(), EncodeError> {
+#[cfg(any(test, feature = "mldsa"))]
+pub(crate) fn encode_into(w: &mut Writer<'_>, fields: &[(Tag, &[u8])]) -> Result<(), EncodeError> {
     // A message never has more than a handful of tags; more than this is a caller bug, reported
     // as an error instead of allocating.
     const MAX_FIELDS: usize = 16;
@@ -290,7 +293,8 @@ pub fn encode_into(w: &mut Writer<'_>, fields: &[(Tag, &[u8])]) -> Result<(), En
 }
 
 /// Bytes [`encode`] needs for values of these lengths.
-pub fn encoded_len(value_lens: &[usize]) -> usize {
+#[cfg(test)]
+pub(crate) fn encoded_len(value_lens: &[usize]) -> usize {
     header_len(value_lens.len()) + value_lens.iter().sum::<usize>()
 }
 

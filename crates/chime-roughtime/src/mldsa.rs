@@ -5,7 +5,7 @@
 //! The wire format is that of drafts 12 on and RFC 10049 with the signatures swapped:
 //!
 //! * request: VER (offering 0x90000001), SRV, NONC (32 bytes), TYPE = 0, padding;
-//! * reply: SIG, NONC, TYPE = 1, PATH, SREP {VER, RADI, MIDP, VERS = [0x90000001], ROOT}, CERT
+//! * reply: SIG, NONC, TYPE = 1, PATH, SREP {VER, RADI, MIDP, `VERS = [0x90000001]`, ROOT}, CERT
 //!   {SIG, DELE {PUBK, MINT, MAXT}}, INDX; times in Unix seconds, RADI in seconds;
 //! * SIG fields are ML-DSA-44 signatures (2420 bytes) and PUBK an ML-DSA-44 public key (1312
 //!   bytes); each signs the bare SREP or DELE bytes with FIPS 204's context parameter set to

@@ -9,10 +9,10 @@ use crate::codec::{Reader, Writer};
 use crate::error::{DecodeError, EncodeError};
 
 /// The magic that starts every IETF packet: the `u64` 0x4d49544847554f52, `ROUGHTIM` in ASCII.
-pub const MAGIC: [u8; 8] = 0x4d49_5448_4755_4f52u64.to_le_bytes();
+pub(crate) const MAGIC: [u8; 8] = 0x4d49_5448_4755_4f52u64.to_le_bytes();
 
 /// Bytes of the IETF header: magic plus the `u32` length.
-pub const FRAME_HEADER_LEN: usize = 12;
+pub(crate) const FRAME_HEADER_LEN: usize = 12;
 
 /// How a packet is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,7 +25,7 @@ pub enum Framing {
 
 /// A datagram split into its framing and the message it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<'a> {
+pub(crate) struct Packet<'a> {
     /// How the datagram was framed.
     pub framing: Framing,
     /// The message, without the header.
@@ -34,7 +34,7 @@ pub struct Packet<'a> {
 
 impl<'a> Packet<'a> {
     /// Splits a datagram. An IETF header must declare exactly the bytes that follow it.
-    pub fn parse(datagram: &'a [u8]) -> Result<Self, DecodeError> {
+    pub(crate) fn parse(datagram: &'a [u8]) -> Result<Self, DecodeError> {
         if datagram.get(..MAGIC.len()) != Some(&MAGIC[..]) {
             return Ok(Self {
                 framing: Framing::Google,
@@ -62,7 +62,10 @@ impl<'a> Packet<'a> {
 }
 
 /// Writes the 12-byte IETF header for a message of `message_len` bytes.
-pub fn write_frame_header(w: &mut Writer<'_>, message_len: usize) -> Result<(), EncodeError> {
+pub(crate) fn write_frame_header(
+    w: &mut Writer<'_>,
+    message_len: usize,
+) -> Result<(), EncodeError> {
     let len = u32::try_from(message_len).map_err(|_| EncodeError::TooLarge { len: message_len })?;
     w.put(&MAGIC)?;
     w.put_u32(len)?;

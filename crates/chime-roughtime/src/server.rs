@@ -42,7 +42,7 @@ pub const MAX_BATCH_SIZE: usize = 256;
 
 /// Least RADI, in seconds, sent to IETF clients: draft 11 requires 3 and RFC 10049 §5.2.5 asks
 /// for it from servers without leap-second information, which this crate does not have.
-pub const MIN_RADIUS_S: u32 = 3;
+pub(crate) const MIN_RADIUS_S: u32 = 3;
 
 /// Why a request got no reply. Every variant is a counter: [`index`](Self::index) is dense and
 /// [`label`](Self::label) names it in metrics.
@@ -170,7 +170,7 @@ pub struct BatchParams<'a> {
     pub now_unix_us: u64,
     /// A bound on the error of `now_unix_us`, in microseconds. Each version rounds the served
     /// interval outward so that it still contains the true time: IETF versions send MIDP as
-    /// the nearest second and RADI = ⌈(radius + rounding) / 1 s⌉, at least [`MIN_RADIUS_S`];
+    /// the nearest second and RADI = ⌈(radius + rounding) / 1 s⌉, at least 3 s;
     /// Google sends both in microseconds (RADI at least 1).
     pub radius_us: u64,
     /// The current online key and its certificates.
@@ -278,7 +278,7 @@ impl Responder {
         }
     }
 
-    /// For requests that came over a stream (TCP, [`crate::stream`]), where a reply cannot be
+    /// For requests that came over a stream (TCP, [`crate::FrameReader`]), where a reply cannot be
     /// used to amplify a forged source address: requests need not be padded to
     /// [`MIN_REQUEST_LEN`], and a reply may be longer than its request. Datagrams keep both
     /// rules.

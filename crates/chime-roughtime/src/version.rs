@@ -22,7 +22,7 @@
 
 use core::fmt;
 
-pub use crate::merkle::TreeHash;
+pub(crate) use crate::merkle::TreeHash;
 use crate::packet::Framing;
 
 /// A protocol version this crate speaks.
@@ -392,10 +392,10 @@ impl TimeFormat {
 }
 
 /// Versions with a VER number: all but Google's. The most a VERS list holds.
-pub const NUMBERED_VERSIONS: usize = Version::COUNT - 1;
+pub(crate) const NUMBERED_VERSIONS: usize = Version::COUNT - 1;
 
 /// Most versions a request's VER may list (RFC 10049 §5.1.1).
-pub const MAX_OFFERED_VERSIONS: usize = 32;
+pub(crate) const MAX_OFFERED_VERSIONS: usize = 32;
 
 /// A set of versions, e.g. the ones a server has enabled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
