@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use zeroize::Zeroizing;
 
-use crate::keyfile::{decode_hex, hex};
+use crate::keyfile::{decode_hex, push_hex};
 use crate::keys::{CERT_LEN, Certificate, Delegation, KEY_LEN, LongTermKey, OnlineKey};
 use crate::version::Family;
 
@@ -148,8 +148,8 @@ impl Bundle {
         until - unix_s
     }
 
-    /// The bundle as text (the format [`make_bundle`] writes); wiped when dropped, since it holds the online
-    /// keys' seeds.
+    /// The bundle as text (the format [`make_bundle`] writes); wiped when dropped, since it holds
+    /// the online keys' seeds.
     pub fn encode(&self) -> Zeroizing<String> {
         let per_window = 2 * 8 * 3 + 2 * KEY_LEN + Family::COUNT * (6 + 2 * CERT_LEN);
         let mut text = Zeroizing::new(String::with_capacity(512 + self.windows.len() * per_window));
@@ -158,17 +158,18 @@ impl Bundle {
              # key signed for them, one window each. Keep it secret (mode 0600): whoever has it can\n\
              # sign as this server until its last window closes.\n",
         );
-        let _ = writeln!(text, "long-term-public {}", hex(&self.long_term_public));
+        let _ = writeln!(
+            text,
+            "long-term-public {}",
+            hex::encode(self.long_term_public)
+        );
         for d in &self.windows {
-            let _ = writeln!(
-                text,
-                "window {} {} {}",
-                d.mint_unix_s(),
-                d.maxt_unix_s(),
-                hex(&*d.online_key().seed())
-            );
+            let _ = write!(text, "window {} {} ", d.mint_unix_s(), d.maxt_unix_s());
+            push_hex(&mut text, &*d.online_key().seed());
+            text.push('\n');
             for family in Family::ALL {
-                let _ = writeln!(text, "cert {}", hex(d.certificate(family).as_bytes()));
+                let cert = hex::encode(d.certificate(family).as_bytes());
+                let _ = writeln!(text, "cert {cert}");
             }
         }
         text
@@ -429,7 +430,7 @@ mod tests {
             }
         }
         let other = LongTermKey::from_seed(&[8; KEY_LEN]).public_key();
-        let swapped = text.replace(&hex(&key.public_key()), &hex(&other));
+        let swapped = text.replace(&hex::encode(key.public_key()), &hex::encode(other));
         assert!(
             Bundle::parse(&swapped)
                 .unwrap_err()
@@ -447,7 +448,7 @@ mod tests {
         for (bad, says) in [
             ("", "no long-term-public line"),
             (
-                &format!("long-term-public {}\n", hex(&key.public_key())),
+                &format!("long-term-public {}\n", hex::encode(key.public_key())),
                 "no window",
             ),
             ("cert 00\n", "line 1: a cert line before any window line"),

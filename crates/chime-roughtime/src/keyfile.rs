@@ -43,10 +43,8 @@ pub fn encode_key_file(seed: &[u8; KEY_LEN]) -> Zeroizing<String> {
     out.push_str(
         "# chime Roughtime long-term key: an Ed25519 seed. Keep this file secret (mode 0600).\n",
     );
-    let _ = writeln!(out, "# public key (hex): {}", hex(&public));
-    for b in seed {
-        let _ = write!(out, "{b:02x}");
-    }
+    let _ = writeln!(out, "# public key (hex): {}", hex::encode(public));
+    push_hex(&mut out, seed);
     out.push('\n');
     out
 }
@@ -67,23 +65,22 @@ pub fn parse_key_file(text: &str) -> Result<[u8; KEY_LEN], KeyFileError> {
     seed.ok_or(KeyFileError::Missing)
 }
 
-/// Lower-case hex, as the key file and the delegation bundle ([`crate::bundle`]) write it.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Appends `bytes` to `out` as lower-case hex, as the key file and the delegation bundle
+/// ([`crate::make_bundle`]) write secrets: through a stack buffer wiped afterwards, so that no copy
+/// is left but in `out`.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    let mut digits = Zeroizing::new([0u8; 128]);
+    for chunk in bytes.chunks(64) {
+        let digits = &mut digits[..2 * chunk.len()];
+        hex::encode_to_slice(chunk, digits).expect("twice the chunk's length");
+        out.push_str(std::str::from_utf8(digits).expect("hex digits are ASCII"));
+    }
 }
 
 /// `N` bytes from exactly `2 * N` hex digits, as the key file and the bundle read them.
 pub(crate) fn decode_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    let bytes = s.as_bytes();
-    if bytes.len() != 2 * N {
-        return None;
-    }
     let mut out = [0u8; N];
-    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        let hi = char::from(pair[0]).to_digit(16)?;
-        let lo = char::from(pair[1]).to_digit(16)?;
-        *o = (hi * 16 + lo) as u8;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 

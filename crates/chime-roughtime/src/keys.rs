@@ -368,7 +368,7 @@ struct Hex<'a>(&'a [u8]);
 
 impl fmt::Debug for Hex<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        f.write_str(&hex::encode(self.0))
     }
 }
 

@@ -328,48 +328,32 @@ pub fn encode_key_file(seed: &[u8; SEED_LEN]) -> zeroize::Zeroizing<String> {
          # of no draft): a FIPS 204 seed. Keep this file secret (mode 0600).\n",
     );
     out.push_str("mldsa44 ");
-    for b in seed {
-        out.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-        out.push(char::from_digit(u32::from(b & 15), 16).unwrap_or('0'));
-    }
+    crate::keyfile::push_hex(&mut out, seed);
     out.push('\n');
     out
 }
 
 /// The seed in an ML-DSA-44 key file's text; the error never holds the secret.
 pub fn parse_key_file(text: &str) -> Result<[u8; SEED_LEN], String> {
-    let mut seed = None;
+    let (mut seed, mut found) = ([0u8; SEED_LEN], false);
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let hex = line
+        let digits = line
             .strip_prefix("mldsa44 ")
             .ok_or_else(|| format!("line {}: not `mldsa44 ` and 64 hex digits", i + 1))?;
-        if seed.is_some() {
+        if found {
             return Err(format!("more than one key line (line {})", i + 1));
         }
-        let bytes: Option<Vec<u8>> = (0..SEED_LEN)
-            .map(|j| {
-                hex.get(2 * j..2 * j + 2)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-            })
-            .collect();
-        match bytes {
-            Some(b) if hex.len() == 2 * SEED_LEN => seed = Some(b),
-            _ => {
-                return Err(format!(
-                    "line {}: not 64 hex digits after `mldsa44 `",
-                    i + 1
-                ));
-            }
-        }
+        hex::decode_to_slice(digits, &mut seed)
+            .map_err(|_| format!("line {}: not 64 hex digits after `mldsa44 `", i + 1))?;
+        found = true;
     }
-    let seed = seed.ok_or("no `mldsa44` key line")?;
-    let mut out = [0u8; SEED_LEN];
-    out.copy_from_slice(&seed);
-    Ok(out)
+    found
+        .then_some(seed)
+        .ok_or_else(|| "no `mldsa44` key line".into())
 }
 
 /// What a verified reply says.

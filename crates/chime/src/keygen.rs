@@ -43,13 +43,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     create_secret_file(&args.file, encode_key_file(&seed).as_bytes())?;
     let public = LongTermKey::from_seed(&seed).public_key();
     println!("public key (base64): {}", BASE64.encode(public));
-    println!(
-        "public key (hex): {}",
-        public
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    );
+    println!("public key (hex): {}", hex::encode(public));
     Ok(())
 }
 

@@ -623,9 +623,7 @@ fn query_mldsa(addr: SocketAddr, key: &[u8], args: &Args) -> Result<()> {
 pub(crate) fn parse_key(s: &str) -> Result<[u8; 32]> {
     let s = s.trim();
     let bytes = if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        (0..32)
-            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16))
-            .collect::<Result<Vec<_>, _>>()?
+        hex::decode(s)?
     } else {
         BASE64
             .decode(s)

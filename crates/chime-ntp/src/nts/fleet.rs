@@ -61,10 +61,10 @@ pub fn encode_fleet_file(secret: &FleetSecret) -> zeroize::Zeroizing<String> {
          # beside the new `secret` on every member, then remove it a rotation later.\n\
          secret ",
     );
-    for b in secret.0 {
-        text.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-        text.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
-    }
+    // Through a buffer wiped afterwards, so that no copy of the secret is left but in `text`.
+    let mut digits = zeroize::Zeroizing::new([0u8; 2 * FLEET_SECRET_LEN]);
+    hex::encode_to_slice(secret.0, &mut digits[..]).expect("twice the secret's length");
+    text.push_str(std::str::from_utf8(&digits[..]).expect("hex digits are ASCII"));
     text.push('\n');
     text
 }
@@ -97,14 +97,8 @@ pub fn parse_fleet_file(text: &str) -> Result<(FleetSecret, Option<FleetSecret>)
     Ok((secret, previous))
 }
 
-fn parse_secret(hex: &str) -> Option<FleetSecret> {
-    if hex.len() != 2 * FLEET_SECRET_LEN || !hex.is_ascii() {
-        return None;
-    }
+fn parse_secret(digits: &str) -> Option<FleetSecret> {
     let mut secret = FleetSecret([0; FLEET_SECRET_LEN]);
-    for (byte, pair) in secret.0.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
-        let digits = std::str::from_utf8(pair).ok()?;
-        *byte = u8::from_str_radix(digits, 16).ok()?;
-    }
+    hex::decode_to_slice(digits, &mut secret.0).ok()?;
     Some(secret)
 }

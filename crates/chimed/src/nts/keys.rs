@@ -139,15 +139,13 @@ fn parse(text: &str) -> Result<Saved, String> {
 
 fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
     let id = u32::from_str_radix(id, 16).map_err(|_| format!("bad key id {id:?}"))?;
-    let digits = key.as_bytes();
-    if digits.len() != 2 * KEY_LEN {
-        return Err(format!("a key is {} hex digits", 2 * KEY_LEN));
-    }
     let mut bytes = [0u8; KEY_LEN];
-    for (b, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
-        let digit = |d: u8| char::from(d).to_digit(16).ok_or("a key is hex digits");
-        *b = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
-    }
+    hex::decode_to_slice(key, &mut bytes).map_err(|e| match e {
+        hex::FromHexError::InvalidStringLength | hex::FromHexError::OddLength => {
+            format!("a key is {} hex digits", 2 * KEY_LEN)
+        }
+        hex::FromHexError::InvalidHexCharacter { .. } => "a key is hex digits".to_owned(),
+    })?;
     Ok((id, bytes))
 }
 
@@ -167,9 +165,10 @@ fn render(saved: &Saved) -> Zeroizing<String> {
     let mut line = |name: &str, (id, key): (u32, [u8; KEY_LEN])| {
         let key = Zeroizing::new(key);
         let _ = write!(text, "{name} {id:08x} ");
-        for b in key.iter() {
-            let _ = write!(text, "{b:02x}");
-        }
+        // Through a buffer wiped afterwards, so that no copy of the key is left but in `text`.
+        let mut digits = Zeroizing::new([0u8; 2 * KEY_LEN]);
+        hex::encode_to_slice(*key, &mut digits[..]).expect("twice the key's length");
+        text.push_str(std::str::from_utf8(&digits[..]).expect("hex digits are ASCII"));
         text.push('\n');
     };
     line("current", saved.keys.current());

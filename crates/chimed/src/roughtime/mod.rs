@@ -72,10 +72,7 @@ pub(crate) fn prepare(
     info!(
         "roughtime public key (base64): {} (hex {}), from {}",
         BASE64.encode(public),
-        public
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>(),
+        hex::encode(public),
         keys.file().display()
     );
     info!("roughtime: {}", keys::describe(&delegation));
