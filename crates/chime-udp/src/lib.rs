@@ -34,7 +34,6 @@ compile_error!("chime-udp supports Linux only: it needs recvmmsg, sendmmsg and S
 mod affinity;
 mod batch;
 mod cmsg;
-pub mod counting_alloc;
 mod error;
 mod meta;
 mod runner;
