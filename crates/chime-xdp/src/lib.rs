@@ -1,10 +1,11 @@
-//! The AF_XDP backend: the same [`BatchHandler`]s served from frames the driver hands over
-//! directly, without the kernel's UDP/IP stack or a socket per protocol.
+//! chime's AF_XDP backend: the same [`BatchHandler`]s as chime-udp's socket workers, served from
+//! frames the driver hands over directly, without the kernel's UDP/IP stack or a socket per
+//! protocol.
 //!
-//! An XDP program ([`bpf`]) on the interface redirects plain UDP to the served addresses and ports
-//! into one AF_XDP socket per receive queue ([`xsk`]) and passes everything else to the kernel.
+//! An XDP program (`bpf`) on the interface redirects plain UDP to the served addresses and ports
+//! into one AF_XDP socket per receive queue (`xsk`) and passes everything else to the kernel.
 //! One worker thread per queue takes batches of frames off its RX ring, checks each and copies
-//! its payload into the [`RxBatch`] of the protocol its port belongs to ([`frame`]), runs that
+//! its payload into the [`RxBatch`] of the protocol its port belongs to (`frame`), runs that
 //! protocol's handler, writes each reply over its request's frame with the headers swapped, and
 //! puts the frames on the TX ring: no syscall per batch in zero-copy mode, one (the send kick) in
 //! copy mode.
@@ -13,14 +14,27 @@
 //! and leaves the reading in the frame's metadata; the worker converts it with one pair of clock
 //! reads per batch. That is the same moment a kernel software receive timestamp marks, at the
 //! driver, before any queueing. A frame whose metadata did not come through gets the time the
-//! worker took the batch, and [`XdpWorkers::rx_times`] says which happened. Transmit timestamps
-//! are not available here, so handlers never see [`BatchHandler::tx_timestamps`] on this path.
+//! worker took the batch, and [`XdpStats`] counts which happened. Transmit timestamps are not
+//! available here, so handlers never see [`BatchHandler::tx_timestamps`] on this path.
 //!
 //! The program is attached through a BPF link owned by [`XdpWorkers`], so it is detached when they
 //! are dropped or the process dies.
+//!
+//! With chime-udp, the only crate of chime allowed `unsafe`: the memory shared with the kernel
+//! (`xsk`), the `bpf(2)` calls (`bpf`) and `getifaddrs` here. Linux only.
+//!
+//! Module map: `bpf` (the program and the calls that load and attach it), `xsk` (one AF_XDP
+//! socket, its UMEM and rings), `frame` (requests read out of frames, replies made in place), and
+//! `sys` (libc helpers).
+
+#![warn(missing_docs)]
+
+#[cfg(not(target_os = "linux"))]
+compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 
 mod bpf;
 mod frame;
+mod sys;
 mod xsk;
 
 use std::{
@@ -39,7 +53,7 @@ use std::{
 
 pub use xsk::XdpMode;
 
-use crate::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch, affinity};
+use chime_udp::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch};
 
 /// One protocol served through XDP: the addresses and ports its requests are sent to, and the
 /// longest payload its handler takes.
@@ -63,7 +77,7 @@ pub struct XdpConfig {
     pub groups: Vec<XdpGroup>,
     /// Zero-copy or copy mode; `None` tries zero-copy and falls back to copy.
     pub mode: Option<XdpMode>,
-    /// CPUs to pin the threads to, as [`crate::WorkerConfig::cpus`].
+    /// CPUs to pin the threads to, as [`chime_udp::WorkerConfig::cpus`].
     pub cpus: Vec<usize>,
     /// The most frames taken off the RX ring at once, and so the most requests of one protocol a
     /// handler is given at once (a handler whose own limit is lower drops and counts the rest,
@@ -365,7 +379,7 @@ impl XdpBound {
             }
         }
         drop(started_tx);
-        if let Some(e) = crate::runner::await_starts(threads.len(), &started_rx, "an XDP worker") {
+        if let Some(e) = chime_udp::await_starts(threads.len(), &started_rx, "an XDP worker") {
             failure.get_or_insert(e);
         }
         let workers = XdpWorkers {
@@ -454,7 +468,7 @@ impl XdpWorkers {
     /// program. Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop.store(true, Ordering::Release);
-        crate::runner::join_every(std::mem::take(&mut self.threads))
+        chime_udp::join_every(std::mem::take(&mut self.threads))
     }
 }
 
@@ -509,7 +523,7 @@ impl XdpWorker {
         let span = self.span.clone();
         let _span = span.enter();
         if let Some(cpu) = self.cpu
-            && let Err(e) = affinity::pin_current_thread(cpu)
+            && let Err(e) = chime_udp::pin_current_thread(cpu)
         {
             let _ = started.send(Err(io::Error::new(
                 e.kind(),
@@ -581,7 +595,7 @@ impl XdpWorker {
                 }
             }
             batches += 1;
-            if batches >= crate::DROPS_EVERY {
+            if batches >= chime_udp::DROPS_EVERY {
                 batches = 0;
                 self.report_drops();
             }
@@ -643,7 +657,7 @@ impl XdpWorker {
             let group = &mut self.groups[g];
             let mut m = RecvMeta::new(req.src, 0);
             m.dst_ip = Some(req.dst.ip());
-            m.reply_ip = Some(req.dst.ip());
+            m.set_reply_ip(Some(req.dst.ip()));
             m.timestamp = Some(timestamp);
             let (off, n) = req.payload;
             if group.rx.push(m, &pkt[off..off + n]) {
