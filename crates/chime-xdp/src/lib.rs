@@ -3,12 +3,12 @@
 //! protocol.
 //!
 //! An XDP program (`bpf`) on the interface redirects plain UDP to the served addresses and ports
-//! into one AF_XDP socket per receive queue (`xsk`) and passes everything else to the kernel.
-//! One worker thread per queue takes batches of frames off its RX ring, checks each and copies
-//! its payload into the [`RxBatch`] of the protocol its port belongs to (`frame`), runs that
-//! protocol's handler, writes each reply over its request's frame with the headers swapped, and
-//! puts the frames on the TX ring: no syscall per batch in zero-copy mode, one (the send kick) in
-//! copy mode.
+//! into one AF_XDP socket per receive queue (`xsk`, over the rings and UMEM of `ring`) and passes
+//! everything else to the kernel. One worker thread per queue takes batches of frames off its RX
+//! ring, checks each and copies its payload into the [`RxBatch`] of the protocol its port belongs
+//! to (`frame`), runs that protocol's handler, writes each reply over its request's frame with the
+//! headers swapped, and puts the frames on the TX ring: no syscall per batch in zero-copy mode, one
+//! (the send kick) in copy mode.
 //!
 //! Receive times come from the XDP program, which reads `CLOCK_MONOTONIC` as it sees each frame
 //! and leaves the reading in the frame's metadata; the worker converts it with one pair of clock
@@ -21,11 +21,12 @@
 //! are dropped or the process dies.
 //!
 //! With chime-udp, the only crate of chime allowed `unsafe`: the memory shared with the kernel
-//! (`xsk`), the `bpf(2)` calls (`bpf`) and `getifaddrs` here. Linux only.
+//! (`ring`, tested without the kernel, and `xsk`), the `bpf(2)` calls (`bpf`) and `getifaddrs`
+//! here. Linux only.
 //!
 //! Module map: `bpf` (the program and the calls that load and attach it), `xsk` (one AF_XDP
-//! socket, its UMEM and rings), `frame` (requests read out of frames, replies made in place), and
-//! `sys` (libc helpers).
+//! socket), `ring` (the mapping and the rings shared with the kernel), `frame` (requests read out
+//! of frames, replies made in place), and `sys` (libc helpers).
 
 #![warn(missing_docs)]
 
@@ -34,6 +35,7 @@ compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 
 mod bpf;
 mod frame;
+mod ring;
 mod sys;
 mod xsk;
 
