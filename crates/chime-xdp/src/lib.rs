@@ -466,8 +466,8 @@ impl XdpWorkers {
         self.threads.iter().any(thread::JoinHandle::is_finished)
     }
 
-    /// Stops the workers, waits for them (at most about [`IDLE_WAIT_MS`] each), and detaches the
-    /// program. Returns the first panic's payload if a handler panicked.
+    /// Stops the workers, waits for them (at most about 100 ms each, their idle wait), and
+    /// detaches the program. Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop.store(true, Ordering::Release);
         chime_udp::join_every(std::mem::take(&mut self.threads))
