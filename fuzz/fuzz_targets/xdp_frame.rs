@@ -8,6 +8,6 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Some((&len, frame)) = data.split_first() {
         let mut frame = frame.to_vec();
-        let _ = chime_udp::xdp::answer_frame_in_place(&mut frame, usize::from(len) * 4);
+        let _ = chime_xdp::answer_frame_in_place(&mut frame, usize::from(len) * 4);
     }
 });

@@ -29,7 +29,7 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
 }
 
 /// Restricts the calling thread to run only on `cpu`.
-pub(crate) fn pin_current_thread(cpu: usize) -> io::Result<()> {
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if cpu >= MAX_CPUS {
         return Err(ConfigError::CpuOutOfRange {
             cpu,

@@ -2,8 +2,9 @@
 //! and per-datagram source addresses, and the worker threads that drive a protocol handler over
 //! them.
 //!
-//! This is the data plane of `chimed`, and the only crate of chime allowed `unsafe`. The pipeline
-//! for one worker thread:
+//! This is the data plane of `chimed` over sockets, and with chime-xdp (the AF_XDP backend, which
+//! serves the same [`BatchHandler`]s and builds on this crate's batches and thread helpers) the
+//! only crate of chime allowed `unsafe`. The pipeline for one worker thread:
 //!
 //! 1. [`UdpSocket::bind`] (via [`BoundWorkers::bind`]) binds one `SO_REUSEPORT` socket per thread
 //!    and turns on receive timestamps and packet info where the kernel allows, recording what it
@@ -22,9 +23,9 @@
 //! `SO_REUSEPORT` load balancing.
 //!
 //! Module map: `socket` (binding, the two syscalls), `batch` (the preallocated batches), `meta`
-//! (per-datagram metadata), `shed` (which old datagrams to shed under overload), `cmsg` (control-message encoding and parsing), `sockaddr` (address
-//! conversion), `runner` (worker threads), `affinity` (CPU pinning), `error`, and `sys` (libc
-//! helpers shared by the others).
+//! (per-datagram metadata), `shed` (which old datagrams to shed under overload), `cmsg`
+//! (control-message encoding and parsing), `sockaddr` (address conversion), `runner` (worker
+//! threads), `affinity` (CPU pinning), `error`, and `sys` (libc helpers shared by the others).
 
 #![warn(missing_docs)]
 
@@ -34,7 +35,6 @@ compile_error!("chime-udp supports Linux only: it needs recvmmsg, sendmmsg and S
 mod affinity;
 mod batch;
 mod cmsg;
-pub mod counting_alloc;
 mod error;
 mod meta;
 mod runner;
@@ -42,14 +42,15 @@ mod shed;
 mod sockaddr;
 mod socket;
 mod sys;
-pub mod xdp;
 
 pub use crate::{
-    affinity::allowed_cpus,
+    affinity::{allowed_cpus, pin_current_thread},
     batch::{RxBatch, TxBatch},
     error::ConfigError,
     meta::{RecvMeta, Timestamp},
-    runner::{BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers},
+    runner::{
+        BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers, await_starts, join_every,
+    },
     shed::{Decision, MIN_SHED_BUFFER, ShedConfig, Shedder},
     socket::{Capabilities, SendOutcome, SocketConfig, UdpSocket},
 };

@@ -54,6 +54,12 @@ impl RecvMeta {
     pub fn reply_source(&self) -> Option<(IpAddr, u32)> {
         self.reply_ip.map(|ip| (ip, self.ifindex))
     }
+
+    /// Sets the source address a reply should use, for a datagram received other than by
+    /// `recvmmsg`: the AF_XDP backend gives the address its request was sent to.
+    pub fn set_reply_ip(&mut self, ip: Option<IpAddr>) {
+        self.reply_ip = ip;
+    }
 }
 
 impl Default for RecvMeta {

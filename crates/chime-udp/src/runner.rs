@@ -332,7 +332,7 @@ impl Workers {
 /// Waits for each of `n` threads just spawned to report that it started (and pinned itself), and
 /// returns the first error reported. Every started thread reports once; a thread that dies first
 /// drops its sender, so this ends rather than waits forever.
-pub(crate) fn await_starts(
+pub fn await_starts(
     n: usize,
     started: &mpsc::Receiver<io::Result<()>>,
     what: &str,
@@ -356,7 +356,7 @@ pub(crate) fn await_starts(
 }
 
 /// Waits for every thread, after the first panic too; returns the first panic's payload.
-pub(crate) fn join_every(threads: Vec<thread::JoinHandle<()>>) -> thread::Result<()> {
+pub fn join_every(threads: Vec<thread::JoinHandle<()>>) -> thread::Result<()> {
     let mut result = Ok(());
     for t in threads {
         if let Err(panic) = t.join()

@@ -57,7 +57,7 @@ pub(crate) struct Sockets {
     pub(crate) roughtime: Vec<Group>,
     /// Roughtime over TCP, on each Roughtime UDP socket's address and port.
     pub(crate) roughtime_tcp: Option<(Vec<TcpListener>, roughtime_tcp::Limits)>,
-    pub(crate) xdp: Option<chime_udp::xdp::XdpBound>,
+    pub(crate) xdp: Option<chime_xdp::XdpBound>,
 }
 
 /// Binds everything `settings` asks for.
@@ -208,8 +208,8 @@ fn xdp(
     settings: &Settings,
     ntp: &[Group],
     rt: &[Group],
-) -> Result<Option<chime_udp::xdp::XdpBound>> {
-    use chime_udp::xdp::{XdpBound, XdpConfig, XdpGroup, XdpMode};
+) -> Result<Option<chime_xdp::XdpBound>> {
+    use chime_xdp::{XdpBound, XdpConfig, XdpGroup, XdpMode};
     let x: &schema::Xdp = &settings.xdp;
     let mut cfg = XdpConfig::new(interface.to_owned());
     cfg.threads = x.threads.0;
@@ -258,9 +258,9 @@ fn xdp(
     }
 }
 
-pub(crate) fn mode_name(mode: chime_udp::xdp::XdpMode) -> &'static str {
+pub(crate) fn mode_name(mode: chime_xdp::XdpMode) -> &'static str {
     match mode {
-        chime_udp::xdp::XdpMode::ZeroCopy => "zero-copy",
-        chime_udp::xdp::XdpMode::Copy => "copy",
+        chime_xdp::XdpMode::ZeroCopy => "zero-copy",
+        chime_xdp::XdpMode::Copy => "copy",
     }
 }

@@ -40,7 +40,7 @@ pub(crate) struct Prepared {
 /// it logs at exit.
 pub(crate) struct Running {
     pub(crate) reloadable: Reloadable,
-    pub(crate) xdp: Option<Arc<chime_udp::xdp::XdpStats>>,
+    pub(crate) xdp: Option<Arc<chime_xdp::XdpStats>>,
     pub(crate) tcp: Option<(
         Arc<roughtime_tcp::Counts>,
         Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
@@ -233,12 +233,12 @@ type Register<'a> = dyn Fn(&'static str, &'static str, usize, &'static [&'static
 /// Starts the AF_XDP workers: group 0 answers NTP, group 1 Roughtime.
 fn xdp(
     sup: &mut Supervisor,
-    bound: chime_udp::xdp::XdpBound,
+    bound: chime_xdp::XdpBound,
     settings: &Settings,
     ntp: &Arc<ntp_worker::Shared>,
     rt_shared: Option<&Arc<roughtime_worker::Shared>>,
     register: &Register<'_>,
-) -> Result<(Arc<chime_udp::xdp::XdpStats>, &'static str)> {
+) -> Result<(Arc<chime_xdp::XdpStats>, &'static str)> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
     let running = bound

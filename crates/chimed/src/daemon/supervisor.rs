@@ -233,9 +233,9 @@ impl Threads for chime_udp::Workers {
     }
 }
 
-impl Threads for chime_udp::xdp::XdpWorkers {
+impl Threads for chime_xdp::XdpWorkers {
     fn any_finished(&self) -> bool {
-        chime_udp::xdp::XdpWorkers::any_finished(self)
+        chime_xdp::XdpWorkers::any_finished(self)
     }
 
     fn stop(self: Box<Self>) -> Result<(), String> {

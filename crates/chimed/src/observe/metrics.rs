@@ -49,7 +49,7 @@ pub(crate) struct Sources {
 pub(crate) struct Xdp {
     pub(crate) interface: String,
     pub(crate) mode: &'static str,
-    pub(crate) stats: Arc<chime_udp::xdp::XdpStats>,
+    pub(crate) stats: Arc<chime_xdp::XdpStats>,
 }
 
 /// The longest request head hyper buffers (its minimum); a longer one gets 431.

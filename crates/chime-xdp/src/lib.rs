@@ -1,26 +1,42 @@
-//! The AF_XDP backend: the same [`BatchHandler`]s served from frames the driver hands over
-//! directly, without the kernel's UDP/IP stack or a socket per protocol.
+//! chime's AF_XDP backend: the same [`BatchHandler`]s as chime-udp's socket workers, served from
+//! frames the driver hands over directly, without the kernel's UDP/IP stack or a socket per
+//! protocol.
 //!
-//! An XDP program ([`bpf`]) on the interface redirects plain UDP to the served addresses and ports
-//! into one AF_XDP socket per receive queue ([`xsk`]) and passes everything else to the kernel.
-//! One worker thread per queue takes batches of frames off its RX ring, checks each and copies
-//! its payload into the [`RxBatch`] of the protocol its port belongs to ([`frame`]), runs that
-//! protocol's handler, writes each reply over its request's frame with the headers swapped, and
-//! puts the frames on the TX ring: no syscall per batch in zero-copy mode, one (the send kick) in
-//! copy mode.
+//! An XDP program (`bpf`) on the interface redirects plain UDP to the served addresses and ports
+//! into one AF_XDP socket per receive queue (`xsk`, over the rings and UMEM of `ring`) and passes
+//! everything else to the kernel. One worker thread per queue takes batches of frames off its RX
+//! ring, checks each and copies its payload into the [`RxBatch`] of the protocol its port belongs
+//! to (`frame`), runs that protocol's handler, writes each reply over its request's frame with the
+//! headers swapped, and puts the frames on the TX ring: no syscall per batch in zero-copy mode, one
+//! (the send kick) in copy mode.
 //!
 //! Receive times come from the XDP program, which reads `CLOCK_MONOTONIC` as it sees each frame
 //! and leaves the reading in the frame's metadata; the worker converts it with one pair of clock
 //! reads per batch. That is the same moment a kernel software receive timestamp marks, at the
 //! driver, before any queueing. A frame whose metadata did not come through gets the time the
-//! worker took the batch, and [`XdpWorkers::rx_times`] says which happened. Transmit timestamps
-//! are not available here, so handlers never see [`BatchHandler::tx_timestamps`] on this path.
+//! worker took the batch, and [`XdpStats`] counts which happened. Transmit timestamps are not
+//! available here, so handlers never see [`BatchHandler::tx_timestamps`] on this path.
 //!
 //! The program is attached through a BPF link owned by [`XdpWorkers`], so it is detached when they
 //! are dropped or the process dies.
+//!
+//! With chime-udp, the only crate of chime allowed `unsafe`: the memory shared with the kernel
+//! (`ring`, tested without the kernel, and `xsk`), the `bpf(2)` calls (`bpf`) and `getifaddrs`
+//! here. Linux only.
+//!
+//! Module map: `bpf` (the program and the calls that load and attach it), `xsk` (one AF_XDP
+//! socket), `ring` (the mapping and the rings shared with the kernel), `frame` (requests read out
+//! of frames, replies made in place), and `sys` (libc helpers).
+
+#![warn(missing_docs)]
+
+#[cfg(not(target_os = "linux"))]
+compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 
 mod bpf;
 mod frame;
+mod ring;
+mod sys;
 mod xsk;
 
 use std::{
@@ -39,7 +55,7 @@ use std::{
 
 pub use xsk::XdpMode;
 
-use crate::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch, affinity};
+use chime_udp::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch};
 
 /// One protocol served through XDP: the addresses and ports its requests are sent to, and the
 /// longest payload its handler takes.
@@ -63,7 +79,7 @@ pub struct XdpConfig {
     pub groups: Vec<XdpGroup>,
     /// Zero-copy or copy mode; `None` tries zero-copy and falls back to copy.
     pub mode: Option<XdpMode>,
-    /// CPUs to pin the threads to, as [`crate::WorkerConfig::cpus`].
+    /// CPUs to pin the threads to, as [`chime_udp::WorkerConfig::cpus`].
     pub cpus: Vec<usize>,
     /// The most frames taken off the RX ring at once, and so the most requests of one protocol a
     /// handler is given at once (a handler whose own limit is lower drops and counts the rest,
@@ -365,7 +381,7 @@ impl XdpBound {
             }
         }
         drop(started_tx);
-        if let Some(e) = crate::runner::await_starts(threads.len(), &started_rx, "an XDP worker") {
+        if let Some(e) = chime_udp::await_starts(threads.len(), &started_rx, "an XDP worker") {
             failure.get_or_insert(e);
         }
         let workers = XdpWorkers {
@@ -450,11 +466,11 @@ impl XdpWorkers {
         self.threads.iter().any(thread::JoinHandle::is_finished)
     }
 
-    /// Stops the workers, waits for them (at most about [`IDLE_WAIT_MS`] each), and detaches the
-    /// program. Returns the first panic's payload if a handler panicked.
+    /// Stops the workers, waits for them (at most about 100 ms each, their idle wait), and
+    /// detaches the program. Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop.store(true, Ordering::Release);
-        crate::runner::join_every(std::mem::take(&mut self.threads))
+        chime_udp::join_every(std::mem::take(&mut self.threads))
     }
 }
 
@@ -509,7 +525,7 @@ impl XdpWorker {
         let span = self.span.clone();
         let _span = span.enter();
         if let Some(cpu) = self.cpu
-            && let Err(e) = affinity::pin_current_thread(cpu)
+            && let Err(e) = chime_udp::pin_current_thread(cpu)
         {
             let _ = started.send(Err(io::Error::new(
                 e.kind(),
@@ -581,7 +597,7 @@ impl XdpWorker {
                 }
             }
             batches += 1;
-            if batches >= crate::DROPS_EVERY {
+            if batches >= chime_udp::DROPS_EVERY {
                 batches = 0;
                 self.report_drops();
             }
@@ -643,7 +659,7 @@ impl XdpWorker {
             let group = &mut self.groups[g];
             let mut m = RecvMeta::new(req.src, 0);
             m.dst_ip = Some(req.dst.ip());
-            m.reply_ip = Some(req.dst.ip());
+            m.set_reply_ip(Some(req.dst.ip()));
             m.timestamp = Some(timestamp);
             let (off, n) = req.payload;
             if group.rx.push(m, &pkt[off..off + n]) {

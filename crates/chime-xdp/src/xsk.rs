@@ -5,17 +5,19 @@
 //! single-producer single-consumer queue in memory shared with the kernel: the producer writes
 //! descriptors and then publishes them by advancing its index (release), the consumer reads the
 //! index (acquire) and then the descriptors. This module owns that memory and is where the
-//! `unsafe` of AF_XDP lives; the worker sees frames as byte slices and descriptors as numbers.
+//! `unsafe` of AF_XDP's socket lives, the rings' own being in [`crate::ring`]; the worker sees
+//! frames as byte slices and descriptors as numbers.
 
 use std::{
     io,
-    mem::size_of,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
-    ptr::{self, NonNull},
-    sync::atomic::{AtomicU32, Ordering},
+    ptr,
 };
 
-use crate::sys::{Zeroable, cvt, socklen_of};
+use crate::{
+    ring::{Mapping, Ring},
+    sys::{Zeroable, cvt, socklen_of},
+};
 
 /// The size of each UMEM frame: a page, the size every driver accepts.
 pub(crate) const FRAME_SIZE: u32 = 4096;
@@ -30,180 +32,6 @@ const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 /// Room the kernel leaves before each received packet, beyond its own: the XDP metadata sits in
 /// it, just before the packet.
 pub(crate) const FRAME_HEADROOM: u32 = 0;
-
-/// A region of memory mapped with `mmap`, unmapped on drop.
-#[derive(Debug)]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl Mapping {
-    /// Maps `len` bytes: anonymous memory when `fd` is `None`, else the object at `offset` of
-    /// `fd` (a ring of an AF_XDP socket), shared with the kernel either way.
-    fn new(len: usize, fd: Option<RawFd>, offset: libc::off_t) -> io::Result<Self> {
-        let (flags, fd) = match fd {
-            None => (
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-            ),
-            Some(fd) => (libc::MAP_SHARED | libc::MAP_POPULATE, fd),
-        };
-        // SAFETY: a fresh mapping at an address of the kernel's choosing touches no existing
-        // memory; failure is reported as MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                offset,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self {
-            ptr: NonNull::new(p.cast()).expect("mmap does not return null on success"),
-            len,
-        })
-    }
-}
-
-// SAFETY: the mapping is plain memory owned by this value; moving it to another thread moves the
-// only handle to it.
-unsafe impl Send for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` and `len` are exactly a mapping this value made and nothing else unmaps;
-        // every reference into it is borrowed from `self`, so none outlives this.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-/// One ring of descriptors of type `T` (`u64` frame addresses for the fill and completion rings,
-/// `xdp_desc` for RX and TX), with the cached other-side index that saves an atomic read per
-/// operation.
-#[derive(Debug)]
-struct Ring<T> {
-    _map: Mapping,
-    producer: *const AtomicU32,
-    consumer: *const AtomicU32,
-    flags: *const AtomicU32,
-    descs: *mut T,
-    size: u32,
-    /// Our own index (the producer's if we produce, the consumer's if we consume).
-    mine: u32,
-    /// The other side's index as last read.
-    theirs: u32,
-}
-
-impl<T: Copy> Ring<T> {
-    /// Maps ring `pgoff` of socket `fd`, laid out as `off` says, with `size` entries.
-    fn map(fd: RawFd, off: &libc::xdp_ring_offset, size: u32, pgoff: u64) -> io::Result<Self> {
-        let len = off.desc as usize + size as usize * size_of::<T>();
-        let map = Mapping::new(len, Some(fd), pgoff as libc::off_t)?;
-        let base = map.ptr.as_ptr();
-        // SAFETY: the kernel's offsets lie within the mapping it sized (`desc` plus the entries
-        // is its whole length), and the indices and flags are aligned u32s, which is what
-        // AtomicU32 needs.
-        let (producer, consumer, flags, descs) = unsafe {
-            (
-                base.add(off.producer as usize).cast::<AtomicU32>(),
-                base.add(off.consumer as usize).cast::<AtomicU32>(),
-                base.add(off.flags as usize).cast::<AtomicU32>(),
-                base.add(off.desc as usize).cast::<T>(),
-            )
-        };
-        Ok(Self {
-            _map: map,
-            producer,
-            consumer,
-            flags,
-            descs,
-            size,
-            mine: 0,
-            theirs: 0,
-        })
-    }
-
-    fn load(p: *const AtomicU32, order: Ordering) -> u32 {
-        // SAFETY: `p` points into `self.map`, which lives as long as the ring, at an aligned u32
-        // the kernel also accesses atomically.
-        unsafe { (*p).load(order) }
-    }
-
-    fn store(p: *const AtomicU32, v: u32) {
-        // SAFETY: as in `load`.
-        unsafe { (*p).store(v, Ordering::Release) }
-    }
-
-    fn needs_wakeup(&self) -> bool {
-        Self::load(self.flags, Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
-    }
-
-    fn slot(&self, idx: u32) -> *mut T {
-        // SAFETY: `size` is a power of two and `descs` has `size` entries in the mapping.
-        unsafe { self.descs.add((idx & (self.size - 1)) as usize) }
-    }
-
-    // Producer side.
-
-    /// How many entries can be produced now.
-    fn free(&mut self) -> u32 {
-        let free = self.size - self.mine.wrapping_sub(self.theirs);
-        if free > 0 {
-            return free;
-        }
-        self.theirs = Self::load(self.consumer, Ordering::Acquire);
-        self.size - self.mine.wrapping_sub(self.theirs)
-    }
-
-    /// Produces `items` (at most [`Self::free`]) and publishes them.
-    fn produce(&mut self, items: impl Iterator<Item = T>) -> u32 {
-        let room = self.free();
-        let mut n = 0;
-        for item in items.take(room as usize) {
-            // SAFETY: the slot is one the consumer has released (it is within `free`), so the
-            // kernel does not read it until the index below publishes it.
-            unsafe { self.slot(self.mine.wrapping_add(n)).write(item) };
-            n += 1;
-        }
-        if n > 0 {
-            self.mine = self.mine.wrapping_add(n);
-            Self::store(self.producer, self.mine);
-        }
-        n
-    }
-
-    // Consumer side.
-
-    /// Consumes up to `max` entries, passing each to `f`, and releases them.
-    fn consume(&mut self, max: u32, mut f: impl FnMut(T)) -> u32 {
-        let mut avail = self.theirs.wrapping_sub(self.mine);
-        if avail == 0 {
-            self.theirs = Self::load(self.producer, Ordering::Acquire);
-            avail = self.theirs.wrapping_sub(self.mine);
-        }
-        let n = avail.min(max);
-        for i in 0..n {
-            // SAFETY: the slot is published by the producer (below `theirs`, read with acquire)
-            // and not yet released, so the kernel does not write it meanwhile.
-            f(unsafe { self.slot(self.mine.wrapping_add(i)).read() });
-        }
-        if n > 0 {
-            self.mine = self.mine.wrapping_add(n);
-            Self::store(self.consumer, self.mine);
-        }
-        n
-    }
-}
-
-// SAFETY: the raw pointers point into the ring's own mapping, which moves with it; a ring is used
-// by one thread at a time (its worker), as AF_XDP's single-producer single-consumer rings require.
-unsafe impl<T: Send> Send for Ring<T> {}
 
 /// Copy mode or zero-copy, as the driver granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -424,7 +252,7 @@ impl Xsk {
     /// (the device is busy) leave the rest for the next batch's kick.
     fn kick_tx(&mut self) {
         for _ in 0..MAX_KICKS {
-            if Ring::<libc::xdp_desc>::load(self.tx.consumer, Ordering::Acquire) == self.tx.mine {
+            if self.tx.all_consumed() {
                 return;
             }
             // SAFETY: a zero-length send with no buffer: the kernel only drains the TX ring.
