@@ -187,72 +187,13 @@ pub(crate) fn log_expiry(certificate: &Path, not_after: Option<i64>) {
     }
 }
 
-/// The notAfter of an X.509 certificate in DER, as Unix seconds: Certificate → tbsCertificate →
-/// [version], serial, signature, issuer, validity → notAfter (UTCTime or GeneralizedTime).
+/// The notAfter of an X.509 certificate in DER, as Unix seconds; `None` if it does not parse
+/// (RustCrypto's x509-cert: a maintained parser of untrusted DER rather than one of our own).
 fn not_after(der: &[u8]) -> Option<i64> {
-    /// One DER element at the start of `b`: its tag, contents and what follows it.
-    fn element(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = b.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first < 0x80 {
-            (usize::from(first), rest)
-        } else {
-            let n = usize::from(first & 0x7f);
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            let len = rest[..n]
-                .iter()
-                .fold(0usize, |a, &d| a << 8 | usize::from(d));
-            (len, &rest[n..])
-        };
-        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-    }
-    let (_, cert, _) = element(der)?;
-    let (_, tbs, _) = element(cert)?;
-    let mut rest = tbs;
-    if rest.first() == Some(&0xA0) {
-        rest = element(rest)?.2; // version
-    }
-    for _ in 0..3 {
-        rest = element(rest)?.2; // serial, signature algorithm, issuer
-    }
-    let (_, validity, _) = element(rest)?;
-    let (_, _, after_before) = element(validity)?;
-    let (tag, time, _) = element(after_before)?;
-    let text = std::str::from_utf8(time).ok()?.strip_suffix('Z')?;
-    let digits = |r: std::ops::Range<usize>| text.get(r)?.parse::<i16>().ok();
-    let (year, at) = match (tag, text.len()) {
-        (0x17, 12) => {
-            let yy = digits(0..2)?;
-            (if yy < 50 { 2000 + yy } else { 1900 + yy }, 2)
-        }
-        (0x18, 14) => (digits(0..4)?, 4),
-        _ => return None,
-    };
-    let (month, day) = (digits(at..at + 2)?, digits(at + 2..at + 4)?);
-    let (hour, minute, second) = (
-        digits(at + 4..at + 6)?,
-        digits(at + 6..at + 8)?,
-        digits(at + 8..at + 10)?,
-    );
-    let civil = jiff::civil::DateTime::new(
-        year,
-        i8::try_from(month).ok()?,
-        i8::try_from(day).ok()?,
-        i8::try_from(hour).ok()?,
-        i8::try_from(minute).ok()?,
-        i8::try_from(second).ok()?,
-        0,
-    )
-    .ok()?;
-    Some(
-        civil
-            .to_zoned(jiff::tz::TimeZone::UTC)
-            .ok()?
-            .timestamp()
-            .as_second(),
-    )
+    use x509_cert::der::Decode as _;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    let after = cert.tbs_certificate.validity.not_after.to_unix_duration();
+    i64::try_from(after.as_secs()).ok()
 }
 
 /// The TLS 1.3 server configuration from a PEM certificate chain and private key, with NTS-KE's
@@ -796,68 +737,26 @@ fn respond(
 mod tests {
     use super::*;
 
-    /// A DER element with `tag` around `content` (short or long length form).
-    fn der(tag: u8, content: &[u8]) -> Vec<u8> {
-        let mut out = vec![tag];
-        match content.len() {
-            n if n < 0x80 => out.push(n as u8),
-            n if n < 0x100 => out.extend([0x81, n as u8]),
-            n => out.extend([0x82, (n >> 8) as u8, n as u8]),
-        }
-        out.extend_from_slice(content);
-        out
-    }
-
-    /// The shape of a certificate up to its validity, with filler where the rest would be.
-    fn certificate(with_version: bool, not_after: (u8, &str)) -> Vec<u8> {
-        let mut tbs = Vec::new();
-        if with_version {
-            tbs.extend(der(0xA0, &der(0x02, &[2])));
-        }
-        tbs.extend(der(0x02, &[0x35; 20])); // serial
-        tbs.extend(der(0x30, &der(0x06, &[0x2a; 8]))); // signature algorithm
-        tbs.extend(der(0x30, &[0x31; 200])); // issuer, long enough for a long-form length
-        let mut validity = der(0x17, b"261122004341Z");
-        validity.extend(der(not_after.0, not_after.1.as_bytes()));
-        tbs.extend(der(0x30, &validity));
-        tbs.extend(der(0x30, &[0; 40])); // subject and the rest
-        let mut cert = der(0x30, &tbs);
-        cert.extend(der(0x30, &[0; 12])); // signature algorithm
-        der(0x30, &cert)
+    /// A self-signed certificate in DER, valid until `not_after` (Unix seconds).
+    fn certificate(not_after: i64) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["ntp.example".into()]).unwrap();
+        params.not_after = time::OffsetDateTime::from_unix_timestamp(not_after).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
     }
 
     #[test]
     fn not_after_is_read_from_the_der() {
-        // 2026-11-24T00:43:41Z
-        let want = Some(1_795_481_021);
-        assert_eq!(not_after(&certificate(true, (0x17, "261124004341Z"))), want);
-        assert_eq!(
-            not_after(&certificate(false, (0x17, "261124004341Z"))),
-            want
-        );
-        assert_eq!(
-            not_after(&certificate(true, (0x18, "20261124004341Z"))),
-            want
-        );
-        // UTCTime years 50-99 are 19xx.
-        assert_eq!(
-            not_after(&certificate(true, (0x17, "991231235959Z"))),
-            Some(946_684_799)
-        );
-        assert_eq!(
-            not_after(&certificate(true, (0x17, "261324004341Z"))),
-            None,
-            "month 13"
-        );
-        assert_eq!(
-            not_after(&certificate(true, (0x17, "2611240043Z"))),
-            None,
-            "no seconds"
-        );
-        let whole = certificate(true, (0x17, "261124004341Z"));
-        for cut in 0..whole.len() - 20 {
-            // Truncated input never panics (it may still parse once past the validity).
-            let _ = not_after(&whole[..cut]);
+        // 2026-11-24T00:43:41Z, a UTCTime; 2051-01-01T00:00:00Z, a GeneralizedTime (RFC 5280
+        // §4.1.2.5: from 2050 on).
+        for t in [1_795_481_021, 2_556_144_000] {
+            assert_eq!(not_after(&certificate(t)), Some(t));
         }
+        let whole = certificate(1_795_481_021);
+        for cut in 0..whole.len() {
+            // Cut short, it is not a certificate, and never a panic.
+            assert_eq!(not_after(&whole[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(not_after(b"not DER"), None);
     }
 }
