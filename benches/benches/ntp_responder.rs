@@ -14,7 +14,8 @@ use chime_ntp::{
     ClientTable, Coin, Header, Mirror, Mode, NtpShort, NtpTimestamp, RateLimit, ServerState,
     StalePolicy, Verdict, respond, stamp_transmit, suggest_poll,
 };
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 
 fn request() -> [u8; 48] {
     let h = Header::request(4, Mode::Client, NtpTimestamp(0x1234_5678_9abc_def0));
@@ -44,6 +45,9 @@ fn state(now: NtpTimestamp) -> ServerState {
     mirror.state()
 }
 
+const BATCH: usize = 64;
+
+/// The group's benches over one synchronised state, in the order criterion reports them.
 fn bench(c: &mut Criterion) {
     let now = NtpTimestamp::from_unix(1_790_000_000, 0);
     let state = state(now);
@@ -52,26 +56,46 @@ fn bench(c: &mut Criterion) {
         ..StalePolicy::default()
     };
     let req = request();
+    let served = Served {
+        state: &state,
+        policy: &policy,
+        now,
+    };
 
     let mut g = c.benchmark_group("ntp_responder");
+    plain(&mut g, &served, &req);
+    ratelimited(&mut g, &served, &req);
+    nts(&mut g, &served, &req);
+    g.finish();
+}
+
+/// What every bench answers from: the state, its staleness policy and the time now.
+struct Served<'a> {
+    state: &'a ServerState,
+    policy: &'a StalePolicy,
+    now: NtpTimestamp,
+}
+
+/// One request, and a batch of 64, with no rate limit.
+fn plain(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
+    let (state, policy, now) = (s.state, s.policy, s.now);
     g.throughput(Throughput::Elements(1));
     g.bench_function("one_packet", |b| {
         let mut reply = [0u8; 48];
         b.iter(|| {
-            let served = state.served_at(black_box(now), &policy);
-            let n = respond(black_box(&req), 40000, now, &served, &mut reply).unwrap();
+            let served = state.served_at(black_box(now), policy);
+            let n = respond(black_box(req), 40000, now, &served, &mut reply).unwrap();
             stamp_transmit(&mut reply[..n], now);
             black_box(&reply);
         })
     });
 
-    const BATCH: usize = 64;
-    let requests = [req; BATCH];
+    let requests = [*req; BATCH];
     g.throughput(Throughput::Elements(BATCH as u64));
     g.bench_function("batch_64", |b| {
         let mut replies = [[0u8; 48]; BATCH];
         b.iter(|| {
-            let served = state.served_at(black_box(now), &policy);
+            let served = state.served_at(black_box(now), policy);
             for (req, reply) in requests.iter().zip(replies.iter_mut()) {
                 respond(black_box(req), 40000, now, &served, reply).unwrap();
             }
@@ -81,7 +105,12 @@ fn bench(c: &mut Criterion) {
             black_box(&replies);
         })
     });
+}
 
+/// A batch of 64 with the rate limit on; the group's throughput is still 64 per iteration.
+fn ratelimited(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
+    let (state, policy, now) = (s.state, s.policy, s.now);
+    let requests = [*req; BATCH];
     // 65536 clients in 172.18.0.0/16 (ntpperf's range), one request every 2 s each at most:
     // far under a limit of 16 a second, so every verdict is Answer and the table is full. The
     // table relents for fast retries, as chimed's NTP table does, so each request also updates
@@ -98,7 +127,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("batch_64_ratelimited", |b| {
         let mut replies = [[0u8; 48]; BATCH];
         b.iter(|| {
-            let served = state.served_at(black_box(now), &policy);
+            let served = state.served_at(black_box(now), policy);
             for (req, reply) in requests.iter().zip(replies.iter_mut()) {
                 respond(black_box(req), 40000, now, &served, reply).unwrap();
                 let ip = clients[next];
@@ -115,37 +144,23 @@ fn bench(c: &mut Criterion) {
             black_box(&replies);
         })
     });
+}
 
+/// One NTS request: the cookie opened, the authenticator checked, a new cookie sealed and the
+/// reply authenticated.
+fn nts(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
+    let (state, policy, now) = (s.state, s.policy, s.now);
     let master = chime_ntp::nts::CookieKeys::new(1, [7; 32]);
     let keys = chime_ntp::nts::Keys {
         c2s: [1; 32],
         s2c: [2; 32],
     };
-    let nts_request = {
-        use aes_siv::KeyInit;
-        let field = |out: &mut Vec<u8>, ty: u16, body: &[u8]| {
-            out.extend_from_slice(&ty.to_be_bytes());
-            out.extend_from_slice(&((4 + body.len()) as u16).to_be_bytes());
-            out.extend_from_slice(body);
-        };
-        let mut p = req.to_vec();
-        field(&mut p, 0x0104, &[9; 32]);
-        field(&mut p, 0x0204, &master.seal(&keys, [3; 16]));
-        let nonce = [4u8; 16];
-        let tag = aes_siv::siv::Aes128Siv::new((&keys.c2s).into())
-            .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
-            .unwrap();
-        let mut body = vec![0, 16, 0, 16];
-        body.extend_from_slice(&nonce);
-        body.extend_from_slice(&tag);
-        field(&mut p, 0x0404, &body);
-        p
-    };
+    let nts_request = nts_request(req, &master, &keys);
     g.throughput(Throughput::Elements(1));
     g.bench_function("nts_one_request", |b| {
         let mut reply = vec![0u8; nts_request.len()];
         b.iter(|| {
-            let served = state.served_at(black_box(now), &policy);
+            let served = state.served_at(black_box(now), policy);
             respond(black_box(&nts_request), 40000, now, &served, &mut reply).unwrap();
             stamp_transmit(&mut reply, now);
             let chime_ntp::nts::Check::Verified(v) =
@@ -159,7 +174,33 @@ fn bench(c: &mut Criterion) {
             black_box(len)
         })
     });
-    g.finish();
+}
+
+/// `req` as chronyd sends it in steady state: a unique identifier, one cookie sealed under
+/// `master`, and the authenticator under `keys`.
+fn nts_request(
+    req: &[u8; 48],
+    master: &chime_ntp::nts::CookieKeys,
+    keys: &chime_ntp::nts::Keys,
+) -> Vec<u8> {
+    use aes_siv::KeyInit;
+    let field = |out: &mut Vec<u8>, ty: u16, body: &[u8]| {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&((4 + body.len()) as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    };
+    let mut p = req.to_vec();
+    field(&mut p, 0x0104, &[9; 32]);
+    field(&mut p, 0x0204, &master.seal(keys, [3; 16]));
+    let nonce = [4u8; 16];
+    let tag = aes_siv::siv::Aes128Siv::new((&keys.c2s).into())
+        .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
+        .unwrap();
+    let mut body = vec![0, 16, 0, 16];
+    body.extend_from_slice(&nonce);
+    body.extend_from_slice(&tag);
+    field(&mut p, 0x0404, &body);
+    p
 }
 
 criterion_group!(benches, bench);

@@ -123,22 +123,7 @@ struct ChainOut {
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
-    if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout <= 60.0) {
-        bail!(
-            "--timeout {}: must be between 0 and 60 seconds",
-            args.timeout
-        );
-    }
-    if !(args.max_radius.is_finite() && args.max_radius > 0.0) {
-        bail!(
-            "--max-radius {}: must be a positive number of seconds",
-            args.max_radius
-        );
-    }
-    let mut policy = VerifyPolicy::new((args.max_radius * 1e6) as u64);
-    if args.accept_draft_spelling {
-        policy = policy.accepting_draft_spelling();
-    }
+    let policy = policy(args)?;
     if let Some(path) = &args.check_report {
         return check_report(path, &policy, args.json);
     }
@@ -170,63 +155,8 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         None => vec![Version::Draft12, Version::Rfc10049],
     };
     let timeout = Duration::from_secs_f64(args.timeout);
-
-    let mut targets = Vec::new();
-    for spec in &args.servers {
-        let (key, host) = match spec.split_once('@') {
-            Some((k, h)) => (Some(k), h),
-            None => (None, spec.as_str()),
-        };
-        let key = match (key, &args.public_key) {
-            (Some(k), _) => parse_key(k).with_context(|| format!("{spec}: bad public key"))?,
-            (None, Some(k)) => parse_key(k).context("--public-key")?,
-            (None, None) => bail!("{spec}: no public key (use --public-key or KEY@{spec})"),
-        };
-        targets.push((resolve(host)?, key));
-    }
-
-    // Each exchange: (request, reply, rand), and what its verified reply says.
-    let mut exchanges = Vec::new();
-    let mut reports = Vec::new();
-    let mut previous: Option<Vec<u8>> = None;
-    for (addr, key) in &targets {
-        let (nonce, rand) = match &previous {
-            None => (rand::random::<[u8; 32]>(), None),
-            Some(reply) => {
-                let r: [u8; 32] = rand::random();
-                (next_nonce(reply, &r), Some(r))
-            }
-        };
-        // Google's original protocol takes a 64-byte nonce; the chained 32 bytes are extended
-        // with randomness (it cannot be chained, and says so by failing verify_chain).
-        let mut long_nonce = [0u8; 64];
-        long_nonce[..32].copy_from_slice(&nonce);
-        long_nonce[32..].copy_from_slice(&rand::random::<[u8; 32]>());
-        let nonce: &[u8] = if versions == [Version::Google] {
-            &long_nonce
-        } else {
-            &nonce
-        };
-        let mut request = vec![0u8; chime_roughtime::REQUEST_LEN];
-        let srv = srv_value(key);
-        let with_srv = versions.iter().any(|v| v.has_srv());
-        let len = build_request(&mut request, &versions, nonce, with_srv.then_some(&srv))
-            .map_err(|e| anyhow::anyhow!("cannot build the request: {e}"))?;
-        request.truncate(len);
-        let (reply, rtt, local_mid) = if args.tcp {
-            exchange_tcp(*addr, &request, timeout)?
-        } else {
-            exchange(*addr, &request, timeout)?
-        };
-        let verified = verify_reply(&request, &reply, key, &policy)
-            .map_err(|e| anyhow::anyhow!("{addr}: reply does not verify: {e}"))?;
-        reports.push(report(Some((*addr, rtt, local_mid)), key, &verified));
-        previous = Some(reply.clone());
-        // The first entry's `rand` is its nonce (see `ReportEntry::rand`); Google's 64-byte
-        // nonces do not chain and get none.
-        let rand = rand.or_else(|| <[u8; 32]>::try_from(nonce).ok());
-        exchanges.push((request, reply, rand));
-    }
+    let targets = targets(args)?;
+    let (exchanges, reports) = query_chain(&targets, &versions, timeout, args.tcp, &policy)?;
     if let Some(path) = &args.report {
         let responses = exchanges
             .iter()
@@ -268,6 +198,102 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         bail!("the servers contradict each other; the chain above is the proof");
     }
     Ok(())
+}
+
+/// One exchange of a chain: the request, the reply, and the `rand` a report gives it.
+type Exchange = (Vec<u8>, Vec<u8>, Option<[u8; 32]>);
+
+/// The verification policy `--max-radius` and `--accept-draft-spelling` ask for, once
+/// `--timeout` and `--max-radius` are known to be in range.
+fn policy(args: &Args) -> Result<VerifyPolicy> {
+    if !(args.timeout.is_finite() && args.timeout > 0.0 && args.timeout <= 60.0) {
+        bail!(
+            "--timeout {}: must be between 0 and 60 seconds",
+            args.timeout
+        );
+    }
+    if !(args.max_radius.is_finite() && args.max_radius > 0.0) {
+        bail!(
+            "--max-radius {}: must be a positive number of seconds",
+            args.max_radius
+        );
+    }
+    let mut policy = VerifyPolicy::new((args.max_radius * 1e6) as u64);
+    if args.accept_draft_spelling {
+        policy = policy.accepting_draft_spelling();
+    }
+    Ok(policy)
+}
+
+/// Each server to query, resolved, with its public key: its own (`KEY@HOST`) or `--public-key`.
+fn targets(args: &Args) -> Result<Vec<(SocketAddr, [u8; 32])>> {
+    let mut targets = Vec::new();
+    for spec in &args.servers {
+        let (key, host) = match spec.split_once('@') {
+            Some((k, h)) => (Some(k), h),
+            None => (None, spec.as_str()),
+        };
+        let key = match (key, &args.public_key) {
+            (Some(k), _) => parse_key(k).with_context(|| format!("{spec}: bad public key"))?,
+            (None, Some(k)) => parse_key(k).context("--public-key")?,
+            (None, None) => bail!("{spec}: no public key (use --public-key or KEY@{spec})"),
+        };
+        targets.push((resolve(host)?, key));
+    }
+    Ok(targets)
+}
+
+/// Queries the targets in turn, each nonce after the first derived from the reply before, and
+/// verifies every reply. Returns each exchange and what its verified reply says.
+fn query_chain(
+    targets: &[(SocketAddr, [u8; 32])],
+    versions: &[Version],
+    timeout: Duration,
+    tcp: bool,
+    policy: &VerifyPolicy,
+) -> Result<(Vec<Exchange>, Vec<ServerReport>)> {
+    let mut exchanges = Vec::new();
+    let mut reports = Vec::new();
+    let mut previous: Option<Vec<u8>> = None;
+    for (addr, key) in targets {
+        let (nonce, rand) = match &previous {
+            None => (rand::random::<[u8; 32]>(), None),
+            Some(reply) => {
+                let r: [u8; 32] = rand::random();
+                (next_nonce(reply, &r), Some(r))
+            }
+        };
+        // Google's original protocol takes a 64-byte nonce; the chained 32 bytes are extended
+        // with randomness (it cannot be chained, and says so by failing verify_chain).
+        let mut long_nonce = [0u8; 64];
+        long_nonce[..32].copy_from_slice(&nonce);
+        long_nonce[32..].copy_from_slice(&rand::random::<[u8; 32]>());
+        let nonce: &[u8] = if versions == [Version::Google] {
+            &long_nonce
+        } else {
+            &nonce
+        };
+        let mut request = vec![0u8; chime_roughtime::REQUEST_LEN];
+        let srv = srv_value(key);
+        let with_srv = versions.iter().any(|v| v.has_srv());
+        let len = build_request(&mut request, versions, nonce, with_srv.then_some(&srv))
+            .map_err(|e| anyhow::anyhow!("cannot build the request: {e}"))?;
+        request.truncate(len);
+        let (reply, rtt, local_mid) = if tcp {
+            exchange_tcp(*addr, &request, timeout)?
+        } else {
+            exchange(*addr, &request, timeout)?
+        };
+        let verified = verify_reply(&request, &reply, key, policy)
+            .map_err(|e| anyhow::anyhow!("{addr}: reply does not verify: {e}"))?;
+        reports.push(report(Some((*addr, rtt, local_mid)), key, &verified));
+        previous = Some(reply.clone());
+        // The first entry's `rand` is its nonce (see `ReportEntry::rand`); Google's 64-byte
+        // nonces do not chain and get none.
+        let rand = rand.or_else(|| <[u8; 32]>::try_from(nonce).ok());
+        exchanges.push((request, reply, rand));
+    }
+    Ok((exchanges, reports))
 }
 
 fn write_report(path: &Path, report: &MalfeasanceReport) -> Result<()> {

@@ -69,96 +69,10 @@ pub(crate) fn run<P: LoadProtocol>(
             .collect::<io::Result<_>>()?,
     };
     let pool = Pool::spawn(load, &plan, sockets, protocol, tcp)?;
+    print_banner::<P>(load, label, tcp, kernel_rx_timestamps);
 
-    let links = match tcp {
-        None => format!("{} socket(s)", load.sockets),
-        Some(0) => "TCP, a new connection per request".to_owned(),
-        Some(n) => format!("TCP, {n} connection(s) per thread, reused"),
-    };
-    println!(
-        "chime perf {}: {label} to {}, {} thread(s), {links}, {} s per step, timeout {} s, {}",
-        P::NAME,
-        load.target(),
-        load.threads,
-        load.duration,
-        load.timeout,
-        if kernel_rx_timestamps {
-            "T4 from kernel receive timestamps"
-        } else if tcp.is_some() {
-            "T4 read when a reply is read"
-        } else {
-            "no kernel receive timestamps: T4 read after recvmmsg"
-        }
-    );
     let mut line = ProgressLine::new(&pool.progress);
-    let first_start = Instant::now() + START_DELAY;
-    if !plan.warmup.is_zero() {
-        pool.broadcast(Phase {
-            step: WARMUP,
-            rate: plan.rates[0],
-            start: first_start,
-            duration: plan.warmup,
-            stale_after: plan.client_interval(plan.rates[0]),
-        });
-    }
-
-    let mut reports: Vec<StepReport> = Vec::new();
-    let mut stopped_early = None;
-    for (i, &rate) in plan.rates.iter().enumerate() {
-        let start = if i == 0 {
-            first_start + plan.warmup
-        } else {
-            Instant::now() + START_DELAY
-        };
-        let phase = Phase {
-            step: u16::try_from(i).context("too many steps")?,
-            rate,
-            start,
-            duration: plan.duration,
-            stale_after: plan.client_interval(rate),
-        };
-        pool.broadcast(phase);
-        line.begin(format!("warm-up at {rate:.0}/s"));
-        while let Some(left) = start.checked_duration_since(Instant::now()) {
-            line.show();
-            std::thread::sleep(left.min(PROGRESS_INTERVAL));
-        }
-        let before = watch.snapshot();
-        line.begin(format!(
-            "step {}/{} at {rate:.0}/s",
-            i + 1,
-            plan.rates.len()
-        ));
-        let limit = start + plan.duration + plan.timeout + STALL_LIMIT;
-        let stats = pool.collect(phase.step, limit, &mut line)?;
-        let after = watch.snapshot();
-
-        let mut report = StepReport::new(
-            i + 1,
-            rate,
-            plan.duration.as_secs_f64(),
-            plan.client_interval(rate).as_secs_f64(),
-            &stats,
-        );
-        let delta = watch.delta(&before, &after, stats.answered, plan.duration);
-        report.server_cpu = delta.server_cpu;
-        report.client_cpu_percent = delta.client_cpu_percent;
-        report.client_rx_drops = delta.client_rx_drops;
-        report.server_rx_drops = delta.server_rx_drops;
-        report.steal_pct = delta.steal_pct;
-        line.end(&report);
-        if let Some(e) = &stats.first_error {
-            eprintln!("chime: step {}: {e}", i + 1);
-        }
-        let over = report.loss_pct > load.max_loss;
-        let loss = report.loss_pct;
-        reports.push(report);
-        if over && i + 1 < plan.rates.len() {
-            stopped_early = Some(format!("step {} lost {loss:.3}%", i + 1));
-            break;
-        }
-    }
-
+    let (mut reports, stopped_early) = run_steps(load, &plan, &pool, &watch, &mut line)?;
     // The live line goes before the report is printed.
     drop(line);
 
@@ -173,17 +87,12 @@ pub(crate) fn run<P: LoadProtocol>(
 
     let verdict = (load.verdict || load.max_p99.is_some())
         .then(|| report::Verdict::of(&reports, load.max_loss, load.max_p99));
-    let mut stdout = io::stdout().lock();
-    report::table(&mut stdout, &reports)?;
-    write!(
-        stdout,
-        "{}",
-        report::summary(&reports, load.max_loss, stopped_early.as_deref())
+    print_results(
+        &reports,
+        load.max_loss,
+        stopped_early.as_deref(),
+        verdict.as_ref(),
     )?;
-    if let Some(v) = &verdict {
-        write!(stdout, "{}", v.text())?;
-    }
-    drop(stdout);
 
     let run = RunReport {
         protocol: P::NAME,
@@ -210,6 +119,150 @@ pub(crate) fn run<P: LoadProtocol>(
         Some(v) if !v.pass => bail!("verdict: FAIL ({})", v.failures.join("; ")),
         _ => Ok(()),
     }
+}
+
+/// The first line of the output: what is sent, to where, by how many threads over what, and
+/// where T4 comes from.
+fn print_banner<P: LoadProtocol>(
+    load: &LoadArgs,
+    label: &str,
+    tcp: Option<usize>,
+    kernel_rx_timestamps: bool,
+) {
+    let links = match tcp {
+        None => format!("{} socket(s)", load.sockets),
+        Some(0) => "TCP, a new connection per request".to_owned(),
+        Some(n) => format!("TCP, {n} connection(s) per thread, reused"),
+    };
+    println!(
+        "chime perf {}: {label} to {}, {} thread(s), {links}, {} s per step, timeout {} s, {}",
+        P::NAME,
+        load.target(),
+        load.threads,
+        load.duration,
+        load.timeout,
+        if kernel_rx_timestamps {
+            "T4 from kernel receive timestamps"
+        } else if tcp.is_some() {
+            "T4 read when a reply is read"
+        } else {
+            "no kernel receive timestamps: T4 read after recvmmsg"
+        }
+    );
+}
+
+/// Runs the warm-up (if any) and then the steps one after another, stopping after a step whose
+/// loss is over `--max-loss` if more were to come. Returns the steps' reports and, if it stopped
+/// early, why.
+fn run_steps(
+    load: &LoadArgs,
+    plan: &Plan,
+    pool: &Pool,
+    watch: &Watch,
+    line: &mut ProgressLine,
+) -> Result<(Vec<StepReport>, Option<String>)> {
+    let first_start = Instant::now() + START_DELAY;
+    if !plan.warmup.is_zero() {
+        pool.broadcast(Phase {
+            step: WARMUP,
+            rate: plan.rates[0],
+            start: first_start,
+            duration: plan.warmup,
+            stale_after: plan.client_interval(plan.rates[0]),
+        });
+    }
+
+    let mut reports: Vec<StepReport> = Vec::new();
+    for (i, &rate) in plan.rates.iter().enumerate() {
+        let start = if i == 0 {
+            first_start + plan.warmup
+        } else {
+            Instant::now() + START_DELAY
+        };
+        let report = run_step(i, rate, start, plan, pool, watch, line)?;
+        let over = report.loss_pct > load.max_loss;
+        let loss = report.loss_pct;
+        reports.push(report);
+        if over && i + 1 < plan.rates.len() {
+            let stopped_early = Some(format!("step {} lost {loss:.3}%", i + 1));
+            return Ok((reports, stopped_early));
+        }
+    }
+    Ok((reports, None))
+}
+
+/// Step `i` (from 0) at `rate`, starting at `start`: handed to the threads, waited for with the
+/// progress line redrawn, and reported with /proc's readings from either side of it.
+fn run_step(
+    i: usize,
+    rate: f64,
+    start: Instant,
+    plan: &Plan,
+    pool: &Pool,
+    watch: &Watch,
+    line: &mut ProgressLine,
+) -> Result<StepReport> {
+    let phase = Phase {
+        step: u16::try_from(i).context("too many steps")?,
+        rate,
+        start,
+        duration: plan.duration,
+        stale_after: plan.client_interval(rate),
+    };
+    pool.broadcast(phase);
+    line.begin(format!("warm-up at {rate:.0}/s"));
+    while let Some(left) = start.checked_duration_since(Instant::now()) {
+        line.show();
+        std::thread::sleep(left.min(PROGRESS_INTERVAL));
+    }
+    let before = watch.snapshot();
+    line.begin(format!(
+        "step {}/{} at {rate:.0}/s",
+        i + 1,
+        plan.rates.len()
+    ));
+    let limit = start + plan.duration + plan.timeout + STALL_LIMIT;
+    let stats = pool.collect(phase.step, limit, line)?;
+    let after = watch.snapshot();
+
+    let mut report = StepReport::new(
+        i + 1,
+        rate,
+        plan.duration.as_secs_f64(),
+        plan.client_interval(rate).as_secs_f64(),
+        &stats,
+    );
+    let delta = watch.delta(&before, &after, stats.answered, plan.duration);
+    report.server_cpu = delta.server_cpu;
+    report.client_cpu_percent = delta.client_cpu_percent;
+    report.client_rx_drops = delta.client_rx_drops;
+    report.server_rx_drops = delta.server_rx_drops;
+    report.steal_pct = delta.steal_pct;
+    line.end(&report);
+    if let Some(e) = &stats.first_error {
+        eprintln!("chime: step {}: {e}", i + 1);
+    }
+    Ok(report)
+}
+
+/// The table, the summary and the verdict, if one was asked for, on stdout.
+fn print_results(
+    reports: &[StepReport],
+    max_loss: f64,
+    stopped_early: Option<&str>,
+    verdict: Option<&report::Verdict>,
+) -> Result<()> {
+    let mut stdout = io::stdout().lock();
+    report::table(&mut stdout, reports)?;
+    write!(
+        stdout,
+        "{}",
+        report::summary(reports, max_loss, stopped_early)
+    )?;
+    if let Some(v) = verdict {
+        write!(stdout, "{}", v.text())?;
+    }
+    Ok(())
 }
 
 /// The sending threads and the channels to and from them.

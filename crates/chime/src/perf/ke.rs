@@ -178,20 +178,7 @@ struct Job {
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
-    let rates: Vec<f64> = match (args.rate, args.steps) {
-        (Some(r), _) => vec![r],
-        (None, Some(s)) => (0..s.count)
-            .map(|i| s.start * s.factor.powi(i as i32))
-            .collect(),
-        (None, None) => usage("one of --rate and --steps is required").exit(),
-    };
-    if rates[0] * args.duration < 1.0 {
-        usage(format!(
-            "--duration {} s at {} sessions/s starts no session: make the step longer",
-            args.duration, rates[0]
-        ))
-        .exit();
-    }
+    let rates = rates(args);
     // Open the output first: a typo in a path should cost nothing, not a finished run.
     let json = args.json.as_ref().map(|p| {
         std::fs::File::create(p)
@@ -215,45 +202,15 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         Arc::new(rates.iter().map(|_| Mutex::new(StepAcc::new())).collect());
 
     let (tx, rx) = mpsc::channel::<Job>();
-    let rx = Arc::new(Mutex::new(rx));
-    let mut threads = Vec::new();
-    for i in 0..args.connections {
-        let (rx, steps, config, name) = (rx.clone(), steps.clone(), config.clone(), name.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("perf-ke-{i}"))
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    loop {
-                        // The lock is held only to take one job.
-                        let job = rx.lock().map(|r| r.recv());
-                        let Ok(Ok(job)) = job else { return };
-                        let started = Instant::now();
-                        let queued = started.saturating_duration_since(job.due);
-                        let outcome = if queued >= timeout {
-                            Err((Failure::Backlog, "every client thread was busy".into()))
-                        } else {
-                            session(&config, &name, addr, job.source, job.due + timeout)
-                        };
-                        let took = started.elapsed();
-                        let mut acc = steps[job.step].lock().unwrap_or_else(|p| p.into_inner());
-                        acc.pending -= 1;
-                        let _ = acc.queued.record(micros(queued));
-                        match outcome {
-                            Ok(()) => {
-                                acc.completed += 1;
-                                let _ = acc.latency.record(micros(took));
-                            }
-                            Err((kind, why)) => {
-                                *acc.failures.entry(kind).or_insert(0) += 1;
-                                acc.first_error.get_or_insert(why);
-                            }
-                        }
-                    }
-                })
-                .context("cannot start a client thread")?,
-        );
-    }
+    let client = Client {
+        jobs: Arc::new(Mutex::new(rx)),
+        steps: steps.clone(),
+        config,
+        name,
+        addr,
+        timeout,
+    };
+    let threads = client.spawn(args.connections)?;
 
     println!(
         "chime perf nts-ke: cold NTS-KE sessions (TCP, TLS 1.3, request, response) to {addr} as \
@@ -268,61 +225,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     let mut reports = Vec::new();
     let mut stopped_early = None;
     for (i, &rate) in rates.iter().enumerate() {
-        let before = watch.snapshot();
-        let start = Instant::now() + Duration::from_millis(20);
-        let count = (rate * args.duration).round() as u64;
-        steps[i].lock().unwrap_or_else(|p| p.into_inner()).pending = count;
-        for k in 0..count {
-            let due = start + Duration::from_secs_f64(k as f64 / rate);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            // The threads live until the sender goes.
-            let source = (args.sources > 1).then(|| {
-                std::net::Ipv4Addr::new(127, 0, 0, 1 + (k % u64::from(args.sources)) as u8).into()
-            });
-            let _ = tx.send(Job {
-                due,
-                step: i,
-                source,
-            });
-        }
-        // Every session of the step ends by its deadline; the last is due a little before
-        // start + duration.
-        let limit = start + Duration::from_secs_f64(args.duration) + timeout * 2;
-        while steps[i].lock().unwrap_or_else(|p| p.into_inner()).pending > 0
-            && Instant::now() < limit
-        {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let after = watch.snapshot();
-        let acc = steps[i].lock().unwrap_or_else(|p| p.into_inner());
-        let delta = watch.delta(
-            &before,
-            &after,
-            acc.completed,
-            Duration::from_secs_f64(args.duration),
-        );
-        let failed: u64 = acc.failures.values().sum();
-        let report = StepReport {
-            step: i + 1,
-            offered_rate: rate,
-            duration: args.duration,
-            scheduled: count,
-            completed: acc.completed,
-            completed_rate: acc.completed as f64 / args.duration,
-            failed,
-            failed_pct: 100.0 * failed as f64 / count.max(1) as f64,
-            failures: acc.failures.clone(),
-            latency_ms: Percentiles::of(&acc.latency),
-            queued_ms: Percentiles::of(&acc.queued),
-            server_cpu: delta.server_cpu,
-            client_cpu_percent: delta.client_cpu_percent,
-        };
-        if let Some(e) = &acc.first_error {
-            eprintln!("chime: step {}: first failure: {e}", i + 1);
-        }
-        drop(acc);
+        let report = run_step(args, i, rate, &steps[i], &tx, &watch);
         print_step(&report);
         let over = report.failed_pct > args.max_failures;
         let pct = report.failed_pct;
@@ -336,28 +239,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     for t in threads {
         let _ = t.join();
     }
-    if let Some(why) = &stopped_early {
-        println!("stopped early: {why}");
-    }
-    if let Some(best) = reports
-        .iter()
-        .filter(|r| r.failed_pct <= args.max_failures)
-        .max_by(|a, b| a.completed_rate.total_cmp(&b.completed_rate))
-    {
-        println!(
-            "best step within {}% failures: {:.0} sessions/s completed, p99 {:.2} ms{}",
-            args.max_failures,
-            best.completed_rate,
-            best.latency_ms.p99,
-            best.server_cpu
-                .as_ref()
-                .and_then(|c| c.us_per_reply)
-                .map_or(String::new(), |us| format!(
-                    ", server CPU {us:.0} µs per session ({:.0} sessions/s per core)",
-                    1e6 / us
-                ))
-        );
-    }
+    print_summary(args, &reports, stopped_early.as_deref());
     if let Some((path, file)) = json {
         let run = serde_json::json!({
             "protocol": "nts-ke",
@@ -380,6 +262,194 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             .with_context(context)?;
     }
     Ok(())
+}
+
+/// The steps' rates, from `--rate` or `--steps`; a first step too short to start a session is
+/// a usage error.
+fn rates(args: &Args) -> Vec<f64> {
+    let rates: Vec<f64> = match (args.rate, args.steps) {
+        (Some(r), _) => vec![r],
+        (None, Some(s)) => (0..s.count)
+            .map(|i| s.start * s.factor.powi(i as i32))
+            .collect(),
+        (None, None) => usage("one of --rate and --steps is required").exit(),
+    };
+    if rates[0] * args.duration < 1.0 {
+        usage(format!(
+            "--duration {} s at {} sessions/s starts no session: make the step longer",
+            args.duration, rates[0]
+        ))
+        .exit();
+    }
+    rates
+}
+
+/// What every client thread shares: the queue of jobs, the steps' tallies, and the server.
+struct Client {
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    steps: Arc<Vec<Mutex<StepAcc>>>,
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+    addr: SocketAddr,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Starts `n` client threads, each running sessions until the job sender goes.
+    fn spawn(self, n: u16) -> Result<Vec<std::thread::JoinHandle<()>>> {
+        let mut threads = Vec::new();
+        for i in 0..n {
+            let client = Self {
+                jobs: self.jobs.clone(),
+                steps: self.steps.clone(),
+                config: self.config.clone(),
+                name: self.name.clone(),
+                addr: self.addr,
+                timeout: self.timeout,
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("perf-ke-{i}"))
+                    .stack_size(256 << 10)
+                    .spawn(move || client.run())
+                    .context("cannot start a client thread")?,
+            );
+        }
+        Ok(threads)
+    }
+
+    /// Takes jobs one at a time and runs each as a session, or counts it as backlog if it waited
+    /// past its timeout, until the job sender goes.
+    fn run(self) {
+        loop {
+            // The lock is held only to take one job.
+            let job = self.jobs.lock().map(|r| r.recv());
+            let Ok(Ok(job)) = job else { return };
+            let started = Instant::now();
+            let queued = started.saturating_duration_since(job.due);
+            let outcome = if queued >= self.timeout {
+                Err((Failure::Backlog, "every client thread was busy".into()))
+            } else {
+                session(
+                    &self.config,
+                    &self.name,
+                    self.addr,
+                    job.source,
+                    job.due + self.timeout,
+                )
+            };
+            let took = started.elapsed();
+            let mut acc = self.steps[job.step]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            acc.pending -= 1;
+            let _ = acc.queued.record(micros(queued));
+            match outcome {
+                Ok(()) => {
+                    acc.completed += 1;
+                    let _ = acc.latency.record(micros(took));
+                }
+                Err((kind, why)) => {
+                    *acc.failures.entry(kind).or_insert(0) += 1;
+                    acc.first_error.get_or_insert(why);
+                }
+            }
+        }
+    }
+}
+
+/// Step `i` (from 0) at `rate`: its sessions handed to the client threads on schedule, waited
+/// for until each has ended or the step's limit passed, and reported with /proc's readings from
+/// either side of it.
+fn run_step(
+    args: &Args,
+    i: usize,
+    rate: f64,
+    step: &Mutex<StepAcc>,
+    tx: &mpsc::Sender<Job>,
+    watch: &Watch,
+) -> StepReport {
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let before = watch.snapshot();
+    let start = Instant::now() + Duration::from_millis(20);
+    let count = (rate * args.duration).round() as u64;
+    step.lock().unwrap_or_else(|p| p.into_inner()).pending = count;
+    for k in 0..count {
+        let due = start + Duration::from_secs_f64(k as f64 / rate);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        // The threads live until the sender goes.
+        let source = (args.sources > 1).then(|| {
+            std::net::Ipv4Addr::new(127, 0, 0, 1 + (k % u64::from(args.sources)) as u8).into()
+        });
+        let _ = tx.send(Job {
+            due,
+            step: i,
+            source,
+        });
+    }
+    // Every session of the step ends by its deadline; the last is due a little before
+    // start + duration.
+    let limit = start + Duration::from_secs_f64(args.duration) + timeout * 2;
+    while step.lock().unwrap_or_else(|p| p.into_inner()).pending > 0 && Instant::now() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = watch.snapshot();
+    let acc = step.lock().unwrap_or_else(|p| p.into_inner());
+    let delta = watch.delta(
+        &before,
+        &after,
+        acc.completed,
+        Duration::from_secs_f64(args.duration),
+    );
+    let failed: u64 = acc.failures.values().sum();
+    let report = StepReport {
+        step: i + 1,
+        offered_rate: rate,
+        duration: args.duration,
+        scheduled: count,
+        completed: acc.completed,
+        completed_rate: acc.completed as f64 / args.duration,
+        failed,
+        failed_pct: 100.0 * failed as f64 / count.max(1) as f64,
+        failures: acc.failures.clone(),
+        latency_ms: Percentiles::of(&acc.latency),
+        queued_ms: Percentiles::of(&acc.queued),
+        server_cpu: delta.server_cpu,
+        client_cpu_percent: delta.client_cpu_percent,
+    };
+    if let Some(e) = &acc.first_error {
+        eprintln!("chime: step {}: first failure: {e}", i + 1);
+    }
+    report
+}
+
+/// The lines after the steps: why the run stopped early, if it did, and the best step within
+/// `--max-failures`.
+fn print_summary(args: &Args, reports: &[StepReport], stopped_early: Option<&str>) {
+    if let Some(why) = stopped_early {
+        println!("stopped early: {why}");
+    }
+    if let Some(best) = reports
+        .iter()
+        .filter(|r| r.failed_pct <= args.max_failures)
+        .max_by(|a, b| a.completed_rate.total_cmp(&b.completed_rate))
+    {
+        println!(
+            "best step within {}% failures: {:.0} sessions/s completed, p99 {:.2} ms{}",
+            args.max_failures,
+            best.completed_rate,
+            best.latency_ms.p99,
+            best.server_cpu
+                .as_ref()
+                .and_then(|c| c.us_per_reply)
+                .map_or(String::new(), |us| format!(
+                    ", server CPU {us:.0} µs per session ({:.0} sessions/s per core)",
+                    1e6 / us
+                ))
+        );
+    }
 }
 
 fn micros(d: Duration) -> u64 {

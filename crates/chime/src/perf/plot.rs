@@ -27,13 +27,29 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
 
     let x_hi = steps.iter().map(|s| s.offered_rate).fold(0.0, f64::max) * 1.1;
 
-    // Answered against offered.
+    answered(left, steps, x_hi)?;
+    latency(right, steps, x_hi)?;
+    distribution(third, steps)?;
+    root.present()?;
+    Ok(())
+}
+
+/// Answered rate against offered rate, over the diagonal a server that answers everything lies
+/// on.
+fn answered<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    steps: &[StepReport],
+    x_hi: f64,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
     let answered: Vec<(f64, f64)> = steps
         .iter()
         .map(|s| (s.offered_rate, s.answered_rate))
         .collect();
     let y_hi = answered.iter().map(|p| p.1).fold(x_hi, f64::max);
-    let mut chart = ChartBuilder::on(left)
+    let mut chart = ChartBuilder::on(area)
         .caption("Answered rate", ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(40)
@@ -62,7 +78,19 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
         .border_style(BLACK.mix(0.3))
         .draw()?;
 
-    // Latency percentiles against offered.
+    Ok(())
+}
+
+/// Latency percentiles against offered rate, on a logarithmic axis; a line with no points is
+/// left out, and the legend with it when none has any.
+fn latency<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    steps: &[StepReport],
+    x_hi: f64,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
     let series: [Series; 4] = [
         ("p50", GREEN, pick(steps, |s| s.rtt_us.map(|p| p.p50))),
         ("p99", BLUE, pick(steps, |s| s.rtt_us.map(|p| p.p99))),
@@ -76,7 +104,7 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
     let (l_lo, l_hi) = log_range(series.iter().flat_map(|s| s.2.iter().map(|p| p.1)));
     // Headroom above the highest line for the legend.
     let l_hi = l_hi * 4.0;
-    let mut chart = ChartBuilder::on(right)
+    let mut chart = ChartBuilder::on(area)
         .caption(
             "Latency (round trip, and server receive error)",
             ("sans-serif", 16),
@@ -121,8 +149,6 @@ pub(crate) fn draw(path: &Path, title: &str, steps: &[StepReport]) -> Result<()>
             .border_style(BLACK.mix(0.3))
             .draw()?;
     }
-    distribution(third, steps)?;
-    root.present()?;
     Ok(())
 }
 
