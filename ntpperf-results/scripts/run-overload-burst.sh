@@ -67,7 +67,8 @@ pids+=($!)
 
 period=$(( (100000 + share - 1) / share ))
 quota=$((period * share / 100))
-# A cgroup with SHARE% of a CPU, for one build.
+# A cgroup with SHARE% of a CPU, for one build, in `cg` (not printed: a command substitution's
+# subshell would lose it from `cgroups`, which cleanup removes).
 new_cgroup() {
   local c
   if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
@@ -81,7 +82,7 @@ new_cgroup() {
     echo "$quota" >"$c/cpu.cfs_quota_us"
   fi
   cgroups+=("$c")
-  echo "$c"
+  cg=$c
 }
 
 declare -A ntp_port metrics_port pid capacity
@@ -96,7 +97,7 @@ for i in "${!names[@]}"; do
   n=${names[$i]}
   ntp_port[$n]=$(free_port)
   metrics_port[$n]=$(free_port)
-  cg=$(new_cgroup "$n")
+  new_cgroup "$n"
   taskset -c 0 "${paths[$i]}" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:${ntp_port[$n]}" \
     --metrics-address "127.0.0.1:${metrics_port[$n]}" >"$out/$n.log" 2>&1 &
   pid[$n]=$!
