@@ -413,10 +413,15 @@ fn a_client_retrying_faster_when_dropped_is_relented_to() {
     let (r_answered, r_sent) = retrier.join().unwrap();
     let (s_answered, s_sent) = steady.join().unwrap();
     let share = |a: u64, n: u64| a as f64 / n as f64;
-    // Limited as usual, a client over the limit gets a quarter leaked plus what it earns; the
-    // retrier, once its two rates are measured, gets three quarters of the rest.
+    eprintln!("retrier: {r_answered} of {r_sent}; steady: {s_answered} of {s_sent}");
+    // Limited as usual, a client over the limit gets a quarter leaked plus what it earns (the
+    // steady one: 0.34-0.38 here); the retrier, once its two rates are measured, gets three
+    // quarters of the rest: 0.73-0.78 alone, 0.59-0.66 with the other tests running beside it on
+    // two cores, whose delays stretch its 8 ms retries. So: well over half, and well over the
+    // steady client's share.
+    let (retrier, steady) = (share(r_answered, r_sent), share(s_answered, s_sent));
     assert!(
-        share(r_answered, r_sent) > 0.6,
+        retrier > 0.5 && retrier > steady + 0.15,
         "retrier: {r_answered} of {r_sent}; steady: {s_answered} of {s_sent}"
     );
     assert!(
