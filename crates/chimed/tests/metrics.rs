@@ -11,8 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    Chimed, Chronyd, chime_keygen, exchange, peer, roughtime_flags, roughtime_probe_request, run,
-    unix_now,
+    Chimed, Chronyd, chime_keygen, count_in, exchange, peer, roughtime_flags,
+    roughtime_probe_request, run, unix_now,
 };
 
 const METRICS_PYTHON: &str = "/opt/chime-peers/metrics-venv/bin/python";
@@ -254,10 +254,11 @@ fn counters_and_upstream_follow_what_chimed_saw() {
 /// Shedding under a standing queue shows in chimed_requests_shed_total, for NTP and Roughtime
 /// alike: chimed stopped (SIGSTOP) while 40 requests of each wait 100 ms in its sockets, then
 /// resumed with a 20 ms target and a zero interval, so that its first full batch finds a standing
-/// queue. Every one of them is shed, received and not answered.
+/// queue. Every one of them is shed, received and not answered. The log's totals at exit, read
+/// from the same counters, say what the metrics said.
 #[test]
 fn shed_requests_are_counted_for_both_services() {
-    let s = serve(&[
+    let mut s = serve(&[
         "--batch-size",
         "4",
         "--roughtime-batch-size",
@@ -314,6 +315,22 @@ fn shed_requests_are_counted_for_both_services() {
             Some(*v),
             "{name} {labels:?}"
         );
+    }
+    assert!(s.chimed.terminate().success());
+    for (service, labels) in [("ntp", &ntp), ("roughtime", &rt)] {
+        let totals =
+            (s.chimed).wait_for(&format!("{service} totals at exit"), Duration::from_secs(1));
+        for (key, name) in [
+            ("received", "chimed_requests_received_total"),
+            ("shed", "chimed_requests_shed_total"),
+        ] {
+            let metric = value(&page, name, &labels[..]);
+            assert_eq!(
+                Some(count_in(&totals, key) as f64),
+                metric,
+                "{key}: {totals}"
+            );
+        }
     }
 }
 
