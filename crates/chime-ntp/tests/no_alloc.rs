@@ -5,13 +5,13 @@ use chime_ntp::{
     Leap, NtpShort, NtpTimestamp, ServerState, StalePolicy, check_extensions, respond,
     stamp_transmit,
 };
-use chime_test_alloc::CountingAlloc;
+use chime_udp::counting_alloc::CountingAlloc;
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
 
 fn allocations_in(f: impl FnOnce()) -> u64 {
-    chime_test_alloc::allocations_in(f).1
+    chime_udp::counting_alloc::allocations_in(f).1
 }
 
 #[test]

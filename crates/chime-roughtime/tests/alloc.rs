@@ -8,7 +8,7 @@ use chime_roughtime::{
     BatchParams, DropReason, LongTermKey, OnlineKey, REQUEST_LEN, Responder, ResponderConfig,
     Ticket, Version, VersionSet, build_request,
 };
-use chime_test_alloc::{CountingAlloc, thread_allocations};
+use chime_udp::counting_alloc::{CountingAlloc, thread_allocations};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;

@@ -35,6 +35,8 @@ compile_error!("chime-udp supports Linux only: it needs recvmmsg, sendmmsg and S
 mod affinity;
 mod batch;
 mod cmsg;
+#[cfg(feature = "counting-alloc")]
+pub mod counting_alloc;
 mod error;
 mod meta;
 mod runner;

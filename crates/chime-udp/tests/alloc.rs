@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use chime_test_alloc::{CountingAlloc, thread_allocations as allocations};
+use chime_udp::counting_alloc::{CountingAlloc, thread_allocations as allocations};
 use chime_udp::{
     BatchHandler, BoundWorkers, RxBatch, SendOutcome, SocketConfig, Timestamp, TxBatch, UdpSocket,
     WorkerConfig,

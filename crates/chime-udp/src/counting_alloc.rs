@@ -1,12 +1,12 @@
-//! A counting global allocator for the workspace's "the hot path does not allocate" tests.
+//! A counting global allocator for the workspace's "the hot path does not allocate" tests, built
+//! only with the `counting-alloc` feature, which only tests turn on (as dev-dependencies).
 //!
-//! A crate of its own, used only as a dev-dependency (`publish = false`), so that no crate that
-//! ships carries a test-only item. A `GlobalAlloc` implementation needs `unsafe`: here it is the
-//! four forwarding calls below, each with its SAFETY comment. A test binary installs it with safe
-//! code:
+//! It lives here because a `GlobalAlloc` implementation needs `unsafe`, and this crate and
+//! chime-xdp are the only ones that may hold it: the four forwarding calls below, each with its
+//! SAFETY comment. A test binary installs it with safe code:
 //!
 //! ```
-//! use chime_test_alloc::{CountingAlloc, allocations_in};
+//! use chime_udp::counting_alloc::{CountingAlloc, allocations_in};
 //!
 //! #[global_allocator]
 //! static GLOBAL: CountingAlloc = CountingAlloc;
