@@ -59,11 +59,7 @@ trap cleanup EXIT
 # shellcheck source=bench-lib.sh
 . "$here/bench-lib.sh"
 
-chrony_port=$(free_port)
-printf 'port %s\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 3\ncmdport 0\npidfile %s/pid\ndriftfile %s/drift\n' \
-  "$chrony_port" "$work" "$work" >"$work/chrony.conf"
-/usr/sbin/chronyd -x -d -u root -f "$work/chrony.conf" >/dev/null 2>&1 &
-pids+=($!)
+start_upstream
 
 period=$(( (100000 + share - 1) / share ))
 quota=$((period * share / 100))
