@@ -90,6 +90,37 @@ pub(crate) fn client_config(ca: Option<&Path>) -> Result<Arc<ClientConfig>> {
     Ok(Arc::new(config))
 }
 
+/// An error of the TLS session with the NTS-KE server at `addr`, as the operator can act on it: a
+/// certificate this client does not trust is said to be one, with the flag that trusts it.
+fn tls_error(e: &std::io::Error, addr: std::net::SocketAddr) -> anyhow::Error {
+    let rejected = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    let Some(rustls::Error::InvalidCertificate(why)) = rejected else {
+        return anyhow::anyhow!("NTS-KE {addr}: {e}");
+    };
+    let why = match why {
+        rustls::CertificateError::UnknownIssuer => "signed by an issuer not trusted here".into(),
+        rustls::CertificateError::NotValidForName
+        | rustls::CertificateError::NotValidForNameContext { .. } => {
+            "not made out to the name asked for".into()
+        }
+        rustls::CertificateError::Expired | rustls::CertificateError::ExpiredContext { .. } => {
+            "expired".into()
+        }
+        // The rest by the variant's name, without the bytes rustls adds.
+        other => format!("{other:?}")
+            .split([' ', '(', '{'])
+            .next()
+            .unwrap_or("")
+            .to_owned(),
+    };
+    anyhow::anyhow!(
+        "NTS-KE {addr}: the server's certificate is not trusted ({why}): if it is your own \
+         server's, give --nts-ca FILE with the certificate that signed it"
+    )
+}
+
 /// [`establish`] with a configuration made once by [`client_config`].
 pub(crate) fn establish_with(
     config: &Arc<ClientConfig>,
@@ -111,7 +142,7 @@ pub(crate) fn establish_with(
     let conn = ClientConnection::new(config.clone(), name)?;
     let mut tls = StreamOwned::new(conn, tcp);
     tls.write_all(&nts::ke_request())
-        .with_context(|| format!("NTS-KE {ke_addr}"))?;
+        .map_err(|e| tls_error(&e, ke_addr))?;
     let mut response = Vec::new();
     let mut chunk = [0u8; 4096];
     let len = loop {
@@ -123,7 +154,7 @@ pub(crate) fn establish_with(
         }
         let n = match tls.read(&mut chunk) {
             Ok(n) => n,
-            Err(e) => bail!("NTS-KE {ke_addr}: {e}"),
+            Err(e) => return Err(tls_error(&e, ke_addr)),
         };
         if n == 0 {
             bail!("NTS-KE {ke_addr}: closed before End of Message");

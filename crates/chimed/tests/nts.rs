@@ -477,6 +477,10 @@ fn chime_ntp_nts_against_chimed_and_chronyd() {
 
     let refused = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &other).unwrap_err();
     assert!(refused.contains("certificate"), "{refused}");
+    // Said so that the operator knows what to do: one line, naming the flag that trusts it.
+    assert!(refused.contains("not trusted"), "{refused}");
+    assert!(refused.contains("--nts-ca FILE"), "{refused}");
+    assert_eq!(refused.trim_end().lines().count(), 1, "{refused}");
     assert!(chimed.terminate().success());
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert!(ke.contains("agreed=1 refused=0"), "{ke}");
