@@ -39,12 +39,13 @@ pub(crate) fn reload(name: Option<&str>) -> Result<(Arc<Zone>, String), ZoneErro
     load(name).map_err(|e| ZoneError::Reread(Box::new(e)))
 }
 
-/// Why the zone could not be loaded.
+/// Why the zone could not be loaded. The messages name the zone, not the flag or key that gave it:
+/// the caller says where it came from (`--timezone`, or the config file's line).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ZoneError {
-    #[error("--timezone {name}: unknown zone ({source})")]
+    #[error("{name}: unknown zone ({source})")]
     Unknown { name: String, source: jiff::Error },
-    #[error("--tz-offset: cannot find the system timezone ({0})")]
+    #[error("cannot find the system timezone ({0})")]
     NoSystemZone(jiff::Error),
     #[error("cannot re-read the zone: {0}")]
     Reread(Box<ZoneError>),

@@ -43,7 +43,9 @@ pub(crate) fn load(s: &Settings) -> Result<Secrets, ConfigError> {
         return Err(s.bad("process.root", r));
     }
     if let Some(zone) = s.tz_offset() {
-        crate::clock::tz::load(zone).map_err(|r| s.bad("tz-offset.timezone", r))?;
+        // The system's zone is what the switch asked for when no zone is named.
+        let key = zone.map_or("tz-offset.enabled", |_| "tz-offset.timezone");
+        crate::clock::tz::load(zone).map_err(|r| s.bad(key, r))?;
     }
     let fleet = match &s.nts.fleet_key {
         None => None,
@@ -197,7 +199,12 @@ mod tests {
     #[test]
     fn names_that_do_not_exist_here_are_refused() {
         let e = load_with(&["--tz-offset", "--timezone", "Nowhere/Atlantis"]);
-        assert!(e.err().unwrap().to_string().contains("Nowhere/Atlantis"));
+        let e = e.err().unwrap().to_string();
+        // Named once, by the flag that gave it.
+        assert!(
+            e.starts_with("--timezone: Nowhere/Atlantis: unknown zone"),
+            "{e}"
+        );
         let e = load_with(&["-u", "no-such-user-here"])
             .err()
             .unwrap()
