@@ -209,7 +209,7 @@ fn workers<H: BatchHandler>(
     };
     info!(
         "{service} listening on {addr} ({} threads, {timestamps}pktinfo: {}, receive buffer {} \
-         bytes)",
+         bytes, as the kernel counts it: twice the setting's)",
         group.threads,
         if caps.pktinfo { "yes" } else { "no" },
         caps.recv_buffer
