@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
-# run-overload-burst.sh: chimed's NTP goodput when offered more than its capacity, for one chimed
-# build or several side by side. Each build runs as its own chimed with SHARE% (default 25) of
+# run-overload-burst.sh: chimed's goodput when offered more than its capacity, NTP over UDP or
+# Roughtime over TCP (`--service`), for one chimed build or several side by side. Each build runs as its own chimed with SHARE% (default 25) of
 # CPU 0 through a CPU cgroup of its own with a short period (the 1 ms minimum quota: 4 ms at
 # 25%), so that `chime perf` on CPU 1 can offer well past what it answers; a build that is not
 # being measured is idle and costs the others nothing.
 #
-# First a ladder per build finds its capacity: the highest rate whose answers come back with
-# under 1% lost or stale. Then, each of ROUNDS rounds, a burst of DURATION seconds at each of
-# MULTIPLES times the first build's capacity (default 3), in an order that turns from round to
-# round, each build in turn within it (also turning), so that builds meet the same moment of the
-# machine: the accepted replies per second (answered within the client interval) against the
-# build's capacity, and from chimed's metrics the requests it received and of those the ones it
-# shed (received only to go unanswered), and the kernel's drops. summary.txt has the table and,
-# with two builds or more, each build's accepted replies against the first's, burst by burst.
+# First a ladder per build finds its capacity: the most replies it accepts per second (answered
+# within the client interval), however much is offered (the mean of its three best steps). Then, each of ROUNDS rounds, a shorter ladder around it finds each
+# build's capacity again (this shared machine drifts by tens of percent from minute to minute),
+# and a burst of DURATION seconds follows at each of MULTIPLES times the first build's capacity in
+# that round (default 3), in an order that turns from round to round, each build in turn within
+# it (also turning), so that builds meet the same moment of the machine: the accepted replies per
+# second (answered within the client interval) against the build's capacity in that round, and
+# from chimed's metrics the requests it received and of those the ones it shed (received only to
+# go unanswered), and the kernel's drops, and its resident memory after the burst. summary.txt
+# has the table and, with two builds or more, each build's accepted replies against the first's,
+# burst by burst.
 #
-# Usage: run-overload-burst.sh [--share PCT] [--rounds N] [--duration S] [--out DIR]
-#                              [--multiples "1.1 1.5 3"] [--chimed [NAME=]PATH]...
-#                              [--chime PATH]
+# Usage: run-overload-burst.sh [--service ntp|roughtime-tcp] [--share PCT] [--rounds N]
+#                              [--duration S] [--out DIR] [--multiples "1.1 1.5 3"]
+#                              [--chimed [NAME=]PATH]... [--chime PATH]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 command_line=$(printf '%q ' "$0" "$@")
-share=25 rounds=3 duration=4 multiples=3
-out="$(dirname "$here")/overload-burst/$(date -u +%F)"
+service=ntp share=25 rounds=3 duration=4 multiples=3
+out=
 chime="$repo/target/release/chime"
 names=() paths=()
 while (($#)); do
   case $1 in
+    --service) service=$2; shift 2 ;;
     --share) share=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
@@ -42,6 +46,11 @@ while (($#)); do
     *) echo "run-overload-burst.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+case $service in
+  ntp | roughtime-tcp) ;;
+  *) echo "run-overload-burst.sh: --service is ntp or roughtime-tcp, not $service" >&2; exit 2 ;;
+esac
+out=${out:-"$(dirname "$here")/overload-burst/$(date -u +%F)-$service"}
 if ((${#paths[@]} == 0)); then names=(chimed); paths=("$repo/target/release/chimed"); fi
 mkdir -p "$out"
 work=$(mktemp -d)
@@ -81,21 +90,44 @@ new_cgroup() {
   cg=$c
 }
 
-declare -A ntp_port metrics_port pid capacity
+declare -A port metrics_port pid capacity
+# What each service needs: chimed's flags beyond NTP's, a query that succeeds once it serves,
+# `chime perf`'s protocol and flags, and the metrics series its counts carry.
+case $service in
+  ntp)
+    serve() { :; }
+    ready() { "$chime" ntp --json --timeout 0.5 "127.0.0.1:$1" 2>/dev/null | grep -q '"synchronised":true'; }
+    perf=(perf ntp)
+    series='service="ntp"'
+    ;;
+  roughtime-tcp)
+    serve() {
+      echo --roughtime-key "$work/rt.key" --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 \
+        --roughtime-ipv4-address "127.0.0.1:$1" --roughtime-tcp-connections 4096 \
+        --roughtime-tcp-per-address 4096
+    }
+    ready() { "$chime" roughtime --tcp --public-key "$public" "127.0.0.1:$1" >/dev/null 2>&1; }
+    perf=(perf roughtime --tcp --tcp-connections 8 --batch-size 64 --public-key "$public" --verify-every 1000)
+    series='service="roughtime",family="tcp"'
+    ;;
+esac
 {
   echo "date: $(date -u '+%F %T UTC')"
   echo "command: $command_line"
   echo "repository HEAD: $(git -C "$repo" rev-parse --short HEAD)"
   echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
-  echo "chimed given ${share}% of CPU 0 (quota ${quota} µs per ${period} µs); chime perf on CPU 1"
+  echo "service: $service; chimed given ${share}% of CPU 0 (quota ${quota} µs per ${period} µs); chime perf on CPU 1"
 } >"$out/setup.txt"
 for i in "${!names[@]}"; do
   n=${names[$i]}
-  ntp_port[$n]=$(free_port)
+  port[$n]=$(free_port)
   metrics_port[$n]=$(free_port)
   new_cgroup "$n"
-  taskset -c 0 "${paths[$i]}" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:${ntp_port[$n]}" \
-    --metrics-address "127.0.0.1:${metrics_port[$n]}" >"$out/$n.log" 2>&1 &
+  ntp_port=${port[$n]}
+  [[ $service == ntp ]] || ntp_port=$(free_port)
+  # shellcheck disable=SC2046 # serve's words are flags
+  taskset -c 0 "${paths[$i]}" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:$ntp_port" \
+    $(serve "${port[$n]}") --metrics-address "127.0.0.1:${metrics_port[$n]}" >"$out/$n.log" 2>&1 &
   pid[$n]=$!
   pids+=("${pid[$n]}")
   echo "${pid[$n]}" >"$cg/cgroup.procs"
@@ -104,48 +136,60 @@ for i in "${!names[@]}"; do
     >>"$out/setup.txt"
 done
 for n in "${names[@]}"; do
-  for _ in $(seq 100); do
-    "$chime" ntp --json --timeout 0.5 "127.0.0.1:${ntp_port[$n]}" 2>/dev/null |
-      grep -q '"synchronised":true' && break
-    sleep 0.1
-  done
+  for _ in $(seq 100); do ready "${port[$n]}" && break; sleep 0.1; done
+  ready "${port[$n]}" || { echo "run-overload-burst.sh: $n does not serve" >&2; cat "$out/$n.log" >&2; exit 1; }
 done
 cat "$out/setup.txt"
 
-for n in "${names[@]}"; do
-  taskset -c 1 "$chime" perf ntp --target "127.0.0.1:${ntp_port[$n]}" --steps 10000:1.1:30 \
-    --duration 2 --max-loss 5 --server-pid "${pid[$n]}" --json "$out/ladder-$n.json" \
-    >"$out/ladder-$n.txt"
-  capacity[$n]=$(python3 - "$out/ladder-$n.json" <<'PY'
-import json, sys
-steps = json.load(open(sys.argv[1]))["steps"]
-ok = [s for s in steps if s["loss_pct"] + s.get("stale_pct", 0) < 1.0]
-print(int(max(s["accepted_rate"] for s in ok)) if ok else 0)
-PY
-)
-  echo "capacity of $n: ${capacity[$n]} accepted replies/s (the ladder's best step under 1% lost or stale)"
-  echo "$n ${capacity[$n]}" >>"$out/capacity.txt"
-done
-base=${capacity[${names[0]}]}
-
-# A build's NTP counters, summed over its threads: received, shed, kernel drops.
-counters() {
+# What the build can answer in time, however much is offered (a batching server answers more
+# under load than where its losses begin): the mean of the three steps of the ladder in JSON
+# file $1 that accepted the most replies per second (the most alone would favour a lucky step).
+most_accepted() {
   python3 - "$1" <<'PY'
+import json, sys
+rates = sorted(s["accepted_rate"] for s in json.load(open(sys.argv[1]))["steps"])
+print(int(sum(rates[-3:]) / len(rates[-3:])))
+PY
+}
+for n in "${names[@]}"; do
+  taskset -c 1 "$chime" "${perf[@]}" --target "127.0.0.1:${port[$n]}" --steps 10000:1.1:40 \
+    --duration 2 --max-loss 50 --server-pid "${pid[$n]}" --json "$out/ladder-$n.json" \
+    >"$out/ladder-$n.txt"
+  capacity[$n]=$(most_accepted "$out/ladder-$n.json")
+  echo "capacity of $n: ${capacity[$n]} accepted replies/s (the mean of the ladder's three best steps)"
+  ((capacity[$n] > 0)) || { echo "run-overload-burst.sh: $n has no capacity" >&2; exit 1; }
+done
+
+# A build's counters, summed over its threads: received, shed, kernel drops.
+counters() {
+  python3 - "$1" "$series" <<'PY'
 import sys, urllib.request
 page = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
 def total(name):
-    rows = [l for l in page.splitlines() if l.startswith(name + "{") and 'service="ntp"' in l]
+    rows = [l for l in page.splitlines() if l.startswith(name + "{") and sys.argv[2] in l]
     if not rows:
-        sys.exit(f"run-overload-burst.sh: no {name} for ntp in chimed's metrics")
+        sys.exit(f"run-overload-burst.sh: no {name} with {sys.argv[2]} in chimed's metrics")
     return sum(float(l.rsplit(" ", 1)[1]) for l in rows)
 print(" ".join(str(int(total(n))) for n in
                ("chimed_requests_received_total", "chimed_requests_shed_total",
                 "chimed_kernel_receive_drops_total")))
 PY
 }
+rss_kib() { sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\).*/\1/p' "/proc/$1/status"; }
 read -ra mults <<<"$multiples"
 nm=${#mults[@]} nb=${#names[@]}
 for r in $(seq "$rounds"); do
+  # This round's capacity of each build, from a ladder from 75% to 127% of its first.
+  for j in $(seq 0 $((nb - 1))); do
+    n=${names[$(( (j + r - 1) % nb ))]}
+    start=$(python3 -c "print(round(0.75 * ${capacity[$n]}))")
+    taskset -c 1 "$chime" "${perf[@]}" --target "127.0.0.1:${port[$n]}" --steps "$start:1.06:10" \
+      --duration 1 --warmup 0.5 --max-loss 100 --server-pid "${pid[$n]}" \
+      --json "$out/probe-$n-round$r.json" >"$out/probe-$n-round$r.txt"
+    echo "$n $r $(most_accepted "$out/probe-$n-round$r.json")" >>"$out/round-capacity.txt"
+  done
+  base=$(awk -v n="${names[0]}" -v r="$r" '$1 == n && $2 == r {print $3}' "$out/round-capacity.txt")
+  ((base > 0)) || base=${capacity[${names[0]}]}
   for i in $(seq 0 $((nm - 1))); do
     # The order turns: round r starts at the r-th multiple and the r-th build.
     m=${mults[$(( (i + r - 1) % nm ))]}
@@ -153,38 +197,50 @@ for r in $(seq "$rounds"); do
     for j in $(seq 0 $((nb - 1))); do
       n=${names[$(( (j + r - 1) % nb ))]}
       before=$(counters "${metrics_port[$n]}")
-      taskset -c 1 "$chime" perf ntp --target "127.0.0.1:${ntp_port[$n]}" --rate "$rate" \
+      taskset -c 1 "$chime" "${perf[@]}" --target "127.0.0.1:${port[$n]}" --rate "$rate" \
         --duration "$duration" --warmup 0 --server-pid "${pid[$n]}" \
         --json "$out/burst-$n-x$m-round$r.json" >"$out/burst-$n-x$m-round$r.txt"
       after=$(counters "${metrics_port[$n]}")
-      echo "$n $m $r $before $after" >>"$out/counters.txt"
+      echo "$n $m $r $before $after $(rss_kib "${pid[$n]}")" >>"$out/counters.txt"
       sleep 1
     done
   done
 done
+for n in "${names[@]}"; do
+  echo "$n peak RSS $(sed -n 's/^VmHWM:[[:space:]]*//p' "/proc/${pid[$n]}/status")" >>"$out/setup.txt"
+done
 python3 - "$out" "$rounds" "$multiples" "${names[@]}" <<'PY' | tee "$out/summary.txt"
 import json, sys
 out, rounds, mults, names = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
-cap = dict(l.split() for l in open(f"{out}/capacity.txt"))
-counts = {}
+cap = {}
+for line in open(f"{out}/round-capacity.txt"):
+    n, r, c = line.split()
+    cap[(n, int(r))] = int(c)
+counts, rss = {}, {}
 for line in open(f"{out}/counters.txt"):
     n, m, r, *v = line.split()
-    b, a = list(map(int, v[:3])), list(map(int, v[3:]))
+    b, a = list(map(int, v[:3])), list(map(int, v[3:6]))
     counts[(n, m, int(r))] = [y - x for x, y in zip(b, a)]
-print("capacity: " + ", ".join(f"{n} {cap[n]}/s" for n in names)
-      + f"; each burst offers a multiple of {names[0]}'s")
-print("build    multiple round   offered/s  accepted/s  % of its capacity  received/s  shed/s"
-      "  kernel drops/s  p99 µs")
-acc = {}
+    rss[(n, m, int(r))] = int(v[6]) / 1024
+print("Each round measures each build's capacity again (the mean of the three best steps of a "
+      f"ladder around its first); each burst offers a multiple of {names[0]}'s in its round.")
+print("build    multiple round  capacity/s   offered/s  accepted/s  % of capacity  received/s"
+      "  shed/s  kernel drops/s  p99 µs  RSS MiB")
+acc, worst = {}, {}
 for n in names:
     for m in mults:
         for r in range(1, rounds + 1):
             s = json.load(open(f"{out}/burst-{n}-x{m}-round{r}.json"))["steps"][0]
             acc[(n, m, r)] = s["accepted_rate"]
             rec, shed, drops = (c / s["duration"] for c in counts[(n, m, r)])
-            print(f"{n:<8} {m:>8} {r:>5} {s['sent_rate']:>11.0f} {s['accepted_rate']:>11.0f} "
-                  f"{100 * s['accepted_rate'] / int(cap[n]):>17.1f}% {rec:>11.0f} {shed:>7.0f} "
-                  f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f}")
+            pct = 100 * s["accepted_rate"] / cap[(n, r)] if cap[(n, r)] else float("nan")
+            worst[(n, m)] = min(worst.get((n, m), pct), pct)
+            print(f"{n:<8} {m:>8} {r:>5} {cap[(n, r)]:>11} {s['sent_rate']:>11.0f} "
+                  f"{s['accepted_rate']:>11.0f} {pct:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
+                  f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f} {rss[(n, m, r)]:>8.1f}")
+print("\nLeast accepted, as a share of the round's capacity, over the rounds:")
+for (n, m), pct in worst.items():
+    print(f"  {n} x{m}: {pct:.1f}%")
 for n in names[1:]:
     print(f"\n{n} / {names[0]}, accepted replies, burst by burst (the two a few seconds apart):")
     for m in mults:
