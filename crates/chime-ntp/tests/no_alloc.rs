@@ -67,22 +67,23 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
     use chime_ntp::nts::{self, Check, CookieKeys, Keys};
     use chime_ntp::{ClientTable, Coin, Header, Mode, RateLimit, TxLog};
     let master = CookieKeys::new(1, [7; 32]);
-    let keys = Keys {
-        c2s: [1; 32],
-        s2c: [2; 32],
-    };
     let mut header = [0u8; 48];
     Header::request(4, Mode::Client, NtpTimestamp(0x1234)).encode(&mut header);
-    let cookie = master.seal(&keys, [3; 16]);
-    let good = nts::client_request(&header, &[9; 32], &cookie, 2, &keys.c2s, [4; 16]);
-    let foreign = nts::client_request(
-        &header,
-        &[9; 32],
-        &[0; nts::COOKIE_LEN],
-        0,
-        &[5; 32],
-        [4; 16],
-    );
+    // A good request and one whose cookie no key opens, under each algorithm.
+    let requests: Vec<Vec<u8>> = nts::Aead::ALL
+        .into_iter()
+        .flat_map(|aead| {
+            let len = aead.key_len();
+            let keys = Keys::new(aead, &vec![1; len], &vec![2; len]).unwrap();
+            let other = Keys::new(aead, &vec![5; len], &vec![5; len]).unwrap();
+            let cookie = master.seal(&keys, [3; 16]);
+            let foreign = vec![0; nts::cookie_len(aead)];
+            [
+                nts::client_request(&header, &[9; 32], cookie.as_bytes(), 2, &keys, [4; 16]),
+                nts::client_request(&header, &[9; 32], &foreign, 0, &other, [4; 16]),
+            ]
+        })
+        .collect();
     let mut interleaved = header;
     interleaved[24..32].copy_from_slice(&0xABCD_0001u64.to_be_bytes());
     interleaved[32..40].copy_from_slice(&0x7777_0000u64.to_be_bytes());
@@ -91,7 +92,7 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
     log.save(NtpTimestamp(0xABCD_0001), NtpTimestamp(0x5555_0000));
     let mut coin = Coin::new(9);
     let served = ServerState::unsynchronised().served_at(NtpTimestamp(1), &StalePolicy::default());
-    let mut reply = vec![0u8; good.len()];
+    let mut reply = vec![0u8; requests.iter().map(Vec::len).max().unwrap()];
     let mut outcomes = (0, 0, 0);
 
     let count = allocations_in(|| {
@@ -113,7 +114,7 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
             log.save(NtpTimestamp(0x9999_0001), NtpTimestamp(0x9999_2000));
             outcomes.0 += 1;
         }
-        for request in [&good, &foreign] {
+        for request in &requests {
             let _ = respond(
                 request,
                 40_000,
@@ -136,5 +137,6 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
         }
     });
     assert_eq!(count, 0);
-    assert_eq!(outcomes, (1, 1, 1));
+    let algorithms = nts::Aead::ALL.len();
+    assert_eq!(outcomes, (1, algorithms, algorithms));
 }

@@ -39,7 +39,7 @@ enum Command {
     /// Make an NTS fleet secret file for chimed --nts-fleet-key (mode 0600, never overwritten)
     NtsFleetKey(keygen::FleetArgs),
     /// Load-test a server: open-loop request rates, loss, latency percentiles
-    Perf(perf::Args),
+    Perf(Box<perf::Args>),
     /// Write the manual pages (chime(1) and one per subcommand) and the bash, zsh and fish
     /// completions into DIR (for packaging)
     #[command(hide = true)]

@@ -42,6 +42,11 @@ pub(crate) struct Args {
     /// With --nts: trust the certificates in this PEM file [default: the system's store]
     #[arg(long, value_name = "FILE", requires = "nts")]
     nts_ca: Option<std::path::PathBuf>,
+    /// With --nts: the AEAD algorithms to offer, in order of preference: 15 (siv-cmac-256, RFC
+    /// 8915's mandatory one), 17 (siv-cmac-512) or 30 (gcm-siv, RFC 8452), comma-separated
+    #[arg(long, value_name = "LIST", requires = "nts", default_value = "15",
+          value_parser = crate::nts::parse_aeads)]
+    nts_aead: crate::nts::AeadList,
     /// Fail (exit 1, after printing the reply) when the server says it is unsynchronised (leap 3
     /// or stratum 0): a health check, e.g. before a fleet member announces its address
     #[arg(long)]
@@ -53,6 +58,8 @@ pub(crate) struct Args {
 struct NtsReport {
     /// The NTS-KE server.
     ke_server: String,
+    /// The AEAD algorithm agreed, by IANA number.
+    aead: u16,
     /// New cookies the authenticated reply carried.
     cookies: usize,
 }
@@ -118,7 +125,12 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     }
     let timeout = Duration::from_secs_f64(args.timeout);
     if args.nts {
-        let report = query_nts(&args.server, args.nts_ca.as_deref(), timeout)?;
+        let report = query_nts(
+            &args.server,
+            args.nts_ca.as_deref(),
+            &args.nts_aead.0,
+            timeout,
+        )?;
         if args.json {
             println!("{}", serde_json::to_string(&report)?);
         } else {
@@ -188,9 +200,14 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
 
 /// One query authenticated with NTS: NTS-KE with `spec` (`HOST[:KE-PORT]`), then one exchange
 /// with the NTP server it named, carrying a cookie and two placeholders.
-fn query_nts(spec: &str, ca: Option<&std::path::Path>, timeout: Duration) -> Result<Report> {
+fn query_nts(
+    spec: &str,
+    ca: Option<&std::path::Path>,
+    aeads: &[chime_ntp::nts::Aead],
+    timeout: Duration,
+) -> Result<Report> {
     let (host, ke_port) = crate::nts::split_host(spec, crate::nts::KE_PORT)?;
-    let est = crate::nts::establish(&host, ke_port, ca, timeout)?;
+    let est = crate::nts::establish(&host, ke_port, ca, aeads, timeout)?;
     let server = est.ntp;
     let sock = connect(server, timeout)?;
     let nonce = NtpTimestamp(rand::random());
@@ -202,11 +219,11 @@ fn query_nts(spec: &str, ca: Option<&std::path::Path>, timeout: Duration) -> Res
         &unique_id,
         &est.answer.cookies[0],
         2,
-        &est.keys.c2s,
+        &est.keys,
         rand::random(),
     );
     let (reply, bytes, t1, t4) = exchange_bytes(&sock, server, &packet, &[nonce], timeout)?;
-    let cookies = match chime_ntp::nts::client_check_reply(&bytes, &unique_id, &est.keys.s2c) {
+    let cookies = match chime_ntp::nts::client_check_reply(&bytes, &unique_id, &est.keys) {
         Ok(chime_ntp::nts::ClientReply::Authentic(cookies)) => cookies.len(),
         Ok(chime_ntp::nts::ClientReply::Nak) => {
             bail!("{server}: NTS NAK: the server refused the cookie NTS-KE gave a moment ago")
@@ -218,6 +235,7 @@ fn query_nts(spec: &str, ca: Option<&std::path::Path>, timeout: Duration) -> Res
     let mut r = report(server, &reply, offset, delay, None);
     r.nts = Some(NtsReport {
         ke_server: format!("{host}:{ke_port}"),
+        aead: est.keys.aead().id(),
         cookies,
     });
     Ok(r)
@@ -504,8 +522,9 @@ fn print(r: &Report) {
     println!("Offset          : {:+.9} s", r.offset);
     println!("Delay           : {:.9} s", r.delay);
     if let Some(n) = &r.nts {
+        let aead = chime_ntp::nts::Aead::from_id(n.aead).map_or("?", |a| a.name());
         println!(
-            "Authenticated   : NTS (AEAD_AES_SIV_CMAC_256), keys from NTS-KE at {}, {} new cookies",
+            "Authenticated   : NTS ({aead}), keys from NTS-KE at {}, {} new cookies",
             n.ke_server, n.cookies
         );
     }

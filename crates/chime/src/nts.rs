@@ -17,6 +17,33 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 /// The NTS-KE port (RFC 8915).
 pub(crate) const KE_PORT: u16 = 4460;
 
+/// `--nts-aead`: the AEAD algorithms to offer in NTS-KE, in order of preference, by IANA number
+/// or short name (`15` or `siv-cmac-256`, `17` or `siv-cmac-512`, `30` or `gcm-siv`), separated
+/// by commas.
+pub(crate) fn parse_aeads(list: &str) -> Result<AeadList, String> {
+    let mut aeads = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let aead = match name {
+            "siv-cmac-256" => Some(nts::Aead::AesSivCmac256),
+            "siv-cmac-512" => Some(nts::Aead::AesSivCmac512),
+            "gcm-siv" => Some(nts::Aead::Aes128GcmSiv),
+            _ => name.parse().ok().and_then(nts::Aead::from_id),
+        };
+        let aead = aead.ok_or_else(|| {
+            format!("{name:?} is not an AEAD served: 15 (siv-cmac-256), 17 (siv-cmac-512) or 30 (gcm-siv)")
+        })?;
+        if aeads.contains(&aead) {
+            return Err(format!("{name} is listed twice"));
+        }
+        aeads.push(aead);
+    }
+    Ok(AeadList(aeads))
+}
+
+/// `--nts-aead`'s algorithms, one value to clap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AeadList(pub(crate) Vec<nts::Aead>);
+
 /// The outcome of NTS-KE: the association's keys, what the server answered, and where to send
 /// NTP.
 #[derive(Debug)]
@@ -51,9 +78,10 @@ pub(crate) fn establish(
     host: &str,
     port: u16,
     ca: Option<&Path>,
+    aeads: &[nts::Aead],
     timeout: Duration,
 ) -> Result<Established> {
-    establish_with(&client_config(ca)?, host, port, timeout)
+    establish_with(&client_config(ca)?, host, port, aeads, timeout)
 }
 
 /// The TLS 1.3 client configuration of NTS-KE (ALPN `ntske/1`), trusting the certificates in `ca`
@@ -90,6 +118,20 @@ pub(crate) fn client_config(ca: Option<&Path>) -> Result<Arc<ClientConfig>> {
     Ok(Arc::new(config))
 }
 
+/// The association's keys, exported from the TLS session as `answer` agreed.
+pub(crate) fn export_keys(conn: &ClientConnection, answer: &KeAnswer) -> Result<Keys> {
+    let agreement = &answer.agreement;
+    let len = agreement.aead.key_len();
+    let export = |server_to_client| {
+        let mut key = zeroize::Zeroizing::new([0u8; nts::MAX_KEY_LEN]);
+        let context = agreement.exporter_context(server_to_client);
+        conn.export_keying_material(&mut key[..len], nts::EXPORTER_LABEL, Some(&context))?;
+        Ok::<_, rustls::Error>(key)
+    };
+    let (c2s, s2c) = (export(false)?, export(true)?);
+    Keys::new(agreement.aead, &c2s[..len], &s2c[..len]).context("the keys' length")
+}
+
 /// An error of the TLS session with the NTS-KE server at `addr`, as the operator can act on it: a
 /// certificate this client does not trust is said to be one, with the flag that trusts it.
 fn tls_error(e: &std::io::Error, addr: std::net::SocketAddr) -> anyhow::Error {
@@ -121,11 +163,12 @@ fn tls_error(e: &std::io::Error, addr: std::net::SocketAddr) -> anyhow::Error {
     )
 }
 
-/// [`establish`] with a configuration made once by [`client_config`].
+/// [`establish`] with a configuration made once by [`client_config`], offering `aeads`.
 pub(crate) fn establish_with(
     config: &Arc<ClientConfig>,
     host: &str,
     port: u16,
+    aeads: &[nts::Aead],
     timeout: Duration,
 ) -> Result<Established> {
     let name = ServerName::try_from(host.to_owned())
@@ -141,7 +184,7 @@ pub(crate) fn establish_with(
     tcp.set_write_timeout(Some(timeout))?;
     let conn = ClientConnection::new(config.clone(), name)?;
     let mut tls = StreamOwned::new(conn, tcp);
-    tls.write_all(&nts::ke_request())
+    tls.write_all(&nts::ke_request(aeads))
         .map_err(|e| tls_error(&e, ke_addr))?;
     let mut response = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -161,17 +204,10 @@ pub(crate) fn establish_with(
         }
         response.extend_from_slice(&chunk[..n]);
     };
-    let answer =
-        nts::parse_ke_response(&response[..len]).with_context(|| format!("NTS-KE {ke_addr}"))?;
-    let export = |context: &[u8]| {
-        tls.conn
-            .export_keying_material([0u8; nts::KEY_LEN], nts::EXPORTER_LABEL, Some(context))
-            .with_context(|| format!("NTS-KE {ke_addr}: key export"))
-    };
-    let keys = Keys {
-        c2s: export(&nts::EXPORTER_C2S)?,
-        s2c: export(&nts::EXPORTER_S2C)?,
-    };
+    let answer = nts::parse_ke_response(&response[..len], aeads)
+        .with_context(|| format!("NTS-KE {ke_addr}"))?;
+    let keys =
+        export_keys(&tls.conn, &answer).with_context(|| format!("NTS-KE {ke_addr}: key export"))?;
     let ntp_host = answer.server.clone().unwrap_or_else(|| host.to_owned());
     let ntp_port = answer.port.unwrap_or(123);
     let ntp = (ntp_host.as_str(), ntp_port)

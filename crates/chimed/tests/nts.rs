@@ -401,8 +401,22 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
 
 /// `chime ntp --nts --json` against `spec` (HOST:KE-PORT) trusting `ca`: the report, or the error.
 fn chime_ntp_nts(spec: &str, ca: &Path) -> Result<serde_json::Value, String> {
+    chime_ntp_nts_offering(spec, ca, "15")
+}
+
+/// [`chime_ntp_nts`] offering the AEAD algorithms `aeads` (`--nts-aead`).
+fn chime_ntp_nts_offering(spec: &str, ca: &Path, aeads: &str) -> Result<serde_json::Value, String> {
     let out = run(Command::new(common::workspace_bin("chime"))
-        .args(["ntp", "--nts", "--json", "--timeout", "2", "--nts-ca"])
+        .args([
+            "ntp",
+            "--nts",
+            "--json",
+            "--timeout",
+            "2",
+            "--nts-aead",
+            aeads,
+            "--nts-ca",
+        ])
         .arg(ca)
         .arg(spec));
     if !out.status.success() {
@@ -484,6 +498,69 @@ fn chime_ntp_nts_against_chimed_and_chronyd() {
     assert!(chimed.terminate().success());
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert!(ke.contains("agreed=1 refused=0"), "{ke}");
+}
+
+/// chimed serves each AEAD algorithm, the client's first that it serves: AEAD_AES_SIV_CMAC_512
+/// (17, ntpd-rs's first) and AEAD_AES_128_GCM_SIV (30, chrony's first) as well as the mandatory
+/// 15; the reply authenticates under the keys of the one agreed. chronyd 4.3, an independent
+/// server that serves 15 alone, takes 15 from the same offers, and refuses an offer without it.
+#[test]
+fn nts_agrees_on_the_clients_first_aead_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
+    let spec = format!("127.0.0.1:{ke_port}");
+    for (offer, agreed) in [
+        ("17", 17),
+        ("30", 30),
+        ("gcm-siv,siv-cmac-256", 30),
+        ("15,17,30", 15),
+    ] {
+        let report = chime_ntp_nts_offering(&spec, &cert, offer);
+        let report = report.unwrap_or_else(|e| panic!("{offer}: {e}"));
+        assert_eq!(report["nts"]["aead"], agreed, "{offer}: {report}");
+        assert_eq!(report["nts"]["cookies"], 3, "{offer}: {report}");
+    }
+
+    let (ntp_port, chronyd_ke) = (common::free_udp_port(), common::free_udp_port());
+    let conf = dir.path().join("chrony-nts.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {ntp_port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 2\ncmdport 0\n\
+             ntsport {chronyd_ke}\nntsservercert {}\nntsserverkey {}\npidfile {d}/nts.pid\n\
+             ntsdumpdir {d}\n",
+            cert.display(),
+            key.display(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut nts_chronyd = Command::new(CHRONYD)
+        .args(["-x", "-d", "-u", "root", "-f"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let theirs = format!("127.0.0.1:{chronyd_ke}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        match chime_ntp_nts_offering(&theirs, &cert, "17,30,15") {
+            Ok(r) => break r,
+            Err(e) if std::time::Instant::now() > deadline => panic!("chronyd over NTS: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    let refused = chime_ntp_nts_offering(&theirs, &cert, "17");
+    let _ = nts_chronyd.kill();
+    let _ = nts_chronyd.wait();
+    assert_eq!(taken["nts"]["aead"], 15, "{taken}");
+    assert!(refused.is_err(), "chronyd 4.3 agreed on 17: {refused:?}");
+    assert!(chimed.terminate().success());
+    let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert!(ke.contains("agreed=4 refused=0"), "{ke}");
 }
 
 /// SIGHUP reloads the certificate and key, so a renewal needs no restart; a file that fails to

@@ -3,27 +3,29 @@
 
 use std::ops::Range;
 
-use aes_siv::KeyInit;
-use aes_siv::siv::Aes128Siv;
-
+use super::aead::Aead;
+use super::cookies::Keys;
+use super::records::Agreement;
 use super::server::{Field, Unopened, fields, open_authenticator};
-use super::{AEAD_AES_SIV_CMAC_256, KEY_LEN, NONCE_LEN, TAG_LEN, ef, record};
+use super::{NONCE_LEN, TAG_LEN, ef, record};
 use crate::packet::Header;
 
-/// The NTS-KE request a client sends: NTPv4, AEAD_AES_SIV_CMAC_256, End of Message.
-pub fn ke_request() -> Vec<u8> {
-    let mut out = Vec::with_capacity(16);
-    for (ty, body) in [
-        (
-            record::CRITICAL | record::NEXT_PROTOCOL,
-            &0u16.to_be_bytes()[..],
-        ),
-        (
-            record::CRITICAL | record::AEAD_ALGORITHM,
-            &AEAD_AES_SIV_CMAC_256.to_be_bytes()[..],
-        ),
-        (record::CRITICAL | record::END_OF_MESSAGE, &[][..]),
-    ] {
+/// The NTS-KE request a client sends: NTPv4, the algorithms `aeads` in its order of preference
+/// (with record 1024 if AEAD_AES_128_GCM_SIV is among them, asking for its keys to be exported
+/// as RFC 8915 says), End of Message.
+pub fn ke_request(aeads: &[Aead]) -> Vec<u8> {
+    let ids: Vec<u8> = aeads.iter().flat_map(|a| a.id().to_be_bytes()).collect();
+    const NTPV4: [u8; 2] = 0u16.to_be_bytes();
+    let mut records = vec![
+        (record::CRITICAL | record::NEXT_PROTOCOL, &NTPV4[..]),
+        (record::CRITICAL | record::AEAD_ALGORITHM, &ids[..]),
+    ];
+    if aeads.contains(&Aead::Aes128GcmSiv) {
+        records.push((record::COMPLIANT_GCM_SIV_EXPORT, &[][..]));
+    }
+    records.push((record::CRITICAL | record::END_OF_MESSAGE, &[][..]));
+    let mut out = Vec::with_capacity(32);
+    for (ty, body) in records {
         out.extend_from_slice(&ty.to_be_bytes());
         out.extend_from_slice(&(body.len() as u16).to_be_bytes());
         out.extend_from_slice(body);
@@ -32,8 +34,10 @@ pub fn ke_request() -> Vec<u8> {
 }
 
 /// What an NTS-KE server answered.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeAnswer {
+    /// The algorithm it chose, and how its keys are exported.
+    pub agreement: Agreement,
     /// The cookies handed out.
     pub cookies: Vec<Vec<u8>>,
     /// The NTP server to use, if not the NTS-KE server's host.
@@ -53,10 +57,10 @@ pub enum KeAnswerError {
     Bad(&'static str),
 }
 
-/// Reads an NTS-KE response (up to End of Message).
-pub fn parse_ke_response(bytes: &[u8]) -> Result<KeAnswer, KeAnswerError> {
-    let mut answer = KeAnswer::default();
-    let (mut ntpv4, mut siv, mut ended) = (false, false, false);
+/// Reads an NTS-KE response (up to End of Message) to a request that offered `offered`.
+pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeAnswerError> {
+    let (mut cookies, mut server, mut port) = (Vec::new(), None, None);
+    let (mut ntpv4, mut aead, mut compliant, mut ended) = (false, None, false, false);
     let mut at = 0;
     while at + 4 <= bytes.len() && !ended {
         let raw = u16::from_be_bytes([bytes[at], bytes[at + 1]]);
@@ -73,15 +77,16 @@ pub fn parse_ke_response(bytes: &[u8]) -> Result<KeAnswer, KeAnswerError> {
         match ty {
             record::END_OF_MESSAGE => ended = true,
             record::NEXT_PROTOCOL => ntpv4 = u16_body()? == 0,
-            record::AEAD_ALGORITHM => siv = u16_body()? == AEAD_AES_SIV_CMAC_256,
+            record::AEAD_ALGORITHM => aead = Aead::from_id(u16_body()?),
+            record::COMPLIANT_GCM_SIV_EXPORT => compliant = true,
             record::ERROR => return Err(KeAnswerError::Refused(u16_body().unwrap_or(u16::MAX))),
-            record::NEW_COOKIE => answer.cookies.push(body.to_vec()),
+            record::NEW_COOKIE => cookies.push(body.to_vec()),
             6 => {
                 let name = std::str::from_utf8(body)
                     .map_err(|_| KeAnswerError::Bad("the server name is not text"))?;
-                answer.server = Some(name.to_owned());
+                server = Some(name.to_owned());
             }
-            record::NTPV4_PORT => answer.port = Some(u16_body()?),
+            record::NTPV4_PORT => port = Some(u16_body()?),
             _ if critical => return Err(KeAnswerError::Bad("an unknown critical record")),
             _ => {}
         }
@@ -90,34 +95,47 @@ pub fn parse_ke_response(bytes: &[u8]) -> Result<KeAnswer, KeAnswerError> {
     if !ended {
         return Err(KeAnswerError::Bad("no End of Message"));
     }
-    if !ntpv4 || !siv {
-        return Err(KeAnswerError::Bad("not NTPv4 with AEAD_AES_SIV_CMAC_256"));
-    }
-    if answer.cookies.is_empty() {
+    let aead = aead.filter(|a| offered.contains(a));
+    let (true, Some(aead)) = (ntpv4, aead) else {
+        return Err(KeAnswerError::Bad("not NTPv4 with an algorithm offered"));
+    };
+    if cookies.is_empty() {
         return Err(KeAnswerError::Bad("no cookies"));
     }
-    Ok(answer)
+    // Record 1024 back: the server exports 30's keys with 30 in the context; without it, with
+    // 15 (chrony 4.4 to 4.6.0 as servers).
+    let compliant_export = aead != Aead::Aes128GcmSiv || compliant;
+    Ok(KeAnswer {
+        agreement: Agreement {
+            aead,
+            compliant_export,
+        },
+        cookies,
+        server,
+        port,
+    })
 }
 
 /// Appends to `header` (a 48-byte client request) the NTS fields of a client request: the unique
 /// identifier, the cookie, `placeholders` placeholders as long as the cookie, and an authenticator
-/// over all of it under `c2s` with `nonce`.
+/// over all of it under the client-to-server key of `keys` with `nonce` (AES-GCM-SIV takes its
+/// first 12 bytes).
 pub fn client_request(
     header: &[u8; Header::LEN],
     unique_id: &[u8; 32],
     cookie: &[u8],
     placeholders: usize,
-    c2s: &[u8; KEY_LEN],
+    keys: &Keys,
     nonce: [u8; NONCE_LEN],
 ) -> Vec<u8> {
     let mut p = vec![0; client_request_len(cookie.len(), placeholders)];
-    let len = client_request_into(&mut p, header, unique_id, cookie, placeholders, c2s, nonce);
+    let len = client_request_into(&mut p, header, unique_id, cookie, placeholders, keys, nonce);
     p.truncate(len);
     p
 }
 
 /// The length of a client request with a cookie of `cookie_len` bytes and `placeholders`
-/// placeholders.
+/// placeholders, at most (an AES-GCM-SIV request's nonce is 4 bytes shorter).
 pub fn client_request_len(cookie_len: usize, placeholders: usize) -> usize {
     Header::LEN + (4 + 32) + (1 + placeholders) * (4 + cookie_len) + 4 + 4 + NONCE_LEN + TAG_LEN
 }
@@ -133,7 +151,7 @@ pub fn client_request_into(
     unique_id: &[u8; 32],
     cookie: &[u8],
     placeholders: usize,
-    c2s: &[u8; KEY_LEN],
+    keys: &Keys,
     nonce: [u8; NONCE_LEN],
 ) -> usize {
     let mut at = Header::LEN;
@@ -153,17 +171,18 @@ pub fn client_request_into(
     for _ in 0..placeholders {
         field(out, &mut at, ef::COOKIE_PLACEHOLDER, None, cookie.len());
     }
-    let mut siv = Aes128Siv::new(c2s.into());
-    // An empty plaintext cannot fail to encrypt.
-    let tag = siv
-        .encrypt_in_place_detached([&out[..at], &nonce[..]], &mut [])
+    let (aead, nonce) = (keys.aead(), &nonce[..keys.aead().nonce_len()]);
+    // An empty plaintext under a key of the algorithm's own length cannot fail to encrypt.
+    let tag = aead
+        .seal(keys.c2s(), &out[..at], nonce, &mut [])
         .unwrap_or_default();
     let mut body = [0u8; 4 + NONCE_LEN + TAG_LEN];
-    body[..2].copy_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    body[..2].copy_from_slice(&(nonce.len() as u16).to_be_bytes());
     body[2..4].copy_from_slice(&(TAG_LEN as u16).to_be_bytes());
-    body[4..4 + NONCE_LEN].copy_from_slice(&nonce);
-    body[4 + NONCE_LEN..].copy_from_slice(&tag);
-    field(out, &mut at, ef::AUTHENTICATOR, Some(&body), body.len());
+    body[4..4 + nonce.len()].copy_from_slice(nonce);
+    body[4 + nonce.len()..4 + nonce.len() + TAG_LEN].copy_from_slice(&tag);
+    let body = &body[..4 + nonce.len() + TAG_LEN];
+    field(out, &mut at, ef::AUTHENTICATOR, Some(body), body.len());
     at
 }
 
@@ -199,11 +218,12 @@ pub enum ClientReplyError {
 }
 
 /// Checks a reply to our NTS request: our identifier, then either an NTS NAK (stratum 0, `NTSN`)
-/// or an authenticator that verifies under `s2c`, whose plaintext holds new cookies.
+/// or an authenticator that verifies under the server-to-client key of `keys`, whose plaintext
+/// holds new cookies.
 pub fn client_check_reply(
     reply: &[u8],
     unique_id: &[u8; 32],
-    s2c: &[u8; KEY_LEN],
+    keys: &Keys,
 ) -> Result<ClientReply, ClientReplyError> {
     let fs: Vec<Field> = fields(reply).collect();
     let ours = fs
@@ -222,7 +242,8 @@ pub fn client_check_reply(
     };
     // At most eight cookies of up to 256 bytes come back: 2 KiB holds them.
     let mut buf = [0u8; 2048];
-    let len = open_authenticator(reply, auth, s2c, 1, &mut buf).map_err(|e| match e {
+    let key = (keys.aead(), keys.s2c());
+    let len = open_authenticator(reply, auth, key, 1, &mut buf).map_err(|e| match e {
         Unopened::Malformed => ClientReplyError::NoAuthenticator,
         Unopened::Forged => ClientReplyError::Forged,
     })?;

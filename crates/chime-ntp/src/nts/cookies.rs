@@ -5,16 +5,52 @@ use aes_siv::KeyInit;
 use aes_siv::siv::Aes128Siv;
 use zeroize::Zeroize;
 
+use super::aead::{Aead, MAX_KEY_LEN};
 use super::fleet::{FleetSecret, fleet_key};
-use super::{AEAD_AES_SIV_CMAC_256, COOKIE_LEN, COOKIE_PLAIN, KEY_LEN, NONCE_LEN, TAG_LEN};
+use super::{KEY_LEN, NONCE_LEN, TAG_LEN};
 
-/// The two keys of one client's NTS association.
+/// The two keys of one client's NTS association, and the algorithm they are for.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Keys {
-    /// Client to server: the requests' authenticators.
-    pub c2s: [u8; KEY_LEN],
-    /// Server to client: the replies' authenticators and the cookies in them.
-    pub s2c: [u8; KEY_LEN],
+    aead: Aead,
+    /// Client to server (the requests' authenticators), in its first `aead.key_len()` bytes.
+    c2s: [u8; MAX_KEY_LEN],
+    /// Server to client (the replies' authenticators and the cookies in them), likewise.
+    s2c: [u8; MAX_KEY_LEN],
+}
+
+impl Keys {
+    /// The keys of an association under `aead`, as the TLS exporter gave them; `None` if either
+    /// is not the algorithm's key length.
+    pub fn new(aead: Aead, c2s: &[u8], s2c: &[u8]) -> Option<Self> {
+        let len = aead.key_len();
+        if c2s.len() != len || s2c.len() != len {
+            return None;
+        }
+        let mut keys = Self {
+            aead,
+            c2s: [0; MAX_KEY_LEN],
+            s2c: [0; MAX_KEY_LEN],
+        };
+        keys.c2s[..len].copy_from_slice(c2s);
+        keys.s2c[..len].copy_from_slice(s2c);
+        Some(keys)
+    }
+
+    /// The algorithm the keys are for.
+    pub fn aead(&self) -> Aead {
+        self.aead
+    }
+
+    /// The client-to-server key.
+    pub fn c2s(&self) -> &[u8] {
+        &self.c2s[..self.aead.key_len()]
+    }
+
+    /// The server-to-client key.
+    pub fn s2c(&self) -> &[u8] {
+        &self.s2c[..self.aead.key_len()]
+    }
 }
 
 impl Drop for Keys {
@@ -26,7 +62,47 @@ impl Drop for Keys {
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Keys { .. }")
+        write!(f, "Keys {{ aead: {}, .. }}", self.aead)
+    }
+}
+
+/// The length of a cookie sealing keys for `aead`: key id (4), nonce (16), tag (16), then the
+/// sealed algorithm (2), padding (2) and the two keys; a multiple of 4, as clients require.
+/// 104 bytes for AEAD_AES_SIV_CMAC_256, 168 for _512, 72 for AEAD_AES_128_GCM_SIV.
+pub const fn cookie_len(aead: Aead) -> usize {
+    HEAD + 4 + 2 * aead.key_len()
+}
+
+/// The longest cookie: one for AEAD_AES_SIV_CMAC_512.
+pub const MAX_COOKIE_LEN: usize = HEAD + 4 + 2 * MAX_KEY_LEN;
+
+/// A cookie's key id, nonce and tag, before what they seal.
+const HEAD: usize = 4 + NONCE_LEN + TAG_LEN;
+
+/// A sealed cookie, as long as its algorithm's ([`cookie_len`]).
+#[derive(Clone, Copy)]
+pub struct Cookie {
+    bytes: [u8; MAX_COOKIE_LEN],
+    len: usize,
+}
+
+impl Cookie {
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::ops::Deref for Cookie {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for Cookie {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cookie({} bytes)", self.len)
     }
 }
 
@@ -129,15 +205,19 @@ impl CookieKeys {
     }
 
     /// Seals `keys` into a cookie with a fresh random `nonce`.
-    pub fn seal(&self, keys: &Keys, nonce: [u8; NONCE_LEN]) -> [u8; COOKIE_LEN] {
+    pub fn seal(&self, keys: &Keys, nonce: [u8; NONCE_LEN]) -> Cookie {
         let (id, master) = &self.current;
-        let mut cookie = [0u8; COOKIE_LEN];
-        let (head, body) = cookie.split_at_mut(4 + NONCE_LEN + TAG_LEN);
+        let (aead, len) = (keys.aead, keys.aead.key_len());
+        let mut cookie = Cookie {
+            bytes: [0; MAX_COOKIE_LEN],
+            len: cookie_len(aead),
+        };
+        let (head, body) = cookie.bytes[..cookie.len].split_at_mut(HEAD);
         head[..4].copy_from_slice(&id.to_be_bytes());
         head[4..4 + NONCE_LEN].copy_from_slice(&nonce);
-        body[..2].copy_from_slice(&AEAD_AES_SIV_CMAC_256.to_be_bytes());
-        body[4..4 + KEY_LEN].copy_from_slice(&keys.c2s);
-        body[4 + KEY_LEN..].copy_from_slice(&keys.s2c);
+        body[..2].copy_from_slice(&aead.id().to_be_bytes());
+        body[4..4 + len].copy_from_slice(keys.c2s());
+        body[4 + len..].copy_from_slice(keys.s2c());
         let mut siv = Aes128Siv::new(master.into());
         // Sealing cannot fail: two headers, and the plaintext is not empty.
         if let Ok(tag) = siv.encrypt_in_place_detached([&head[..4], &nonce[..]], body) {
@@ -146,28 +226,29 @@ impl CookieKeys {
         cookie
     }
 
-    /// The keys in `cookie`, if one of our master keys sealed it and nobody changed it since.
+    /// The keys in `cookie`, if one of our master keys sealed it, nobody changed it since, and
+    /// the algorithm it names is the one its length is for.
     pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
-        let cookie: &[u8; COOKIE_LEN] = cookie.try_into().ok()?;
+        let aead = Aead::ALL
+            .into_iter()
+            .find(|&a| cookie_len(a) == cookie.len())?;
         let id = u32::from_be_bytes(cookie[..4].try_into().ok()?);
         let (_, master) = std::iter::once(&self.current)
             .chain(&self.also_open)
             .find(|(k, _)| *k == id)?;
         let nonce = &cookie[4..4 + NONCE_LEN];
-        let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..4 + NONCE_LEN + TAG_LEN]);
-        let mut body = [0u8; COOKIE_PLAIN];
-        body.copy_from_slice(&cookie[4 + NONCE_LEN + TAG_LEN..]);
+        let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..HEAD]);
+        let mut body = [0u8; MAX_COOKIE_LEN - HEAD];
+        let body = &mut body[..cookie.len() - HEAD];
+        body.copy_from_slice(&cookie[HEAD..]);
         let mut siv = Aes128Siv::new(master.into());
-        siv.decrypt_in_place_detached([&cookie[..4], nonce], &mut body, &tag)
-            .ok()?;
-        let mut keys = Keys {
-            c2s: [0; KEY_LEN],
-            s2c: [0; KEY_LEN],
-        };
-        keys.c2s.copy_from_slice(&body[4..4 + KEY_LEN]);
-        keys.s2c.copy_from_slice(&body[4 + KEY_LEN..]);
-        let algorithm = u16::from_be_bytes([body[0], body[1]]);
+        let opened = siv.decrypt_in_place_detached([&cookie[..4], nonce], body, &tag);
+        let len = aead.key_len();
+        let named = u16::from_be_bytes([body[0], body[1]]);
+        let keys = (opened.is_ok() && named == aead.id())
+            .then(|| Keys::new(aead, &body[4..4 + len], &body[4 + len..]))
+            .flatten();
         body.zeroize();
-        (algorithm == AEAD_AES_SIV_CMAC_256).then_some(keys)
+        keys
     }
 }

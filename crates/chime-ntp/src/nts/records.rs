@@ -1,10 +1,9 @@
 //! NTS-KE records (RFC 8915 §4), the server's side: a message's length, the request's checks, and
 //! the response.
 
-use super::{
-    AEAD_AES_SIV_CMAC_256, COOKIE_LEN, ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES,
-    record,
-};
+use super::aead::Aead;
+use super::cookies::Cookie;
+use super::{ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES, record};
 
 /// The most bytes of NTS-KE request the server reads, as chronyd.
 pub const KE_MAX_REQUEST: usize = 16384;
@@ -27,21 +26,47 @@ pub fn ke_message_len(buf: &[u8]) -> Option<usize> {
     None
 }
 
+/// What the two sides of NTS-KE agreed on for NTPv4: the AEAD algorithm, and how its keys are
+/// exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreement {
+    /// The association's algorithm.
+    pub aead: Aead,
+    /// With AEAD_AES_128_GCM_SIV: whether the keys are exported with 30 in the context, as RFC
+    /// 8915 says (the client sent record 1024 and the server echoed it), or with 15, as chrony
+    /// 4.4 to 4.6.0 do. Always `true` for the other algorithms, whose own number is used.
+    pub compliant_export: bool,
+}
+
+impl Agreement {
+    /// The TLS exporter context of one of the two keys (RFC 8915 §5.1): protocol 0 (NTPv4), the
+    /// algorithm's number (15 in chrony's old place of 30), then 0 for the client-to-server key
+    /// and 1 for the server-to-client key. The key is [`Aead::key_len`] bytes long.
+    pub fn exporter_context(&self, server_to_client: bool) -> [u8; 5] {
+        let id = match (self.aead, self.compliant_export) {
+            (Aead::Aes128GcmSiv, false) => Aead::AesSivCmac256.id(),
+            (aead, _) => aead.id(),
+        };
+        let [hi, lo] = id.to_be_bytes();
+        [0, 0, hi, lo, u8::from(server_to_client)]
+    }
+}
+
 /// What the server answers to an NTS-KE request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeOutcome {
-    /// Agreed on NTPv4 and AEAD_AES_SIV_CMAC_256: export the keys and send [`ke_response`] with
-    /// cookies.
-    Agreed,
+    /// Agreed on NTPv4 and an algorithm: export the keys and send [`ke_response`] with cookies.
+    Agreed(Agreement),
     /// Refused: send this error code (0 unrecognized critical record, 1 bad request).
     Error(u16),
 }
 
-/// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides.
+/// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides. The algorithm is
+/// the client's first that is served.
 pub fn ke_check(request: &[u8]) -> KeOutcome {
     let mut at = 0;
-    let (mut ntpv4, mut siv, mut protocols_seen, mut aeads_seen, mut ended) =
-        (false, false, 0, 0, false);
+    let (mut ntpv4, mut aead, mut compliant) = (false, None, false);
+    let (mut protocols_seen, mut aeads_seen, mut ended) = (0, 0, false);
     while at + 4 <= request.len() && !ended {
         let raw = u16::from_be_bytes([request[at], request[at + 1]]);
         let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
@@ -61,8 +86,12 @@ pub fn ke_check(request: &[u8]) -> KeOutcome {
             }
             record::AEAD_ALGORITHM => {
                 aeads_seen += 1;
-                siv |= body.len() % 2 == 0 && ids().any(|a| a == AEAD_AES_SIV_CMAC_256);
+                if body.len() % 2 == 0 {
+                    aead = aead.or_else(|| ids().find_map(Aead::from_id));
+                }
             }
+            record::COMPLIANT_GCM_SIV_EXPORT if body.is_empty() => compliant = true,
+            record::COMPLIANT_GCM_SIV_EXPORT => return KeOutcome::Error(ERROR_BAD_REQUEST),
             // Server and port negotiation from a client only state preferences: ignored.
             6 | record::NTPV4_PORT => {}
             _ if critical => return KeOutcome::Error(ERROR_UNRECOGNIZED_CRITICAL),
@@ -70,10 +99,16 @@ pub fn ke_check(request: &[u8]) -> KeOutcome {
         }
         at += 4 + len;
     }
-    if !ended || protocols_seen != 1 || aeads_seen > 1 || !ntpv4 || !siv {
-        return KeOutcome::Error(ERROR_BAD_REQUEST);
+    match aead {
+        Some(aead) if ended && protocols_seen == 1 && aeads_seen == 1 && ntpv4 => {
+            let compliant_export = aead != Aead::Aes128GcmSiv || compliant;
+            KeOutcome::Agreed(Agreement {
+                aead,
+                compliant_export,
+            })
+        }
+        _ => KeOutcome::Error(ERROR_BAD_REQUEST),
     }
-    KeOutcome::Agreed
 }
 
 /// Where an NTS-KE server sends its clients for NTP when that is not its own address and port
@@ -108,14 +143,14 @@ pub fn valid_ntp_server(name: &str) -> bool {
         })
 }
 
-/// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, AEAD_AES_SIV_CMAC_256, the NTP
-/// port if `ntp_port` is given (one other than 123), `cookies` cookies from `new_cookie`, End of
-/// Message. For [`KeOutcome::Error`], the error record and End of Message.
+/// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, the algorithm (and record 1024
+/// where the client asked for it and AEAD_AES_128_GCM_SIV was agreed), the NTP server and port if
+/// given, up to eight of `cookies`, End of Message. For [`KeOutcome::Error`], the error record
+/// and End of Message.
 pub fn ke_response(
     outcome: &KeOutcome,
     ntp: &NtpNegotiation,
-    cookies: usize,
-    mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
+    cookies: impl IntoIterator<Item = Cookie>,
     out: &mut Vec<u8>,
 ) {
     let mut put = |ty: u16, body: &[u8]| {
@@ -127,23 +162,26 @@ pub fn ke_response(
         KeOutcome::Error(code) => {
             put(record::CRITICAL | record::ERROR, &code.to_be_bytes());
         }
-        KeOutcome::Agreed => {
+        KeOutcome::Agreed(agreement) => {
             put(
                 record::CRITICAL | record::NEXT_PROTOCOL,
                 &0u16.to_be_bytes(),
             );
             put(
                 record::CRITICAL | record::AEAD_ALGORITHM,
-                &AEAD_AES_SIV_CMAC_256.to_be_bytes(),
+                &agreement.aead.id().to_be_bytes(),
             );
+            if agreement.aead == Aead::Aes128GcmSiv && agreement.compliant_export {
+                put(record::COMPLIANT_GCM_SIV_EXPORT, &[]);
+            }
             if let Some(server) = &ntp.server {
                 put(record::CRITICAL | record::NTPV4_SERVER, server.as_bytes());
             }
             if let Some(port) = ntp.port {
                 put(record::CRITICAL | record::NTPV4_PORT, &port.to_be_bytes());
             }
-            for _ in 0..cookies.min(MAX_COOKIES) {
-                put(record::NEW_COOKIE, &new_cookie());
+            for cookie in cookies.into_iter().take(MAX_COOKIES) {
+                put(record::NEW_COOKIE, cookie.as_bytes());
             }
         }
     }

@@ -4,11 +4,9 @@
 
 use std::ops::Range;
 
-use aes_siv::KeyInit;
-use aes_siv::siv::Aes128Siv;
-
-use super::cookies::{CookieKeys, Keys};
-use super::{COOKIE_LEN, KEY_LEN, MAX_COOKIES, MIN_UNIQUE_ID, NONCE_LEN, TAG_LEN, ef};
+use super::aead::Aead;
+use super::cookies::{Cookie, CookieKeys, Keys, cookie_len};
+use super::{MAX_COOKIES, MIN_UNIQUE_ID, NONCE_LEN, TAG_LEN, ef};
 use crate::packet::Header;
 use crate::responder::kiss_of_death;
 
@@ -120,7 +118,7 @@ pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
     let Some(keys) = cookie_keys.open(&request[cookie]) else {
         return Check::Nak(unique_id);
     };
-    if !authentic(request, &auth, &keys.c2s) {
+    if !authentic(request, &auth, &keys) {
         return Check::Nak(unique_id);
     }
     Check::Verified(Verified {
@@ -130,32 +128,40 @@ pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
     })
 }
 
-/// Whether the authenticator field `auth` (the request's last) verifies under `c2s`, over every
-/// byte before it. Encrypted fields inside it are not used (chime needs none) but must
-/// authenticate too; at most 1 KiB of them is checked, anything longer is refused.
-fn authentic(request: &[u8], auth: &Field, c2s: &[u8; KEY_LEN]) -> bool {
-    open_authenticator(request, auth, c2s, NONCE_LEN, &mut [0u8; 1024]).is_ok()
+/// Whether the authenticator field `auth` (the request's last) verifies under the client-to-server
+/// key, over every byte before it. Encrypted fields inside it are not used (chime needs none) but
+/// must authenticate too; at most 1 KiB of them is checked, anything longer is refused.
+fn authentic(request: &[u8], auth: &Field, keys: &Keys) -> bool {
+    let mut plain = [0u8; 1024];
+    open_authenticator(
+        request,
+        auth,
+        (keys.aead(), keys.c2s()),
+        NONCE_LEN,
+        &mut plain,
+    )
+    .is_ok()
 }
 
 /// Why an authenticator field did not open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unopened {
-    /// Its lengths do not fit the field, the nonce is shorter than `min_nonce`, or the plaintext
-    /// is longer than the buffer.
+    /// Its lengths do not fit the field, the nonce is not one the algorithm takes (for AES-SIV,
+    /// shorter than `min_siv_nonce`), or the plaintext is longer than the buffer.
     Malformed,
     /// It does not verify under the key.
     Forged,
 }
 
-/// Opens the authenticator field `auth` of `packet` under `key`: nonce and ciphertext lengths, the
-/// nonce and the SIV tag and ciphertext (each padded to 4 bytes), with every byte of `packet`
-/// before the field as associated data. The plaintext goes to the start of `plain`; its length
-/// is returned. Shared by the server (requests) and the client (replies).
+/// Opens the authenticator field `auth` of `packet` under `key` of algorithm `aead`: nonce and
+/// ciphertext lengths, the nonce and the ciphertext with its tag (each padded to 4 bytes), with
+/// every byte of `packet` before the field as associated data. The plaintext goes to the start of
+/// `plain`; its length is returned. Shared by the server (requests) and the client (replies).
 pub(super) fn open_authenticator(
     packet: &[u8],
     auth: &Field,
-    key: &[u8; KEY_LEN],
-    min_nonce: usize,
+    (aead, key): (Aead, &[u8]),
+    min_siv_nonce: usize,
     plain: &mut [u8],
 ) -> Result<usize, Unopened> {
     let body = &packet[auth.body.clone()];
@@ -165,7 +171,7 @@ pub(super) fn open_authenticator(
     let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
     let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
     let padded = |n: usize| n.div_ceil(4) * 4;
-    if nonce_len < min_nonce
+    if !aead.takes_nonce(nonce_len, min_siv_nonce)
         || ct_len < TAG_LEN
         || 4 + padded(nonce_len) + padded(ct_len) > body.len()
     {
@@ -173,15 +179,20 @@ pub(super) fn open_authenticator(
     }
     let nonce = &body[4..4 + nonce_len];
     let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
-    let plain = plain
-        .get_mut(..ct_len - TAG_LEN)
-        .ok_or(Unopened::Malformed)?;
-    plain.copy_from_slice(&ct[TAG_LEN..]);
-    let tag = aes_siv::Tag::clone_from_slice(&ct[..TAG_LEN]);
-    Aes128Siv::new(key.into())
-        .decrypt_in_place_detached([&packet[..auth.start], nonce], plain, &tag)
-        .map_err(|_| Unopened::Forged)?;
-    Ok(plain.len())
+    let (tag, sealed) = match aead.tag_first() {
+        true => ct.split_at(TAG_LEN),
+        false => {
+            let (sealed, tag) = ct.split_at(ct_len - TAG_LEN);
+            (tag, sealed)
+        }
+    };
+    let plain = plain.get_mut(..sealed.len()).ok_or(Unopened::Malformed)?;
+    plain.copy_from_slice(sealed);
+    let tag = tag.try_into().map_err(|_| Unopened::Malformed)?;
+    match aead.open(key, &packet[..auth.start], nonce, plain, tag) {
+        true => Ok(plain.len()),
+        false => Err(Unopened::Forged),
+    }
 }
 
 /// Completes the reply to a [`Check::Verified`] request: `reply` holds the 48-byte header made
@@ -189,25 +200,28 @@ pub(super) fn open_authenticator(
 /// it), and is as long as the request. Appends the echoed identifier and an authenticator under
 /// the server-to-client key holding fresh cookies, made by `new_cookie`, as many as were spent
 /// or asked for and fit; pads the authenticator so the reply is exactly as long as the request.
-/// `nonce` must be fresh random bits. Returns the reply's length, or `None` if not even the
-/// identifier and an authenticator without cookies fit (then drop).
+/// `nonce` must be fresh random bits (AES-GCM-SIV takes the first 12). Returns the reply's
+/// length, or `None` if not even the identifier and an authenticator without cookies fit (then
+/// drop).
 pub fn write_response(
     reply: &mut [u8],
     request: &[u8],
     verified: &Verified,
     nonce: [u8; NONCE_LEN],
-    mut new_cookie: impl FnMut() -> [u8; COOKIE_LEN],
+    mut new_cookie: impl FnMut() -> Cookie,
 ) -> Option<usize> {
+    let aead = verified.keys.aead();
+    let nonce = &nonce[..aead.nonce_len()];
     let target = request.len().min(reply.len());
     let uid = &request[verified.unique_id.clone()];
     let uid_field = 4 + uid.len();
     let auth_start = Header::LEN + uid_field;
-    const COOKIE_FIELD: usize = 4 + COOKIE_LEN;
-    // Authenticator without cookies: header 4, lengths 4, nonce 16, tag 16.
-    let auth_min = 4 + 4 + NONCE_LEN + TAG_LEN;
+    let cookie_field = 4 + cookie_len(aead);
+    // Authenticator without cookies: header 4, lengths 4, nonce, tag 16.
+    let auth_min = 4 + 4 + nonce.len() + TAG_LEN;
     let room = target.checked_sub(auth_start + auth_min)?;
-    let cookies = verified.cookies.min(room / COOKIE_FIELD);
-    let plain_len = cookies * COOKIE_FIELD;
+    let cookies = verified.cookies.min(room / cookie_field);
+    let plain_len = cookies * cookie_field;
     let auth_len = target - auth_start;
 
     put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
@@ -215,27 +229,28 @@ pub fn write_response(
 
     put_field_header(reply, auth_start, ef::AUTHENTICATOR, auth_len);
     let lengths = auth_start + 4;
-    reply[lengths..lengths + 2].copy_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    reply[lengths..lengths + 2].copy_from_slice(&(nonce.len() as u16).to_be_bytes());
     reply[lengths + 2..lengths + 4].copy_from_slice(&((TAG_LEN + plain_len) as u16).to_be_bytes());
     let nonce_at = lengths + 4;
-    reply[nonce_at..nonce_at + NONCE_LEN].copy_from_slice(&nonce);
-    let tag_at = nonce_at + NONCE_LEN;
-    let plain_at = tag_at + TAG_LEN;
+    reply[nonce_at..nonce_at + nonce.len()].copy_from_slice(nonce);
+    // The ciphertext and its tag, in the order the algorithm gives them.
+    let ct_at = nonce_at + nonce.len();
+    let (plain_at, tag_at) = match aead.tag_first() {
+        true => (ct_at + TAG_LEN, ct_at),
+        false => (ct_at, ct_at + plain_len),
+    };
     for i in 0..cookies {
-        let at = plain_at + i * COOKIE_FIELD;
-        put_field_header(reply, at, ef::COOKIE, COOKIE_FIELD);
-        reply[at + 4..at + COOKIE_FIELD].copy_from_slice(&new_cookie());
+        let at = plain_at + i * cookie_field;
+        put_field_header(reply, at, ef::COOKIE, cookie_field);
+        reply[at + 4..at + cookie_field].copy_from_slice(new_cookie().as_bytes());
     }
     // Padding to the request's length, inside the authenticator, after the ciphertext.
-    reply[plain_at + plain_len..target].fill(0);
+    reply[ct_at + TAG_LEN + plain_len..target].fill(0);
 
     let (ad, rest) = reply.split_at_mut(auth_start);
     let plain = &mut rest[plain_at - auth_start..plain_at - auth_start + plain_len];
-    let mut siv = Aes128Siv::new((&verified.keys.s2c).into());
-    let tag = siv
-        .encrypt_in_place_detached([&ad[..], &nonce[..]], plain)
-        .ok()?;
-    reply[tag_at..plain_at].copy_from_slice(&tag);
+    let tag = aead.seal(verified.keys.s2c(), ad, nonce, plain)?;
+    reply[tag_at..tag_at + TAG_LEN].copy_from_slice(&tag);
     Some(target)
 }
 

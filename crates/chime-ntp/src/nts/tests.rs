@@ -12,8 +12,11 @@ use crate::time::NtpTimestamp;
 const C2S: [u8; KEY_LEN] = [0x11; KEY_LEN];
 const S2C: [u8; KEY_LEN] = [0x22; KEY_LEN];
 
+/// The cookie length of AEAD_AES_SIV_CMAC_256, which most tests here use.
+const COOKIE_LEN: usize = cookie_len(Aead::AesSivCmac256);
+
 fn keys() -> Keys {
-    Keys { c2s: C2S, s2c: S2C }
+    Keys::new(Aead::AesSivCmac256, &C2S, &S2C).unwrap()
 }
 
 fn master() -> CookieKeys {
@@ -61,7 +64,7 @@ fn client_reads(reply: &[u8], uid: &[u8]) -> Vec<Vec<u8>> {
     let auth = &fs[1];
     assert_eq!((auth.ty, auth.body.end), (ef::AUTHENTICATOR, reply.len()));
     let uid: &[u8; 32] = uid.try_into().unwrap();
-    match client_check_reply(reply, uid, &S2C) {
+    match client_check_reply(reply, uid, &keys()) {
         Ok(ClientReply::Authentic(cookies)) => cookies,
         other => panic!("the reply does not verify as a client reads it: {other:?}"),
     }
@@ -87,7 +90,8 @@ fn reply_to(req: &[u8], m: &CookieKeys) -> (Vec<u8>, usize) {
 #[test]
 fn cookies_open_under_the_current_and_previous_key_only() {
     let m = master();
-    let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+    let sealed = m.seal(&keys(), [1; NONCE_LEN]);
+    let cookie: [u8; COOKIE_LEN] = sealed.as_bytes().try_into().unwrap();
     assert_eq!(cookie.len() % 4, 0);
     assert_eq!(m.open(&cookie), Some(keys()));
     let r1 = m.rotated(8, [0x66; KEY_LEN]);
@@ -96,7 +100,10 @@ fn cookies_open_under_the_current_and_previous_key_only() {
         Some(keys()),
         "the previous key still opens"
     );
-    assert_ne!(r1.seal(&keys(), [1; NONCE_LEN])[..4], cookie[..4]);
+    assert_ne!(
+        r1.seal(&keys(), [1; NONCE_LEN]).as_bytes()[..4],
+        cookie[..4]
+    );
     let r2 = r1.rotated(9, [0x77; KEY_LEN]);
     assert_eq!(r2.open(&cookie), None, "two rotations later it does not");
     for i in 0..COOKIE_LEN {
@@ -358,17 +365,22 @@ fn record(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
+const SIV_256: Agreement = Agreement {
+    aead: Aead::AesSivCmac256,
+    compliant_export: true,
+};
+
 #[test]
-fn ke_agrees_on_ntpv4_and_siv_and_refuses_the_rest() {
-    // chronyd's request: next protocol NTPv4, AEADs 30 and 15, end.
+fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
+    // chronyd 4.3's request: next protocol NTPv4, AEAD 15, end.
     let mut req = Vec::new();
     record(&mut req, 0x8001, &[0, 0]);
-    record(&mut req, 0x8004, &[0, 30, 0, 15]);
+    record(&mut req, 0x8004, &[0, 15]);
     assert_eq!(ke_message_len(&req), None, "no end yet");
     record(&mut req, 0x8000, &[]);
     assert_eq!(ke_message_len(&req), Some(req.len()));
     assert_eq!(ke_message_len(&req[..req.len() - 1]), None);
-    assert_eq!(ke_check(&req), KeOutcome::Agreed);
+    assert_eq!(ke_check(&req), KeOutcome::Agreed(SIV_256));
 
     let mut out = Vec::new();
     let cookie = master().seal(&keys(), [3; NONCE_LEN]);
@@ -376,12 +388,17 @@ fn ke_agrees_on_ntpv4_and_siv_and_refuses_the_rest() {
         server: None,
         port: Some(12345),
     };
-    ke_response(&KeOutcome::Agreed, &port_only, 8, || cookie, &mut out);
+    ke_response(
+        &KeOutcome::Agreed(SIV_256),
+        &port_only,
+        std::iter::repeat_n(cookie, 9),
+        &mut out,
+    );
     assert_eq!(&out[..6], &[0x80, 1, 0, 2, 0, 0]);
     assert_eq!(&out[6..12], &[0x80, 4, 0, 2, 0, 15]);
     assert_eq!(&out[12..18], &[0x80, 7, 0, 2, 0x30, 0x39]);
     assert_eq!(&out[18..22], &[0, 5, 0, COOKIE_LEN as u8]);
-    assert_eq!(out.len(), 18 + 8 * (4 + COOKIE_LEN) + 4);
+    assert_eq!(out.len(), 18 + 8 * (4 + COOKIE_LEN) + 4, "eight cookies");
     assert_eq!(&out[out.len() - 4..], &[0x80, 0, 0, 0]);
 
     let refused = |body: &[(u16, &[u8])]| {
@@ -402,8 +419,19 @@ fn ke_agrees_on_ntpv4_and_siv_and_refuses_the_rest() {
         KeOutcome::Error(1)
     );
     assert_eq!(
-        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 30]), eom]),
-        KeOutcome::Error(1)
+        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 16, 0, 1]), eom]),
+        KeOutcome::Error(1),
+        "no algorithm served"
+    );
+    assert_eq!(
+        refused(&[
+            (0x8001, &[0, 0]),
+            (0x8004, &[0, 15]),
+            (0x8004, &[0, 15]),
+            eom
+        ]),
+        KeOutcome::Error(1),
+        "two algorithm records"
     );
     assert_eq!(
         refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x8123, &[]), eom]),
@@ -412,22 +440,104 @@ fn ke_agrees_on_ntpv4_and_siv_and_refuses_the_rest() {
     );
     assert_eq!(
         refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x0123, &[1]), eom]),
-        KeOutcome::Agreed,
+        KeOutcome::Agreed(SIV_256),
         "unknown non-critical record"
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15]), (0x0400, &[1]), eom]),
+        KeOutcome::Error(1),
+        "record 1024 with a body"
     );
     assert_eq!(
         refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 15])]),
         KeOutcome::Error(1)
     );
     let mut err = Vec::new();
-    ke_response(
-        &KeOutcome::Error(1),
-        &port_only,
-        8,
-        || unreachable!(),
-        &mut err,
-    );
+    ke_response(&KeOutcome::Error(1), &port_only, [cookie], &mut err);
     assert_eq!(err, [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0]);
+}
+
+/// The server takes the client's first algorithm that it serves; AES-128-GCM-SIV's keys are
+/// exported with 30 in the context only when the client sent record 1024, which the response
+/// then carries back (chrony 4.6.1 and later), and with 15 otherwise (chrony 4.4 to 4.6.0).
+#[test]
+fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
+    let agree = |aeads: &[u16], compliant: bool| {
+        let mut req = Vec::new();
+        record(&mut req, 0x8001, &[0, 0]);
+        let ids: Vec<u8> = aeads.iter().flat_map(|a| a.to_be_bytes()).collect();
+        record(&mut req, 0x8004, &ids);
+        if compliant {
+            record(&mut req, 0x0400, &[]);
+        }
+        record(&mut req, 0x8000, &[]);
+        match ke_check(&req) {
+            KeOutcome::Agreed(a) => a,
+            other => panic!("{aeads:?}: {other:?}"),
+        }
+    };
+    assert_eq!(agree(&[17, 15], false).aead, Aead::AesSivCmac512);
+    assert_eq!(agree(&[15, 17], false).aead, Aead::AesSivCmac256);
+    assert_eq!(agree(&[16, 30, 15], false).aead, Aead::Aes128GcmSiv);
+    let old_chrony = agree(&[30, 15], false);
+    assert_eq!(old_chrony.exporter_context(false), [0, 0, 0, 15, 0]);
+    assert_eq!(old_chrony.exporter_context(true), [0, 0, 0, 15, 1]);
+    let new_chrony = agree(&[30, 15], true);
+    assert_eq!(new_chrony.exporter_context(false), [0, 0, 0, 30, 0]);
+    assert_eq!(agree(&[17], true).exporter_context(true), [0, 0, 0, 17, 1]);
+
+    let response = |agreement: Agreement| {
+        let mut out = Vec::new();
+        let keys = Keys::new(agreement.aead, &[1; 16], &[2; 16]);
+        let cookies = keys.map(|k| master().seal(&k, [3; NONCE_LEN]));
+        ke_response(
+            &KeOutcome::Agreed(agreement),
+            &NtpNegotiation::default(),
+            cookies,
+            &mut out,
+        );
+        out
+    };
+    let echoed = response(new_chrony);
+    assert_eq!(&echoed[6..16], &[0x80, 4, 0, 2, 0, 30, 0x04, 0, 0, 0]);
+    assert_eq!(&echoed[16..20], &[0, 5, 0, 72], "a GCM-SIV cookie");
+    let not_echoed = response(old_chrony);
+    assert_eq!(&not_echoed[6..16], &[0x80, 4, 0, 2, 0, 30, 0, 5, 0, 72]);
+
+    // The client's side reads the same agreement back.
+    for (offered, compliant) in [
+        (vec![Aead::Aes128GcmSiv], true),
+        (vec![Aead::AesSivCmac512], true),
+    ] {
+        let req = ke_request(&offered);
+        let KeOutcome::Agreed(agreement) = ke_check(&req) else {
+            panic!("{offered:?}");
+        };
+        assert_eq!(agreement.compliant_export, compliant);
+        let mut out = Vec::new();
+        let len = agreement.aead.key_len();
+        let keys = Keys::new(agreement.aead, &vec![1; len], &vec![2; len]).unwrap();
+        let sealed = master().seal(&keys, [3; NONCE_LEN]);
+        ke_response(
+            &KeOutcome::Agreed(agreement),
+            &NtpNegotiation::default(),
+            [sealed],
+            &mut out,
+        );
+        let answer = parse_ke_response(&out, &offered).unwrap();
+        assert_eq!(answer.agreement, agreement);
+        assert_eq!(answer.cookies, vec![sealed.to_vec()]);
+    }
+    // A server that answers with an algorithm the client did not offer is not used.
+    let mut out = Vec::new();
+    ke_response(
+        &KeOutcome::Agreed(SIV_256),
+        &NtpNegotiation::default(),
+        [master().seal(&keys(), [3; NONCE_LEN])],
+        &mut out,
+    );
+    assert!(parse_ke_response(&out, &[Aead::AesSivCmac512]).is_err());
+    assert!(parse_ke_response(&out, &[Aead::AesSivCmac512, Aead::AesSivCmac256]).is_ok());
 }
 
 #[test]
@@ -458,79 +568,105 @@ fn server_names_for_the_negotiation_record() {
     }
 }
 
+/// NTS-KE, then a request, its reply and a NAK, between the client's side and the server's,
+/// under each algorithm.
 #[test]
 fn the_client_side_round_trips_with_the_server_side() {
+    for aead in Aead::ALL {
+        round_trip(aead);
+    }
+    let mut err = Vec::new();
+    let nowhere = NtpNegotiation::default();
+    ke_response(&KeOutcome::Error(1), &nowhere, [], &mut err);
+    assert_eq!(
+        parse_ke_response(&err, &Aead::ALL),
+        Err(KeAnswerError::Refused(1))
+    );
+}
+
+fn round_trip(aead: Aead) {
     let m = master();
+    let len = aead.key_len();
+    let keys = Keys::new(aead, &vec![0x11; len], &vec![0x22; len]).unwrap();
+    // The other direction's key in the place of each: what a reflected packet would be under.
+    let swapped = Keys::new(aead, keys.s2c(), keys.c2s()).unwrap();
     let mut ke = Vec::new();
     let elsewhere = NtpNegotiation {
         server: Some("ntp.example.net".to_owned()),
         port: Some(4123),
     };
-    ke_response(
-        &ke_check(&ke_request()),
-        &elsewhere,
-        8,
-        || m.seal(&keys(), [1; 16]),
-        &mut ke,
-    );
-    let answer = parse_ke_response(&ke).unwrap();
+    let outcome = ke_check(&ke_request(&[aead]));
+    let cookies = std::iter::repeat_with(|| m.seal(&keys, [1; 16]));
+    ke_response(&outcome, &elsewhere, cookies, &mut ke);
+    let answer = parse_ke_response(&ke, &[aead]).unwrap();
+    assert_eq!(answer.agreement.aead, aead);
     assert_eq!(
         (answer.cookies.len(), answer.server.as_deref(), answer.port),
         (8, Some("ntp.example.net"), Some(4123))
     );
-    let mut err = Vec::new();
-    let nowhere = NtpNegotiation::default();
-    ke_response(
-        &KeOutcome::Error(1),
-        &nowhere,
-        0,
-        || unreachable!(),
-        &mut err,
-    );
-    assert_eq!(parse_ke_response(&err), Err(KeAnswerError::Refused(1)));
+    assert_eq!(answer.cookies[0].len(), cookie_len(aead));
 
     let mut header = [0u8; 48];
     Header::request(4, Mode::Client, NtpTimestamp(5)).encode(&mut header);
     let uid = [0x5A; 32];
-    let req = client_request(&header, &uid, &answer.cookies[0], 2, &C2S, [8; 16]);
+    let req = client_request(&header, &uid, &answer.cookies[0], 2, &keys, [8; 16]);
+    assert!(
+        req.len() <= client_request_len(cookie_len(aead), 2),
+        "{aead}"
+    );
     let Check::Verified(v) = check_request(&req, &m) else {
-        panic!()
+        panic!("{aead}")
     };
+    assert_eq!(v.keys, keys);
     let mut reply = vec![0u8; req.len()];
     Header::request(4, Mode::Server, NtpTimestamp(9))
         .encode((&mut reply[..48]).try_into().unwrap());
-    write_response(&mut reply, &req, &v, [2; 16], || m.seal(&keys(), [3; 16])).unwrap();
-    let Ok(ClientReply::Authentic(cookies)) = client_check_reply(&reply, &uid, &S2C) else {
-        panic!()
+    let written = write_response(&mut reply, &req, &v, [2; 16], || m.seal(&keys, [3; 16]));
+    assert_eq!(written, Some(req.len()), "{aead}: as long as the request");
+    let Ok(ClientReply::Authentic(cookies)) = client_check_reply(&reply, &uid, &keys) else {
+        panic!("{aead}")
     };
-    assert_eq!(cookies.len(), 3);
+    assert_eq!(cookies.len(), 3, "{aead}");
+    assert!(
+        cookies.iter().all(|c| m.open(c).as_ref() == Some(&keys)),
+        "{aead}"
+    );
     assert_eq!(
-        client_check_reply(&reply, &[0; 32], &S2C),
+        client_check_reply(&reply, &[0; 32], &keys),
         Err(ClientReplyError::WrongIdentifier)
     );
     assert_eq!(
-        client_check_reply(&reply, &uid, &C2S),
-        Err(ClientReplyError::Forged)
+        client_check_reply(&reply, &uid, &swapped),
+        Err(ClientReplyError::Forged),
+        "{aead}"
     );
     let mut bad = reply.clone();
     bad[40] ^= 1; // the transmit timestamp is covered
     assert_eq!(
-        client_check_reply(&bad, &uid, &S2C),
-        Err(ClientReplyError::Forged)
+        client_check_reply(&bad, &uid, &keys),
+        Err(ClientReplyError::Forged),
+        "{aead}"
+    );
+    let mut bad_request = req.clone();
+    bad_request[40] ^= 1;
+    assert!(
+        matches!(check_request(&bad_request, &m), Check::Nak(_)),
+        "{aead}"
     );
 
-    let foreign = client_request(&header, &uid, &[0; COOKIE_LEN], 0, &C2S, [8; 16]);
+    let foreign = client_request(&header, &uid, &vec![0; cookie_len(aead)], 0, &keys, [8; 16]);
     let Check::Nak(range) = check_request(&foreign, &m) else {
-        panic!()
+        panic!("{aead}")
     };
     let mut nak = vec![0u8; foreign.len()];
     Header::request(4, Mode::Server, NtpTimestamp(9)).encode((&mut nak[..48]).try_into().unwrap());
     let len = write_nak(&mut nak, &foreign, range).unwrap();
     assert_eq!(
-        client_check_reply(&nak[..len], &uid, &S2C),
+        client_check_reply(&nak[..len], &uid, &keys),
         Ok(ClientReply::Nak)
     );
 }
+
 #[test]
 fn client_request_is_what_chronyd_sends_and_the_reply_names_it() {
     let cookie = master().seal(&keys(), [1; 16]);
@@ -542,7 +678,7 @@ fn client_request_is_what_chronyd_sends_and_the_reply_names_it() {
             &[0xAB; 32],
             &cookie,
             placeholders,
-            &C2S,
+            &keys(),
             [0x44; 16],
         );
         assert_eq!(ours, request(&cookie, placeholders, &C2S));

@@ -39,6 +39,12 @@ pub(crate) struct Args {
     #[arg(long = "nts-ca", value_name = "FILE")]
     nts_ca: Option<PathBuf>,
 
+    /// The AEAD algorithms to offer, in order of preference: 15 (siv-cmac-256), 17
+    /// (siv-cmac-512) or 30 (gcm-siv), comma-separated
+    #[arg(long = "nts-aead", value_name = "LIST", default_value = "15",
+          value_parser = crate::nts::parse_aeads)]
+    nts_aead: crate::nts::AeadList,
+
     /// One fixed rate of new sessions per second
     #[arg(long, value_name = "N", value_parser = parse_rate, allow_negative_numbers = true)]
     rate: Option<f64>,
@@ -207,6 +213,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         steps: steps.clone(),
         config,
         name,
+        aeads: Arc::new(args.nts_aead.0.clone()),
         addr,
         timeout,
     };
@@ -290,6 +297,7 @@ struct Client {
     steps: Arc<Vec<Mutex<StepAcc>>>,
     config: Arc<ClientConfig>,
     name: ServerName<'static>,
+    aeads: Arc<Vec<nts::Aead>>,
     addr: SocketAddr,
     timeout: Duration,
 }
@@ -304,6 +312,7 @@ impl Client {
                 steps: self.steps.clone(),
                 config: self.config.clone(),
                 name: self.name.clone(),
+                aeads: self.aeads.clone(),
                 addr: self.addr,
                 timeout: self.timeout,
             };
@@ -331,8 +340,7 @@ impl Client {
                 Err((Failure::Backlog, "every client thread was busy".into()))
             } else {
                 session(
-                    &self.config,
-                    &self.name,
+                    (&self.config, &self.name, &self.aeads),
                     self.addr,
                     job.source,
                     job.due + self.timeout,
@@ -500,8 +508,7 @@ fn print_step(r: &StepReport) {
 
 /// One cold session, to be over by `deadline`.
 fn session(
-    config: &Arc<ClientConfig>,
-    name: &ServerName<'static>,
+    (config, name, aeads): (&Arc<ClientConfig>, &ServerName<'static>, &[nts::Aead]),
     addr: SocketAddr,
     source: Option<std::net::IpAddr>,
     deadline: Instant,
@@ -520,7 +527,7 @@ fn session(
     tls.sock
         .set_write_timeout(Some(left()?))
         .map_err(|e| classify(&e))?;
-    tls.write_all(&nts::ke_request())
+    tls.write_all(&nts::ke_request(aeads))
         .map_err(|e| classify(&e))?;
     let mut response = Vec::with_capacity(1500);
     let mut chunk = [0u8; 4096];
@@ -540,15 +547,12 @@ fn session(
             Err(e) => return Err(classify(&e)),
         }
     };
-    nts::parse_ke_response(&response[..len]).map_err(|e| match e {
+    let answer = nts::parse_ke_response(&response[..len], aeads).map_err(|e| match e {
         KeAnswerError::Refused(_) => (Failure::KeError, e.to_string()),
         KeAnswerError::Bad(_) => (Failure::BadRecords, e.to_string()),
     })?;
-    for context in [nts::EXPORTER_C2S, nts::EXPORTER_S2C] {
-        tls.conn
-            .export_keying_material([0u8; nts::KEY_LEN], nts::EXPORTER_LABEL, Some(&context))
-            .map_err(|e| (Failure::Tls, format!("key export: {e}")))?;
-    }
+    crate::nts::export_keys(&tls.conn, &answer)
+        .map_err(|e| (Failure::Tls, format!("key export: {e}")))?;
     Ok(())
 }
 

@@ -106,7 +106,7 @@ fn run_nts(a: &ntp::Args) -> Result<()> {
         .exit();
     }
     let timeout = std::time::Duration::from_secs_f64(a.load.timeout.max(2.0));
-    let ke = nts::KeServer::new(spec, n.nts_ca.as_deref(), timeout)?;
+    let ke = nts::KeServer::new(n, spec, timeout)?;
     let started = std::time::Instant::now();
     let shared = nts::Shared::establish(&ke, n.nts_sessions as usize, a.load.threads)?;
     println!(

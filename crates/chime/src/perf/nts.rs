@@ -57,22 +57,26 @@ pub(crate) struct KeServer {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) config: Arc<ClientConfig>,
+    /// The AEAD algorithms offered, in order of preference.
+    pub(crate) aeads: Vec<nts::Aead>,
     pub(crate) timeout: Duration,
 }
 
 impl KeServer {
-    pub(crate) fn new(spec: &str, ca: Option<&std::path::Path>, timeout: Duration) -> Result<Self> {
+    pub(crate) fn new(args: &NtsArgs, spec: &str, timeout: Duration) -> Result<Self> {
         let (host, port) = crate::nts::split_host(spec, crate::nts::KE_PORT)?;
         Ok(Self {
             host,
             port,
-            config: crate::nts::client_config(ca)?,
+            config: crate::nts::client_config(args.nts_ca.as_deref())?,
+            aeads: args.nts_aead.0.clone(),
             timeout,
         })
     }
 
     fn establish(&self) -> Result<crate::nts::Established> {
-        crate::nts::establish_with(&self.config, &self.host, self.port, self.timeout)
+        let (host, port) = (&self.host, self.port);
+        crate::nts::establish_with(&self.config, host, port, &self.aeads, self.timeout)
     }
 }
 
@@ -345,15 +349,7 @@ impl LoadProtocol for NtsLoad {
         let mut header = self.header;
         header[TRANSMIT_TS..].copy_from_slice(&id.to_be_bytes());
         let nonce: [u8; 16] = self.rng.random();
-        nts::client_request_into(
-            buf,
-            &header,
-            &uid,
-            &s.last,
-            placeholders,
-            &s.keys.c2s,
-            nonce,
-        )
+        nts::client_request_into(buf, &header, &uid, &s.last, placeholders, &s.keys, nonce)
     }
 
     fn match_reply(&mut self, reply: &[u8], received_unix_secs: i64) -> ReplyMatch {
@@ -386,7 +382,7 @@ impl LoadProtocol for NtsLoad {
                 None => return invalid,
             },
         };
-        match nts::client_check_reply(reply, &uid, &s.keys.s2c) {
+        match nts::client_check_reply(reply, &uid, &s.keys) {
             Ok(ClientReply::Authentic(cookies)) => {
                 if header.origin_ts.0 != id {
                     return invalid;
@@ -439,6 +435,12 @@ pub(crate) struct NtsArgs {
     #[arg(long = "nts-ca", value_name = "FILE", requires = "nts")]
     pub(crate) nts_ca: Option<PathBuf>,
 
+    /// With --nts: the AEAD algorithms to offer, in order of preference: 15 (siv-cmac-256), 17
+    /// (siv-cmac-512) or 30 (gcm-siv), comma-separated
+    #[arg(long = "nts-aead", value_name = "LIST", default_value = "15", requires = "nts",
+          value_parser = crate::nts::parse_aeads)]
+    pub(crate) nts_aead: crate::nts::AeadList,
+
     /// With --nts: NTS-KE sessions made before the run and shared out among the threads, each
     /// holding up to eight cookies
     #[arg(long = "nts-sessions", value_name = "N", default_value_t = 256, requires = "nts",
@@ -459,20 +461,21 @@ mod tests {
 
     use super::*;
 
-    const KEYS: Keys = Keys {
-        c2s: [1; 32],
-        s2c: [2; 32],
-    };
+    const COOKIE_LEN: usize = nts::cookie_len(nts::Aead::AesSivCmac256);
+
+    fn keys() -> Keys {
+        Keys::new(nts::Aead::AesSivCmac256, &[1; 32], &[2; 32]).unwrap()
+    }
 
     /// One thread's load over one session holding `cookies` cookies sealed under `master`, and
     /// the helper's end of the re-key channel.
     fn load_with(master: &CookieKeys, cookies: u8) -> (NtsLoad, mpsc::Receiver<Rekey>) {
         let cookies: VecDeque<Vec<u8>> = (0..cookies)
-            .map(|i| master.seal(&KEYS, [i; 16]).to_vec())
+            .map(|i| master.seal(&keys(), [i; 16]).to_vec())
             .collect();
         let session = Session {
             id: 9,
-            keys: KEYS,
+            keys: keys(),
             last: cookies[0].clone(),
             cookies,
             rekeying: false,
@@ -489,7 +492,7 @@ mod tests {
             rekey_failures: AtomicU64::new(0),
             reused_cookies: AtomicU64::new(0),
             ntp: ([127, 0, 0, 1], 123).into(),
-            cookie_len: nts::COOKIE_LEN,
+            cookie_len: COOKIE_LEN,
         });
         (NtsLoad::new(shared, None), rx)
     }
@@ -502,7 +505,7 @@ mod tests {
         match check_request(request, master) {
             Check::Verified(v) => {
                 let n = write_response(&mut reply, request, &v, [3; 16], || {
-                    master.seal(&KEYS, [4; 16])
+                    master.seal(&keys(), [4; 16])
                 })
                 .unwrap();
                 reply.truncate(n);
@@ -530,7 +533,7 @@ mod tests {
         let mut buf = vec![0u8; load.max_request_len()];
         let n = load.fill_request(42, &mut buf);
         // A cookie spent, seven held: no placeholder, as chronyd sends it.
-        assert_eq!(n, nts::client_request_len(nts::COOKIE_LEN, 0));
+        assert_eq!(n, nts::client_request_len(COOKIE_LEN, 0));
         let reply = answer(&buf[..n], &master);
         assert_eq!(verdict(load.match_reply(&reply, NOW)), (42, Verdict::Valid));
         // The new cookie went back to the session.
@@ -557,7 +560,7 @@ mod tests {
         let mut buf = vec![0u8; load.max_request_len()];
         let n = load.fill_request(1, &mut buf);
         // Two held after this one: five placeholders bring it back to eight.
-        assert_eq!(n, nts::client_request_len(nts::COOKIE_LEN, 5));
+        assert_eq!(n, nts::client_request_len(COOKIE_LEN, 5));
         let reply = answer(&buf[..n], &master);
         assert_eq!(verdict(load.match_reply(&reply, NOW)).1, Verdict::Valid);
         assert_eq!(load.sessions[0].cookies.len(), 8);
@@ -580,11 +583,8 @@ mod tests {
         // still checked with the old keys.
         let fresh = Session {
             id: 10,
-            keys: Keys {
-                c2s: [3; 32],
-                s2c: [4; 32],
-            },
-            cookies: VecDeque::from([vec![0; nts::COOKIE_LEN]]),
+            keys: Keys::new(nts::Aead::AesSivCmac256, &[3; 32], &[4; 32]).unwrap(),
+            cookies: VecDeque::from([vec![0; COOKIE_LEN]]),
             last: Vec::new(),
             rekeying: false,
         };

@@ -710,29 +710,27 @@ fn respond(
 ) -> Result<(Vec<u8>, bool), Failure> {
     let outcome = nts::ke_check(request);
     let mut response = Vec::with_capacity(1024);
-    let agreed = outcome == KeOutcome::Agreed;
-    if agreed {
-        let conn = tls.get_ref().1;
-        let export = |context: &[u8]| {
-            conn.export_keying_material([0u8; nts::KEY_LEN], nts::EXPORTER_LABEL, Some(context))
-                .map_err(|e| Failure::Io(format!("key export: {e}")))
-        };
-        let keys = Keys {
-            c2s: export(&nts::EXPORTER_C2S)?,
-            s2c: export(&nts::EXPORTER_S2C)?,
-        };
-        let master = cookies.load();
-        nts::ke_response(
-            &outcome,
-            ntp,
-            COOKIES,
-            || master.seal(&keys, rand::random()),
-            &mut response,
-        );
-    } else {
-        nts::ke_response(&outcome, ntp, 0, || [0; nts::COOKIE_LEN], &mut response);
-    }
-    Ok((response, agreed))
+    let KeOutcome::Agreed(agreement) = outcome else {
+        nts::ke_response(&outcome, ntp, [], &mut response);
+        return Ok((response, false));
+    };
+    let conn = tls.get_ref().1;
+    let export = |server_to_client| {
+        let mut key = [0u8; nts::MAX_KEY_LEN];
+        let key_len = agreement.aead.key_len();
+        let context = agreement.exporter_context(server_to_client);
+        conn.export_keying_material(&mut key[..key_len], nts::EXPORTER_LABEL, Some(&context))
+            .map_err(|e| Failure::Io(format!("key export: {e}")))?;
+        Ok(zeroize::Zeroizing::new(key))
+    };
+    let (c2s, s2c) = (export(false)?, export(true)?);
+    let len = agreement.aead.key_len();
+    let keys = Keys::new(agreement.aead, &c2s[..len], &s2c[..len])
+        .ok_or_else(|| Failure::Io("key export: the algorithm's own length refused".into()))?;
+    let master = cookies.load();
+    let fresh = std::iter::repeat_with(|| master.seal(&keys, rand::random()));
+    nts::ke_response(&outcome, ntp, fresh.take(COOKIES), &mut response);
+    Ok((response, true))
 }
 
 #[cfg(test)]
