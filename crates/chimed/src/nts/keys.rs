@@ -394,4 +394,16 @@ mod tests {
         assert_eq!(r.how, How::Kept);
         assert_eq!(r.next_rotation, DAY);
     }
+
+    /// The committed sample (`testdata/nts-cookie-keys`, written by [`render`] from patterned test
+    /// keys) still reads as the keys it holds, and writing them again gives the same bytes.
+    #[test]
+    fn the_saved_keys_sample_reads_and_writes_back_byte_for_byte() {
+        let text = include_str!("../../testdata/nts-cookie-keys");
+        let saved = parse(text).unwrap();
+        assert_eq!(saved.made_unix, 1_795_000_000);
+        assert_eq!(saved.keys.current(), (0x6666_6666, [0x66; KEY_LEN]));
+        assert_eq!(saved.keys.previous(), Some((0x5555_5555, [0x55; KEY_LEN])));
+        assert_eq!(*render(&saved), text);
+    }
 }
