@@ -13,7 +13,7 @@ const BUNDLE_START: u64 = 1_795_000_000;
 #[test]
 fn the_ed25519_sample_reads_and_writes_back_byte_for_byte() {
     let seed = parse_key_file(ED25519).unwrap();
-    assert_eq!(seed, [0x11; 32]);
+    assert_eq!(*seed, [0x11; 32]);
     assert_eq!(*encode_key_file(&seed), ED25519);
 }
 
@@ -42,6 +42,6 @@ fn the_mldsa44_sample_reads_and_writes_back_byte_for_byte() {
     use chime_roughtime::mldsa;
     let text = include_str!("../testdata/keyfiles/mldsa44.key");
     let seed = mldsa::parse_key_file(text).unwrap();
-    assert_eq!(seed, [0x22; 32]);
+    assert_eq!(*seed, [0x22; 32]);
     assert_eq!(*mldsa::encode_key_file(&seed), text);
 }

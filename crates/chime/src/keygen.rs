@@ -80,8 +80,7 @@ pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
     let text = Zeroizing::new(
         std::fs::read_to_string(&args.key).with_context(|| format!("{shown}: cannot read"))?,
     );
-    let seed =
-        Zeroizing::new(parse_key_file(&text).with_context(|| format!("{shown}: not a key file"))?);
+    let seed = parse_key_file(&text).with_context(|| format!("{shown}: not a key file"))?;
     let key = LongTermKey::from_seed(&seed);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -276,10 +276,8 @@ pub(crate) fn load_bundle(path: &Path) -> Result<Bundle, KeyError> {
 /// anyone sign times in this server's name.
 pub(crate) fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, KeyError> {
     let text = secret_file::read_existing(path, "the Roughtime long-term key")?;
-    chime_roughtime::parse_key_file(&text)
-        .map(Zeroizing::new)
-        .map_err(|source| KeyError::Key {
-            path: path.to_owned(),
-            source,
-        })
+    chime_roughtime::parse_key_file(&text).map_err(|source| KeyError::Key {
+        path: path.to_owned(),
+        source,
+    })
 }
