@@ -8,7 +8,8 @@ use zeroize::Zeroizing;
 /// One word of a key line, as [`KeyFileWriter::line`] writes it.
 #[derive(Clone, Copy)]
 pub enum Field<'a> {
-    /// Written as it is: a label. It must hold no whitespace and not start with `#`.
+    /// Written as it is: a label. It must hold no whitespace, and as a line's first word it must
+    /// not start with `#`.
     Word(&'a str),
     /// A number in decimal (Unix seconds, say).
     Decimal(i128),
@@ -78,6 +79,10 @@ impl KeyFileWriter {
 
     /// Adds a key line: `fields` separated by single spaces.
     pub fn line(&mut self, fields: &[Field<'_>]) -> &mut Self {
+        debug_assert!(
+            !matches!(fields.first(), Some(Field::Word(w)) if w.starts_with('#')),
+            "a key line does not start with `#`"
+        );
         for (i, field) in fields.iter().enumerate() {
             if i > 0 {
                 self.reserve(1);
@@ -98,7 +103,7 @@ impl KeyFileWriter {
     fn field(&mut self, field: &Field<'_>) {
         match *field {
             Field::Word(word) => {
-                debug_assert!(!word.contains(char::is_whitespace) && !word.starts_with('#'));
+                debug_assert!(!word.is_empty() && !word.contains(char::is_whitespace));
                 self.reserve(word.len());
                 self.text.push_str(word);
             }
