@@ -59,6 +59,8 @@ impl std::fmt::Debug for KeyLines<'_> {
 }
 
 /// One key line: its number, and its words, taken in order. Every error it gives names the line.
+/// A clone looks ahead without taking.
+#[derive(Clone)]
 pub struct KeyLine<'a> {
     number: usize,
     words: SplitWhitespace<'a>,

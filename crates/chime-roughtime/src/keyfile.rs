@@ -6,7 +6,7 @@
 //! from the file without tools), blank lines, and exactly one line holding the 32-byte Ed25519
 //! seed as 64 hexadecimal digits. That line alone has no label: files in use were written so.
 
-use chime_keyfile::{Field, KeyFileError, KeyFileWriter, single_line};
+use chime_keyfile::{Field, KeyFileError, KeyFileWriter, KeyLine, single_line};
 use zeroize::Zeroizing;
 
 use crate::keys::{KEY_LEN, LongTermKey};
@@ -26,9 +26,20 @@ pub fn encode_key_file(seed: &[u8; KEY_LEN]) -> Zeroizing<String> {
 /// The seed in a key file's text, in a buffer wiped when dropped.
 pub fn parse_key_file(text: &str) -> Result<Zeroizing<[u8; KEY_LEN]>, KeyFileError> {
     let mut line = single_line(text)?;
+    if is_labelled(&line) {
+        // Another kind of key file (`secret HEX`, `mldsa44 HEX`): say so rather than "not hex".
+        return Err(line.wrong_label("the seed alone, as 64 hex digits"));
+    }
     let seed = line.hex("the seed")?;
     line.end("the seed")?;
     Ok(seed)
+}
+
+/// Whether `line` starts with a word that is not hex and has more after it: a label.
+fn is_labelled(line: &KeyLine<'_>) -> bool {
+    let mut ahead = line.clone();
+    let first = ahead.label();
+    !first.bytes().all(|b| b.is_ascii_hexdigit()) && !ahead.label().is_empty()
 }
 
 #[cfg(test)]
@@ -59,6 +70,11 @@ mod tests {
         assert_eq!(says(&bad), "line 2: the seed is not hex digits");
         let junk = format!("{} 00\n", "00".repeat(32));
         assert_eq!(says(&junk), "line 1: trailing junk after the seed");
+        let fleet = format!("# a fleet secret\nsecret {}\n", "00".repeat(32));
+        assert_eq!(
+            says(&fleet),
+            "line 2: expected the seed alone, as 64 hex digits"
+        );
         // Multi-byte characters of the right byte length are not hex and must not panic.
         let odd = format!("{}é", "0".repeat(62));
         assert_eq!(says(&odd), "line 1: the seed is not hex digits");
