@@ -6,17 +6,17 @@
 //! certificate against the long-term public key) and signs with [`Bundle::current`]. A stolen
 //! server costs its own bundle, not the service's identity.
 //!
-//! Pure string and key work: writing the file (mode 0600, never overwritten) is the caller's.
-//! The text: `#` comments, blank lines, one `long-term-public HEX` line, then per window a
-//! `window MINT MAXT SEED` line (Unix seconds, the online key's seed in hex) followed by one
-//! `cert HEX` line per version family, in [`Family::ALL`] order.
+//! Pure string and key work, through `chime-keyfile`: writing the file (mode 0600, never
+//! overwritten) is the caller's. The text: `#` comments, blank lines, one `long-term-public HEX`
+//! line first, then per window a `window MINT MAXT SEED` line (Unix seconds, the online key's seed
+//! in hex) followed by one `cert HEX` line per version family, in [`Family::ALL`] order.
 
-use std::fmt::Write as _;
-
+use chime_keyfile::{Field, KeyFileError, KeyFileWriter, KeyLine, key_lines};
 use zeroize::Zeroizing;
 
-use crate::keyfile::{decode_hex, push_hex};
-use crate::keys::{CERT_LEN, Certificate, Delegation, KEY_LEN, LongTermKey, OnlineKey};
+use crate::keys::{
+    CERT_LEN, Certificate, Delegation, DelegationError, KEY_LEN, LongTermKey, OnlineKey,
+};
 use crate::version::Family;
 
 /// Which windows to make: from `start_unix_s` for `span_s` seconds, a new window every `step_s`,
@@ -39,17 +39,18 @@ pub enum BundleError {
     /// The plan makes no windows or windows that do not overlap.
     #[error("{0}")]
     Plan(&'static str),
-    /// A line of the text is not what the format says.
-    #[error("line {line}: {what}")]
-    Line {
-        /// 1-based.
+    /// The text is not what the format says.
+    #[error(transparent)]
+    Text(#[from] KeyFileError),
+    /// A window's certificates do not verify under the long-term key, or its times do not match
+    /// them.
+    #[error("line {line}: {source}")]
+    Window {
+        /// The window's line, 1-based.
         line: usize,
-        /// What is wrong.
-        what: String,
+        /// Why.
+        source: DelegationError,
     },
-    /// The text has no `long-term-public` line, or no window.
-    #[error("{0}")]
-    Missing(&'static str),
 }
 
 /// A server's delegations, in the order of their windows.
@@ -152,99 +153,142 @@ impl Bundle {
     /// the online keys' seeds.
     pub fn encode(&self) -> Zeroizing<String> {
         let per_window = 2 * 8 * 3 + 2 * KEY_LEN + Family::COUNT * (6 + 2 * CERT_LEN);
-        let mut text = Zeroizing::new(String::with_capacity(512 + self.windows.len() * per_window));
-        text.push_str(
-            "# chime Roughtime delegation bundle: online keys and the certificates the long-term\n\
-             # key signed for them, one window each. Keep it secret (mode 0600): whoever has it can\n\
-             # sign as this server until its last window closes.\n",
-        );
-        let _ = writeln!(
-            text,
-            "long-term-public {}",
-            hex::encode(self.long_term_public)
-        );
+        let mut file = KeyFileWriter::with_capacity(512 + self.windows.len() * per_window);
+        file.comment(
+            "chime Roughtime delegation bundle: online keys and the certificates the long-term",
+        )
+        .comment(
+            "key signed for them, one window each. Keep it secret (mode 0600): whoever has it can",
+        )
+        .comment("sign as this server until its last window closes.")
+        .line(&[
+            Field::Word(LONG_TERM_PUBLIC),
+            Field::Hex(&self.long_term_public),
+        ]);
         for d in &self.windows {
-            let _ = write!(text, "window {} {} ", d.mint_unix_s(), d.maxt_unix_s());
-            push_hex(&mut text, &*d.online_key().seed());
-            text.push('\n');
+            file.line(&[
+                Field::Word(WINDOW),
+                Field::Decimal(d.mint_unix_s().into()),
+                Field::Decimal(d.maxt_unix_s().into()),
+                Field::Hex(&*d.online_key().seed()),
+            ]);
             for family in Family::ALL {
-                let cert = hex::encode(d.certificate(family).as_bytes());
-                let _ = writeln!(text, "cert {cert}");
+                file.line(&[
+                    Field::Word(CERT),
+                    Field::Hex(d.certificate(family).as_bytes()),
+                ]);
             }
         }
-        text
+        file.finish()
     }
 
     /// Reads a bundle's text and checks every certificate against the long-term public key, as
     /// a client would: a bundle that does not verify is refused whole.
     pub fn parse(text: &str) -> Result<Self, BundleError> {
-        let mut long_term_public = None;
+        let mut lines = key_lines(text);
+        let long_term_public = read_long_term_public(lines.next())?;
         let mut windows = Vec::new();
-        // The window being read: its times, key and the certificates so far.
-        let mut open: Option<(usize, u64, u64, OnlineKey, Vec<Certificate>)> = None;
-        let finish = |open: Option<(usize, u64, u64, OnlineKey, Vec<Certificate>)>,
-                      public: Option<[u8; KEY_LEN]>,
-                      windows: &mut Vec<Delegation>|
-         -> Result<(), BundleError> {
-            let Some((line, mint, maxt, online, certs)) = open else {
-                return Ok(());
-            };
-            let bad = |what: String| BundleError::Line { line, what };
-            let certs: [Certificate; Family::COUNT] = certs.try_into().map_err(|c: Vec<_>| {
-                bad(format!("{} cert lines, not {}", c.len(), Family::COUNT))
-            })?;
-            let public = public.ok_or(BundleError::Missing("no long-term-public line"))?;
-            let d = Delegation::from_certificates(online, certs, mint, maxt, public)
-                .map_err(|e| bad(e.to_string()))?;
-            windows.push(d);
-            Ok(())
-        };
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let raw = raw.trim();
-            if raw.is_empty() || raw.starts_with('#') {
-                continue;
-            }
-            let bad = |what: &str| BundleError::Line {
-                line,
-                what: what.to_owned(),
-            };
-            match raw.split_whitespace().collect::<Vec<_>>()[..] {
-                ["long-term-public", key] if long_term_public.is_none() && windows.is_empty() => {
-                    long_term_public =
-                        Some(decode_hex::<KEY_LEN>(key).ok_or_else(|| bad("not 64 hex digits"))?);
+        let mut open: Option<OpenWindow> = None;
+        for mut line in lines {
+            match line.label() {
+                WINDOW => {
+                    let next = OpenWindow::read(line)?;
+                    if let Some(done) = open.replace(next) {
+                        windows.push(done.finish(long_term_public)?);
+                    }
                 }
-                ["window", mint, maxt, seed] => {
-                    finish(open.take(), long_term_public, &mut windows)?;
-                    let mint = mint.parse().map_err(|_| bad("MINT is not Unix seconds"))?;
-                    let maxt = maxt.parse().map_err(|_| bad("MAXT is not Unix seconds"))?;
-                    let seed = Zeroizing::new(
-                        decode_hex::<KEY_LEN>(seed)
-                            .ok_or_else(|| bad("the seed is not 64 hex digits"))?,
-                    );
-                    open = Some((line, mint, maxt, OnlineKey::from_seed(&seed), Vec::new()));
+                CERT => match &mut open {
+                    Some(window) => window.read_cert(line)?,
+                    None => return Err(line.invalid("a cert line before any window line").into()),
+                },
+                LONG_TERM_PUBLIC => return Err(line.repeated("`long-term-public`").into()),
+                _ => {
+                    return Err(line
+                        .wrong_label("`window MINT MAXT SEED` or `cert HEX`")
+                        .into());
                 }
-                ["cert", cert] => {
-                    let Some((_, _, _, _, certs)) = &mut open else {
-                        return Err(bad("a cert line before any window line"));
-                    };
-                    let bytes = decode_hex::<CERT_LEN>(cert)
-                        .ok_or_else(|| bad("not a certificate's hex"))?;
-                    certs.push(Certificate::from_bytes(bytes));
-                }
-                _ => return Err(bad("expected long-term-public, window or cert")),
             }
         }
-        finish(open.take(), long_term_public, &mut windows)?;
-        let long_term_public =
-            long_term_public.ok_or(BundleError::Missing("no long-term-public line"))?;
+        if let Some(done) = open {
+            windows.push(done.finish(long_term_public)?);
+        }
         if windows.is_empty() {
-            return Err(BundleError::Missing("no window"));
+            return Err(KeyFileError::Missing { what: "`window`" }.into());
         }
         Ok(Self {
             long_term_public,
             windows,
         })
+    }
+}
+
+/// The labels of a bundle's lines.
+const LONG_TERM_PUBLIC: &str = "long-term-public";
+const WINDOW: &str = "window";
+const CERT: &str = "cert";
+
+/// The long-term public key from a bundle's first key line, which must be its.
+fn read_long_term_public(first: Option<KeyLine<'_>>) -> Result<[u8; KEY_LEN], KeyFileError> {
+    let mut line = first.ok_or(KeyFileError::Empty)?;
+    if line.label() != LONG_TERM_PUBLIC {
+        return Err(line.wrong_label("`long-term-public HEX` first"));
+    }
+    let public = *line.hex::<KEY_LEN>("the long-term public key")?;
+    line.end("the long-term public key")?;
+    Ok(public)
+}
+
+/// A window being read: its line, times and online key, and its certificates so far.
+struct OpenWindow {
+    line: usize,
+    mint: u64,
+    maxt: u64,
+    online: OnlineKey,
+    certs: Vec<Certificate>,
+}
+
+impl OpenWindow {
+    /// The rest of a `window MINT MAXT SEED` line.
+    fn read(mut line: KeyLine<'_>) -> Result<Self, KeyFileError> {
+        let mint = line.decimal("MINT")?;
+        let maxt = line.decimal("MAXT")?;
+        let seed = line.hex::<KEY_LEN>("the online key's seed")?;
+        let number = line.number();
+        line.end("the online key's seed")?;
+        Ok(Self {
+            line: number,
+            mint,
+            maxt,
+            online: OnlineKey::from_seed(&seed),
+            certs: Vec::with_capacity(Family::COUNT),
+        })
+    }
+
+    /// The rest of a `cert HEX` line.
+    fn read_cert(&mut self, mut line: KeyLine<'_>) -> Result<(), KeyFileError> {
+        let bytes = line.hex::<CERT_LEN>("the certificate")?;
+        line.end("the certificate")?;
+        self.certs.push(Certificate::from_bytes(*bytes));
+        Ok(())
+    }
+
+    /// The window's delegation, once its certificates verify under `long_term_public`.
+    fn finish(self, long_term_public: [u8; KEY_LEN]) -> Result<Delegation, BundleError> {
+        let found = self.certs.len();
+        let certs: [Certificate; Family::COUNT] =
+            self.certs
+                .try_into()
+                .map_err(|_| KeyFileError::WrongCount {
+                    line: self.line,
+                    what: "`cert`",
+                    found,
+                    expected: Family::COUNT,
+                })?;
+        Delegation::from_certificates(self.online, certs, self.mint, self.maxt, long_term_public)
+            .map_err(|source| BundleError::Window {
+                line: self.line,
+                source,
+            })
     }
 }
 
@@ -426,7 +470,7 @@ mod tests {
                 bytes[pos] = if bytes[pos] == b'0' { b'1' } else { b'0' };
                 changed[i] = String::from_utf8(bytes).unwrap();
                 let e = Bundle::parse(&changed.join("\n")).unwrap_err();
-                assert!(matches!(e, BundleError::Line { .. }), "{e}");
+                assert!(matches!(e, BundleError::Window { .. }), "{e}");
             }
         }
         let other = LongTermKey::from_seed(&[8; KEY_LEN]).public_key();
@@ -445,17 +489,39 @@ mod tests {
             1,
         );
         assert!(Bundle::parse(&moved).is_err());
+        let public = format!("long-term-public {}\n", hex::encode(key.public_key()));
+        let window = format!("window 1 2 {}\n", "00".repeat(32));
+        let no_certs = format!("line 2: 0 `cert` lines, not {}", Family::COUNT);
+        let short_cert = format!(
+            "line 3: the certificate is 2 hex digits, not {}",
+            2 * CERT_LEN
+        );
         for (bad, says) in [
-            ("", "no long-term-public line"),
+            ("", "empty: no key line, only blank lines and comments"),
+            (&public, "no `window` line"),
+            ("frob\n", "line 1: expected `long-term-public HEX` first"),
             (
-                &format!("long-term-public {}\n", hex::encode(key.public_key())),
-                "no window",
+                &(public.clone() + "cert 00\n"),
+                "line 2: a cert line before any window line",
             ),
-            ("cert 00\n", "line 1: a cert line before any window line"),
             (
-                "frob\n",
-                "line 1: expected long-term-public, window or cert",
+                &(public.clone() + "frob\n"),
+                "line 2: expected `window MINT MAXT SEED` or `cert HEX`",
             ),
+            (
+                &(public.clone() + &public),
+                "line 2: a second `long-term-public` line",
+            ),
+            (
+                &(public.clone() + "window 1 2\n"),
+                "line 2: the online key's seed is missing",
+            ),
+            (
+                &(public.clone() + "window x 2 00\n"),
+                "line 2: MINT is not a number",
+            ),
+            (&(public.clone() + &window), &no_certs),
+            (&(public.clone() + &window + "cert 00\n"), &short_cert),
         ] {
             assert_eq!(Bundle::parse(bad).unwrap_err().to_string(), says, "{bad:?}");
         }

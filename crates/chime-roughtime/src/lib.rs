@@ -59,12 +59,13 @@ pub use bundle::{Bundle, BundleError, BundlePlan, make_bundle};
 pub use chain::{
     ChainError, ChainReport, Contradiction, Link, contradictions, next_nonce, verify_chain,
 };
+pub use chime_keyfile::KeyFileError;
 /// How this CPU hashes a batch's Merkle leaves and nodes (for the log and benchmarks).
 pub use chime_sha512::Backend as HashBackend;
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
 pub use error::{DecodeError, EncodeError};
 pub use grease::Grease;
-pub use keyfile::{KeyFileError, encode_key_file, parse_key_file};
+pub use keyfile::{encode_key_file, parse_key_file};
 pub use keys::{Certificate, Delegation, DelegationError, LongTermKey, OnlineKey, srv_value};
 pub use request::{BuildError, REQUEST_LEN, Request, build_request};
 pub use response::Reply;

@@ -19,6 +19,7 @@
 //! (this crate takes no randomness); tannerryan's server signs with the hedged one, and either
 //! verifies the same. ML-DSA comes from RustCrypto's `ml-dsa` crate.
 
+use chime_keyfile::Field;
 use ml_dsa::{
     EncodedVerifyingKey, Keypair as _, MlDsa44, Seed, Signature, SigningKey, VerifyingKey,
 };
@@ -319,41 +320,32 @@ pub fn build_request(nonce: &[u8; 32], public_key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The key line's label, so that neither kind of long-term key file reads as the other.
+const KEY_FILE_LABEL: &str = "mldsa44";
+
 /// The key file's text for `seed`: a comment, and the seed after `mldsa44 ` in hex (so that
 /// neither kind of key file reads as the other); wiped when dropped.
 pub fn encode_key_file(seed: &[u8; SEED_LEN]) -> zeroize::Zeroizing<String> {
-    let mut out = zeroize::Zeroizing::new(String::with_capacity(256));
-    out.push_str(
-        "# chime Roughtime long-term key for the experimental ML-DSA-44 suite (0x90000001, part\n\
-         # of no draft): a FIPS 204 seed. Keep this file secret (mode 0600).\n",
-    );
-    out.push_str("mldsa44 ");
-    crate::keyfile::push_hex(&mut out, seed);
-    out.push('\n');
-    out
+    let mut file = chime_keyfile::KeyFileWriter::new();
+    file.comment(
+        "chime Roughtime long-term key for the experimental ML-DSA-44 suite (0x90000001, part",
+    )
+    .comment("of no draft): a FIPS 204 seed. Keep this file secret (mode 0600).")
+    .line(&[Field::Word(KEY_FILE_LABEL), Field::Hex(seed)]);
+    file.finish()
 }
 
-/// The seed in an ML-DSA-44 key file's text; the error never holds the secret.
-pub fn parse_key_file(text: &str) -> Result<[u8; SEED_LEN], String> {
-    let (mut seed, mut found) = ([0u8; SEED_LEN], false);
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let digits = line
-            .strip_prefix("mldsa44 ")
-            .ok_or_else(|| format!("line {}: not `mldsa44 ` and 64 hex digits", i + 1))?;
-        if found {
-            return Err(format!("more than one key line (line {})", i + 1));
-        }
-        hex::decode_to_slice(digits, &mut seed)
-            .map_err(|_| format!("line {}: not 64 hex digits after `mldsa44 `", i + 1))?;
-        found = true;
+/// The seed in an ML-DSA-44 key file's text, in a buffer wiped when dropped.
+pub fn parse_key_file(
+    text: &str,
+) -> Result<zeroize::Zeroizing<[u8; SEED_LEN]>, chime_keyfile::KeyFileError> {
+    let mut line = chime_keyfile::single_line(text)?;
+    if line.label() != KEY_FILE_LABEL {
+        return Err(line.wrong_label("`mldsa44 HEX`"));
     }
-    found
-        .then_some(seed)
-        .ok_or_else(|| "no `mldsa44` key line".into())
+    let seed = line.hex("the seed")?;
+    line.end("the seed")?;
+    Ok(seed)
 }
 
 /// What a verified reply says.
@@ -486,12 +478,17 @@ mod tests {
     fn key_files_round_trip_and_are_not_ed25519_ones() {
         let seed = [0xab; 32];
         let text = encode_key_file(&seed);
-        assert_eq!(parse_key_file(&text), Ok(seed));
+        assert_eq!(*parse_key_file(&text).unwrap(), seed);
         assert!(crate::parse_key_file(&text).is_err());
         let ed = crate::encode_key_file(&seed);
-        assert!(parse_key_file(&ed).is_err());
-        assert!(parse_key_file("mldsa44 12\n").is_err());
-        assert!(parse_key_file(&format!("{}{}", &*text, &*text)).is_err());
+        let says = |text: &str| parse_key_file(text).unwrap_err().to_string();
+        assert_eq!(says(&ed), "line 3: expected `mldsa44 HEX`");
+        assert_eq!(
+            says("mldsa44 12\n"),
+            "line 1: the seed is 2 hex digits, not 64"
+        );
+        let twice = format!("{}{}", &*text, &*text);
+        assert_eq!(says(&twice), "line 6: trailing junk after the key line");
     }
 
     #[test]

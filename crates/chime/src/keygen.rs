@@ -4,8 +4,6 @@
 //! overwritten: losing a long-term key to a typo would orphan every client configured with its
 //! public key, and losing a fleet secret every NTS client's cookies.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -31,7 +29,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     #[cfg(feature = "mldsa")]
     if args.mldsa {
         use chime_roughtime::mldsa;
-        create_secret_file(&args.file, mldsa::encode_key_file(&seed).as_bytes())?;
+        create_secret_file(&args.file, &mldsa::encode_key_file(&seed))?;
         let public = mldsa::PqLongTermKey::from_seed(&seed).public_key();
         println!(
             "ML-DSA-44 public key (base64, {} bytes): {}",
@@ -40,7 +38,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         );
         return Ok(());
     }
-    create_secret_file(&args.file, encode_key_file(&seed).as_bytes())?;
+    create_secret_file(&args.file, &encode_key_file(&seed))?;
     let public = LongTermKey::from_seed(&seed).public_key();
     println!("public key (base64): {}", BASE64.encode(public));
     println!("public key (hex): {}", hex::encode(public));
@@ -80,8 +78,7 @@ pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
     let text = Zeroizing::new(
         std::fs::read_to_string(&args.key).with_context(|| format!("{shown}: cannot read"))?,
     );
-    let seed =
-        Zeroizing::new(parse_key_file(&text).with_context(|| format!("{shown}: not a key file"))?);
+    let seed = parse_key_file(&text).with_context(|| format!("{shown}: not a key file"))?;
     let key = LongTermKey::from_seed(&seed);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -100,7 +97,7 @@ pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
     };
     let bundle = make_bundle(&key, plan, rand::random)
         .map_err(|e| anyhow::anyhow!("--window-hours {}: {e}", args.window_hours))?;
-    create_secret_file(&args.out, bundle.encode().as_bytes())?;
+    create_secret_file(&args.out, &bundle.encode())?;
     let last = bundle.windows().last().map_or(0, |d| d.maxt_unix_s());
     println!(
         "{} online keys written to {}, covering Unix seconds {} .. {last}; the server needs \
@@ -128,7 +125,7 @@ pub(crate) struct FleetArgs {
 /// `chime nts-fleet-key FILE`: 32 random bytes that every member of one fleet holds.
 pub(crate) fn run_fleet(args: &FleetArgs) -> Result<()> {
     let secret = FleetSecret(rand::random());
-    create_secret_file(&args.file, encode_fleet_file(&secret).as_bytes())?;
+    create_secret_file(&args.file, &encode_fleet_file(&secret))?;
     println!(
         "NTS fleet secret written to {}: give every member of the fleet this same file \
          (chimed --nts-fleet-key)",
@@ -137,19 +134,13 @@ pub(crate) fn run_fleet(args: &FleetArgs) -> Result<()> {
     Ok(())
 }
 
-/// Writes `contents` to a new file at `path`, mode 0600; an existing file is an error, never
-/// overwritten.
-fn create_secret_file(path: &Path, contents: &[u8]) -> Result<()> {
-    let shown = path.display();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| {
-            format!("{shown}: cannot create (an existing key is never overwritten)")
-        })?;
-    file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("{shown}: cannot write"))
+/// Writes `text` to a new file at `path`, mode 0600 (`chime_keyfile::create`); an existing file
+/// is an error, never overwritten.
+fn create_secret_file(path: &Path, text: &str) -> Result<()> {
+    chime_keyfile::create(path, text).with_context(|| {
+        format!(
+            "{}: cannot create (an existing key is never overwritten)",
+            path.display()
+        )
+    })
 }

@@ -8,8 +8,9 @@
 //! - `clock`: the system clock, the upstream (chronyd) mirror, the timezone-offset mode;
 //! - `access`: who is served;
 //! - `ntp`, `nts`, `roughtime`: the protocols' services;
-//! - `observe`: counters, stats lines, metrics;
-//! - `secret_file`: reading key files that must not be readable by others.
+//! - `observe`: counters, stats lines, metrics.
+//!
+//! Key files are read and written through `chime-keyfile`.
 
 #![forbid(unsafe_code)]
 
@@ -22,4 +23,3 @@ mod nts;
 mod observe;
 mod reply;
 mod roughtime;
-mod secret_file;

@@ -171,7 +171,8 @@ fn bad_fleet_key_cases(f: &BadNtsFiles) -> Vec<(Vec<&str>, String)> {
         f.short_fleet.as_str(),
         f.missing_fleet.as_str(),
     );
-    let short_without_certificate = format!("--nts-fleet-key: {sf}: line 2: not 64 hex digits");
+    let short_without_certificate =
+        format!("--nts-fleet-key: {sf}: line 2: the secret is 4 hex digits, not 64");
     [
         // Checked without a certificate too: a member may serve NTP only.
         (
@@ -198,7 +199,7 @@ fn bad_fleet_key_cases(f: &BadNtsFiles) -> Vec<(Vec<&str>, String)> {
                 "--nts-fleet-key",
                 sf,
             ],
-            "short-fleet: line 2: not 64 hex digits",
+            "short-fleet: line 2: the secret is 4 hex digits, not 64",
         ),
         (
             vec![

@@ -1,7 +1,8 @@
 //! A fleet's shared secret, its file, and the cookie master key each member derives from it for
 //! each rotation period.
 
-use zeroize::Zeroize;
+use chime_keyfile::{Field, KeyFileError, KeyFileWriter, key_lines};
+use zeroize::{Zeroize, Zeroizing};
 
 use super::KEY_LEN;
 
@@ -51,54 +52,52 @@ pub fn fleet_key(secret: &FleetSecret, period: u64) -> (u32, [u8; KEY_LEN]) {
 /// line of 64 hex digits. A fleet replacing its secret adds a `previous` line with the old one,
 /// which then opens cookies but seals none
 /// ([`CookieKeys::for_fleet`](super::CookieKeys::for_fleet)). `chime nts-fleet-key` writes it;
-/// chimed reads it with [`parse_fleet_file`].
-pub fn encode_fleet_file(secret: &FleetSecret) -> zeroize::Zeroizing<String> {
-    let mut text = zeroize::Zeroizing::new(String::with_capacity(512));
-    text.push_str(
-        "# chime NTS fleet secret: every member of one fleet holds this same file (chimed\n\
-         # --nts-fleet-key), and derives the NTS cookie keys from it. Keep it secret: whoever has\n\
-         # it can open every client's cookies. To replace it, add the old one as a `previous` line\n\
-         # beside the new `secret` on every member, then remove it a rotation later.\n\
-         secret ",
-    );
-    // Through a buffer wiped afterwards, so that no copy of the secret is left but in `text`.
-    let mut digits = zeroize::Zeroizing::new([0u8; 2 * FLEET_SECRET_LEN]);
-    hex::encode_to_slice(secret.0, &mut digits[..]).expect("twice the secret's length");
-    text.push_str(std::str::from_utf8(&digits[..]).expect("hex digits are ASCII"));
-    text.push('\n');
-    text
+/// chimed reads it with [`parse_fleet_file`]. Wiped when dropped.
+pub fn encode_fleet_file(secret: &FleetSecret) -> Zeroizing<String> {
+    let mut file = KeyFileWriter::new();
+    file.comment("chime NTS fleet secret: every member of one fleet holds this same file (chimed")
+        .comment(
+            "--nts-fleet-key), and derives the NTS cookie keys from it. Keep it secret: whoever has",
+        )
+        .comment(
+            "it can open every client's cookies. To replace it, add the old one as a `previous` line",
+        )
+        .comment("beside the new `secret` on every member, then remove it a rotation later.")
+        .line(&[Field::Word(SECRET), Field::Hex(&secret.0)]);
+    file.finish()
 }
 
 /// Reads a fleet secret file ([`encode_fleet_file`]): the secret, and the previous one if the
 /// file has a `previous` line. Blank lines and `#` comments are skipped; anything else, a missing
 /// or repeated `secret`, or a secret that is not 64 hex digits is an error naming the line.
-pub fn parse_fleet_file(text: &str) -> Result<(FleetSecret, Option<FleetSecret>), String> {
+pub fn parse_fleet_file(text: &str) -> Result<(FleetSecret, Option<FleetSecret>), KeyFileError> {
     let (mut secret, mut previous) = (None, None);
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = |what: &str| format!("line {}: {what}", n + 1);
-        let (slot, hex) = match line.split_whitespace().collect::<Vec<_>>()[..] {
-            ["secret", hex] => (&mut secret, hex),
-            ["previous", hex] => (&mut previous, hex),
-            _ => return Err(bad("expected `secret HEX` or `previous HEX`")),
+    for mut line in key_lines(text) {
+        let (slot, what) = match line.label() {
+            SECRET => (&mut secret, "`secret`"),
+            PREVIOUS => (&mut previous, "`previous`"),
+            _ => return Err(line.wrong_label("`secret HEX` or `previous HEX`")),
         };
         if slot.is_some() {
-            return Err(bad("given twice"));
+            return Err(line.repeated(what));
         }
-        *slot = Some(parse_secret(hex).ok_or_else(|| bad("not 64 hex digits"))?);
+        let bytes = line.hex::<FLEET_SECRET_LEN>("the secret")?;
+        line.end("the secret")?;
+        *slot = Some(FleetSecret(*bytes));
     }
-    let secret = secret.ok_or("no `secret` line")?;
+    let secret = match (secret, &previous) {
+        (Some(secret), _) => secret,
+        (None, None) => return Err(KeyFileError::Empty),
+        (None, Some(_)) => return Err(KeyFileError::Missing { what: "`secret`" }),
+    };
     if previous.as_ref() == Some(&secret) {
-        return Err("`previous` is the same as `secret`".into());
+        return Err(KeyFileError::Invalid {
+            what: "`previous` is the same as `secret`",
+        });
     }
     Ok((secret, previous))
 }
 
-fn parse_secret(digits: &str) -> Option<FleetSecret> {
-    let mut secret = FleetSecret([0; FLEET_SECRET_LEN]);
-    hex::decode_to_slice(digits, &mut secret.0).ok()?;
-    Some(secret)
-}
+/// The labels of the fleet secret file's lines.
+const SECRET: &str = "secret";
+const PREVIOUS: &str = "previous";

@@ -34,6 +34,7 @@ mod server;
 mod tests;
 
 pub use aead::{Aead, MAX_KEY_LEN};
+pub use chime_keyfile::KeyFileError;
 pub use client::{
     ClientReply, ClientReplyError, KeAnswer, KeAnswerError, client_check_reply, client_request,
     client_request_into, client_request_len, ke_request, parse_ke_response, reply_unique_id,

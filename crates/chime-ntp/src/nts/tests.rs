@@ -226,15 +226,27 @@ fn fleet_files_round_trip_and_bad_ones_name_the_line() {
     let both = format!("{}previous {}\n", &*text, "ab".repeat(32));
     assert_eq!(parse_fleet_file(&both), Ok((s.clone(), Some(old))));
     for (bad, says) in [
-        ("", "no `secret` line"),
-        ("secret 00\n", "line 1: not 64 hex digits"),
+        ("", "empty: no key line, only blank lines and comments"),
+        (
+            "# comments only\n\n",
+            "empty: no key line, only blank lines and comments",
+        ),
+        ("secret 00\n", "line 1: the secret is 2 hex digits, not 64"),
         (
             &format!("secret {}\n", "zz".repeat(32)),
-            "line 1: not 64 hex digits",
+            "line 1: the secret is not hex digits",
+        ),
+        (
+            &format!("secret {} 00\n", "00".repeat(32)),
+            "line 1: trailing junk after the secret",
         ),
         (
             &format!("\nsecret {h}\nsecret {h}\n", h = "00".repeat(32)),
-            "line 3: given twice",
+            "line 3: a second `secret` line",
+        ),
+        (
+            &format!("previous {}\n", "00".repeat(32)),
+            "no `secret` line",
         ),
         (
             "key 00\n",
@@ -245,11 +257,8 @@ fn fleet_files_round_trip_and_bad_ones_name_the_line() {
             "`previous` is the same as `secret`",
         ),
     ] {
-        assert_eq!(
-            parse_fleet_file(bad).map(|_| ()),
-            Err(says.to_owned()),
-            "{bad:?}"
-        );
+        let e = parse_fleet_file(bad).map(|_| ()).unwrap_err();
+        assert_eq!(e.to_string(), says, "{bad:?}");
     }
 }
 

@@ -178,7 +178,7 @@ mod tests {
         write(&file, "frob\n", 0o600);
         let e = load_with(&flag).err().unwrap().to_string();
         assert!(
-            e.ends_with("bundle: line 1: expected long-term-public, window or cert"),
+            e.ends_with("bundle: line 1: expected `long-term-public HEX` first"),
             "{e}"
         );
     }

@@ -9,7 +9,8 @@
 //!
 //! The file holds secrets: it is written mode 0600 beside its final name and renamed over it, so
 //! it is never seen half written or readable by others, and a file that group or others may read
-//! is refused at start. Its text:
+//! is refused at start (`chime-keyfile`'s `replace` and `read`). Its text, labelled hex lines as
+//! every key file is:
 //!
 //! ```text
 //! # chimed NTS cookie keys ...
@@ -21,15 +22,12 @@
 //! `made` is when the current key was made, Unix seconds; it places the next rotation on the
 //! schedule it had, so restarts neither skip nor postpone one.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chime_keyfile::{Field, KeyFileError, KeyFileWriter, KeyLine, ReadError, key_lines};
 use chime_ntp::nts::{CookieKeys, FleetSecret, KEY_LEN, parse_fleet_file};
 use zeroize::Zeroizing;
-
-use crate::secret_file::{self, SecretFileError};
 
 /// The file's name in the dump directory.
 pub(crate) const FILE: &str = "nts-cookie-keys";
@@ -49,7 +47,7 @@ pub(crate) fn path_in(dir: &Path) -> PathBuf {
 /// Reads the saved keys; `Ok(None)` if there is no file yet. An error names the file and, for a
 /// bad line, its number.
 pub(crate) fn load(path: &Path) -> Result<Option<Saved>, KeysError> {
-    let Some(text) = secret_file::read(path, "the NTS cookie keys")? else {
+    let Some(text) = chime_keyfile::read(path, "the NTS cookie keys")? else {
         return Ok(None);
     };
     parse(&text).map(Some).map_err(|reason| KeysError::Parse {
@@ -62,12 +60,12 @@ pub(crate) fn load(path: &Path) -> Result<Option<Saved>, KeysError> {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum KeysError {
     #[error(transparent)]
-    File(#[from] SecretFileError),
+    File(#[from] ReadError),
     #[error("{}: no such file (chime nts-fleet-key makes one)", path.display())]
     NoFleetFile { path: PathBuf },
     /// The file's contents, with the line at fault where there is one.
     #[error("{}: {reason}", path.display())]
-    Parse { path: PathBuf, reason: String },
+    Parse { path: PathBuf, reason: KeyFileError },
 }
 
 /// A fleet's secrets (`--nts-fleet-key`): the one that seals, and the previous one while the
@@ -85,13 +83,14 @@ pub(crate) struct Fleet {
 /// Reads the fleet secret file (`chime nts-fleet-key` makes one). An error names the file and,
 /// for a bad line, its number.
 pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, KeysError> {
-    let text =
-        secret_file::read(path, "the NTS fleet secret")?.ok_or_else(|| KeysError::NoFleetFile {
+    let text = chime_keyfile::read(path, "the NTS fleet secret")?.ok_or_else(|| {
+        KeysError::NoFleetFile {
             path: path.to_owned(),
-        })?;
-    parse_fleet_file(&text).map_err(|e| KeysError::Parse {
+        }
+    })?;
+    parse_fleet_file(&text).map_err(|reason| KeysError::Parse {
         path: path.to_owned(),
-        reason: e.to_string(),
+        reason,
     })
 }
 
@@ -109,93 +108,85 @@ pub(crate) fn fleet_keys(
     (keys, number, left)
 }
 
-fn parse(text: &str) -> Result<Saved, String> {
+fn parse(text: &str) -> Result<Saved, KeyFileError> {
     let (mut made, mut current, mut previous) = (None, None, None);
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = |what: &str| format!("line {}: {what}", n + 1);
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["made", secs] => made = Some(secs.parse::<i64>().map_err(|_| bad("bad time"))?),
-            ["current", id, key] => current = Some(parse_key(id, key).map_err(|e| bad(&e))?),
-            ["previous", id, key] => previous = Some(parse_key(id, key).map_err(|e| bad(&e))?),
+    for mut line in key_lines(text) {
+        match line.label() {
+            MADE => read_once(&mut made, line, "`made`", read_made)?,
+            CURRENT => read_once(&mut current, line, "`current`", read_key)?,
+            PREVIOUS => read_once(&mut previous, line, "`previous`", read_key)?,
             _ => {
-                return Err(bad(
-                    "expected `made SECS`, `current ID KEY` or `previous ID KEY`",
-                ));
+                return Err(line.wrong_label("`made SECS`, `current ID KEY` or `previous ID KEY`"));
             }
         }
     }
-    let made_unix = made.ok_or("no `made` line")?;
-    let current = current.ok_or("no `current` key")?;
+    if made.is_none() && current.is_none() && previous.is_none() {
+        return Err(KeyFileError::Empty);
+    }
+    let made_unix = made.ok_or(KeyFileError::Missing { what: "`made`" })?;
+    let current = current.ok_or(KeyFileError::Missing { what: "`current`" })?;
     Ok(Saved {
-        keys: CookieKeys::from_parts(current, previous),
+        keys: CookieKeys::from_parts(*current, previous.map(|key| *key)),
         made_unix,
     })
 }
 
-fn parse_key(id: &str, key: &str) -> Result<(u32, [u8; KEY_LEN]), String> {
-    let id = u32::from_str_radix(id, 16).map_err(|_| format!("bad key id {id:?}"))?;
-    let mut bytes = [0u8; KEY_LEN];
-    hex::decode_to_slice(key, &mut bytes).map_err(|e| match e {
-        hex::FromHexError::InvalidStringLength | hex::FromHexError::OddLength => {
-            format!("a key is {} hex digits", 2 * KEY_LEN)
-        }
-        hex::FromHexError::InvalidHexCharacter { .. } => "a key is hex digits".to_owned(),
-    })?;
-    Ok((id, bytes))
+/// The labels of the file's lines.
+const MADE: &str = "made";
+const CURRENT: &str = "current";
+const PREVIOUS: &str = "previous";
+
+/// Fills `slot` from the rest of `line` with `read`; a second `what` line is an error.
+fn read_once<T>(
+    slot: &mut Option<T>,
+    line: KeyLine<'_>,
+    what: &'static str,
+    read: impl FnOnce(KeyLine<'_>) -> Result<T, KeyFileError>,
+) -> Result<(), KeyFileError> {
+    if slot.is_some() {
+        return Err(line.repeated(what));
+    }
+    *slot = Some(read(line)?);
+    Ok(())
 }
 
-/// Room for the file's whole text (about 270 bytes with both keys), allocated at once.
-const FILE_CAPACITY: usize = 512;
+/// The rest of a `made SECS` line.
+fn read_made(mut line: KeyLine<'_>) -> Result<i64, KeyFileError> {
+    let made = line.decimal("the time")?;
+    line.end("the time")?;
+    Ok(made)
+}
 
-/// The file's text, wiped when dropped. It is written straight into one allocation, with no
-/// formatted temporaries, so no copy of a key is left on the heap unwiped; the keys' copies on
-/// the stack are wiped too.
+/// The rest of a `current ID KEY` or `previous ID KEY` line, the key wiped when dropped.
+fn read_key(mut line: KeyLine<'_>) -> Result<Zeroizing<(u32, [u8; KEY_LEN])>, KeyFileError> {
+    let id = line.hex_u32("the key id")?;
+    let key = line.hex::<KEY_LEN>("the key")?;
+    line.end("the key")?;
+    Ok(Zeroizing::new((id, *key)))
+}
+
+/// The file's text, wiped when dropped, written by `chime-keyfile` so that no copy of a key is
+/// left on the heap unwiped; the keys' copies on the stack are wiped too.
 fn render(saved: &Saved) -> Zeroizing<String> {
-    use std::fmt::Write as _;
-    let mut text = Zeroizing::new(String::with_capacity(FILE_CAPACITY));
-    text.push_str(
-        "# chimed NTS cookie keys (--nts-dump-dir): secret, rewritten whenever the keys rotate\n",
-    );
-    let _ = writeln!(text, "made {}", saved.made_unix);
-    let mut line = |name: &str, (id, key): (u32, [u8; KEY_LEN])| {
-        let key = Zeroizing::new(key);
-        let _ = write!(text, "{name} {id:08x} ");
-        // Through a buffer wiped afterwards, so that no copy of the key is left but in `text`.
-        let mut digits = Zeroizing::new([0u8; 2 * KEY_LEN]);
-        hex::encode_to_slice(*key, &mut digits[..]).expect("twice the key's length");
-        text.push_str(std::str::from_utf8(&digits[..]).expect("hex digits are ASCII"));
-        text.push('\n');
+    let mut file = KeyFileWriter::new();
+    file.comment(
+        "chimed NTS cookie keys (--nts-dump-dir): secret, rewritten whenever the keys rotate",
+    )
+    .line(&[Field::Word(MADE), Field::Decimal(saved.made_unix.into())]);
+    let mut line = |label: &str, key: (u32, [u8; KEY_LEN])| {
+        let (id, key) = &*Zeroizing::new(key);
+        file.line(&[Field::Word(label), Field::HexU32(*id), Field::Hex(key)]);
     };
-    line("current", saved.keys.current());
+    line(CURRENT, saved.keys.current());
     if let Some(previous) = saved.keys.previous() {
-        line("previous", previous);
+        line(PREVIOUS, previous);
     }
-    text
+    file.finish()
 }
 
 /// Writes the keys to `path`: a new file, mode 0600, synced, then renamed over the old one.
 pub(crate) fn save(path: &Path, saved: &Saved) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(render(saved).as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    chime_keyfile::replace(path, &render(saved))
 }
 
 /// What to serve with at start, given what was saved (if anything), the time now and the rotation
@@ -317,12 +308,6 @@ mod tests {
         save(&path, &saved(1_795_000_000)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let text = render(&saved(1_795_000_000));
-        assert_eq!(
-            text.capacity(),
-            FILE_CAPACITY,
-            "written without a reallocation"
-        );
         let back = load(&path).unwrap().unwrap();
         assert_eq!(back.made_unix, 1_795_000_000);
         assert_eq!(back.keys.current(), (0xaa, [0xaa; KEY_LEN]));
@@ -346,11 +331,17 @@ mod tests {
         );
 
         for (text, why) in [
-            ("made 1\n", "no `current` key"),
-            ("current 01 00\n", "line 1: a key is 64 hex digits"),
-            ("made x\n", "line 1: bad time"),
-            ("made 1\ncurrent zz 00\n", "line 2: bad key id"),
-            ("made 1\nlater 1\n", "line 2: expected"),
+            ("", "empty: no key line"),
+            ("made 1\n", "no `current` line"),
+            ("current 01 00\n", "line 1: the key is 2 hex digits, not 64"),
+            ("made x\n", "line 1: the time is not a number"),
+            ("made 1\nmade 2\n", "line 2: a second `made` line"),
+            ("made 1 2\n", "line 1: trailing junk after the time"),
+            (
+                "made 1\ncurrent zz 00\n",
+                "line 2: the key id is not hex digits",
+            ),
+            ("made 1\nlater 1\n", "line 2: expected `made SECS`"),
         ] {
             std::fs::write(&path, text).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -393,5 +384,17 @@ mod tests {
         let r = resume(Some(saved(now + 3_600)), now, DAY, counter());
         assert_eq!(r.how, How::Kept);
         assert_eq!(r.next_rotation, DAY);
+    }
+
+    /// The committed sample (`testdata/nts-cookie-keys`, written by [`render`] from patterned test
+    /// keys) still reads as the keys it holds, and writing them again gives the same bytes.
+    #[test]
+    fn the_saved_keys_sample_reads_and_writes_back_byte_for_byte() {
+        let text = include_str!("../../testdata/nts-cookie-keys");
+        let saved = parse(text).unwrap();
+        assert_eq!(saved.made_unix, 1_795_000_000);
+        assert_eq!(saved.keys.current(), (0x6666_6666, [0x66; KEY_LEN]));
+        assert_eq!(saved.keys.previous(), Some((0x5555_5555, [0x55; KEY_LEN])));
+        assert_eq!(*render(&saved), text);
     }
 }

@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use chime_keyfile::{ReadError, read_existing};
 use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
 use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
 use crate::daemon::supervisor::ServiceError;
 use crate::roughtime::udp::Shared;
-use crate::secret_file::{self, SecretFileError};
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
 /// and a clock that steps back a little.
@@ -249,7 +249,7 @@ impl RoughtimeKeys {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum KeyError {
     #[error(transparent)]
-    File(#[from] SecretFileError),
+    File(#[from] ReadError),
     #[error("{}: {source}", path.display())]
     Bundle {
         path: PathBuf,
@@ -265,7 +265,7 @@ pub(crate) enum KeyError {
 /// Reads a delegation bundle (`chime delegate`), refusing one that others may read (its online
 /// keys sign as this server) and one whose certificates do not verify.
 pub(crate) fn load_bundle(path: &Path) -> Result<Bundle, KeyError> {
-    let text = secret_file::read_existing(path, "online keys that sign as this server")?;
+    let text = read_existing(path, "online keys that sign as this server")?;
     Bundle::parse(&text).map_err(|source| KeyError::Bundle {
         path: path.to_owned(),
         source,
@@ -275,11 +275,9 @@ pub(crate) fn load_bundle(path: &Path) -> Result<Bundle, KeyError> {
 /// Reads the long-term key file, refusing one that others may read: a leaked long-term key lets
 /// anyone sign times in this server's name.
 pub(crate) fn load_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, KeyError> {
-    let text = secret_file::read_existing(path, "the Roughtime long-term key")?;
-    chime_roughtime::parse_key_file(&text)
-        .map(Zeroizing::new)
-        .map_err(|source| KeyError::Key {
-            path: path.to_owned(),
-            source,
-        })
+    let text = read_existing(path, "the Roughtime long-term key")?;
+    chime_roughtime::parse_key_file(&text).map_err(|source| KeyError::Key {
+        path: path.to_owned(),
+        source,
+    })
 }

@@ -69,11 +69,9 @@ pub(crate) async fn rotate_pq(pq: Pq) -> Result<(), ServiceError> {
 
 /// Reads the suite's long-term key file, refusing one that others may read.
 pub(crate) fn load_key(file: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
-    let text = crate::secret_file::read_existing(file, "an ML-DSA-44 long-term key")
+    let text = chime_keyfile::read_existing(file, "an ML-DSA-44 long-term key")
         .map_err(|e| e.to_string())?;
-    let seed = chime_roughtime::mldsa::parse_key_file(&text)
-        .map_err(|e| format!("{}: {e}", file.display()))?;
-    Ok(Zeroizing::new(seed))
+    chime_roughtime::mldsa::parse_key_file(&text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// Starts the suite if it has its key: the online key in force, and a supervised task that
