@@ -753,6 +753,9 @@ pub struct PeerServer {
 pub const ROUGHENOUGH_SERVER: &str = "/opt/chime-peers/bin/roughenough_server";
 /// rkik 2.2.4, an NTS client of its own (scripts/setup).
 pub const RKIK: &str = "/opt/chime-peers/bin/rkik";
+/// ntpd-rs 1.9.0's daemon and its control tool (scripts/setup).
+pub const NTP_DAEMON: &str = "/opt/chime-peers/bin/ntp-daemon";
+pub const NTP_CTL: &str = "/opt/chime-peers/bin/ntp-ctl";
 pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 pub const CLOUDFLARE_TESTSERVER: &str = "/opt/chime-peers/cloudflare-roughtime/testserver";
 pub const CLOUDFLARE_GETROUGHTIME: &str = "/opt/chime-peers/cloudflare-roughtime/getroughtime";
