@@ -203,19 +203,22 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
                 .map(|r| r.label().to_owned()),
         )
         .collect();
-    // The reasons the daemon adds: `labels[X] = "reason";` in the two workers.
+    // The reasons the daemon adds: `(Self::X, "reason"),` beside its own reason in the two
+    // workers.
     for worker in ["ntp/worker.rs", "roughtime/udp.rs"] {
         let text = repo_file(&format!("crates/chimed/src/{worker}"));
         for line in text
             .lines()
-            .filter(|l| l.trim_start().starts_with("labels["))
+            .filter(|l| l.trim_start().starts_with("(Self::"))
         {
             if let Some(r) = line.split('"').nth(1) {
                 reasons.push(r.to_owned());
             }
         }
     }
-    assert!(reasons.contains(&"nts_invalid".to_owned()), "{reasons:?}");
+    for own in ["nts_invalid", "upstream_unsynchronised"] {
+        assert!(reasons.contains(&own.to_owned()), "{own}: {reasons:?}");
+    }
     let missing: Vec<String> = families
         .iter()
         .map(|f| (*f).to_owned())

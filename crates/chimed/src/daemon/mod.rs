@@ -25,8 +25,7 @@ use crate::config::{self, Settings, docs};
 use self::secrets::Secrets;
 use crate::nts::ke as nts_ke;
 use crate::observe::stats;
-use crate::roughtime::udp as roughtime_worker;
-use crate::{ntp, ntp::worker as ntp_worker, roughtime};
+use crate::{ntp, roughtime};
 
 use self::start::{Prepared, Running};
 use self::supervisor::Supervisor;
@@ -268,18 +267,14 @@ fn log_totals(running: &Running) {
     if let Some((counts, totals)) = &running.tcp {
         info!(
             "roughtime tcp totals at exit: {} | connections: {}",
-            totals
-                .snapshot()
-                .display_all(&roughtime_worker::LABELS, stats::Of::Roughtime),
+            totals.snapshot().display_all(stats::Of::Roughtime),
             counts.line()
         );
     }
     let ntp = &running.reloadable.ntp;
     info!(
         "ntp totals at exit: {}",
-        ntp.totals
-            .snapshot()
-            .display_all(&ntp_worker::LABELS, stats::Of::Ntp)
+        ntp.totals.snapshot().display_all(stats::Of::Ntp)
     );
     if let Some(counts) = &running.ke_counts {
         info!("nts-ke totals at exit: {}", counts.line());
@@ -288,7 +283,7 @@ fn log_totals(running: &Running) {
         let totals = shared.totals.snapshot();
         info!(
             "roughtime totals at exit: {}",
-            totals.display_all(&roughtime_worker::LABELS, stats::Of::Roughtime)
+            totals.display_all(stats::Of::Roughtime)
         );
     }
 }

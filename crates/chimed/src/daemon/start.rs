@@ -23,6 +23,7 @@ use crate::daemon::secrets::Secrets;
 use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
+use crate::observe::stats::Reason as _;
 use crate::observe::{metrics, stats};
 use crate::roughtime::udp::{self as roughtime_worker, RoughtimeWorker};
 use crate::roughtime::{self, keys as online_keys, tcp as roughtime_tcp};
@@ -43,7 +44,7 @@ pub(crate) struct Running {
     pub(crate) xdp: Option<Arc<chime_xdp::XdpStats>>,
     pub(crate) tcp: Option<(
         Arc<roughtime_tcp::Counts>,
-        Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
+        Arc<stats::Totals<roughtime_worker::RoughtimeDrop>>,
     )>,
     pub(crate) ke_counts: Option<Arc<nts_ke::KeCounts>>,
 }
@@ -85,7 +86,12 @@ pub(crate) fn all(
     };
     let tcp = match (sockets.roughtime_tcp, &rt_shared) {
         (Some((listeners, limits)), Some(shared)) => {
-            let published = register("roughtime", "tcp", 0, &roughtime_worker::LABELS);
+            let published = register(
+                "roughtime",
+                "tcp",
+                0,
+                roughtime_worker::RoughtimeDrop::LABELS,
+            );
             Some(tcp(
                 sup,
                 listeners,
@@ -168,7 +174,7 @@ fn data_plane(
     for group in ntp_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
-            let published = register("ntp", family, i, &ntp_worker::LABELS);
+            let published = register("ntp", family, i, ntp_worker::NtpDrop::LABELS);
             NtpWorker::new(ntp.clone(), published).with_heartbeat(beat)
         })?;
     }
@@ -178,7 +184,12 @@ fn data_plane(
     for group in rt_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
-            let published = register("roughtime", family, i, &roughtime_worker::LABELS);
+            let published = register(
+                "roughtime",
+                family,
+                i,
+                roughtime_worker::RoughtimeDrop::LABELS,
+            );
             RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(beat)
         })?;
     }
@@ -248,12 +259,17 @@ fn xdp(
                 let beat = sup.beat();
                 match (group, rt_shared) {
                     (0, _) => {
-                        let published = register("ntp", "xdp", i, &ntp_worker::LABELS);
+                        let published = register("ntp", "xdp", i, ntp_worker::NtpDrop::LABELS);
                         let worker = NtpWorker::new(ntp.clone(), published);
                         Box::new(worker.without_interleaved().with_heartbeat(beat))
                     }
                     (_, Some(shared)) => {
-                        let published = register("roughtime", "xdp", i, &roughtime_worker::LABELS);
+                        let published = register(
+                            "roughtime",
+                            "xdp",
+                            i,
+                            roughtime_worker::RoughtimeDrop::LABELS,
+                        );
                         let worker = RoughtimeWorker::new(shared.clone(), rt_batch, published);
                         Box::new(worker.with_heartbeat(beat))
                     }
@@ -277,7 +293,7 @@ fn tcp(
     published: Option<Arc<stats::Published>>,
 ) -> Result<(
     Arc<roughtime_tcp::Counts>,
-    Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
+    Arc<stats::Totals<roughtime_worker::RoughtimeDrop>>,
 )> {
     info!(
         "roughtime tcp: at most {} connections, {} per address, closed after {} s idle or {} s \

@@ -17,32 +17,70 @@ use crate::daemon::notify::Beat;
 use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
 use crate::reply;
 
-/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
-/// `rate_limited` (over `--ratelimit`, neither leaked nor kissed) and `nts_invalid` (NTS fields
-/// that are not a valid request, or no room for the reply).
-pub(crate) const REASONS: usize = DropReason::COUNT + 3;
-const DENIED: usize = DropReason::COUNT;
-const RATE_LIMITED: usize = DropReason::COUNT + 1;
-const NTS_INVALID: usize = DropReason::COUNT + 2;
-pub(crate) const LABELS: [&str; REASONS] = {
-    let mut labels = [""; REASONS];
-    let mut i = 0;
-    while i < DropReason::COUNT {
-        labels[i] = DropReason::ALL_REASONS[i];
-        i += 1;
+/// Why an NTP request got no reply: the protocol's reasons, and the daemon's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NtpDrop {
+    /// The responder's reason.
+    Request(DropReason),
+    /// An `--allow`/`--deny` rule.
+    Denied,
+    /// Over `--ratelimit`, neither leaked nor kissed.
+    RateLimited,
+    /// NTS fields that are not a valid request, or no room for the reply.
+    NtsInvalid,
+}
+
+impl NtpDrop {
+    const COUNT: usize = DropReason::COUNT + 3;
+
+    /// The daemon's own reasons, each beside its label.
+    const OWN: [(Self, &'static str); 3] = [
+        (Self::Denied, "denied"),
+        (Self::RateLimited, "rate_limited"),
+        (Self::NtsInvalid, "nts_invalid"),
+    ];
+
+    /// Every label, by slot.
+    const ALL_LABELS: [&'static str; Self::COUNT] = {
+        let mut labels = [""; Self::COUNT];
+        let mut i = 0;
+        while i < DropReason::COUNT {
+            labels[i] = DropReason::ALL_REASONS[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < Self::OWN.len() {
+            labels[Self::OWN[j].0.slot()] = Self::OWN[j].1;
+            j += 1;
+        }
+        labels
+    };
+
+    const fn slot(self) -> usize {
+        match self {
+            Self::Request(why) => why.index(),
+            Self::Denied => DropReason::COUNT,
+            Self::RateLimited => DropReason::COUNT + 1,
+            Self::NtsInvalid => DropReason::COUNT + 2,
+        }
     }
-    labels[DENIED] = "denied";
-    labels[RATE_LIMITED] = "rate_limited";
-    labels[NTS_INVALID] = "nts_invalid";
-    labels
-};
+}
+
+impl stats::Reason for NtpDrop {
+    type Counts = [u64; Self::COUNT];
+    const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
+
+    fn index(self) -> usize {
+        self.slot()
+    }
+}
 
 /// State every worker of the service shares: the published upstream snapshot and the totals.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: ArcSwap<ServerState>,
     pub(crate) policy: StalePolicy,
-    pub(crate) totals: Arc<Totals<REASONS>>,
+    pub(crate) totals: Arc<Totals<NtpDrop>>,
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
@@ -83,7 +121,7 @@ impl Marks {
 
 pub(crate) struct NtpWorker {
     shared: Arc<Shared>,
-    stats: WorkerStats<REASONS>,
+    stats: WorkerStats<NtpDrop>,
     /// The zone for the batch in hand (loaded once per batch) and the Unix time that resolves
     /// NTP eras for it.
     zone: Option<Arc<Zone>>,
@@ -103,7 +141,6 @@ impl NtpWorker {
         Self {
             stats: WorkerStats::new(
                 "ntp",
-                &LABELS,
                 shared.stats_interval,
                 shared.totals.clone(),
                 published,
@@ -156,7 +193,7 @@ struct Notes {
 }
 
 /// Writes the reply to one request into `buf`: the responder's header, then rate limiting,
-/// interleaved mode and NTS, each if on. Returns the reply's length or the drop reason's slot.
+/// interleaved mode and NTS, each if on. Returns the reply's length or why there is none.
 fn answer(
     b: &Batch<'_>,
     meta: &chime_udp::RecvMeta,
@@ -165,9 +202,9 @@ fn answer(
     coin: &mut Coin,
     buf: &mut [u8],
     notes: &mut Notes,
-) -> Result<usize, usize> {
+) -> Result<usize, NtpDrop> {
     let len = chime_ntp::respond(request, meta.src.port(), t2, b.served, buf)
-        .map_err(|why| why.index())?;
+        .map_err(NtpDrop::Request)?;
     // Only a request that would be answered costs its sender: a malformed one is dropped above
     // without touching the table.
     if let Some((table, mono, interval)) = b.limiter {
@@ -177,7 +214,7 @@ fn answer(
                 chime_ntp::kiss_of_death(buf, *b"RATE");
                 notes.kissed = true;
             }
-            Verdict::Drop => return Err(RATE_LIMITED),
+            Verdict::Drop => return Err(NtpDrop::RateLimited),
         }
         chime_ntp::suggest_poll(buf, interval);
     }
@@ -200,12 +237,12 @@ fn answer(
     }
     match nts::check_request(request, keys) {
         nts::Check::NotNts => Ok(len),
-        nts::Check::Malformed => Err(NTS_INVALID),
+        nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
         nts::Check::Nak(uid) => {
             notes.nts = Some(false);
             notes.save_transmit = false;
             notes.interleaved = false;
-            nts::write_nak(buf, request, uid).ok_or(NTS_INVALID)
+            nts::write_nak(buf, request, uid).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
             // The authenticator covers the transmit timestamp: stamp it now.
@@ -219,7 +256,7 @@ fn answer(
             }
             notes.nts = Some(true);
             let seal = || keys.seal(&v.keys, rand::random());
-            nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NTS_INVALID)
+            nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NtpDrop::NtsInvalid)
         }
     }
 }
@@ -259,11 +296,13 @@ impl BatchHandler for NtpWorker {
         for (meta, request) in rx.iter() {
             self.stats.pending.received += 1;
             if !acl.serves(meta.src.ip()) {
-                self.stats.pending.drop_at(DENIED);
+                self.stats.pending.drop(NtpDrop::Denied);
                 continue;
             }
             if meta.truncated {
-                self.stats.pending.drop_at(DropReason::Truncated.index());
+                self.stats
+                    .pending
+                    .drop(NtpDrop::Request(DropReason::Truncated));
                 continue;
             }
             let mut t2 = meta.timestamp.map_or(now, clock::from_kernel);
@@ -293,7 +332,7 @@ impl BatchHandler for NtpWorker {
                 }
             }
             if let Err(Some(why)) = queued {
-                self.stats.pending.drop_at(why);
+                self.stats.pending.drop(why);
             }
         }
         // The batch's one tick, which the watchdog sees.
@@ -441,8 +480,21 @@ mod tests {
         assert!(denied.is_empty() && short.is_empty());
         let p = worker.stats.pending;
         assert_eq!(p.received, 2);
-        assert_eq!(p.dropped[DENIED], 1);
-        assert_eq!(p.dropped[DropReason::TooShort.index()], 1);
+        assert_eq!(p.dropped(NtpDrop::Denied), 1);
+        assert_eq!(p.dropped(NtpDrop::Request(DropReason::TooShort)), 1);
+    }
+
+    #[test]
+    fn every_drop_reason_has_a_label_of_its_own() {
+        use crate::observe::stats::Reason as _;
+        let mut labels = NtpDrop::LABELS.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), NtpDrop::COUNT);
+        assert!(!labels.contains(&""));
+        let label = |why: NtpDrop| NtpDrop::LABELS[why.index()];
+        assert_eq!(label(NtpDrop::RateLimited), "rate_limited");
+        assert_eq!(label(NtpDrop::Request(DropReason::TooShort)), "too_short");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Per-thread counters, for both services. A worker counts in plain integers it owns (no atomics
 //! on the hot path) and adds them into the shared totals at the stats interval and when it stops;
-//! the totals are what the daemon logs at exit. `N` is the number of drop reasons of the service,
-//! and a label per reason names it in the logs.
+//! the totals are what the daemon logs at exit. Each service's drop reasons are an enum that
+//! carries its own labels ([`Reason`]); the counters are indexed by it.
 //!
 //! With the metrics endpoint on, each worker also publishes its running counts once per batch
 //! into a [`Published`] of its own: relaxed stores by its one writer, no read-modify-write, so
@@ -60,7 +60,29 @@ impl Of {
 }
 
 impl Note {
-    /// A dense index, for the counters' arrays and [`NOTE_LABELS`].
+    /// Every note, in [`Note::index`] order: NTP's, then Roughtime's versions, then `Greased`.
+    pub(crate) const ALL: [Self; NOTES] = {
+        let ntp = [
+            Self::Kod,
+            Self::Interleaved,
+            Self::KernelTxTimestamp,
+            Self::Nts,
+            Self::NtsNak,
+        ];
+        let mut all = [Self::Greased; NOTES];
+        let mut i = 0;
+        while i < NTP_NOTES {
+            all[i] = ntp[i];
+            i += 1;
+        }
+        while i < NOTES - 1 {
+            all[i] = Self::Roughtime(Version::ALL[i - NTP_NOTES]);
+            i += 1;
+        }
+        all
+    };
+
+    /// A dense index, for the counters' arrays.
     pub(crate) const fn index(self) -> usize {
         match self {
             Self::Kod => 0,
@@ -72,29 +94,45 @@ impl Note {
             Self::Greased => NTP_NOTES + Version::COUNT,
         }
     }
+
+    /// Its label in log lines.
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Self::Kod => "kod",
+            Self::Interleaved => "interleaved",
+            Self::KernelTxTimestamp => "kernel_tx_timestamps",
+            Self::Nts => "nts",
+            Self::NtsNak => "nts_nak",
+            Self::Roughtime(v) => match v {
+                Version::Google => "version.google",
+                Version::Draft07 => "version.0x80000007",
+                Version::Draft08 => "version.0x80000008",
+                Version::Draft09 => "version.0x80000009",
+                Version::Draft10 => "version.0x8000000a",
+                Version::Draft11 => "version.0x8000000b",
+                Version::Draft12 => "version.0x8000000c",
+                Version::Rfc10049 => "version.1",
+            },
+            Self::Greased => "greased",
+        }
+    }
 }
 
-/// Each [`Note`]'s label in log lines, in [`Note::index`] order.
-pub(crate) const NOTE_LABELS: [&str; NOTES] = [
-    "kod",
-    "interleaved",
-    "kernel_tx_timestamps",
-    "nts",
-    "nts_nak",
-    "version.google",
-    "version.0x80000007",
-    "version.0x80000008",
-    "version.0x80000009",
-    "version.0x8000000a",
-    "version.0x8000000b",
-    "version.0x8000000c",
-    "version.1",
-    "greased",
-];
+/// A service's reasons for dropping a request: an enum whose every value has a dense index and a
+/// label, so that the counters are indexed by the reason itself and a label cannot drift from
+/// its reason.
+pub(crate) trait Reason: Copy + fmt::Debug + PartialEq + 'static {
+    /// A count per reason, by [`Reason::index`]: `[u64; N]` for `N` reasons.
+    type Counts: Copy + Default + PartialEq + fmt::Debug + AsRef<[u64]> + AsMut<[u64]>;
+    /// Every reason's label, in [`Reason::index`] order.
+    const LABELS: &'static [&'static str];
+    /// A dense index below `LABELS.len()`: its label is `LABELS[index]`.
+    fn index(self) -> usize;
+}
 
-/// What one worker has seen since it last flushed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Counters<const N: usize> {
+/// What one worker has seen since it last flushed, its drops by the service's [`Reason`] `R`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Counters<R: Reason> {
     pub(crate) received: u64,
     /// Receive batches handled: received / batches is the mean batch, which for Roughtime is
     /// the requests each signature covered.
@@ -109,10 +147,10 @@ pub(crate) struct Counters<const N: usize> {
     pub(crate) shed: u64,
     /// Replies of note (see [`Note`]), also in `answered` once sent.
     pub(crate) notes: [u64; NOTES],
-    pub(crate) dropped: [u64; N],
+    dropped: R::Counts,
 }
 
-impl<const N: usize> Default for Counters<N> {
+impl<R: Reason> Default for Counters<R> {
     fn default() -> Self {
         Self {
             received: 0,
@@ -122,14 +160,26 @@ impl<const N: usize> Default for Counters<N> {
             kernel_drops: 0,
             shed: 0,
             notes: [0; NOTES],
-            dropped: [0; N],
+            dropped: R::Counts::default(),
         }
     }
 }
 
-impl<const N: usize> Counters<N> {
-    pub(crate) fn drop_at(&mut self, reason: usize) {
-        self.dropped[reason] += 1;
+impl<R: Reason> Counters<R> {
+    /// Counts one request dropped for `why`.
+    pub(crate) fn drop(&mut self, why: R) {
+        self.drop_n(why, 1);
+    }
+
+    /// Counts `n` requests dropped for `why`.
+    pub(crate) fn drop_n(&mut self, why: R, n: u64) {
+        self.dropped.as_mut()[why.index()] += n;
+    }
+
+    /// The requests dropped for `why`.
+    #[cfg(test)]
+    pub(crate) fn dropped(&self, why: R) -> u64 {
+        self.dropped.as_ref()[why.index()]
     }
 
     /// Counts one reply of note if `happened`.
@@ -138,7 +188,15 @@ impl<const N: usize> Counters<N> {
     }
 
     pub(crate) fn dropped_total(&self) -> u64 {
-        self.dropped.iter().sum()
+        self.dropped.as_ref().iter().sum()
+    }
+
+    /// Each reason's label and count, in [`Reason::index`] order.
+    pub(crate) fn drops(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        R::LABELS
+            .iter()
+            .copied()
+            .zip(self.dropped.as_ref().iter().copied())
     }
 
     pub(crate) fn add(&mut self, other: &Self) {
@@ -151,16 +209,15 @@ impl<const N: usize> Counters<N> {
         for (a, b) in self.notes.iter_mut().zip(other.notes) {
             *a += b;
         }
-        for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
+        for (a, b) in self.dropped.as_mut().iter_mut().zip(other.dropped.as_ref()) {
             *a += b;
         }
     }
 
     /// The counters as one log line, with a `dropped.<label>=n` for each non-zero reason.
-    pub(crate) fn display<'a>(&'a self, labels: &'a [&'static str; N]) -> impl fmt::Display + 'a {
+    pub(crate) fn display(&self) -> impl fmt::Display + '_ {
         Line {
             counters: self,
-            labels,
             zeros: None,
         }
     }
@@ -168,27 +225,21 @@ impl<const N: usize> Counters<N> {
     /// The counters as one line with every drop reason and every note of the service `of`,
     /// zeros too: the line at exit, which whoever reads it (an operator, a test) can take as
     /// complete.
-    pub(crate) fn display_all<'a>(
-        &'a self,
-        labels: &'a [&'static str; N],
-        of: Of,
-    ) -> impl fmt::Display + 'a {
+    pub(crate) fn display_all(&self, of: Of) -> impl fmt::Display + '_ {
         Line {
             counters: self,
-            labels,
             zeros: Some(of),
         }
     }
 }
 
-struct Line<'a, const N: usize> {
-    counters: &'a Counters<N>,
-    labels: &'a [&'static str; N],
+struct Line<'a, R: Reason> {
+    counters: &'a Counters<R>,
     /// Whether drop reasons that are zero are written too, and the notes of which service.
     zeros: Option<Of>,
 }
 
-impl<const N: usize> fmt::Display for Line<'_, N> {
+impl<R: Reason> fmt::Display for Line<'_, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = self.counters;
         write!(
@@ -203,13 +254,13 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
             c.kernel_drops
         )?;
         let notes = self.zeros.map_or(0..0, Of::notes);
-        for (i, (n, label)) in c.notes.iter().zip(NOTE_LABELS).enumerate() {
-            if *n > 0 || notes.contains(&i) {
-                write!(f, " {label}={n}")?;
+        for (n, note) in c.notes.iter().zip(Note::ALL) {
+            if *n > 0 || notes.contains(&note.index()) {
+                write!(f, " {}={n}", note.label())?;
             }
         }
-        for (n, label) in c.dropped.iter().zip(self.labels) {
-            if *n > 0 || self.zeros.is_some() {
+        for (label, n) in c.drops() {
+            if n > 0 || self.zeros.is_some() {
                 write!(f, " dropped.{label}={n}")?;
             }
         }
@@ -219,7 +270,7 @@ impl<const N: usize> fmt::Display for Line<'_, N> {
 
 /// Totals over every worker of one service, for the exit log.
 #[derive(Debug)]
-pub(crate) struct Totals<const N: usize> {
+pub(crate) struct Totals<R: Reason> {
     received: AtomicU64,
     batches: AtomicU64,
     answered: AtomicU64,
@@ -227,10 +278,11 @@ pub(crate) struct Totals<const N: usize> {
     kernel_drops: AtomicU64,
     shed: AtomicU64,
     notes: [AtomicU64; NOTES],
-    dropped: [AtomicU64; N],
+    dropped: Box<[AtomicU64]>,
+    reason: std::marker::PhantomData<R>,
 }
 
-impl<const N: usize> Default for Totals<N> {
+impl<R: Reason> Default for Totals<R> {
     fn default() -> Self {
         Self {
             received: AtomicU64::new(0),
@@ -240,13 +292,14 @@ impl<const N: usize> Default for Totals<N> {
             kernel_drops: AtomicU64::new(0),
             shed: AtomicU64::new(0),
             notes: std::array::from_fn(|_| AtomicU64::new(0)),
-            dropped: std::array::from_fn(|_| AtomicU64::new(0)),
+            dropped: R::LABELS.iter().map(|_| AtomicU64::new(0)).collect(),
+            reason: std::marker::PhantomData,
         }
     }
 }
 
-impl<const N: usize> Totals<N> {
-    pub(crate) fn add(&self, c: &Counters<N>) {
+impl<R: Reason> Totals<R> {
+    pub(crate) fn add(&self, c: &Counters<R>) {
         self.received.fetch_add(c.received, Relaxed);
         self.batches.fetch_add(c.batches, Relaxed);
         self.answered.fetch_add(c.answered, Relaxed);
@@ -256,12 +309,16 @@ impl<const N: usize> Totals<N> {
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.fetch_add(b, Relaxed);
         }
-        for (a, b) in self.dropped.iter().zip(c.dropped) {
-            a.fetch_add(b, Relaxed);
+        for (a, b) in self.dropped.iter().zip(c.dropped.as_ref()) {
+            a.fetch_add(*b, Relaxed);
         }
     }
 
-    pub(crate) fn snapshot(&self) -> Counters<N> {
+    pub(crate) fn snapshot(&self) -> Counters<R> {
+        let mut dropped = R::Counts::default();
+        for (a, b) in dropped.as_mut().iter_mut().zip(&self.dropped) {
+            *a = b.load(Relaxed);
+        }
         Counters {
             received: self.received.load(Relaxed),
             batches: self.batches.load(Relaxed),
@@ -270,7 +327,7 @@ impl<const N: usize> Totals<N> {
             kernel_drops: self.kernel_drops.load(Relaxed),
             shed: self.shed.load(Relaxed),
             notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
-            dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
+            dropped,
         }
     }
 }
@@ -310,7 +367,7 @@ pub(crate) struct PublishedCounts {
 }
 
 impl Published {
-    fn store<const N: usize>(&self, c: &Counters<N>) {
+    fn store<R: Reason>(&self, c: &Counters<R>) {
         self.received.store(c.received, Relaxed);
         self.batches.store(c.batches, Relaxed);
         self.answered.store(c.answered, Relaxed);
@@ -320,8 +377,8 @@ impl Published {
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.store(b, Relaxed);
         }
-        for (a, b) in self.dropped.iter().zip(c.dropped) {
-            a.store(b, Relaxed);
+        for (a, b) in self.dropped.iter().zip(c.dropped.as_ref()) {
+            a.store(*b, Relaxed);
         }
     }
 
@@ -388,15 +445,14 @@ impl Registry {
 /// line at the stats interval and at exit, log send errors at most once per interval, and beat
 /// the heartbeat the watchdog reads at every tick (every batch, and every idle wake-up).
 #[derive(Debug)]
-pub(crate) struct WorkerStats<const N: usize> {
-    pub(crate) pending: Counters<N>,
-    lifetime: Counters<N>,
+pub(crate) struct WorkerStats<R: Reason> {
+    pub(crate) pending: Counters<R>,
+    lifetime: Counters<R>,
     last_flush_unix: i64,
     send_error_logged: bool,
     service: &'static str,
-    labels: &'static [&'static str; N],
     interval: Option<Duration>,
-    totals: Arc<Totals<N>>,
+    totals: Arc<Totals<R>>,
     published: Option<Arc<Published>>,
     /// The socket's drop count when last read (the kernel's, cumulative, wrapping).
     kernel_drops_seen: u32,
@@ -405,12 +461,11 @@ pub(crate) struct WorkerStats<const N: usize> {
     heartbeat: Beat,
 }
 
-impl<const N: usize> WorkerStats<N> {
+impl<R: Reason> WorkerStats<R> {
     pub(crate) fn new(
         service: &'static str,
-        labels: &'static [&'static str; N],
         interval: Option<Duration>,
-        totals: Arc<Totals<N>>,
+        totals: Arc<Totals<R>>,
         published: Option<Arc<Published>>,
     ) -> Self {
         Self {
@@ -419,7 +474,6 @@ impl<const N: usize> WorkerStats<N> {
             last_flush_unix: crate::clock::read().unix_secs(),
             send_error_logged: false,
             service,
-            labels,
             interval,
             totals,
             published,
@@ -463,11 +517,7 @@ impl<const N: usize> WorkerStats<N> {
         }
         self.send_error_logged = false;
         self.flush(now_unix);
-        info!(
-            "{} stats: {}",
-            self.service,
-            self.lifetime.display(self.labels)
-        );
+        info!("{} stats: {}", self.service, self.lifetime.display());
     }
 
     /// Takes the socket's cumulative drop count (see `BatchHandler::receive_drops`) into the
@@ -519,7 +569,7 @@ impl<const N: usize> WorkerStats<N> {
         info!(
             "{} stats at exit: {}",
             self.service,
-            self.lifetime.display_all(self.labels, self.of())
+            self.lifetime.display_all(self.of())
         );
     }
 
@@ -567,11 +617,26 @@ pub(crate) use bookkeeping;
 mod tests {
     use super::*;
 
+    /// A service with one drop reason.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct X;
+
+    impl Reason for X {
+        type Counts = [u64; 1];
+        const LABELS: &'static [&'static str] = &["x"];
+        fn index(self) -> usize {
+            0
+        }
+    }
+
     #[test]
-    fn every_roughtime_version_has_its_own_note_and_label() {
+    fn every_note_has_its_index_and_every_roughtime_version_its_label() {
+        for (i, note) in Note::ALL.into_iter().enumerate() {
+            assert_eq!(note.index(), i, "{note:?}");
+        }
         for v in Version::ALL {
-            let i = Note::Roughtime(v).index();
-            assert_eq!(NOTE_LABELS[i], format!("version.{}", v.label()));
+            let label = Note::Roughtime(v).label();
+            assert_eq!(label, format!("version.{}", v.label()));
         }
         assert_eq!(Note::Roughtime(Version::ALL[0]).index(), NTP_NOTES);
         assert_eq!(Note::NtsNak.index(), NTP_NOTES - 1);
@@ -579,7 +644,7 @@ mod tests {
 
     #[test]
     fn the_log_line_names_the_versions_answered() {
-        let mut c = Counters::<1> {
+        let mut c = Counters::<X> {
             answered: 3,
             ..Default::default()
         };
@@ -587,15 +652,16 @@ mod tests {
         c.note(Note::Roughtime(Version::Draft11), true);
         c.note(Note::Roughtime(Version::Google), true);
         c.note(Note::Roughtime(Version::Rfc10049), false);
-        let line = c.display(&["x"]).to_string();
+        let line = c.display().to_string();
         assert!(
             line.ends_with(" version.google=1 version.0x8000000b=2"),
             "{line}"
         );
         // At exit, every counter: a reader can tell a zero from a counter that is not kept.
-        let ntp = c.display_all(&["x"], Of::Ntp).to_string();
-        let roughtime = c.display_all(&["x"], Of::Roughtime).to_string();
-        for (i, label) in NOTE_LABELS.iter().enumerate() {
+        let ntp = c.display_all(Of::Ntp).to_string();
+        let roughtime = c.display_all(Of::Roughtime).to_string();
+        for note in Note::ALL {
+            let (i, label) = (note.index(), note.label());
             let (theirs, other) = if i < NTP_NOTES {
                 (&ntp, &roughtime)
             } else {
@@ -607,5 +673,7 @@ mod tests {
             assert_eq!(shown, c.notes[i] > 0, "{label}: {other}");
         }
         assert!(ntp.ends_with(" dropped.x=0"), "{ntp}");
+        c.drop(X);
+        assert!(c.display().to_string().ends_with(" dropped.x=1"));
     }
 }

@@ -20,7 +20,7 @@ use crate::daemon::supervisor::{ServiceError, Supervisor};
 use crate::observe::stats::WorkerStats;
 use crate::roughtime::serve;
 use crate::roughtime::tcp::{Job, Reply, refuse_all};
-use crate::roughtime::udp::{REASONS, Shared};
+use crate::roughtime::udp::{RoughtimeDrop, Shared};
 
 /// The online key in force, which the signer reads per batch.
 pub(crate) type Now = Arc<ArcSwap<PqDelegation>>;
@@ -119,7 +119,7 @@ impl Signer {
         &mut self,
         jobs: &mut Vec<Job>,
         shared: &Shared,
-        stats: &mut WorkerStats<REASONS>,
+        stats: &mut WorkerStats<RoughtimeDrop>,
     ) {
         let (theirs, ours): (Vec<Job>, Vec<Job>) = jobs
             .drain(..)
@@ -144,7 +144,7 @@ fn answer(
     responder: &mut PqResponder,
     delegation: &PqDelegation,
     shared: &Shared,
-    stats: &mut WorkerStats<REASONS>,
+    stats: &mut WorkerStats<RoughtimeDrop>,
     jobs: &[Job],
 ) {
     let Some(serving) = serve::begin(shared, stats, jobs.len()) else {
@@ -157,7 +157,7 @@ fn answer(
         let added = serving.admits(job.peer, stats)
             && responder
                 .add(&job.packet, delegation)
-                .map_err(|why| stats.pending.drop_at(why.index()))
+                .map_err(|why| stats.pending.drop(RoughtimeDrop::Request(why)))
                 .is_ok();
         if added {
             taken.push(job);
@@ -175,7 +175,7 @@ fn answer(
             }
             Err(why) => {
                 for job in &taken {
-                    stats.pending.drop_at(why.index());
+                    stats.pending.drop(RoughtimeDrop::Request(why));
                     let _ = job.reply.try_send(Reply::Dropped);
                 }
             }
@@ -189,7 +189,7 @@ mod tests {
     use super::*;
     use crate::roughtime::serve::testing::shared;
     use crate::roughtime::tcp::tests::{answers, jobs, stats};
-    use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
+    use crate::roughtime::udp::RoughtimeDrop;
 
     #[test]
     fn the_mldsa_online_key_covers_now() {
@@ -206,13 +206,19 @@ mod tests {
         let packet = chime_roughtime::mldsa::build_request(&[3; 32], &pq.key.public_key());
         for (synchronised, deny, peer, answered, reason) in [
             (true, &[][..], "192.0.2.1", true, None),
-            (false, &[][..], "192.0.2.1", false, Some(UNSYNCHRONISED)),
+            (
+                false,
+                &[][..],
+                "192.0.2.1",
+                false,
+                Some(RoughtimeDrop::Unsynchronised),
+            ),
             (
                 true,
                 &["198.51.100.0/24"][..],
                 "198.51.100.9",
                 false,
-                Some(DENIED),
+                Some(RoughtimeDrop::Denied),
             ),
         ] {
             let shared = shared(synchronised, deny);
@@ -223,7 +229,7 @@ mod tests {
             let replies = answers(rx);
             assert_eq!(replies[0].is_some(), answered, "{synchronised} {peer}");
             if let Some(reason) = reason {
-                assert_eq!(stats.pending.dropped[reason], 1, "{synchronised} {peer}");
+                assert_eq!(stats.pending.dropped(reason), 1, "{synchronised} {peer}");
             }
         }
     }

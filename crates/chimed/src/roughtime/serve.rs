@@ -13,7 +13,7 @@ use chime_roughtime::{BatchParams, Delegation};
 use crate::access::acl::Acl;
 use crate::clock;
 use crate::observe::stats::WorkerStats;
-use crate::roughtime::udp::{DENIED, REASONS, Shared, UNSYNCHRONISED};
+use crate::roughtime::udp::{RoughtimeDrop, Shared};
 
 /// A batch the rule lets be signed.
 pub(crate) struct Batch {
@@ -24,7 +24,11 @@ pub(crate) struct Batch {
 
 /// A batch of `n` requests begins. `None` if the upstream is unsynchronised (or stale): then all
 /// `n` are counted as dropped for it, the stats are ticked, and nothing may be signed.
-pub(crate) fn begin(shared: &Shared, stats: &mut WorkerStats<REASONS>, n: usize) -> Option<Batch> {
+pub(crate) fn begin(
+    shared: &Shared,
+    stats: &mut WorkerStats<RoughtimeDrop>,
+    n: usize,
+) -> Option<Batch> {
     let reading = clock::read();
     let served = shared
         .ntp
@@ -34,7 +38,9 @@ pub(crate) fn begin(shared: &Shared, stats: &mut WorkerStats<REASONS>, n: usize)
     stats.pending.received += n as u64;
     stats.pending.batches += 1;
     if !served.is_synchronised() {
-        stats.pending.dropped[UNSYNCHRONISED] += n as u64;
+        stats
+            .pending
+            .drop_n(RoughtimeDrop::Unsynchronised, n as u64);
         stats.tick(reading.unix_secs());
         return None;
     }
@@ -69,16 +75,16 @@ impl Batch {
     }
 
     /// Whether a request from `peer` may be served; one that may not is counted as `denied`.
-    pub(crate) fn admits(&self, peer: IpAddr, stats: &mut WorkerStats<REASONS>) -> bool {
+    pub(crate) fn admits(&self, peer: IpAddr, stats: &mut WorkerStats<RoughtimeDrop>) -> bool {
         let served = self.acl.serves(peer);
         if !served {
-            stats.pending.drop_at(DENIED);
+            stats.pending.drop(RoughtimeDrop::Denied);
         }
         served
     }
 
     /// The batch is done: the stats are ticked at the time it was signed at.
-    pub(crate) fn finish(self, stats: &mut WorkerStats<REASONS>) {
+    pub(crate) fn finish(self, stats: &mut WorkerStats<RoughtimeDrop>) {
         stats.tick(self.reading.unix_secs());
     }
 }

@@ -49,7 +49,7 @@ use crate::clock;
 use crate::observe::stats::{Note, Published, Totals, WorkerStats};
 #[cfg(feature = "mldsa")]
 use crate::roughtime::mldsa;
-use crate::roughtime::udp::{self as roughtime_worker, REASONS, Shared};
+use crate::roughtime::udp::{RoughtimeDrop, Shared};
 use crate::roughtime::{Error, serve};
 
 /// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
@@ -241,7 +241,11 @@ pub(crate) type PqNow = mldsa::Now;
 pub(crate) type PqNow = std::convert::Infallible;
 
 /// Where the service counts: its connections, its replies and drops, and their metrics.
-pub(crate) type Counters = (Arc<Counts>, Arc<Totals<REASONS>>, Option<Arc<Published>>);
+pub(crate) type Counters = (
+    Arc<Counts>,
+    Arc<Totals<RoughtimeDrop>>,
+    Option<Arc<Published>>,
+);
 
 /// Starts serving on `listeners` (bound before privileges were dropped) on a thread of its own.
 pub(crate) fn spawn(
@@ -273,7 +277,6 @@ pub(crate) fn spawn(
                 fail::fail_point!("roughtime-tcp");
                 let stats = WorkerStats::new(
                     "roughtime-tcp",
-                    &roughtime_worker::LABELS,
                     shared.ntp.stats_interval,
                     totals,
                     published,
@@ -583,7 +586,7 @@ async fn converse(
 async fn sign(
     mut queue: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
-    (mut stats, mut ageing, counts): (WorkerStats<REASONS>, Option<Ageing>, Arc<Counts>),
+    (mut stats, mut ageing, counts): (WorkerStats<RoughtimeDrop>, Option<Ageing>, Arc<Counts>),
     pq: Option<PqNow>,
 ) {
     #[cfg(feature = "mldsa")]
@@ -637,7 +640,12 @@ async fn sign(
 
 /// Takes the requests that waited too long out of a batch (they come in the order they were
 /// read), telling their connections and counting them as shed.
-fn shed(ageing: &mut Ageing, jobs: &mut Vec<Job>, full: bool, stats: &mut WorkerStats<REASONS>) {
+fn shed(
+    ageing: &mut Ageing,
+    jobs: &mut Vec<Job>,
+    full: bool,
+    stats: &mut WorkerStats<RoughtimeDrop>,
+) {
     let Some(oldest) = jobs.first().map(|j| j.read_at) else {
         return;
     };
@@ -663,7 +671,7 @@ pub(super) fn refuse_all(jobs: &[Job]) {
 fn answer(
     responder: &mut Responder,
     shared: &Shared,
-    stats: &mut WorkerStats<REASONS>,
+    stats: &mut WorkerStats<RoughtimeDrop>,
     jobs: &[Job],
     tickets: &mut Vec<Option<chime_roughtime::Ticket>>,
 ) {
@@ -678,7 +686,7 @@ fn answer(
         let ticket = if serving.admits(job.peer, stats) {
             batch
                 .add(&job.packet)
-                .map_err(|why| stats.pending.drop_at(why.index()))
+                .map_err(|why| stats.pending.drop(RoughtimeDrop::Request(why)))
                 .ok()
         } else {
             None
@@ -697,7 +705,7 @@ fn answer(
                     Some(out)
                 }
                 Err(why) => {
-                    stats.pending.drop_at(why.index());
+                    stats.pending.drop(RoughtimeDrop::Request(why));
                     None
                 }
             }
@@ -739,7 +747,7 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
 pub(super) mod tests {
     use super::*;
     use crate::roughtime::serve::testing::{request, shared, verify};
-    use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
+    use crate::roughtime::udp::RoughtimeDrop;
 
     /// Where a job's answer arrives.
     pub(in crate::roughtime) type Answer = mpsc::Receiver<Reply>;
@@ -762,14 +770,8 @@ pub(super) mod tests {
             .unzip()
     }
 
-    pub(in crate::roughtime) fn stats() -> WorkerStats<REASONS> {
-        WorkerStats::new(
-            "test",
-            &roughtime_worker::LABELS,
-            None,
-            Default::default(),
-            None,
-        )
+    pub(in crate::roughtime) fn stats() -> WorkerStats<RoughtimeDrop> {
+        WorkerStats::new("test", None, Default::default(), None)
     }
 
     pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
@@ -791,7 +793,7 @@ pub(super) mod tests {
         peer: &str,
     ) -> (
         Vec<Option<Vec<u8>>>,
-        crate::observe::stats::Counters<REASONS>,
+        crate::observe::stats::Counters<RoughtimeDrop>,
     ) {
         let shared = shared(synchronised, deny);
         let mut responder = Responder::new(ResponderConfig {
@@ -822,14 +824,14 @@ pub(super) mod tests {
     fn over_tcp_too_nothing_is_signed_while_unsynchronised() {
         let (replies, counts) = batch(false, &[], &[request(1), request(2)], "192.0.2.1");
         assert_eq!(replies, [None, None]);
-        assert_eq!(counts.dropped[UNSYNCHRONISED], 2);
+        assert_eq!(counts.dropped(RoughtimeDrop::Unsynchronised), 2);
     }
 
     #[test]
     fn over_tcp_a_denied_sender_is_counted_and_not_answered() {
         let (replies, counts) = batch(true, &["198.51.100.0/24"], &[request(1)], "198.51.100.9");
         assert_eq!(replies, [None]);
-        assert_eq!(counts.dropped[DENIED], 1);
+        assert_eq!(counts.dropped(RoughtimeDrop::Denied), 1);
     }
 
     /// CoDel's rule over the signer's queue: a burst is answered, a standing queue is shed from
