@@ -264,23 +264,23 @@ fn log_totals(running: &Running) {
             s.tx_ring_full.load(Ordering::Relaxed)
         );
     }
-    if let Some((counts, totals)) = &running.tcp {
+    if let Some((counts, workers)) = &running.tcp {
         info!(
             "roughtime tcp totals at exit: {} | connections: {}",
-            totals.snapshot().display_all(stats::Of::Roughtime),
+            workers.total().display_all(stats::Of::Roughtime),
             counts.line()
         );
     }
     let ntp = &running.reloadable.ntp;
     info!(
         "ntp totals at exit: {}",
-        ntp.totals.snapshot().display_all(stats::Of::Ntp)
+        ntp.workers.total().display_all(stats::Of::Ntp)
     );
     if let Some(counts) = &running.ke_counts {
         info!("nts-ke totals at exit: {}", counts.line());
     }
     if let Some(shared) = &running.reloadable.roughtime {
-        let totals = shared.totals.snapshot();
+        let totals = shared.workers.total();
         info!(
             "roughtime totals at exit: {}",
             totals.display_all(stats::Of::Roughtime)

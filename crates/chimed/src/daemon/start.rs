@@ -23,7 +23,6 @@ use crate::daemon::secrets::Secrets;
 use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
-use crate::observe::stats::Reason as _;
 use crate::observe::{metrics, stats};
 use crate::roughtime::udp::{self as roughtime_worker, RoughtimeWorker};
 use crate::roughtime::{self, keys as online_keys, tcp as roughtime_tcp};
@@ -44,7 +43,7 @@ pub(crate) struct Running {
     pub(crate) xdp: Option<Arc<chime_xdp::XdpStats>>,
     pub(crate) tcp: Option<(
         Arc<roughtime_tcp::Counts>,
-        Arc<stats::Totals<roughtime_worker::RoughtimeDrop>>,
+        Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
     )>,
     pub(crate) ke_counts: Option<Arc<nts_ke::KeCounts>>,
 }
@@ -57,49 +56,17 @@ pub(crate) fn all(
     sockets: Sockets,
     log: crate::daemon::reload::LogFilter,
 ) -> Result<Running> {
-    let registry = (settings.observe.metrics_address).map(|_| Arc::new(stats::Registry::default()));
     let ntp = &prepared.ntp;
     let rt_shared = prepared.roughtime.as_ref().map(|(_, _, s)| s.clone());
-    let register = |service, family, thread, labels| {
-        registry
-            .as_ref()
-            .map(|r: &Arc<stats::Registry>| r.register(service, family, thread, labels))
-    };
     let roughtime = (rt_shared.as_ref()).map(|shared| (shared, settings.roughtime.batch_size.0));
-    data_plane(
-        sup,
-        (sockets.ntp, sockets.roughtime),
-        ntp,
-        roughtime,
-        &register,
-    )?;
+    data_plane(sup, (sockets.ntp, sockets.roughtime), ntp, roughtime)?;
     let xdp = match sockets.xdp {
-        Some(bound) => Some(xdp(
-            sup,
-            bound,
-            settings,
-            ntp,
-            rt_shared.as_ref(),
-            &register,
-        )?),
+        Some(bound) => Some(xdp(sup, bound, settings, ntp, rt_shared.as_ref())?),
         None => None,
     };
     let tcp = match (sockets.roughtime_tcp, &rt_shared) {
         (Some((listeners, limits)), Some(shared)) => {
-            let published = register(
-                "roughtime",
-                "tcp",
-                0,
-                roughtime_worker::RoughtimeDrop::LABELS,
-            );
-            Some(tcp(
-                sup,
-                listeners,
-                limits,
-                shared,
-                (settings, &secrets),
-                published,
-            )?)
+            Some(tcp(sup, listeners, limits, shared, (settings, &secrets))?)
         }
         _ => None,
     };
@@ -114,9 +81,12 @@ pub(crate) fn all(
         )?),
         _ => None,
     };
-    if let Some((listener, registry)) = sockets.metrics.zip(registry) {
+    if let Some(listener) = sockets.metrics {
+        let mut workers: Vec<Arc<dyn stats::Listed>> = vec![ntp.workers.clone()];
+        workers.extend(rt_shared.iter().map(|s| s.workers.clone() as _));
+        workers.extend(tcp.iter().map(|(_, w)| w.clone() as _));
         let sources = metrics::Sources {
-            registry,
+            workers,
             ntp: ntp.clone(),
             roughtime: rt_shared.clone(),
             started_unix: clock::read().unix_secs(),
@@ -169,13 +139,11 @@ fn data_plane(
     (ntp_groups, rt_groups): (Vec<Group>, Vec<Group>),
     ntp: &Arc<ntp_worker::Shared>,
     roughtime: Option<(&Arc<roughtime_worker::Shared>, usize)>,
-    register: &Register<'_>,
 ) -> Result<()> {
     for group in ntp_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
-            let published = register("ntp", family, i, ntp_worker::NtpDrop::LABELS);
-            NtpWorker::new(ntp.clone(), published).with_heartbeat(beat)
+            NtpWorker::new(ntp.clone(), family, i).with_heartbeat(beat)
         })?;
     }
     let Some((shared, batch)) = roughtime else {
@@ -184,13 +152,7 @@ fn data_plane(
     for group in rt_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
-            let published = register(
-                "roughtime",
-                family,
-                i,
-                roughtime_worker::RoughtimeDrop::LABELS,
-            );
-            RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(beat)
+            RoughtimeWorker::new(shared.clone(), batch, (family, i)).with_heartbeat(beat)
         })?;
     }
     Ok(())
@@ -238,9 +200,6 @@ fn workers<H: BatchHandler>(
     Ok(())
 }
 
-type Register<'a> = dyn Fn(&'static str, &'static str, usize, &'static [&'static str]) -> Option<Arc<stats::Published>>
-    + 'a;
-
 /// Starts the AF_XDP workers: group 0 answers NTP, group 1 Roughtime.
 fn xdp(
     sup: &mut Supervisor,
@@ -248,7 +207,6 @@ fn xdp(
     settings: &Settings,
     ntp: &Arc<ntp_worker::Shared>,
     rt_shared: Option<&Arc<roughtime_worker::Shared>>,
-    register: &Register<'_>,
 ) -> Result<(Arc<chime_xdp::XdpStats>, &'static str)> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
@@ -259,18 +217,11 @@ fn xdp(
                 let beat = sup.beat();
                 match (group, rt_shared) {
                     (0, _) => {
-                        let published = register("ntp", "xdp", i, ntp_worker::NtpDrop::LABELS);
-                        let worker = NtpWorker::new(ntp.clone(), published);
+                        let worker = NtpWorker::new(ntp.clone(), "xdp", i);
                         Box::new(worker.without_interleaved().with_heartbeat(beat))
                     }
                     (_, Some(shared)) => {
-                        let published = register(
-                            "roughtime",
-                            "xdp",
-                            i,
-                            roughtime_worker::RoughtimeDrop::LABELS,
-                        );
-                        let worker = RoughtimeWorker::new(shared.clone(), rt_batch, published);
+                        let worker = RoughtimeWorker::new(shared.clone(), rt_batch, ("xdp", i));
                         Box::new(worker.with_heartbeat(beat))
                     }
                     (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
@@ -290,10 +241,9 @@ fn tcp(
     limits: roughtime_tcp::Limits,
     shared: &Arc<roughtime_worker::Shared>,
     (settings, secrets): (&Settings, &Secrets),
-    published: Option<Arc<stats::Published>>,
 ) -> Result<(
     Arc<roughtime_tcp::Counts>,
-    Arc<stats::Totals<roughtime_worker::RoughtimeDrop>>,
+    Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
 )> {
     info!(
         "roughtime tcp: at most {} connections, {} per address, closed after {} s idle or {} s \
@@ -315,17 +265,17 @@ fn tcp(
         None
     };
     let counts = Arc::new(roughtime_tcp::Counts::default());
-    let totals = Arc::new(stats::Totals::default());
+    let workers = Arc::new(stats::Workers::new("roughtime"));
     let service = roughtime_tcp::spawn(
         listeners,
         shared.clone(),
         limits,
-        (counts.clone(), totals.clone(), published),
+        (counts.clone(), workers.clone()),
         (pq_now, settings.shed()),
         (sup.beat(), sup.stop_signal()),
     )?;
     sup.threads("roughtime-tcp", service);
-    Ok((counts, totals))
+    Ok((counts, workers))
 }
 
 /// Starts NTS-KE on its threads.

@@ -14,7 +14,7 @@ use crate::access::acl::Acl;
 use crate::clock;
 use crate::clock::tz::Zone;
 use crate::daemon::notify::Beat;
-use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
+use crate::observe::stats::{self, Note, WorkerStats, Workers};
 use crate::reply;
 
 /// Why an NTP request got no reply: the protocol's reasons, and the daemon's own.
@@ -75,12 +75,14 @@ impl stats::Reason for NtpDrop {
     }
 }
 
-/// State every worker of the service shares: the published upstream snapshot and the totals.
+/// State every worker of the service shares: the published upstream snapshot and the workers'
+/// counts.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: ArcSwap<ServerState>,
     pub(crate) policy: StalePolicy,
-    pub(crate) totals: Arc<Totals<NtpDrop>>,
+    /// Every worker's counts, for the log's totals and the metrics.
+    pub(crate) workers: Arc<Workers<NtpDrop>>,
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
@@ -136,14 +138,15 @@ pub(crate) struct NtpWorker {
 }
 
 impl NtpWorker {
-    pub(crate) fn new(shared: Arc<Shared>, published: Option<Arc<Published>>) -> Self {
+    /// Thread `thread` of those on one `family`'s socket (or on AF_XDP, `xdp`), its counts
+    /// registered with the service's.
+    pub(crate) fn new(shared: Arc<Shared>, family: &'static str, thread: usize) -> Self {
         let now_unix = clock::read().unix_secs();
         Self {
             stats: WorkerStats::new(
                 "ntp",
                 shared.stats_interval,
-                shared.totals.clone(),
-                published,
+                shared.workers.register(family, thread),
             ),
             shared,
             zone: None,
@@ -273,7 +276,7 @@ impl BatchHandler for NtpWorker {
         if let Some(zone) = &self.zone {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
-        self.stats.pending.batches += 1;
+        self.stats.counts.batches += 1;
         let acl = self.shared.acl.load();
         if self.marks.any {
             self.marks = Marks::default();
@@ -294,14 +297,14 @@ impl BatchHandler for NtpWorker {
             now_unix,
         };
         for (meta, request) in rx.iter() {
-            self.stats.pending.received += 1;
+            self.stats.counts.received += 1;
             if !acl.serves(meta.src.ip()) {
-                self.stats.pending.drop(NtpDrop::Denied);
+                self.stats.counts.drop(NtpDrop::Denied);
                 continue;
             }
             if meta.truncated {
                 self.stats
-                    .pending
+                    .counts
                     .drop(NtpDrop::Request(DropReason::Truncated));
                 continue;
             }
@@ -315,7 +318,7 @@ impl BatchHandler for NtpWorker {
                 answer(&batch, meta, request, t2, coin, buf, &mut notes)
             });
             if queued.is_ok() {
-                let p = &mut self.stats.pending;
+                let p = &mut self.stats.counts;
                 p.note(Note::Kod, notes.kissed);
                 p.note(Note::Interleaved, notes.interleaved);
                 p.note(Note::Nts, notes.nts == Some(true));
@@ -332,7 +335,7 @@ impl BatchHandler for NtpWorker {
                 }
             }
             if let Err(Some(why)) = queued {
-                self.stats.pending.drop(why);
+                self.stats.counts.drop(why);
             }
         }
         // The batch's one tick, which the watchdog sees.
@@ -380,7 +383,7 @@ impl BatchHandler for NtpWorker {
                     sent = zone.apply(sent, self.pivot_unix);
                 }
                 log.save(rx, sent);
-                self.stats.pending.note(Note::KernelTxTimestamp, true);
+                self.stats.counts.note(Note::KernelTxTimestamp, true);
             }
         }
     }
@@ -415,7 +418,7 @@ pub(crate) mod testing {
         Arc::new(Shared {
             state: ArcSwap::from_pointee(state),
             policy: StalePolicy::default(),
-            totals: Default::default(),
+            workers: Arc::new(Workers::new("ntp")),
             stats_interval: None,
             zone: ArcSwapOption::empty(),
             acl: ArcSwap::from_pointee(Acl::new(&[], &deny).unwrap()),
@@ -447,7 +450,7 @@ mod tests {
 
     #[test]
     fn a_client_gets_the_mirrored_state_in_a_reply_no_longer_than_its_request() {
-        let mut worker = NtpWorker::new(shared(synchronised(), &[]), None);
+        let mut worker = NtpWorker::new(shared(synchronised(), &[]), "ipv4", 0);
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
         assert_eq!(replies.len(), 1);
         assert_eq!(replies[0].len(), 48);
@@ -461,12 +464,12 @@ mod tests {
             request()[40..48],
             "origin is the client's transmit"
         );
-        assert_eq!(worker.stats.pending.received, 1);
+        assert_eq!(worker.stats.counts.received, 1);
     }
 
     #[test]
     fn an_unsynchronised_upstream_is_served_as_such() {
-        let mut worker = NtpWorker::new(shared(ServerState::unsynchronised(), &[]), None);
+        let mut worker = NtpWorker::new(shared(ServerState::unsynchronised(), &[]), "ipv4", 0);
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
         let h = Header::parse(&replies[0]).unwrap();
         assert_eq!((h.leap, h.stratum), (Leap::Unsynchronised, 0));
@@ -474,11 +477,11 @@ mod tests {
 
     #[test]
     fn denied_and_malformed_requests_are_dropped_and_counted() {
-        let mut worker = NtpWorker::new(shared(synchronised(), &["198.51.100.0/24"]), None);
+        let mut worker = NtpWorker::new(shared(synchronised(), &["198.51.100.0/24"]), "ipv4", 0);
         let denied = exchange(&mut worker, "198.51.100.7:123", &[&request()]);
         let short = exchange(&mut worker, "192.0.2.1:40000", &[&request()[..47]]);
         assert!(denied.is_empty() && short.is_empty());
-        let p = worker.stats.pending;
+        let p = worker.stats.counts;
         assert_eq!(p.received, 2);
         assert_eq!(p.dropped(NtpDrop::Denied), 1);
         assert_eq!(p.dropped(NtpDrop::Request(DropReason::TooShort)), 1);
@@ -501,7 +504,7 @@ mod tests {
     fn the_watchdog_sees_every_batch_and_every_idle_wake_up() {
         let mut hearts = crate::daemon::notify::Heartbeats::default();
         let mut worker =
-            NtpWorker::new(shared(synchronised(), &[]), None).with_heartbeat(hearts.add());
+            NtpWorker::new(shared(synchronised(), &[]), "ipv4", 0).with_heartbeat(hearts.add());
         assert!(!hearts.all_moved(), "nothing happened yet");
         exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
         assert!(hearts.all_moved(), "a batch");

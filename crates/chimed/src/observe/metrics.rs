@@ -27,12 +27,13 @@ use tracing::warn;
 use crate::clock;
 use crate::daemon::supervisor::ServiceError;
 use crate::ntp::worker as ntp_worker;
-use crate::observe::stats::{Note, Published, PublishedCounts, Registry};
+use crate::observe::stats::{Listed, Note, Published, PublishedCounts};
 use crate::roughtime::udp as roughtime_worker;
 
 /// What the endpoint reports on.
 pub(crate) struct Sources {
-    pub(crate) registry: Arc<Registry>,
+    /// The data plane's workers, service by service.
+    pub(crate) workers: Vec<Arc<dyn Listed>>,
     pub(crate) ntp: Arc<ntp_worker::Shared>,
     pub(crate) roughtime: Option<Arc<roughtime_worker::Shared>>,
     /// When the daemon started, Unix seconds.
@@ -260,7 +261,7 @@ fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
         ConstGauge::new(sources.started_unix),
     )?;
 
-    workers(enc, &sources.registry)?;
+    workers(enc, &sources.workers)?;
     if let Some(tcp) = &sources.roughtime_tcp {
         roughtime_tcp(enc, tcp)?;
     }
@@ -278,8 +279,8 @@ fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
 }
 
 /// Every worker thread's counters, labelled by service, family and thread.
-fn workers(enc: &mut DescriptorEncoder, registry: &Registry) -> fmt::Result {
-    let workers = registry.workers();
+fn workers(enc: &mut DescriptorEncoder, services: &[Arc<dyn Listed>]) -> fmt::Result {
+    let workers: Vec<_> = services.iter().flat_map(|s| s.published()).collect();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
     let per_worker: [(&str, &str, CountOf); 6] = [
         (
@@ -577,15 +578,17 @@ mod tests {
     use super::*;
 
     fn sources() -> Arc<Sources> {
-        let registry = Arc::new(Registry::default());
+        let workers = Arc::new(crate::observe::stats::Workers::<ntp_worker::NtpDrop>::new(
+            "ntp",
+        ));
         // One worker, so that the per-worker families have a series.
-        let _worker = registry.register("ntp", "ipv4", 0, &chime_ntp::DropReason::ALL_REASONS);
+        let _worker = workers.register("ipv4", 0);
         Arc::new(Sources {
-            registry,
+            workers: vec![workers.clone()],
             ntp: Arc::new(ntp_worker::Shared {
                 state: ArcSwap::from_pointee(ServerState::unsynchronised()),
                 policy: StalePolicy::default(),
-                totals: Default::default(),
+                workers,
                 stats_interval: None,
                 zone: ArcSwapOption::empty(),
                 acl: ArcSwap::from_pointee(crate::access::acl::Acl::default()),

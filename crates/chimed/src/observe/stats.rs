@@ -1,11 +1,10 @@
 //! Per-thread counters, for both services. A worker counts in plain integers it owns (no atomics
-//! on the hot path) and adds them into the shared totals at the stats interval and when it stops;
-//! the totals are what the daemon logs at exit. Each service's drop reasons are an enum that
-//! carries its own labels ([`Reason`]); the counters are indexed by it.
-//!
-//! With the metrics endpoint on, each worker also publishes its running counts once per batch
-//! into a [`Published`] of its own: relaxed stores by its one writer, no read-modify-write, so
-//! the hot path pays a few plain stores per batch.
+//! on the hot path) and publishes them at every tick (once per batch, and at idle wake-ups) into
+//! a [`Published`] of its own: relaxed stores by its one writer, no read-modify-write. Its
+//! service's [`Workers`] holds every worker's [`Published`], and is what both the totals the
+//! daemon logs at exit and the metrics endpoint read: one set of counters, two readers. Each
+//! service's drop reasons are an enum that carries its own labels ([`Reason`]); the counters are
+//! indexed by it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -199,17 +198,18 @@ impl<R: Reason> Counters<R> {
             .zip(self.dropped.as_ref().iter().copied())
     }
 
-    pub(crate) fn add(&mut self, other: &Self) {
-        self.received += other.received;
-        self.batches += other.batches;
-        self.answered += other.answered;
-        self.send_errors += other.send_errors;
-        self.kernel_drops += other.kernel_drops;
-        self.shed += other.shed;
-        for (a, b) in self.notes.iter_mut().zip(other.notes) {
+    /// Adds a worker's published counts, of the same service.
+    fn add_published(&mut self, p: &PublishedCounts) {
+        self.received += p.received;
+        self.batches += p.batches;
+        self.answered += p.answered;
+        self.send_errors += p.send_errors;
+        self.kernel_drops += p.kernel_drops;
+        self.shed += p.shed;
+        for (a, b) in self.notes.iter_mut().zip(p.notes) {
             *a += b;
         }
-        for (a, b) in self.dropped.as_mut().iter_mut().zip(other.dropped.as_ref()) {
+        for (a, b) in self.dropped.as_mut().iter_mut().zip(&p.dropped) {
             *a += b;
         }
     }
@@ -268,79 +268,17 @@ impl<R: Reason> fmt::Display for Line<'_, R> {
     }
 }
 
-/// Totals over every worker of one service, for the exit log.
-#[derive(Debug)]
-pub(crate) struct Totals<R: Reason> {
-    received: AtomicU64,
-    batches: AtomicU64,
-    answered: AtomicU64,
-    send_errors: AtomicU64,
-    kernel_drops: AtomicU64,
-    shed: AtomicU64,
-    notes: [AtomicU64; NOTES],
-    dropped: Box<[AtomicU64]>,
-    reason: std::marker::PhantomData<R>,
-}
-
-impl<R: Reason> Default for Totals<R> {
-    fn default() -> Self {
-        Self {
-            received: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            answered: AtomicU64::new(0),
-            send_errors: AtomicU64::new(0),
-            kernel_drops: AtomicU64::new(0),
-            shed: AtomicU64::new(0),
-            notes: std::array::from_fn(|_| AtomicU64::new(0)),
-            dropped: R::LABELS.iter().map(|_| AtomicU64::new(0)).collect(),
-            reason: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<R: Reason> Totals<R> {
-    pub(crate) fn add(&self, c: &Counters<R>) {
-        self.received.fetch_add(c.received, Relaxed);
-        self.batches.fetch_add(c.batches, Relaxed);
-        self.answered.fetch_add(c.answered, Relaxed);
-        self.send_errors.fetch_add(c.send_errors, Relaxed);
-        self.kernel_drops.fetch_add(c.kernel_drops, Relaxed);
-        self.shed.fetch_add(c.shed, Relaxed);
-        for (a, b) in self.notes.iter().zip(c.notes) {
-            a.fetch_add(b, Relaxed);
-        }
-        for (a, b) in self.dropped.iter().zip(c.dropped.as_ref()) {
-            a.fetch_add(*b, Relaxed);
-        }
-    }
-
-    pub(crate) fn snapshot(&self) -> Counters<R> {
-        let mut dropped = R::Counts::default();
-        for (a, b) in dropped.as_mut().iter_mut().zip(&self.dropped) {
-            *a = b.load(Relaxed);
-        }
-        Counters {
-            received: self.received.load(Relaxed),
-            batches: self.batches.load(Relaxed),
-            answered: self.answered.load(Relaxed),
-            send_errors: self.send_errors.load(Relaxed),
-            kernel_drops: self.kernel_drops.load(Relaxed),
-            shed: self.shed.load(Relaxed),
-            notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
-            dropped,
-        }
-    }
-}
-
-/// One worker's counts since it started, as the metrics endpoint reads them: written only by that
-/// worker, after every batch.
+/// One worker's counts since it started, as the log's totals and the metrics read them: written
+/// only by that worker, at every tick (every batch and idle wake-up) and when it stops.
 #[derive(Debug)]
 pub(crate) struct Published {
+    /// The service its series are labelled with: `ntp` or `roughtime`.
     pub(crate) service: &'static str,
-    /// The address family of its socket: `ipv4` or `ipv6`.
+    /// The address family of its socket, `ipv4` or `ipv6`; or its path, `xdp` or `tcp`.
     pub(crate) family: &'static str,
     /// Its index among the threads on that socket address.
     pub(crate) thread: usize,
+    /// Its service's drop reasons' labels, in [`Reason::index`] order.
     pub(crate) labels: &'static [&'static str],
     received: AtomicU64,
     batches: AtomicU64,
@@ -367,6 +305,7 @@ pub(crate) struct PublishedCounts {
 }
 
 impl Published {
+    /// Relaxed stores by the one writer: no read-modify-write.
     fn store<R: Reason>(&self, c: &Counters<R>) {
         self.received.store(c.received, Relaxed);
         self.batches.store(c.batches, Relaxed);
@@ -396,27 +335,33 @@ impl Published {
     }
 }
 
-/// Every worker's [`Published`] counts, in the order the workers started.
-#[derive(Debug, Default)]
-pub(crate) struct Registry {
-    workers: Mutex<Vec<Arc<Published>>>,
+/// Every worker of one service (or one transport of it), each with its [`Published`] counts, in
+/// the order they started: the one place the exit log's totals and the metrics read.
+#[derive(Debug)]
+pub(crate) struct Workers<R: Reason> {
+    service: &'static str,
+    list: Mutex<Vec<Arc<Published>>>,
+    reason: std::marker::PhantomData<R>,
 }
 
-impl Registry {
+impl<R: Reason> Workers<R> {
+    /// No workers yet, of the service whose series are labelled `service`.
+    pub(crate) fn new(service: &'static str) -> Self {
+        Self {
+            service,
+            list: Mutex::default(),
+            reason: std::marker::PhantomData,
+        }
+    }
+
     /// A new worker's counts, registered (once, when the worker is made; never on the hot path).
-    pub(crate) fn register(
-        &self,
-        service: &'static str,
-        family: &'static str,
-        thread: usize,
-        labels: &'static [&'static str],
-    ) -> Arc<Published> {
+    pub(crate) fn register(&self, family: &'static str, thread: usize) -> Arc<Published> {
         let zero = || AtomicU64::new(0);
         let p = Arc::new(Published {
-            service,
+            service: self.service,
             family,
             thread,
-            labels,
+            labels: R::LABELS,
             received: zero(),
             batches: zero(),
             answered: zero(),
@@ -424,36 +369,54 @@ impl Registry {
             kernel_drops: zero(),
             shed: zero(),
             notes: std::array::from_fn(|_| zero()),
-            dropped: labels.iter().map(|_| zero()).collect(),
+            dropped: R::LABELS.iter().map(|_| zero()).collect(),
         });
-        self.workers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(p.clone());
+        self.lock().push(p.clone());
         p
     }
 
-    pub(crate) fn workers(&self) -> Vec<Arc<Published>> {
-        self.workers
+    /// The sum over every worker, for the log.
+    pub(crate) fn total(&self) -> Counters<R> {
+        let mut total = Counters::default();
+        for w in self.lock().iter() {
+            total.add_published(&w.load());
+        }
+        total
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Published>>> {
+        self.list
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 }
 
-/// The bookkeeping every worker does around its batches: count, flush into the totals and log a
+/// A service's workers as the metrics read them, whatever its drop reasons.
+pub(crate) trait Listed: fmt::Debug + Send + Sync {
+    /// Every worker's counts, in the order they started.
+    fn published(&self) -> Vec<Arc<Published>>;
+}
+
+impl<R: Reason + Send + Sync> Listed for Workers<R> {
+    fn published(&self) -> Vec<Arc<Published>> {
+        self.lock().clone()
+    }
+}
+
+/// The bookkeeping every worker does around its batches: count, publish at every tick, log a
 /// line at the stats interval and at exit, log send errors at most once per interval, and beat
 /// the heartbeat the watchdog reads at every tick (every batch, and every idle wake-up).
 #[derive(Debug)]
 pub(crate) struct WorkerStats<R: Reason> {
-    pub(crate) pending: Counters<R>,
-    lifetime: Counters<R>,
-    last_flush_unix: i64,
+    /// Everything counted since the worker started, in integers it alone writes.
+    pub(crate) counts: Counters<R>,
+    /// `counts` as the last stats line showed them.
+    at_line: Counters<R>,
+    last_line_unix: i64,
     send_error_logged: bool,
     service: &'static str,
     interval: Option<Duration>,
-    totals: Arc<Totals<R>>,
-    published: Option<Arc<Published>>,
+    published: Arc<Published>,
     /// The socket's drop count when last read (the kernel's, cumulative, wrapping).
     kernel_drops_seen: u32,
     /// Advanced at every [`Self::tick`], for the watchdog; one no one watches until
@@ -462,20 +425,20 @@ pub(crate) struct WorkerStats<R: Reason> {
 }
 
 impl<R: Reason> WorkerStats<R> {
+    /// The bookkeeping of a worker whose log lines name `service`, and which publishes into
+    /// `published`.
     pub(crate) fn new(
         service: &'static str,
         interval: Option<Duration>,
-        totals: Arc<Totals<R>>,
-        published: Option<Arc<Published>>,
+        published: Arc<Published>,
     ) -> Self {
         Self {
-            pending: Counters::default(),
-            lifetime: Counters::default(),
-            last_flush_unix: crate::clock::read().unix_secs(),
+            counts: Counters::default(),
+            at_line: Counters::default(),
+            last_line_unix: crate::clock::read().unix_secs(),
             send_error_logged: false,
             service,
             interval,
-            totals,
             published,
             kernel_drops_seen: 0,
             heartbeat: Beat::default(),
@@ -488,19 +451,15 @@ impl<R: Reason> WorkerStats<R> {
         self
     }
 
-    /// Publishes the counts so far for the metrics endpoint, if it is on.
+    /// Publishes the counts so far, for the metrics and the totals at exit.
     fn publish(&self) {
-        if let Some(p) = &self.published {
-            let mut now = self.lifetime;
-            now.add(&self.pending);
-            p.store(&now);
-        }
+        self.published.store(&self.counts);
     }
 
     /// One pass through the worker's loop, at `now_unix`: beats the heartbeat, publishes the
-    /// counts, and flushes and logs them if the stats interval has passed and something was
-    /// counted since the last line (an idle worker, which wakes now and then for the watchdog,
-    /// logs nothing new).
+    /// counts, and logs them if the stats interval has passed and something was counted since
+    /// the last line (an idle worker, which wakes now and then for the watchdog, logs nothing
+    /// new).
     pub(crate) fn tick(&mut self, now_unix: i64) {
         self.heartbeat.beat();
         self.publish();
@@ -509,15 +468,16 @@ impl<R: Reason> WorkerStats<R> {
         };
         // The clock first: it is what a batch usually stops at, and costs less than comparing
         // every counter.
-        if now_unix.saturating_sub(self.last_flush_unix) < interval.as_secs() as i64 {
+        if now_unix.saturating_sub(self.last_line_unix) < interval.as_secs() as i64 {
             return;
         }
-        if self.pending == Counters::default() {
+        if self.counts == self.at_line {
             return;
         }
         self.send_error_logged = false;
-        self.flush(now_unix);
-        info!("{} stats: {}", self.service, self.lifetime.display());
+        self.at_line = self.counts;
+        self.last_line_unix = now_unix;
+        info!("{} stats: {}", self.service, self.counts.display());
     }
 
     /// Takes the socket's cumulative drop count (see `BatchHandler::receive_drops`) into the
@@ -527,21 +487,21 @@ impl<R: Reason> WorkerStats<R> {
         let new = total.wrapping_sub(self.kernel_drops_seen);
         self.kernel_drops_seen = total;
         if new > 0 {
-            self.pending.kernel_drops += u64::from(new);
+            self.counts.kernel_drops += u64::from(new);
             self.publish();
         }
     }
 
     /// Requests received and shed unanswered ([`chime_udp::BatchHandler::shed`]).
     pub(crate) fn shed(&mut self, count: usize) {
-        self.pending.received += count as u64;
-        self.pending.shed += count as u64;
+        self.counts.received += count as u64;
+        self.counts.shed += count as u64;
     }
 
     /// Counts a send outcome; the first error of an interval is logged, the rest only counted.
     pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {
-        self.pending.answered += outcome.sent as u64;
-        self.pending.send_errors += outcome.errors as u64;
+        self.counts.answered += outcome.sent as u64;
+        self.counts.send_errors += outcome.errors as u64;
         self.publish();
         if let Some(e) = &outcome.last_error
             && !self.send_error_logged
@@ -563,21 +523,14 @@ impl<R: Reason> WorkerStats<R> {
         }
     }
 
-    /// The last flush, when the worker stops.
+    /// The last publication and line, when the worker stops.
     pub(crate) fn finish(&mut self) {
-        self.flush(crate::clock::read().unix_secs());
+        self.publish();
         info!(
             "{} stats at exit: {}",
             self.service,
-            self.lifetime.display_all(self.of())
+            self.counts.display_all(self.of())
         );
-    }
-
-    fn flush(&mut self, now_unix: i64) {
-        self.totals.add(&self.pending);
-        self.lifetime.add(&self.pending);
-        self.pending = Counters::default();
-        self.last_flush_unix = now_unix;
     }
 }
 

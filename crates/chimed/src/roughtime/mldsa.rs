@@ -157,7 +157,7 @@ fn answer(
         let added = serving.admits(job.peer, stats)
             && responder
                 .add(&job.packet, delegation)
-                .map_err(|why| stats.pending.drop(RoughtimeDrop::Request(why)))
+                .map_err(|why| stats.counts.drop(RoughtimeDrop::Request(why)))
                 .is_ok();
         if added {
             taken.push(job);
@@ -169,13 +169,13 @@ fn answer(
         match responder.sign(serving.now_unix_us(), serving.radius_us(), delegation) {
             Ok(replies) => {
                 for (job, reply) in taken.iter().zip(replies) {
-                    stats.pending.answered += 1;
+                    stats.counts.answered += 1;
                     let _ = job.reply.try_send(Reply::Signed(reply));
                 }
             }
             Err(why) => {
                 for job in &taken {
-                    stats.pending.drop(RoughtimeDrop::Request(why));
+                    stats.counts.drop(RoughtimeDrop::Request(why));
                     let _ = job.reply.try_send(Reply::Dropped);
                 }
             }
@@ -229,7 +229,7 @@ mod tests {
             let replies = answers(rx);
             assert_eq!(replies[0].is_some(), answered, "{synchronised} {peer}");
             if let Some(reason) = reason {
-                assert_eq!(stats.pending.dropped(reason), 1, "{synchronised} {peer}");
+                assert_eq!(stats.counts.dropped(reason), 1, "{synchronised} {peer}");
             }
         }
     }

@@ -35,12 +35,10 @@ pub(crate) fn begin(
         .state
         .load()
         .served_at(reading.ntp(), &shared.ntp.policy);
-    stats.pending.received += n as u64;
-    stats.pending.batches += 1;
+    stats.counts.received += n as u64;
+    stats.counts.batches += 1;
     if !served.is_synchronised() {
-        stats
-            .pending
-            .drop_n(RoughtimeDrop::Unsynchronised, n as u64);
+        stats.counts.drop_n(RoughtimeDrop::Unsynchronised, n as u64);
         stats.tick(reading.unix_secs());
         return None;
     }
@@ -78,7 +76,7 @@ impl Batch {
     pub(crate) fn admits(&self, peer: IpAddr, stats: &mut WorkerStats<RoughtimeDrop>) -> bool {
         let served = self.acl.serves(peer);
         if !served {
-            stats.pending.drop(RoughtimeDrop::Denied);
+            stats.counts.drop(RoughtimeDrop::Denied);
         }
         served
     }
@@ -119,7 +117,7 @@ pub(crate) mod testing {
         Arc::new(Shared {
             ntp: ntp::shared(state, deny),
             delegation: ArcSwap::from_pointee(delegation),
-            totals: Default::default(),
+            workers: Arc::new(crate::observe::stats::Workers::new("roughtime")),
             grease: 0.0,
             grease_kinds: Vec::new(),
             bundle: None,

@@ -46,7 +46,7 @@ use tracing::{error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
-use crate::observe::stats::{Note, Published, Totals, WorkerStats};
+use crate::observe::stats::{Note, WorkerStats, Workers};
 #[cfg(feature = "mldsa")]
 use crate::roughtime::mldsa;
 use crate::roughtime::udp::{RoughtimeDrop, Shared};
@@ -240,19 +240,16 @@ pub(crate) type PqNow = mldsa::Now;
 #[cfg(not(feature = "mldsa"))]
 pub(crate) type PqNow = std::convert::Infallible;
 
-/// Where the service counts: its connections, its replies and drops, and their metrics.
-pub(crate) type Counters = (
-    Arc<Counts>,
-    Arc<Totals<RoughtimeDrop>>,
-    Option<Arc<Published>>,
-);
+/// Where the service counts: its connections, and its replies and drops (its one signer is
+/// worker `tcp` 0 among them).
+pub(crate) type Counters = (Arc<Counts>, Arc<Workers<RoughtimeDrop>>);
 
 /// Starts serving on `listeners` (bound before privileges were dropped) on a thread of its own.
 pub(crate) fn spawn(
     listeners: Vec<std::net::TcpListener>,
     shared: Arc<Shared>,
     limits: Limits,
-    (counts, totals, published): Counters,
+    (counts, workers): Counters,
     (pq, shed): (Option<PqNow>, Option<chime_udp::ShedConfig>),
     (beat, stopped): (Beat, CancellationToken),
 ) -> Result<Service, Error> {
@@ -278,8 +275,7 @@ pub(crate) fn spawn(
                 let stats = WorkerStats::new(
                     "roughtime-tcp",
                     shared.ntp.stats_interval,
-                    totals,
-                    published,
+                    workers.register("tcp", 0),
                 )
                 .with_heartbeat(beat);
                 // One batch queued at most: a request that waits behind more would be stale by
@@ -686,7 +682,7 @@ fn answer(
         let ticket = if serving.admits(job.peer, stats) {
             batch
                 .add(&job.packet)
-                .map_err(|why| stats.pending.drop(RoughtimeDrop::Request(why)))
+                .map_err(|why| stats.counts.drop(RoughtimeDrop::Request(why)))
                 .ok()
         } else {
             None
@@ -700,12 +696,12 @@ fn answer(
             match signed.write_reply(ticket, &mut out) {
                 Ok(len) => {
                     out.truncate(len);
-                    stats.pending.answered += 1;
-                    stats.pending.note(Note::Roughtime(ticket.version()), true);
+                    stats.counts.answered += 1;
+                    stats.counts.note(Note::Roughtime(ticket.version()), true);
                     Some(out)
                 }
                 Err(why) => {
-                    stats.pending.drop(RoughtimeDrop::Request(why));
+                    stats.counts.drop(RoughtimeDrop::Request(why));
                     None
                 }
             }
@@ -771,7 +767,8 @@ pub(super) mod tests {
     }
 
     pub(in crate::roughtime) fn stats() -> WorkerStats<RoughtimeDrop> {
-        WorkerStats::new("test", None, Default::default(), None)
+        let workers = Workers::<RoughtimeDrop>::new("roughtime");
+        WorkerStats::new("test", None, workers.register("test", 0))
     }
 
     pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
@@ -804,7 +801,7 @@ pub(super) mod tests {
         let (jobs, rx) = jobs(packets, peer);
         let mut stats = stats();
         answer(&mut responder, &shared, &mut stats, &jobs, &mut Vec::new());
-        (answers(rx), stats.pending)
+        (answers(rx), stats.counts)
     }
 
     #[test]
@@ -882,7 +879,7 @@ pub(super) mod tests {
         let mut stats = stats();
         shed(&mut ageing, &mut jobs, true, &mut stats);
         assert_eq!(jobs.len(), 2);
-        assert_eq!(stats.pending.shed, 4);
+        assert_eq!(stats.counts.shed, 4);
         let shed_told = answers
             .into_iter()
             .take(4)

@@ -18,7 +18,7 @@ use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
 use crate::daemon::notify::Beat;
 use crate::ntp::worker as ntp_worker;
-use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
+use crate::observe::stats::{self, Note, WorkerStats, Workers};
 use crate::reply;
 use crate::roughtime::serve;
 
@@ -87,7 +87,8 @@ pub(crate) struct Shared {
     pub(crate) ntp: Arc<ntp_worker::Shared>,
     /// The current online key and its certificates; replaced by the control plane on rotation.
     pub(crate) delegation: ArcSwap<Delegation>,
-    pub(crate) totals: Arc<Totals<RoughtimeDrop>>,
+    /// Every UDP and AF_XDP worker's counts, for the log's totals and the metrics.
+    pub(crate) workers: Arc<Workers<RoughtimeDrop>>,
     /// The share of replies to make deliberately invalid (`--roughtime-grease`); 0: none.
     pub(crate) grease: f64,
     /// The kinds of grease to use (`--roughtime-grease-kinds`).
@@ -148,10 +149,12 @@ pub(crate) struct RoughtimeWorker {
 }
 
 impl RoughtimeWorker {
+    /// Thread `thread` of those on one `family`'s socket (or on AF_XDP, `xdp`), signing batches
+    /// of up to `batch_size`, its counts registered with the service's.
     pub(crate) fn new(
         shared: Arc<Shared>,
         batch_size: usize,
-        published: Option<Arc<Published>>,
+        (family, thread): (&'static str, usize),
     ) -> Self {
         let capacity = batch_size.min(chime_roughtime::MAX_BATCH_SIZE);
         let responder = Responder::new(ResponderConfig {
@@ -162,8 +165,7 @@ impl RoughtimeWorker {
             stats: WorkerStats::new(
                 "roughtime",
                 shared.ntp.stats_interval,
-                shared.totals.clone(),
-                published,
+                shared.workers.register(family, thread),
             ),
             greaser: Greaser::new(shared.grease, &shared.grease_kinds, rand::random()),
             shared,
@@ -193,13 +195,13 @@ impl BatchHandler for RoughtimeWorker {
             let ticket = if !serving.admits(meta.src.ip(), &mut self.stats) {
                 None
             } else if meta.truncated {
-                self.stats.pending.drop(RoughtimeDrop::Truncated);
+                self.stats.counts.drop(RoughtimeDrop::Truncated);
                 None
             } else {
                 match batch.add(request) {
                     Ok(t) => Some(t),
                     Err(why) => {
-                        self.stats.pending.drop(RoughtimeDrop::Request(why));
+                        self.stats.counts.drop(RoughtimeDrop::Request(why));
                         None
                     }
                 }
@@ -215,11 +217,11 @@ impl BatchHandler for RoughtimeWorker {
                     Some(kind) => signed.write_greased_reply(ticket, buf, kind),
                     None => signed.write_reply(ticket, buf),
                 });
-                let pending = &mut self.stats.pending;
-                pending.note(Note::Roughtime(ticket.version()), queued.is_ok());
-                pending.note(Note::Greased, queued.is_ok() && grease.is_some());
+                let counts = &mut self.stats.counts;
+                counts.note(Note::Roughtime(ticket.version()), queued.is_ok());
+                counts.note(Note::Greased, queued.is_ok() && grease.is_some());
                 if let Err(Some(why)) = queued {
-                    pending.drop(RoughtimeDrop::Request(why));
+                    counts.drop(RoughtimeDrop::Request(why));
                 }
             }
         }
@@ -255,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_signed_once_and_every_reply_verifies() {
-        let mut worker = RoughtimeWorker::new(shared(true, &[]), 8, None);
+        let mut worker = RoughtimeWorker::new(shared(true, &[]), 8, ("ipv4", 0));
         let requests: Vec<_> = (0..3).map(request).collect();
         let replies = exchange(&mut worker, "192.0.2.1:40000", &requests);
         assert_eq!(replies.len(), 3);
@@ -263,7 +265,7 @@ mod tests {
             assert!(reply.len() <= req.len());
             verify(req, reply);
         }
-        let p = worker.stats.pending;
+        let p = worker.stats.counts;
         assert_eq!((p.received, p.batches), (3, 1));
     }
 
@@ -271,11 +273,11 @@ mod tests {
     fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
         let mut hearts = crate::daemon::notify::Heartbeats::default();
         let mut worker =
-            RoughtimeWorker::new(shared(false, &[]), 8, None).with_heartbeat(hearts.add());
+            RoughtimeWorker::new(shared(false, &[]), 8, ("ipv4", 0)).with_heartbeat(hearts.add());
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[request(1), request(2)]);
         assert!(replies.is_empty());
         assert_eq!(
-            worker.stats.pending.dropped(RoughtimeDrop::Unsynchronised),
+            worker.stats.counts.dropped(RoughtimeDrop::Unsynchronised),
             2
         );
         assert!(
@@ -286,9 +288,9 @@ mod tests {
 
     #[test]
     fn a_denied_sender_is_counted_and_not_answered() {
-        let mut worker = RoughtimeWorker::new(shared(true, &["198.51.100.0/24"]), 8, None);
+        let mut worker = RoughtimeWorker::new(shared(true, &["198.51.100.0/24"]), 8, ("ipv4", 0));
         let replies = exchange(&mut worker, "198.51.100.7:40000", &[request(1)]);
         assert!(replies.is_empty());
-        assert_eq!(worker.stats.pending.dropped(RoughtimeDrop::Denied), 1);
+        assert_eq!(worker.stats.counts.dropped(RoughtimeDrop::Denied), 1);
     }
 }
