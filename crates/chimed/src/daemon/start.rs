@@ -59,21 +59,39 @@ pub(crate) fn all(
     let ntp = &prepared.ntp;
     let rt_shared = prepared.roughtime.as_ref().map(|(_, _, s)| s.clone());
     let roughtime = (rt_shared.as_ref()).map(|shared| (shared, settings.roughtime.batch_size.0));
-    data_plane(sup, (sockets.ntp, sockets.roughtime), ntp, roughtime)?;
+    // Every service registers what it serves on the metrics endpoint as it starts.
+    let mut registry = metrics::Registry::new(clock::read().unix_secs());
+    let metrics = &mut registry;
+    data_plane(
+        (sup, metrics),
+        (sockets.ntp, sockets.roughtime),
+        ntp,
+        roughtime,
+    )?;
     let xdp = match sockets.xdp {
-        Some(bound) => Some(xdp(sup, bound, settings, ntp, rt_shared.as_ref())?),
+        Some(bound) => Some(xdp(
+            (sup, metrics),
+            bound,
+            settings,
+            ntp,
+            rt_shared.as_ref(),
+        )?),
         None => None,
     };
     let tcp = match (sockets.roughtime_tcp, &rt_shared) {
-        (Some((listeners, limits)), Some(shared)) => {
-            Some(tcp(sup, listeners, limits, shared, (settings, &secrets))?)
-        }
+        (Some((listeners, limits)), Some(shared)) => Some(tcp(
+            (sup, metrics),
+            listeners,
+            limits,
+            shared,
+            (settings, &secrets),
+        )?),
         _ => None,
     };
     let ke_counts = (secrets.tls.as_ref()).map(|_| Arc::new(nts_ke::KeCounts::default()));
     let nts = match (sockets.nts, &secrets.tls, &ke_counts, &ntp.nts) {
         (Some(listener), Some(tls), Some(counts), Some(cookies)) => Some(nts_ke_service(
-            sup,
+            (sup, metrics),
             listener,
             (settings, tls),
             counts,
@@ -81,28 +99,15 @@ pub(crate) fn all(
         )?),
         _ => None,
     };
+    let fleet = tasks(
+        (sup, metrics),
+        (settings, &mut secrets),
+        &prepared,
+        nts.is_some(),
+    );
     if let Some(listener) = sockets.metrics {
-        let mut workers: Vec<Arc<dyn stats::Listed>> = vec![ntp.workers.clone()];
-        workers.extend(rt_shared.iter().map(|s| s.workers.clone() as _));
-        workers.extend(tcp.iter().map(|(_, w)| w.clone() as _));
-        let sources = metrics::Sources {
-            workers,
-            ntp: ntp.clone(),
-            roughtime: rt_shared.clone(),
-            started_unix: clock::read().unix_secs(),
-            nts_ke: ke_counts.clone(),
-            roughtime_tcp: tcp.as_ref().map(|(counts, _)| counts.clone()),
-            xdp: xdp.as_ref().zip(settings.xdp.interface.as_ref()).map(
-                |((stats, mode), interface)| metrics::Xdp {
-                    interface: interface.0.clone(),
-                    mode,
-                    stats: stats.clone(),
-                },
-            ),
-        };
-        metrics_service(sup, listener, sources);
+        metrics_service(sup, listener, registry);
     }
-    let fleet = tasks(sup, (settings, &mut secrets), &prepared, nts.is_some());
     Ok(Running {
         reloadable: Reloadable {
             log: (
@@ -114,7 +119,7 @@ pub(crate) fn all(
             fleet,
             roughtime: rt_shared,
         },
-        xdp: xdp.map(|(stats, _)| stats),
+        xdp,
         tcp,
         ke_counts,
     })
@@ -124,22 +129,23 @@ pub(crate) fn all(
 fn metrics_service(
     sup: &mut Supervisor,
     listener: std::net::TcpListener,
-    sources: metrics::Sources,
+    registry: metrics::Registry,
 ) {
     match listener.local_addr() {
         Ok(addr) => info!("metrics: http://{addr}/metrics"),
         Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
     }
-    sup.task("metrics", metrics::serve(listener, Arc::new(sources)));
+    sup.task("metrics", metrics::serve(listener, registry));
 }
 
 /// Starts the NTP and the Roughtime workers on their sockets, group by group.
 fn data_plane(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (ntp_groups, rt_groups): (Vec<Group>, Vec<Group>),
     ntp: &Arc<ntp_worker::Shared>,
     roughtime: Option<(&Arc<roughtime_worker::Shared>, usize)>,
 ) -> Result<()> {
+    metrics.workers(ntp.workers.clone());
     for group in ntp_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
@@ -149,6 +155,7 @@ fn data_plane(
     let Some((shared, batch)) = roughtime else {
         return Ok(());
     };
+    metrics.workers(shared.workers.clone());
     for group in rt_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
@@ -202,12 +209,12 @@ fn workers<H: BatchHandler>(
 
 /// Starts the AF_XDP workers: group 0 answers NTP, group 1 Roughtime.
 fn xdp(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     bound: chime_xdp::XdpBound,
     settings: &Settings,
     ntp: &Arc<ntp_worker::Shared>,
     rt_shared: Option<&Arc<roughtime_worker::Shared>>,
-) -> Result<(Arc<chime_xdp::XdpStats>, &'static str)> {
+) -> Result<Arc<chime_xdp::XdpStats>> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
     let running = bound
@@ -231,12 +238,19 @@ fn xdp(
         .context("cannot start the XDP threads")?;
     let stats = running.stats();
     sup.threads("xdp", running);
-    Ok((stats, mode))
+    if let Some(interface) = &settings.xdp.interface {
+        metrics.collector(metrics::Xdp {
+            interface: interface.0.clone(),
+            mode,
+            stats: stats.clone(),
+        });
+    }
+    Ok(stats)
 }
 
 /// Starts Roughtime over TCP.
 fn tcp(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     listeners: Vec<std::net::TcpListener>,
     limits: roughtime_tcp::Limits,
     shared: &Arc<roughtime_worker::Shared>,
@@ -275,12 +289,14 @@ fn tcp(
         (sup.beat(), sup.stop_signal()),
     )?;
     sup.threads("roughtime-tcp", service);
+    metrics.workers(workers.clone());
+    metrics.collector(roughtime_tcp::Metrics(counts.clone()));
     Ok((counts, workers))
 }
 
 /// Starts NTS-KE on its threads.
 fn nts_ke_service(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (listener, port): (std::net::TcpListener, Option<u16>),
     (settings, (config, not_after)): (&Settings, &(Arc<rustls::ServerConfig>, Option<i64>)),
     counts: &Arc<nts_ke::KeCounts>,
@@ -328,6 +344,7 @@ fn nts_ke_service(
     let threads = nts_ke::KeThreads::spawn(&listener, &shared, beats, &sup.stop_signal())
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
+    metrics.collector(nts_ke::Metrics(counts.clone()));
     nts_ke::log_expiry(certificate, *not_after);
     if let Some(t) = *not_after {
         counts
@@ -344,7 +361,7 @@ fn nts_ke_service(
 /// Starts the control plane's tasks: the upstream poller, Roughtime's key rotation, and NTS's
 /// cookie-key rotation (a fleet's keys follow its periods, with or without NTS-KE here).
 fn tasks(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (settings, secrets): (&Settings, &mut Secrets),
     prepared: &Prepared,
     nts_ke_here: bool,
@@ -352,8 +369,10 @@ fn tasks(
     let ntp = prepared.ntp.clone();
     let upstream = &settings.upstream;
     let (server, interval) = (upstream.server_address, upstream.poll_interval.duration());
+    metrics.collector(upstream::Metrics(ntp.clone()));
     sup.task("upstream", upstream::run(server, interval, ntp));
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
+        metrics.collector(online_keys::Metrics(shared.clone()));
         sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
     }
     let cookies = prepared.ntp.nts.clone()?;

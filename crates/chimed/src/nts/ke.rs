@@ -14,6 +14,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use chime_ntp::nts::{self, CookieKeys, KeOutcome, Keys};
 use chime_ntp::{ClientTable, Coin, Verdict};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::ConstGauge;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -27,6 +30,7 @@ use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
 use crate::nts::slots::{SessionId, Slots, Step};
+use crate::observe::metrics::{counters, single};
 use tokio_util::sync::CancellationToken;
 
 /// Sessions served at once, over all the NTS-KE threads. More than 250 addresses can hold at
@@ -733,6 +737,61 @@ fn respond(
         nts::ke_response(&outcome, ntp, 0, || [0; nts::COOKIE_LEN], &mut response);
     }
     Ok((response, agreed))
+}
+
+/// NTS-KE's metrics: its sessions and its certificate.
+#[derive(Debug)]
+pub(crate) struct Metrics(pub(crate) Arc<KeCounts>);
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        encode(&mut enc, &self.0)
+    }
+}
+
+fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Result {
+    counters(
+        enc,
+        "chimed_nts_ke_sessions_total",
+        "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
+         failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
+         rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
+         8 sessions from that address already), denied (closed unserved: --allow/--deny), \
+         evicted (closed, every slot being taken, for a new connection: it had stalled \
+         longest in its step).",
+        [
+            ("agreed", &ke.agreed),
+            ("refused", &ke.refused),
+            ("failed", &ke.failed),
+            ("rate_limited", &ke.rate_limited),
+            ("address_limited", &ke.address_limited),
+            ("denied", &ke.denied),
+            ("evicted", &ke.evicted),
+        ]
+        .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
+    )?;
+    counters(
+        enc,
+        "chimed_nts_ke_failures_total",
+        "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
+         alert), timeout (a step's deadline: 2 s for the ClientHello, 2 s for the rest of the \
+         handshake, 1 s for the request after it, 2 s for the response), request (longer than \
+         16 KiB, or cut off \
+         before End of Message), io (reading or writing).",
+        ke.failures()
+            .into_iter()
+            .map(|(kind, n)| (vec![("kind", kind.to_string())], n)),
+    )?;
+    let t = ke.certificate_not_after.load(Relaxed);
+    if t != i64::MIN {
+        single(
+            enc,
+            "chimed_nts_certificate_not_after_seconds",
+            "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
+            ConstGauge::new(t),
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

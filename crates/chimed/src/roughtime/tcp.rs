@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -46,6 +49,7 @@ use tracing::{error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
+use crate::observe::metrics::{counters, single};
 use crate::observe::stats::{Note, WorkerStats, Workers};
 #[cfg(feature = "mldsa")]
 use crate::roughtime::mldsa;
@@ -735,6 +739,40 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
         info!("roughtime over tcp on {bound}");
     }
     Ok(listener)
+}
+
+/// Roughtime over TCP's metrics: its connections (its requests are its worker's, with the
+/// others').
+#[derive(Debug)]
+pub(crate) struct Metrics(pub(crate) Arc<Counts>);
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        encode(&mut enc, &self.0)
+    }
+}
+
+fn encode(enc: &mut DescriptorEncoder, tcp: &Counts) -> std::fmt::Result {
+    counters(
+        enc,
+        "chimed_roughtime_tcp_connections_total",
+        "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
+         --roughtime-tcp-connections; refused_address: as many from the address as \
+         --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
+         ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
+         Roughtime or too long, closed_unanswered: a request dropped, closed_ageing: requests \
+         shed in a row under overload, closed_slow: a reply not read in time, closed_error).",
+        tcp.outcomes()
+            .into_iter()
+            .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),
+    )?;
+    single(
+        enc,
+        "chimed_roughtime_tcp_open_connections",
+        "Roughtime TCP connections open now.",
+        ConstGauge::new(tcp.open.load(Relaxed) as i64),
+    )?;
+    Ok(())
 }
 
 /// The signer's batches driven in process, without a connection: the serve rule as TCP follows
