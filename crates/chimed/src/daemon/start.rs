@@ -20,7 +20,7 @@ use crate::daemon::bind::{self, Group, Service, Sockets};
 use crate::daemon::notify::Beat;
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
 use crate::daemon::secrets::Secrets;
-use crate::daemon::supervisor::Supervisor;
+use crate::daemon::supervisor::{self, Supervisor};
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
 use crate::observe::{metrics, stats};
@@ -176,9 +176,8 @@ fn workers<H: BatchHandler>(
     let name = group.name;
     // The workers' own stop flag: the supervisor raises it (Workers::join) on the stop signal.
     let stop = Arc::new(AtomicBool::new(false));
-    let running = group
-        .workers
-        .spawn(stop, |i| make(i, sup.beat()))
+    let running = supervisor::span(name)
+        .in_scope(|| group.workers.spawn(stop, |i| make(i, sup.beat())))
         .with_context(|| format!("cannot start the {name} threads"))?;
     sup.threads(name, running);
     let service = group.service.name();
@@ -217,24 +216,22 @@ fn xdp(
 ) -> Result<Arc<chime_xdp::XdpStats>> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
-    let running = bound
-        .spawn(
-            Arc::new(AtomicBool::new(false)),
-            |i, group| -> Box<dyn BatchHandler> {
-                let beat = sup.beat();
-                match (group, rt_shared) {
-                    (0, _) => {
-                        let worker = NtpWorker::new(ntp.clone(), "xdp", i);
-                        Box::new(worker.without_interleaved().with_heartbeat(beat))
-                    }
-                    (_, Some(shared)) => {
-                        let worker = RoughtimeWorker::new(shared.clone(), rt_batch, ("xdp", i));
-                        Box::new(worker.with_heartbeat(beat))
-                    }
-                    (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
-                }
-            },
-        )
+    let make = |i, group| -> Box<dyn BatchHandler> {
+        let beat = sup.beat();
+        match (group, rt_shared) {
+            (0, _) => {
+                let worker = NtpWorker::new(ntp.clone(), "xdp", i);
+                Box::new(worker.without_interleaved().with_heartbeat(beat))
+            }
+            (_, Some(shared)) => {
+                let worker = RoughtimeWorker::new(shared.clone(), rt_batch, ("xdp", i));
+                Box::new(worker.with_heartbeat(beat))
+            }
+            (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
+        }
+    };
+    let running = supervisor::span("xdp")
+        .in_scope(|| bound.spawn(Arc::new(AtomicBool::new(false)), make))
         .context("cannot start the XDP threads")?;
     let stats = running.stats();
     sup.threads("xdp", running);
@@ -280,14 +277,17 @@ fn tcp(
     };
     let counts = Arc::new(roughtime_tcp::Counts::default());
     let workers = Arc::new(stats::Workers::new("roughtime"));
-    let service = roughtime_tcp::spawn(
-        listeners,
-        shared.clone(),
-        limits,
-        (counts.clone(), workers.clone()),
-        (pq_now, settings.shed()),
-        (sup.beat(), sup.stop_signal()),
-    )?;
+    let (beat, stop) = (sup.beat(), sup.stop_signal());
+    let service = supervisor::span("roughtime-tcp").in_scope(|| {
+        roughtime_tcp::spawn(
+            listeners,
+            shared.clone(),
+            limits,
+            (counts.clone(), workers.clone()),
+            (pq_now, settings.shed()),
+            (beat, stop),
+        )
+    })?;
     sup.threads("roughtime-tcp", service);
     metrics.workers(workers.clone());
     metrics.collector(roughtime_tcp::Metrics(counts.clone()));
@@ -341,7 +341,9 @@ fn nts_ke_service(
         ntp.clone(),
     ));
     let beats = (0..threads).map(|_| sup.beat()).collect();
-    let threads = nts_ke::KeThreads::spawn(&listener, &shared, beats, &sup.stop_signal())
+    let stop = sup.stop_signal();
+    let threads = supervisor::span("nts-ke")
+        .in_scope(|| nts_ke::KeThreads::spawn(&listener, &shared, beats, &stop))
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
     metrics.collector(nts_ke::Metrics(counts.clone()));

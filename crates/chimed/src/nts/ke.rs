@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::LazyConfigAcceptor;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::access::per_address::PerAddress;
 use crate::daemon::notify::{self, Beat};
@@ -458,7 +458,7 @@ pub(crate) struct KeThreads {
 
 impl KeThreads {
     /// Starts one thread named `nts-ke` per heartbeat in `beats`, serving `listener` until
-    /// `stopped` is cancelled.
+    /// `stopped` is cancelled; each logs in the span current here.
     pub(crate) fn spawn(
         listener: &std::net::TcpListener,
         shared: &Arc<KeShared>,
@@ -466,7 +466,9 @@ impl KeThreads {
         stopped: &CancellationToken,
     ) -> std::io::Result<Self> {
         let mut handles = Vec::new();
+        let span = tracing::Span::current();
         for beat in beats {
+            let span = span.clone();
             let (listener, shared, stopped) =
                 (listener.try_clone()?, shared.clone(), stopped.clone());
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -476,6 +478,7 @@ impl KeThreads {
                 std::thread::Builder::new()
                     .name("nts-ke".into())
                     .spawn(move || {
+                        let _entered = span.entered();
                         runtime.block_on(async move {
                             // Ended with the runtime, when `serve` returns.
                             tokio::spawn(notify::beat_on_every_wake(beat));
@@ -520,7 +523,8 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
     {
         Ok(l) => l,
         Err(e) => {
-            warn!("nts-ke: cannot serve: {e}");
+            // The thread ends, and with it the service: the supervisor stops chimed.
+            error!("nts-ke: cannot serve: {e}");
             return;
         }
     };
@@ -542,20 +546,20 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
         let acl = shared.access.acl.load();
         if !acl.serves(peer.ip()) {
             counts.denied.fetch_add(1, Relaxed);
-            debug!("nts-ke: {peer}: refused by the access rules, closed");
+            debug!(%peer, "nts-ke: refused by the access rules, closed");
             continue;
         }
         if let Some(table) = &shared.limiter {
             let now_ns = shared.epoch.elapsed().as_nanos() as u64;
             if !matches!(table.check(peer.ip(), now_ns, &mut coin), Verdict::Answer) {
                 counts.rate_limited.fetch_add(1, Relaxed);
-                debug!("nts-ke: {peer}: over its rate limit, closed");
+                debug!(%peer, "nts-ke: over its rate limit, closed");
                 continue;
             }
         }
         let Some(place) = shared.per_address.take(peer.ip(), MAX_SESSIONS_PER_ADDRESS) else {
             counts.address_limited.fetch_add(1, Relaxed);
-            debug!("nts-ke: {peer}: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
+            debug!(%peer, "nts-ke: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
             continue;
         };
         let closing = CancellationToken::new();
@@ -604,7 +608,7 @@ impl KeShared {
             Some(Ok(false)) => &counts.refused,
             None => &counts.evicted,
             Some(Err(failure)) => {
-                debug!("nts-ke: {peer}: {failure}");
+                debug!(%peer, "nts-ke: session failed: {failure}");
                 counts.failed.fetch_add(1, Relaxed);
                 match failure {
                     Failure::Tls(_) => &counts.failed_tls,

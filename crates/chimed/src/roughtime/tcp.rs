@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use crate::daemon::notify::{self, Beat};
 use crate::daemon::supervisor::{Threads, panic_message};
 use tokio::time::{Instant, sleep_until, timeout};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
@@ -271,9 +271,12 @@ pub(crate) fn spawn(
             what: "runtime",
             source,
         })?;
+    // The thread logs in the span current here, the service's.
+    let span = tracing::Span::current();
     let thread = std::thread::Builder::new()
         .name("roughtime-tcp".into())
         .spawn(move || {
+            let _entered = span.entered();
             runtime.block_on(async move {
                 fail::fail_point!("roughtime-tcp");
                 let stats = WorkerStats::new(
@@ -417,6 +420,23 @@ enum End {
     Stopping,
 }
 
+impl End {
+    /// How the log names it.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::ByClient => "closed by the client",
+            Self::Idle => "idle",
+            Self::Lifetime => "its lifetime over",
+            Self::BadFrame => "a bad frame",
+            Self::Unanswered => "a request unanswered",
+            Self::Ageing => "requests shed in a row",
+            Self::Slow => "a reply not read in time",
+            Self::Error => "a read or write failed",
+            Self::Stopping => "chimed stopping",
+        }
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     peer: IpAddr,
@@ -426,6 +446,7 @@ async fn serve_connection(
     _slot: Slot,
 ) {
     let end = converse(stream, peer, (&jobs, &counts), limits).await;
+    debug!(%peer, "roughtime tcp: connection closed: {}", end.label());
     let counter = match end {
         End::ByClient => &counts.closed_by_client,
         End::Idle => &counts.closed_idle,
