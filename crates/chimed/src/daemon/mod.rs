@@ -24,7 +24,6 @@ use crate::config::{self, Settings, docs};
 
 use self::secrets::Secrets;
 use crate::nts::ke as nts_ke;
-use crate::observe::stats;
 use crate::{ntp, roughtime};
 
 use self::start::{Prepared, Running};
@@ -267,23 +266,17 @@ fn log_totals(running: &Running) {
     if let Some((counts, workers)) = &running.tcp {
         info!(
             "roughtime tcp totals at exit: {} | connections: {}",
-            workers.total().display_all(stats::Of::Roughtime),
+            workers.total().display_all(),
             counts.line()
         );
     }
     let ntp = &running.reloadable.ntp;
-    info!(
-        "ntp totals at exit: {}",
-        ntp.workers.total().display_all(stats::Of::Ntp)
-    );
+    info!("ntp totals at exit: {}", ntp.workers.total().display_all());
     if let Some(counts) = &running.ke_counts {
         info!("nts-ke totals at exit: {}", counts.line());
     }
     if let Some(shared) = &running.reloadable.roughtime {
         let totals = shared.workers.total();
-        info!(
-            "roughtime totals at exit: {}",
-            totals.display_all(stats::Of::Roughtime)
-        );
+        info!("roughtime totals at exit: {}", totals.display_all());
     }
 }

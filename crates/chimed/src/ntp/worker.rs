@@ -69,6 +69,7 @@ impl NtpDrop {
 impl stats::Reason for NtpDrop {
     type Counts = [u64; Self::COUNT];
     const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
+    const NOTES: stats::Of = stats::Of::Ntp;
 
     fn index(self) -> usize {
         self.slot()
@@ -146,7 +147,7 @@ impl NtpWorker {
             stats: WorkerStats::new(
                 "ntp",
                 shared.stats_interval,
-                shared.workers.register(family, thread),
+                (&shared.workers, family, thread),
             ),
             shared,
             zone: None,

@@ -125,6 +125,8 @@ pub(crate) trait Reason: Copy + fmt::Debug + PartialEq + 'static {
     type Counts: Copy + Default + PartialEq + fmt::Debug + AsRef<[u64]> + AsMut<[u64]>;
     /// Every reason's label, in [`Reason::index`] order.
     const LABELS: &'static [&'static str];
+    /// Whose notes its service's lines at exit carry, zeros too.
+    const NOTES: Of;
     /// A dense index below `LABELS.len()`: its label is `LABELS[index]`.
     fn index(self) -> usize;
 }
@@ -222,10 +224,14 @@ impl<R: Reason> Counters<R> {
         }
     }
 
-    /// The counters as one line with every drop reason and every note of the service `of`,
-    /// zeros too: the line at exit, which whoever reads it (an operator, a test) can take as
-    /// complete.
-    pub(crate) fn display_all(&self, of: Of) -> impl fmt::Display + '_ {
+    /// The counters as one line with every drop reason and every note of the service, zeros
+    /// too: the line at exit, which whoever reads it (an operator, a test) can take as complete.
+    pub(crate) fn display_all(&self) -> impl fmt::Display + '_ {
+        self.display_all_of(R::NOTES)
+    }
+
+    /// [`Self::display_all`] with the notes of `of`.
+    fn display_all_of(&self, of: Of) -> impl fmt::Display + '_ {
         Line {
             counters: self,
             zeros: Some(of),
@@ -425,13 +431,14 @@ pub(crate) struct WorkerStats<R: Reason> {
 }
 
 impl<R: Reason> WorkerStats<R> {
-    /// The bookkeeping of a worker whose log lines name `service`, and which publishes into
-    /// `published`.
+    /// The bookkeeping of a worker whose log lines name `service`, registered among `workers` as
+    /// thread `thread` on `family`.
     pub(crate) fn new(
         service: &'static str,
         interval: Option<Duration>,
-        published: Arc<Published>,
+        (workers, family, thread): (&Workers<R>, &'static str, usize),
     ) -> Self {
+        let published = workers.register(family, thread);
         Self {
             counts: Counters::default(),
             at_line: Counters::default(),
@@ -514,22 +521,13 @@ impl<R: Reason> WorkerStats<R> {
         }
     }
 
-    /// Whose notes this worker's lines carry: `ntp`'s, or Roughtime's (every transport).
-    fn of(&self) -> Of {
-        if self.service == "ntp" {
-            Of::Ntp
-        } else {
-            Of::Roughtime
-        }
-    }
-
     /// The last publication and line, when the worker stops.
     pub(crate) fn finish(&mut self) {
         self.publish();
         info!(
             "{} stats at exit: {}",
             self.service,
-            self.counts.display_all(self.of())
+            self.counts.display_all()
         );
     }
 }
@@ -577,6 +575,7 @@ mod tests {
     impl Reason for X {
         type Counts = [u64; 1];
         const LABELS: &'static [&'static str] = &["x"];
+        const NOTES: Of = Of::Ntp;
         fn index(self) -> usize {
             0
         }
@@ -611,8 +610,8 @@ mod tests {
             "{line}"
         );
         // At exit, every counter: a reader can tell a zero from a counter that is not kept.
-        let ntp = c.display_all(Of::Ntp).to_string();
-        let roughtime = c.display_all(Of::Roughtime).to_string();
+        let ntp = c.display_all().to_string();
+        let roughtime = c.display_all_of(Of::Roughtime).to_string();
         for note in Note::ALL {
             let (i, label) = (note.index(), note.label());
             let (theirs, other) = if i < NTP_NOTES {
@@ -628,5 +627,29 @@ mod tests {
         assert!(ntp.ends_with(" dropped.x=0"), "{ntp}");
         c.drop(X);
         assert!(c.display().to_string().ends_with(" dropped.x=1"));
+    }
+
+    /// The log's totals and the metrics read the same counts: what each worker last published.
+    #[test]
+    fn the_totals_and_the_metrics_read_what_each_worker_published() {
+        let workers = Workers::<X>::new("ntp");
+        let mut a = WorkerStats::new("ntp", None, (&workers, "ipv4", 0));
+        let mut b = WorkerStats::new("ntp", None, (&workers, "ipv4", 1));
+        a.counts.received = 3;
+        a.counts.drop(X);
+        b.counts.received = 2;
+        assert_eq!(
+            workers.total().received,
+            0,
+            "nothing published before a tick"
+        );
+        a.tick(0);
+        b.finish();
+        let total = workers.total();
+        assert_eq!((total.received, total.dropped(X)), (5, 1));
+        let each: Vec<_> = (workers.published().iter())
+            .map(|w| (w.family, w.thread, w.load().received, w.load().dropped))
+            .collect();
+        assert_eq!(each, [("ipv4", 0, 3, vec![1]), ("ipv4", 1, 2, vec![0])]);
     }
 }

@@ -282,7 +282,7 @@ pub(crate) fn spawn(
                 let stats = WorkerStats::new(
                     "roughtime-tcp",
                     shared.ntp.stats_interval,
-                    workers.register("tcp", 0),
+                    (&workers, "tcp", 0),
                 )
                 .with_heartbeat(beat);
                 // One batch queued at most: a request that waits behind more would be stale by
@@ -827,7 +827,7 @@ pub(super) mod tests {
 
     pub(in crate::roughtime) fn stats() -> WorkerStats<RoughtimeDrop> {
         let workers = Workers::<RoughtimeDrop>::new("roughtime");
-        WorkerStats::new("test", None, workers.register("test", 0))
+        WorkerStats::new("test", None, (&workers, "test", 0))
     }
 
     pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {

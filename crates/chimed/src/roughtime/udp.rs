@@ -74,6 +74,7 @@ impl RoughtimeDrop {
 impl stats::Reason for RoughtimeDrop {
     type Counts = [u64; Self::COUNT];
     const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
+    const NOTES: stats::Of = stats::Of::Roughtime;
 
     fn index(self) -> usize {
         self.slot()
@@ -165,7 +166,7 @@ impl RoughtimeWorker {
             stats: WorkerStats::new(
                 "roughtime",
                 shared.ntp.stats_interval,
-                shared.workers.register(family, thread),
+                (&shared.workers, family, thread),
             ),
             greaser: Greaser::new(shared.grease, &shared.grease_kinds, rand::random()),
             shared,
