@@ -14,7 +14,8 @@ use crate::access::acl::Acl;
 use crate::clock;
 use crate::clock::tz::Zone;
 use crate::daemon::notify::Beat;
-use crate::observe::stats::{self, Note, WorkerStats, Workers};
+use crate::observe::counters::{self, Note};
+use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
 
 /// Why an NTP request got no reply: the protocol's reasons, and the daemon's own.
@@ -66,10 +67,10 @@ impl NtpDrop {
     }
 }
 
-impl stats::Reason for NtpDrop {
+impl counters::Reason for NtpDrop {
     type Counts = [u64; Self::COUNT];
     const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
-    const NOTES: stats::Of = stats::Of::Ntp;
+    const NOTES: counters::Of = counters::Of::Ntp;
 
     fn index(self) -> usize {
         self.slot()
@@ -490,7 +491,7 @@ mod tests {
 
     #[test]
     fn every_drop_reason_has_a_label_of_its_own() {
-        use crate::observe::stats::Reason as _;
+        use crate::observe::counters::Reason as _;
         let mut labels = NtpDrop::LABELS.to_vec();
         labels.sort_unstable();
         labels.dedup();

@@ -26,7 +26,8 @@ use tokio::sync::Semaphore;
 use tracing::warn;
 
 use crate::daemon::supervisor::ServiceError;
-use crate::observe::stats::{Listed, Note, Published, PublishedCounts};
+use crate::observe::counters::{NTP_NOTES, Note, PublishedCounts};
+use crate::observe::stats::{Listed, Published};
 
 /// What the endpoint serves, filled in as the services start: each registers its own collector,
 /// and the data plane's services their workers, whose counters share metric families (one family
@@ -228,7 +229,7 @@ fn base<'n, M: EncodeMetric>(name: &'n str, metric: &M) -> &'n str {
 
 /// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
 /// `chimed_roughtime_replies_total`, labelled by version.
-const NOTE_METRICS: [(&str, &str); crate::observe::stats::NTP_NOTES] = [
+const NOTE_METRICS: [(&str, &str); NTP_NOTES] = [
     (
         "chimed_kod_sent_total",
         "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",

@@ -49,8 +49,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
+use crate::observe::counters::Note;
 use crate::observe::metrics::{counters, single};
-use crate::observe::stats::{Note, WorkerStats, Workers};
+use crate::observe::stats::{WorkerStats, Workers};
 #[cfg(feature = "mldsa")]
 use crate::roughtime::mldsa;
 use crate::roughtime::udp::{RoughtimeDrop, Shared};
@@ -849,7 +850,7 @@ pub(super) mod tests {
         peer: &str,
     ) -> (
         Vec<Option<Vec<u8>>>,
-        crate::observe::stats::Counters<RoughtimeDrop>,
+        crate::observe::counters::Counters<RoughtimeDrop>,
     ) {
         let shared = shared(synchronised, deny);
         let mut responder = Responder::new(ResponderConfig {

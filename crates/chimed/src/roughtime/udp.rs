@@ -18,7 +18,8 @@ use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
 use crate::daemon::notify::Beat;
 use crate::ntp::worker as ntp_worker;
-use crate::observe::stats::{self, Note, WorkerStats, Workers};
+use crate::observe::counters::{self, Note};
+use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
 use crate::roughtime::serve;
 
@@ -71,10 +72,10 @@ impl RoughtimeDrop {
     }
 }
 
-impl stats::Reason for RoughtimeDrop {
+impl counters::Reason for RoughtimeDrop {
     type Counts = [u64; Self::COUNT];
     const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
-    const NOTES: stats::Of = stats::Of::Roughtime;
+    const NOTES: counters::Of = counters::Of::Roughtime;
 
     fn index(self) -> usize {
         self.slot()
@@ -241,7 +242,7 @@ mod tests {
 
     #[test]
     fn every_drop_reason_has_a_label_of_its_own() {
-        use crate::observe::stats::Reason as _;
+        use crate::observe::counters::Reason as _;
         let mut labels = RoughtimeDrop::LABELS.to_vec();
         labels.sort_unstable();
         labels.dedup();
