@@ -44,6 +44,20 @@ fn repo_file(path: &str) -> String {
     std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// Every Rust source under `dir`, one after another.
+fn sources(dir: &Path) -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            all.push_str(&sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            all.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    all
+}
+
 /// `bin --generate-docs DIR` (chimed) or `bin generate-docs DIR` (chime), into a new directory.
 fn generated(bin: &str, args: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -176,11 +190,12 @@ fn every_chime_subcommand_has_a_manual_page_naming_its_flags() {
 }
 
 /// docs/METRICS.adoc names every metric family chimed serves (every `"chimed_…"` name written in
-/// `src/observe/metrics.rs`) and every reason `chimed_requests_dropped_total` can carry.
+/// the sources: each service's collector is beside the service) and every reason
+/// `chimed_requests_dropped_total` can carry.
 #[test]
 fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
     let doc = repo_file("docs/METRICS.adoc");
-    let source = repo_file("crates/chimed/src/observe/metrics.rs");
+    let source = sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     let mut families: Vec<&str> = source
         .split('"')
         .skip(1)
@@ -203,19 +218,22 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
                 .map(|r| r.label().to_owned()),
         )
         .collect();
-    // The reasons the daemon adds: `labels[X] = "reason";` in the two workers.
+    // The reasons the daemon adds: `(Self::X, "reason"),` beside its own reason in the two
+    // workers.
     for worker in ["ntp/worker.rs", "roughtime/udp.rs"] {
         let text = repo_file(&format!("crates/chimed/src/{worker}"));
         for line in text
             .lines()
-            .filter(|l| l.trim_start().starts_with("labels["))
+            .filter(|l| l.trim_start().starts_with("(Self::"))
         {
             if let Some(r) = line.split('"').nth(1) {
                 reasons.push(r.to_owned());
             }
         }
     }
-    assert!(reasons.contains(&"nts_invalid".to_owned()), "{reasons:?}");
+    for own in ["nts_invalid", "upstream_unsynchronised"] {
+        assert!(reasons.contains(&own.to_owned()), "{own}: {reasons:?}");
+    }
     let missing: Vec<String> = families
         .iter()
         .map(|f| (*f).to_owned())

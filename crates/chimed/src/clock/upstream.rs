@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chime_ntp::{Leap, Mirror, ServerState};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::net::UdpSocket;
 use tokio::time::{self, Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
@@ -20,6 +23,7 @@ use tracing::{debug, info, warn};
 use crate::clock;
 use crate::daemon::supervisor::ServiceError;
 use crate::ntp::worker::Shared;
+use crate::observe::metrics::single;
 
 /// How the upstream looked at the last poll, to log changes once rather than every poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +177,74 @@ pub(crate) fn refid(state: &ServerState) -> String {
         text
     } else {
         format!("{}.{}.{}.{}", id[0], id[1], id[2], id[3])
+    }
+}
+
+/// The upstream's metrics: the mirrored state as last polled, and what a reply sent now says
+/// about the clock. Read afresh at each scrape.
+#[derive(Debug)]
+pub(crate) struct Metrics(pub(crate) Arc<Shared>);
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        encode(&mut enc, &self.0)
+    }
+}
+
+fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Result {
+    let now = clock::read().ntp();
+    let state = ntp.state.load();
+    let served = state.served_at(now, &ntp.policy);
+    let flags: [(&str, &str, i64); 4] = [
+        (
+            "chimed_upstream_synchronised",
+            "1 if the upstream's last good reply said it was synchronised.",
+            i64::from(state.is_synchronised()),
+        ),
+        (
+            "chimed_upstream_stratum",
+            "The upstream's stratum as last mirrored (0: unsynchronised).",
+            i64::from(state.stratum),
+        ),
+        (
+            "chimed_upstream_leap",
+            "The upstream's leap indicator as last mirrored (3: unsynchronised).",
+            i64::from(leap_number(state.leap)),
+        ),
+        (
+            "chimed_served_synchronised",
+            "1 if replies sent now say synchronised: the upstream is, and its last good reply is \
+             younger than --stale-after.",
+            i64::from(served.is_synchronised()),
+        ),
+    ];
+    for (name, help, value) in flags {
+        single(enc, name, help, ConstGauge::new(value))?;
+    }
+    single(
+        enc,
+        "chimed_served_root_distance_seconds",
+        "Root delay / 2 + root dispersion that replies sent now carry, the dispersion grown since \
+         the last good poll.",
+        ConstGauge::new(served.root_distance()),
+    )?;
+    if let Some(updated) = state.updated {
+        single(
+            enc,
+            "chimed_upstream_last_reply_age_seconds",
+            "Seconds since the upstream's last good reply.",
+            ConstGauge::new(now.wrapping_diff_seconds(updated)),
+        )?;
+    }
+    Ok(())
+}
+
+fn leap_number(leap: Leap) -> u8 {
+    match leap {
+        Leap::NoWarning => 0,
+        Leap::AddSecond => 1,
+        Leap::DelSecond => 2,
+        Leap::Unsynchronised => 3,
     }
 }
 

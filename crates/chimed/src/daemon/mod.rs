@@ -24,9 +24,7 @@ use crate::config::{self, Settings, docs};
 
 use self::secrets::Secrets;
 use crate::nts::ke as nts_ke;
-use crate::observe::stats;
-use crate::roughtime::udp as roughtime_worker;
-use crate::{ntp, ntp::worker as ntp_worker, roughtime};
+use crate::{ntp, roughtime};
 
 use self::start::{Prepared, Running};
 use self::supervisor::Supervisor;
@@ -265,30 +263,20 @@ fn log_totals(running: &Running) {
             s.tx_ring_full.load(Ordering::Relaxed)
         );
     }
-    if let Some((counts, totals)) = &running.tcp {
+    if let Some((counts, workers)) = &running.tcp {
         info!(
             "roughtime tcp totals at exit: {} | connections: {}",
-            totals
-                .snapshot()
-                .display_all(&roughtime_worker::LABELS, stats::Of::Roughtime),
+            workers.total().display_all(),
             counts.line()
         );
     }
     let ntp = &running.reloadable.ntp;
-    info!(
-        "ntp totals at exit: {}",
-        ntp.totals
-            .snapshot()
-            .display_all(&ntp_worker::LABELS, stats::Of::Ntp)
-    );
+    info!("ntp totals at exit: {}", ntp.workers.total().display_all());
     if let Some(counts) = &running.ke_counts {
         info!("nts-ke totals at exit: {}", counts.line());
     }
     if let Some(shared) = &running.reloadable.roughtime {
-        let totals = shared.totals.snapshot();
-        info!(
-            "roughtime totals at exit: {}",
-            totals.display_all(&roughtime_worker::LABELS, stats::Of::Roughtime)
-        );
+        let totals = shared.workers.total();
+        info!("roughtime totals at exit: {}", totals.display_all());
     }
 }

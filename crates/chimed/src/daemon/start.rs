@@ -20,7 +20,7 @@ use crate::daemon::bind::{self, Group, Service, Sockets};
 use crate::daemon::notify::Beat;
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
 use crate::daemon::secrets::Secrets;
-use crate::daemon::supervisor::Supervisor;
+use crate::daemon::supervisor::{self, Supervisor};
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
 use crate::observe::{metrics, stats};
@@ -43,7 +43,7 @@ pub(crate) struct Running {
     pub(crate) xdp: Option<Arc<chime_xdp::XdpStats>>,
     pub(crate) tcp: Option<(
         Arc<roughtime_tcp::Counts>,
-        Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
+        Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
     )>,
     pub(crate) ke_counts: Option<Arc<nts_ke::KeCounts>>,
 }
@@ -56,51 +56,42 @@ pub(crate) fn all(
     sockets: Sockets,
     log: crate::daemon::reload::LogFilter,
 ) -> Result<Running> {
-    let registry = (settings.observe.metrics_address).map(|_| Arc::new(stats::Registry::default()));
     let ntp = &prepared.ntp;
     let rt_shared = prepared.roughtime.as_ref().map(|(_, _, s)| s.clone());
-    let register = |service, family, thread, labels| {
-        registry
-            .as_ref()
-            .map(|r: &Arc<stats::Registry>| r.register(service, family, thread, labels))
-    };
     let roughtime = (rt_shared.as_ref()).map(|shared| (shared, settings.roughtime.batch_size.0));
+    // Every service registers what it serves on the metrics endpoint as it starts.
+    let mut registry = metrics::Registry::new(clock::read().unix_secs());
+    let metrics = &mut registry;
     data_plane(
-        sup,
+        (sup, metrics),
         (sockets.ntp, sockets.roughtime),
         ntp,
         roughtime,
-        &register,
     )?;
     let xdp = match sockets.xdp {
         Some(bound) => Some(xdp(
-            sup,
+            (sup, metrics),
             bound,
             settings,
             ntp,
             rt_shared.as_ref(),
-            &register,
         )?),
         None => None,
     };
     let tcp = match (sockets.roughtime_tcp, &rt_shared) {
-        (Some((listeners, limits)), Some(shared)) => {
-            let published = register("roughtime", "tcp", 0, &roughtime_worker::LABELS);
-            Some(tcp(
-                sup,
-                listeners,
-                limits,
-                shared,
-                (settings, &secrets),
-                published,
-            )?)
-        }
+        (Some((listeners, limits)), Some(shared)) => Some(tcp(
+            (sup, metrics),
+            listeners,
+            limits,
+            shared,
+            (settings, &secrets),
+        )?),
         _ => None,
     };
     let ke_counts = (secrets.tls.as_ref()).map(|_| Arc::new(nts_ke::KeCounts::default()));
     let nts = match (sockets.nts, &secrets.tls, &ke_counts, &ntp.nts) {
         (Some(listener), Some(tls), Some(counts), Some(cookies)) => Some(nts_ke_service(
-            sup,
+            (sup, metrics),
             listener,
             (settings, tls),
             counts,
@@ -108,25 +99,15 @@ pub(crate) fn all(
         )?),
         _ => None,
     };
-    if let Some((listener, registry)) = sockets.metrics.zip(registry) {
-        let sources = metrics::Sources {
-            registry,
-            ntp: ntp.clone(),
-            roughtime: rt_shared.clone(),
-            started_unix: clock::read().unix_secs(),
-            nts_ke: ke_counts.clone(),
-            roughtime_tcp: tcp.as_ref().map(|(counts, _)| counts.clone()),
-            xdp: xdp.as_ref().zip(settings.xdp.interface.as_ref()).map(
-                |((stats, mode), interface)| metrics::Xdp {
-                    interface: interface.0.clone(),
-                    mode,
-                    stats: stats.clone(),
-                },
-            ),
-        };
-        metrics_service(sup, listener, sources);
+    let fleet = tasks(
+        (sup, metrics),
+        (settings, &mut secrets),
+        &prepared,
+        nts.is_some(),
+    );
+    if let Some(listener) = sockets.metrics {
+        metrics_service(sup, listener, registry);
     }
-    let fleet = tasks(sup, (settings, &mut secrets), &prepared, nts.is_some());
     Ok(Running {
         reloadable: Reloadable {
             log: (
@@ -138,7 +119,7 @@ pub(crate) fn all(
             fleet,
             roughtime: rt_shared,
         },
-        xdp: xdp.map(|(stats, _)| stats),
+        xdp,
         tcp,
         ke_counts,
     })
@@ -148,38 +129,37 @@ pub(crate) fn all(
 fn metrics_service(
     sup: &mut Supervisor,
     listener: std::net::TcpListener,
-    sources: metrics::Sources,
+    registry: metrics::Registry,
 ) {
     match listener.local_addr() {
         Ok(addr) => info!("metrics: http://{addr}/metrics"),
         Err(e) => warn!("metrics: cannot tell the bound address: {e}"),
     }
-    sup.task("metrics", metrics::serve(listener, Arc::new(sources)));
+    sup.task("metrics", metrics::serve(listener, registry));
 }
 
 /// Starts the NTP and the Roughtime workers on their sockets, group by group.
 fn data_plane(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (ntp_groups, rt_groups): (Vec<Group>, Vec<Group>),
     ntp: &Arc<ntp_worker::Shared>,
     roughtime: Option<(&Arc<roughtime_worker::Shared>, usize)>,
-    register: &Register<'_>,
 ) -> Result<()> {
+    metrics.workers(ntp.workers.clone());
     for group in ntp_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
-            let published = register("ntp", family, i, &ntp_worker::LABELS);
-            NtpWorker::new(ntp.clone(), published).with_heartbeat(beat)
+            NtpWorker::new(ntp.clone(), family, i).with_heartbeat(beat)
         })?;
     }
     let Some((shared, batch)) = roughtime else {
         return Ok(());
     };
+    metrics.workers(shared.workers.clone());
     for group in rt_groups {
         let family = group.family;
         workers(sup, group, |i, beat| {
-            let published = register("roughtime", family, i, &roughtime_worker::LABELS);
-            RoughtimeWorker::new(shared.clone(), batch, published).with_heartbeat(beat)
+            RoughtimeWorker::new(shared.clone(), batch, (family, i)).with_heartbeat(beat)
         })?;
     }
     Ok(())
@@ -196,9 +176,8 @@ fn workers<H: BatchHandler>(
     let name = group.name;
     // The workers' own stop flag: the supervisor raises it (Workers::join) on the stop signal.
     let stop = Arc::new(AtomicBool::new(false));
-    let running = group
-        .workers
-        .spawn(stop, |i| make(i, sup.beat()))
+    let running = supervisor::span(name)
+        .in_scope(|| group.workers.spawn(stop, |i| make(i, sup.beat())))
         .with_context(|| format!("cannot start the {name} threads"))?;
     sup.threads(name, running);
     let service = group.service.name();
@@ -227,57 +206,55 @@ fn workers<H: BatchHandler>(
     Ok(())
 }
 
-type Register<'a> = dyn Fn(&'static str, &'static str, usize, &'static [&'static str]) -> Option<Arc<stats::Published>>
-    + 'a;
-
 /// Starts the AF_XDP workers: group 0 answers NTP, group 1 Roughtime.
 fn xdp(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     bound: chime_xdp::XdpBound,
     settings: &Settings,
     ntp: &Arc<ntp_worker::Shared>,
     rt_shared: Option<&Arc<roughtime_worker::Shared>>,
-    register: &Register<'_>,
-) -> Result<(Arc<chime_xdp::XdpStats>, &'static str)> {
+) -> Result<Arc<chime_xdp::XdpStats>> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
-    let running = bound
-        .spawn(
-            Arc::new(AtomicBool::new(false)),
-            |i, group| -> Box<dyn BatchHandler> {
-                let beat = sup.beat();
-                match (group, rt_shared) {
-                    (0, _) => {
-                        let published = register("ntp", "xdp", i, &ntp_worker::LABELS);
-                        let worker = NtpWorker::new(ntp.clone(), published);
-                        Box::new(worker.without_interleaved().with_heartbeat(beat))
-                    }
-                    (_, Some(shared)) => {
-                        let published = register("roughtime", "xdp", i, &roughtime_worker::LABELS);
-                        let worker = RoughtimeWorker::new(shared.clone(), rt_batch, published);
-                        Box::new(worker.with_heartbeat(beat))
-                    }
-                    (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
-                }
-            },
-        )
+    let make = |i, group| -> Box<dyn BatchHandler> {
+        let beat = sup.beat();
+        match (group, rt_shared) {
+            (0, _) => {
+                let worker = NtpWorker::new(ntp.clone(), "xdp", i);
+                Box::new(worker.without_interleaved().with_heartbeat(beat))
+            }
+            (_, Some(shared)) => {
+                let worker = RoughtimeWorker::new(shared.clone(), rt_batch, ("xdp", i));
+                Box::new(worker.with_heartbeat(beat))
+            }
+            (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
+        }
+    };
+    let running = supervisor::span("xdp")
+        .in_scope(|| bound.spawn(Arc::new(AtomicBool::new(false)), make))
         .context("cannot start the XDP threads")?;
     let stats = running.stats();
     sup.threads("xdp", running);
-    Ok((stats, mode))
+    if let Some(interface) = &settings.xdp.interface {
+        metrics.collector(metrics::Xdp {
+            interface: interface.0.clone(),
+            mode,
+            stats: stats.clone(),
+        });
+    }
+    Ok(stats)
 }
 
 /// Starts Roughtime over TCP.
 fn tcp(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     listeners: Vec<std::net::TcpListener>,
     limits: roughtime_tcp::Limits,
     shared: &Arc<roughtime_worker::Shared>,
     (settings, secrets): (&Settings, &Secrets),
-    published: Option<Arc<stats::Published>>,
 ) -> Result<(
     Arc<roughtime_tcp::Counts>,
-    Arc<stats::Totals<{ roughtime_worker::REASONS }>>,
+    Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
 )> {
     info!(
         "roughtime tcp: at most {} connections, {} per address, closed after {} s idle or {} s \
@@ -299,22 +276,27 @@ fn tcp(
         None
     };
     let counts = Arc::new(roughtime_tcp::Counts::default());
-    let totals = Arc::new(stats::Totals::default());
-    let service = roughtime_tcp::spawn(
-        listeners,
-        shared.clone(),
-        limits,
-        (counts.clone(), totals.clone(), published),
-        (pq_now, settings.shed()),
-        (sup.beat(), sup.stop_signal()),
-    )?;
+    let workers = Arc::new(stats::Workers::new("roughtime"));
+    let (beat, stop) = (sup.beat(), sup.stop_signal());
+    let service = supervisor::span("roughtime-tcp").in_scope(|| {
+        roughtime_tcp::spawn(
+            listeners,
+            shared.clone(),
+            limits,
+            (counts.clone(), workers.clone()),
+            (pq_now, settings.shed()),
+            (beat, stop),
+        )
+    })?;
     sup.threads("roughtime-tcp", service);
-    Ok((counts, totals))
+    metrics.workers(workers.clone());
+    metrics.collector(roughtime_tcp::Metrics(counts.clone()));
+    Ok((counts, workers))
 }
 
 /// Starts NTS-KE on its threads.
 fn nts_ke_service(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (listener, port): (std::net::TcpListener, Option<u16>),
     (settings, (config, not_after)): (&Settings, &(Arc<rustls::ServerConfig>, Option<i64>)),
     counts: &Arc<nts_ke::KeCounts>,
@@ -359,9 +341,12 @@ fn nts_ke_service(
         ntp.clone(),
     ));
     let beats = (0..threads).map(|_| sup.beat()).collect();
-    let threads = nts_ke::KeThreads::spawn(&listener, &shared, beats, &sup.stop_signal())
+    let stop = sup.stop_signal();
+    let threads = supervisor::span("nts-ke")
+        .in_scope(|| nts_ke::KeThreads::spawn(&listener, &shared, beats, &stop))
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
+    metrics.collector(nts_ke::Metrics(counts.clone()));
     nts_ke::log_expiry(certificate, *not_after);
     if let Some(t) = *not_after {
         counts
@@ -378,7 +363,7 @@ fn nts_ke_service(
 /// Starts the control plane's tasks: the upstream poller, Roughtime's key rotation, and NTS's
 /// cookie-key rotation (a fleet's keys follow its periods, with or without NTS-KE here).
 fn tasks(
-    sup: &mut Supervisor,
+    (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (settings, secrets): (&Settings, &mut Secrets),
     prepared: &Prepared,
     nts_ke_here: bool,
@@ -386,8 +371,10 @@ fn tasks(
     let ntp = prepared.ntp.clone();
     let upstream = &settings.upstream;
     let (server, interval) = (upstream.server_address, upstream.poll_interval.duration());
+    metrics.collector(upstream::Metrics(ntp.clone()));
     sup.task("upstream", upstream::run(server, interval, ntp));
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
+        metrics.collector(online_keys::Metrics(shared.clone()));
         sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
     }
     let cookies = prepared.ntp.nts.clone()?;

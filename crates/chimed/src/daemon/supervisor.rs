@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::daemon::notify::{Beat, Heartbeats};
 
@@ -23,6 +24,14 @@ pub(crate) const THREAD_CHECK: Duration = Duration::from_millis(100);
 
 /// How long the services together get to stop once asked; past it, the daemon exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The span a service runs in, carrying its name: its task, or its threads, which start it as
+/// they start and enter it (the data plane's worker threads' spans are children of it when they
+/// are spawned inside it). A log line names the service it came from, and `--log-level` can pick
+/// one out (`[service{service=nts-ke}]=debug`).
+pub(crate) fn span(service: &'static str) -> tracing::Span {
+    tracing::info_span!("service", service = %service)
+}
 
 /// Why a service ended before it was asked to.
 #[derive(Debug, thiserror::Error)]
@@ -89,11 +98,13 @@ impl Supervisor {
         self.stop.clone()
     }
 
-    /// Starts `service` as a task: it runs until the stop signal, which drops it where it waits.
+    /// Starts `service` as a task in its [`span`]: it runs until the stop signal, which drops it
+    /// where it waits.
     pub(crate) fn task<F>(&mut self, name: &'static str, service: F)
     where
         F: Future<Output = Result<(), ServiceError>> + Send + 'static,
     {
+        let service = service.instrument(span(name));
         let stop = self.stop.clone();
         let handle = self.tasks.spawn(async move {
             tokio::select! {
@@ -104,8 +115,8 @@ impl Supervisor {
         self.names.insert(handle.id(), name);
     }
 
-    /// Watches `threads`, already started: a thread that ends before the stop signal ends the
-    /// service; the signal stops them all (on a blocking thread: joining waits).
+    /// Watches `threads`, already started (in the [`span`] of `name`, for their log lines): a
+    /// thread that ends before the stop signal ends the service; the signal stops them all (on a blocking thread: joining waits).
     pub(crate) fn threads(&mut self, name: &'static str, threads: impl Threads) {
         let stop = self.stop.clone();
         let threads: Box<dyn Threads> = Box::new(threads);

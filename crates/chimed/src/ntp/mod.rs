@@ -22,7 +22,7 @@ pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<w
             stale_after: settings.upstream.stale_after.duration(),
             ..StalePolicy::default()
         },
-        totals: Default::default(),
+        workers: Arc::new(crate::observe::stats::Workers::new("ntp")),
         stats_interval: settings.observe.stats_interval.duration(),
         zone: ArcSwapOption::empty(),
         acl: ArcSwap::from_pointee(settings.acl.clone()),

@@ -14,35 +14,77 @@ use crate::access::acl::Acl;
 use crate::clock;
 use crate::clock::tz::Zone;
 use crate::daemon::notify::Beat;
-use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
+use crate::observe::counters::{self, Note};
+use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
 
-/// Drop reasons: the protocol's own, then the daemon's `denied` (an `--allow`/`--deny` rule),
-/// `rate_limited` (over `--ratelimit`, neither leaked nor kissed) and `nts_invalid` (NTS fields
-/// that are not a valid request, or no room for the reply).
-pub(crate) const REASONS: usize = DropReason::COUNT + 3;
-const DENIED: usize = DropReason::COUNT;
-const RATE_LIMITED: usize = DropReason::COUNT + 1;
-const NTS_INVALID: usize = DropReason::COUNT + 2;
-pub(crate) const LABELS: [&str; REASONS] = {
-    let mut labels = [""; REASONS];
-    let mut i = 0;
-    while i < DropReason::COUNT {
-        labels[i] = DropReason::ALL_REASONS[i];
-        i += 1;
-    }
-    labels[DENIED] = "denied";
-    labels[RATE_LIMITED] = "rate_limited";
-    labels[NTS_INVALID] = "nts_invalid";
-    labels
-};
+/// Why an NTP request got no reply: the protocol's reasons, and the daemon's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NtpDrop {
+    /// The responder's reason.
+    Request(DropReason),
+    /// An `--allow`/`--deny` rule.
+    Denied,
+    /// Over `--ratelimit`, neither leaked nor kissed.
+    RateLimited,
+    /// NTS fields that are not a valid request, or no room for the reply.
+    NtsInvalid,
+}
 
-/// State every worker of the service shares: the published upstream snapshot and the totals.
+impl NtpDrop {
+    const COUNT: usize = DropReason::COUNT + 3;
+
+    /// The daemon's own reasons, each beside its label.
+    const OWN: [(Self, &'static str); 3] = [
+        (Self::Denied, "denied"),
+        (Self::RateLimited, "rate_limited"),
+        (Self::NtsInvalid, "nts_invalid"),
+    ];
+
+    /// Every label, by slot.
+    const ALL_LABELS: [&'static str; Self::COUNT] = {
+        let mut labels = [""; Self::COUNT];
+        let mut i = 0;
+        while i < DropReason::COUNT {
+            labels[i] = DropReason::ALL_REASONS[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < Self::OWN.len() {
+            labels[Self::OWN[j].0.slot()] = Self::OWN[j].1;
+            j += 1;
+        }
+        labels
+    };
+
+    const fn slot(self) -> usize {
+        match self {
+            Self::Request(why) => why.index(),
+            Self::Denied => DropReason::COUNT,
+            Self::RateLimited => DropReason::COUNT + 1,
+            Self::NtsInvalid => DropReason::COUNT + 2,
+        }
+    }
+}
+
+impl counters::Reason for NtpDrop {
+    type Counts = [u64; Self::COUNT];
+    const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
+    const NOTES: counters::Of = counters::Of::Ntp;
+
+    fn index(self) -> usize {
+        self.slot()
+    }
+}
+
+/// State every worker of the service shares: the published upstream snapshot and the workers'
+/// counts.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: ArcSwap<ServerState>,
     pub(crate) policy: StalePolicy,
-    pub(crate) totals: Arc<Totals<REASONS>>,
+    /// Every worker's counts, for the log's totals and the metrics.
+    pub(crate) workers: Arc<Workers<NtpDrop>>,
     pub(crate) stats_interval: Option<Duration>,
     /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
     pub(crate) zone: ArcSwapOption<Zone>,
@@ -83,7 +125,7 @@ impl Marks {
 
 pub(crate) struct NtpWorker {
     shared: Arc<Shared>,
-    stats: WorkerStats<REASONS>,
+    stats: WorkerStats<NtpDrop>,
     /// The zone for the batch in hand (loaded once per batch) and the Unix time that resolves
     /// NTP eras for it.
     zone: Option<Arc<Zone>>,
@@ -98,15 +140,15 @@ pub(crate) struct NtpWorker {
 }
 
 impl NtpWorker {
-    pub(crate) fn new(shared: Arc<Shared>, published: Option<Arc<Published>>) -> Self {
+    /// Thread `thread` of those on one `family`'s socket (or on AF_XDP, `xdp`), its counts
+    /// registered with the service's.
+    pub(crate) fn new(shared: Arc<Shared>, family: &'static str, thread: usize) -> Self {
         let now_unix = clock::read().unix_secs();
         Self {
             stats: WorkerStats::new(
                 "ntp",
-                &LABELS,
                 shared.stats_interval,
-                shared.totals.clone(),
-                published,
+                (&shared.workers, family, thread),
             ),
             shared,
             zone: None,
@@ -156,7 +198,7 @@ struct Notes {
 }
 
 /// Writes the reply to one request into `buf`: the responder's header, then rate limiting,
-/// interleaved mode and NTS, each if on. Returns the reply's length or the drop reason's slot.
+/// interleaved mode and NTS, each if on. Returns the reply's length or why there is none.
 fn answer(
     b: &Batch<'_>,
     meta: &chime_udp::RecvMeta,
@@ -165,9 +207,9 @@ fn answer(
     coin: &mut Coin,
     buf: &mut [u8],
     notes: &mut Notes,
-) -> Result<usize, usize> {
+) -> Result<usize, NtpDrop> {
     let len = chime_ntp::respond(request, meta.src.port(), t2, b.served, buf)
-        .map_err(|why| why.index())?;
+        .map_err(NtpDrop::Request)?;
     // Only a request that would be answered costs its sender: a malformed one is dropped above
     // without touching the table.
     if let Some((table, mono, interval)) = b.limiter {
@@ -177,7 +219,7 @@ fn answer(
                 chime_ntp::kiss_of_death(buf, *b"RATE");
                 notes.kissed = true;
             }
-            Verdict::Drop => return Err(RATE_LIMITED),
+            Verdict::Drop => return Err(NtpDrop::RateLimited),
         }
         chime_ntp::suggest_poll(buf, interval);
     }
@@ -200,12 +242,12 @@ fn answer(
     }
     match nts::check_request(request, keys) {
         nts::Check::NotNts => Ok(len),
-        nts::Check::Malformed => Err(NTS_INVALID),
+        nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
         nts::Check::Nak(uid) => {
             notes.nts = Some(false);
             notes.save_transmit = false;
             notes.interleaved = false;
-            nts::write_nak(buf, request, uid).ok_or(NTS_INVALID)
+            nts::write_nak(buf, request, uid).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
             // The authenticator covers the transmit timestamp: stamp it now.
@@ -219,7 +261,7 @@ fn answer(
             }
             notes.nts = Some(true);
             let seal = || keys.seal(&v.keys, rand::random());
-            nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NTS_INVALID)
+            nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NtpDrop::NtsInvalid)
         }
     }
 }
@@ -236,7 +278,7 @@ impl BatchHandler for NtpWorker {
         if let Some(zone) = &self.zone {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
-        self.stats.pending.batches += 1;
+        self.stats.counts.batches += 1;
         let acl = self.shared.acl.load();
         if self.marks.any {
             self.marks = Marks::default();
@@ -257,13 +299,15 @@ impl BatchHandler for NtpWorker {
             now_unix,
         };
         for (meta, request) in rx.iter() {
-            self.stats.pending.received += 1;
+            self.stats.counts.received += 1;
             if !acl.serves(meta.src.ip()) {
-                self.stats.pending.drop_at(DENIED);
+                self.stats.counts.drop(NtpDrop::Denied);
                 continue;
             }
             if meta.truncated {
-                self.stats.pending.drop_at(DropReason::Truncated.index());
+                self.stats
+                    .counts
+                    .drop(NtpDrop::Request(DropReason::Truncated));
                 continue;
             }
             let mut t2 = meta.timestamp.map_or(now, clock::from_kernel);
@@ -276,7 +320,7 @@ impl BatchHandler for NtpWorker {
                 answer(&batch, meta, request, t2, coin, buf, &mut notes)
             });
             if queued.is_ok() {
-                let p = &mut self.stats.pending;
+                let p = &mut self.stats.counts;
                 p.note(Note::Kod, notes.kissed);
                 p.note(Note::Interleaved, notes.interleaved);
                 p.note(Note::Nts, notes.nts == Some(true));
@@ -293,7 +337,7 @@ impl BatchHandler for NtpWorker {
                 }
             }
             if let Err(Some(why)) = queued {
-                self.stats.pending.drop_at(why);
+                self.stats.counts.drop(why);
             }
         }
         // The batch's one tick, which the watchdog sees.
@@ -341,7 +385,7 @@ impl BatchHandler for NtpWorker {
                     sent = zone.apply(sent, self.pivot_unix);
                 }
                 log.save(rx, sent);
-                self.stats.pending.note(Note::KernelTxTimestamp, true);
+                self.stats.counts.note(Note::KernelTxTimestamp, true);
             }
         }
     }
@@ -376,7 +420,7 @@ pub(crate) mod testing {
         Arc::new(Shared {
             state: ArcSwap::from_pointee(state),
             policy: StalePolicy::default(),
-            totals: Default::default(),
+            workers: Arc::new(Workers::new("ntp")),
             stats_interval: None,
             zone: ArcSwapOption::empty(),
             acl: ArcSwap::from_pointee(Acl::new(&[], &deny).unwrap()),
@@ -408,7 +452,7 @@ mod tests {
 
     #[test]
     fn a_client_gets_the_mirrored_state_in_a_reply_no_longer_than_its_request() {
-        let mut worker = NtpWorker::new(shared(synchronised(), &[]), None);
+        let mut worker = NtpWorker::new(shared(synchronised(), &[]), "ipv4", 0);
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
         assert_eq!(replies.len(), 1);
         assert_eq!(replies[0].len(), 48);
@@ -422,12 +466,12 @@ mod tests {
             request()[40..48],
             "origin is the client's transmit"
         );
-        assert_eq!(worker.stats.pending.received, 1);
+        assert_eq!(worker.stats.counts.received, 1);
     }
 
     #[test]
     fn an_unsynchronised_upstream_is_served_as_such() {
-        let mut worker = NtpWorker::new(shared(ServerState::unsynchronised(), &[]), None);
+        let mut worker = NtpWorker::new(shared(ServerState::unsynchronised(), &[]), "ipv4", 0);
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
         let h = Header::parse(&replies[0]).unwrap();
         assert_eq!((h.leap, h.stratum), (Leap::Unsynchronised, 0));
@@ -435,21 +479,34 @@ mod tests {
 
     #[test]
     fn denied_and_malformed_requests_are_dropped_and_counted() {
-        let mut worker = NtpWorker::new(shared(synchronised(), &["198.51.100.0/24"]), None);
+        let mut worker = NtpWorker::new(shared(synchronised(), &["198.51.100.0/24"]), "ipv4", 0);
         let denied = exchange(&mut worker, "198.51.100.7:123", &[&request()]);
         let short = exchange(&mut worker, "192.0.2.1:40000", &[&request()[..47]]);
         assert!(denied.is_empty() && short.is_empty());
-        let p = worker.stats.pending;
+        let p = worker.stats.counts;
         assert_eq!(p.received, 2);
-        assert_eq!(p.dropped[DENIED], 1);
-        assert_eq!(p.dropped[DropReason::TooShort.index()], 1);
+        assert_eq!(p.dropped(NtpDrop::Denied), 1);
+        assert_eq!(p.dropped(NtpDrop::Request(DropReason::TooShort)), 1);
+    }
+
+    #[test]
+    fn every_drop_reason_has_a_label_of_its_own() {
+        use crate::observe::counters::Reason as _;
+        let mut labels = NtpDrop::LABELS.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), NtpDrop::COUNT);
+        assert!(!labels.contains(&""));
+        let label = |why: NtpDrop| NtpDrop::LABELS[why.index()];
+        assert_eq!(label(NtpDrop::RateLimited), "rate_limited");
+        assert_eq!(label(NtpDrop::Request(DropReason::TooShort)), "too_short");
     }
 
     #[test]
     fn the_watchdog_sees_every_batch_and_every_idle_wake_up() {
         let mut hearts = crate::daemon::notify::Heartbeats::default();
         let mut worker =
-            NtpWorker::new(shared(synchronised(), &[]), None).with_heartbeat(hearts.add());
+            NtpWorker::new(shared(synchronised(), &[]), "ipv4", 0).with_heartbeat(hearts.add());
         assert!(!hearts.all_moved(), "nothing happened yet");
         exchange(&mut worker, "192.0.2.1:40000", &[&request()]);
         assert!(hearts.all_moved(), "a batch");

@@ -14,12 +14,15 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use chime_ntp::nts::{self, CookieKeys, KeOutcome, Keys};
 use chime_ntp::{ClientTable, Coin, Verdict};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::ConstGauge;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::LazyConfigAcceptor;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::access::per_address::PerAddress;
 use crate::daemon::notify::{self, Beat};
@@ -27,6 +30,7 @@ use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
 use crate::nts::slots::{SessionId, Slots, Step};
+use crate::observe::metrics::{counters, single};
 use tokio_util::sync::CancellationToken;
 
 /// Sessions served at once, over all the NTS-KE threads. More than 250 addresses can hold at
@@ -454,7 +458,7 @@ pub(crate) struct KeThreads {
 
 impl KeThreads {
     /// Starts one thread named `nts-ke` per heartbeat in `beats`, serving `listener` until
-    /// `stopped` is cancelled.
+    /// `stopped` is cancelled; each logs in the span current here.
     pub(crate) fn spawn(
         listener: &std::net::TcpListener,
         shared: &Arc<KeShared>,
@@ -462,7 +466,9 @@ impl KeThreads {
         stopped: &CancellationToken,
     ) -> std::io::Result<Self> {
         let mut handles = Vec::new();
+        let span = tracing::Span::current();
         for beat in beats {
+            let span = span.clone();
             let (listener, shared, stopped) =
                 (listener.try_clone()?, shared.clone(), stopped.clone());
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -472,6 +478,7 @@ impl KeThreads {
                 std::thread::Builder::new()
                     .name("nts-ke".into())
                     .spawn(move || {
+                        let _entered = span.entered();
                         runtime.block_on(async move {
                             // Ended with the runtime, when `serve` returns.
                             tokio::spawn(notify::beat_on_every_wake(beat));
@@ -516,7 +523,8 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
     {
         Ok(l) => l,
         Err(e) => {
-            warn!("nts-ke: cannot serve: {e}");
+            // The thread ends, and with it the service: the supervisor stops chimed.
+            error!("nts-ke: cannot serve: {e}");
             return;
         }
     };
@@ -538,20 +546,20 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
         let acl = shared.access.acl.load();
         if !acl.serves(peer.ip()) {
             counts.denied.fetch_add(1, Relaxed);
-            debug!("nts-ke: {peer}: refused by the access rules, closed");
+            debug!(%peer, "nts-ke: refused by the access rules, closed");
             continue;
         }
         if let Some(table) = &shared.limiter {
             let now_ns = shared.epoch.elapsed().as_nanos() as u64;
             if !matches!(table.check(peer.ip(), now_ns, &mut coin), Verdict::Answer) {
                 counts.rate_limited.fetch_add(1, Relaxed);
-                debug!("nts-ke: {peer}: over its rate limit, closed");
+                debug!(%peer, "nts-ke: over its rate limit, closed");
                 continue;
             }
         }
         let Some(place) = shared.per_address.take(peer.ip(), MAX_SESSIONS_PER_ADDRESS) else {
             counts.address_limited.fetch_add(1, Relaxed);
-            debug!("nts-ke: {peer}: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
+            debug!(%peer, "nts-ke: {MAX_SESSIONS_PER_ADDRESS} sessions from it already, closed");
             continue;
         };
         let closing = CancellationToken::new();
@@ -600,7 +608,7 @@ impl KeShared {
             Some(Ok(false)) => &counts.refused,
             None => &counts.evicted,
             Some(Err(failure)) => {
-                debug!("nts-ke: {peer}: {failure}");
+                debug!(%peer, "nts-ke: session failed: {failure}");
                 counts.failed.fetch_add(1, Relaxed);
                 match failure {
                     Failure::Tls(_) => &counts.failed_tls,
@@ -731,6 +739,61 @@ fn respond(
     let fresh = std::iter::repeat_with(|| master.seal(&keys, rand::random()));
     nts::ke_response(&outcome, ntp, fresh.take(COOKIES), &mut response);
     Ok((response, true))
+}
+
+/// NTS-KE's metrics: its sessions and its certificate.
+#[derive(Debug)]
+pub(crate) struct Metrics(pub(crate) Arc<KeCounts>);
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        encode(&mut enc, &self.0)
+    }
+}
+
+fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Result {
+    counters(
+        enc,
+        "chimed_nts_ke_sessions_total",
+        "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
+         failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
+         rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
+         8 sessions from that address already), denied (closed unserved: --allow/--deny), \
+         evicted (closed, every slot being taken, for a new connection: it had stalled \
+         longest in its step).",
+        [
+            ("agreed", &ke.agreed),
+            ("refused", &ke.refused),
+            ("failed", &ke.failed),
+            ("rate_limited", &ke.rate_limited),
+            ("address_limited", &ke.address_limited),
+            ("denied", &ke.denied),
+            ("evicted", &ke.evicted),
+        ]
+        .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
+    )?;
+    counters(
+        enc,
+        "chimed_nts_ke_failures_total",
+        "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
+         alert), timeout (a step's deadline: 2 s for the ClientHello, 2 s for the rest of the \
+         handshake, 1 s for the request after it, 2 s for the response), request (longer than \
+         16 KiB, or cut off \
+         before End of Message), io (reading or writing).",
+        ke.failures()
+            .into_iter()
+            .map(|(kind, n)| (vec![("kind", kind.to_string())], n)),
+    )?;
+    let t = ke.certificate_not_after.load(Relaxed);
+    if t != i64::MIN {
+        single(
+            enc,
+            "chimed_nts_certificate_not_after_seconds",
+            "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
+            ConstGauge::new(t),
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
-//! The metrics endpoint (`--metrics-address`): every worker's counters, the mirrored upstream and
-//! what clients are told about it, and the Roughtime online key's validity, in Prometheus' text
+//! The metrics endpoint (`--metrics-address`): chimed's own build and start time, and what each
+//! service registered as it started ([`Registry`]): the workers' counters, labelled by service,
+//! NTS-KE's sessions, Roughtime over TCP's connections, AF_XDP's drops, the mirrored upstream and
+//! what clients are told about it, and the Roughtime online key's validity. In Prometheus' text
 //! format, over hyper's HTTP/1.1 server on the control plane.
 //!
 //! It answers `GET` and `HEAD` of `/metrics` and nothing else, one request per connection. A
@@ -12,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use chime_ntp::Leap;
 use chime_roughtime::Version;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -24,28 +25,55 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::warn;
 
-use crate::clock;
 use crate::daemon::supervisor::ServiceError;
-use crate::ntp::worker as ntp_worker;
-use crate::observe::stats::{Note, Published, PublishedCounts, Registry};
-use crate::roughtime::udp as roughtime_worker;
+use crate::observe::counters::{NTP_NOTES, Note, PublishedCounts};
+use crate::observe::stats::{Listed, Published};
 
-/// What the endpoint reports on.
-pub(crate) struct Sources {
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) ntp: Arc<ntp_worker::Shared>,
-    pub(crate) roughtime: Option<Arc<roughtime_worker::Shared>>,
-    /// When the daemon started, Unix seconds.
-    pub(crate) started_unix: i64,
-    /// The NTS-KE server's sessions, if NTS is on.
-    pub(crate) nts_ke: Option<Arc<crate::nts::ke::KeCounts>>,
-    /// Roughtime's TCP connections, if Roughtime over TCP is on.
-    pub(crate) roughtime_tcp: Option<Arc<crate::roughtime::tcp::Counts>>,
-    /// The AF_XDP workers' own counts, their interface and mode, if `--xdp` is on.
-    pub(crate) xdp: Option<Xdp>,
+/// What the endpoint serves, filled in as the services start: each registers its own collector,
+/// and the data plane's services their workers, whose counters share metric families (one family
+/// per name, its series labelled by service).
+pub(crate) struct Registry {
+    collectors: prometheus_client::registry::Registry,
+    workers: Vec<Arc<dyn Listed>>,
+}
+
+impl Registry {
+    /// chimed's own metrics, its start at `started_unix`, and no service yet.
+    pub(crate) fn new(started_unix: i64) -> Self {
+        let mut collectors = prometheus_client::registry::Registry::default();
+        collectors.register_collector(Box::new(Process { started_unix }));
+        Self {
+            collectors,
+            workers: Vec::new(),
+        }
+    }
+
+    /// A service's own collector.
+    pub(crate) fn collector(&mut self, collector: impl Collector) {
+        self.collectors.register_collector(Box::new(collector));
+    }
+
+    /// A data-plane service's workers, whose counters are served labelled by its name.
+    pub(crate) fn workers(&mut self, workers: Arc<dyn Listed>) {
+        self.workers.push(workers);
+    }
+
+    /// Everything registered, for the endpoint.
+    fn finish(mut self) -> prometheus_client::registry::Registry {
+        let families = WorkerFamilies(self.workers);
+        self.collectors.register_collector(Box::new(families));
+        self.collectors
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Registry")
+    }
 }
 
 /// What the metrics say about `--xdp`.
+#[derive(Debug)]
 pub(crate) struct Xdp {
     pub(crate) interface: String,
     pub(crate) mode: &'static str,
@@ -63,7 +91,7 @@ const MAX_CONNECTIONS: usize = 16;
 /// [`MAX_HEAD`] bytes, at most [`MAX_CONNECTIONS`] at once (more are closed at once).
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
-    sources: Arc<Sources>,
+    registry: Registry,
 ) -> Result<(), ServiceError> {
     fail::fail_point!("metrics", |_| Err(
         crate::daemon::supervisor::fail_point_error("metrics")
@@ -72,6 +100,7 @@ pub(crate) async fn serve(
         .set_nonblocking(true)
         .and_then(|()| TcpListener::from_std(listener))
         .map_err(|e| ServiceError::Failed(format!("cannot listen: {e}")))?;
+    let registry = Arc::new(registry.finish());
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut last_error: Option<std::time::Instant> = None;
     loop {
@@ -90,11 +119,11 @@ pub(crate) async fn serve(
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             continue; // too many at once: this one is closed as it is dropped
         };
-        let sources = sources.clone();
+        let registry = registry.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |request| {
-                let response = respond(&request, &sources);
+                let response = respond(&request, &registry);
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
@@ -113,7 +142,10 @@ type Body = http_body_util::Full<bytes::Bytes>;
 
 /// The answer to a request hyper has parsed: the page for `GET` and `HEAD` of `/metrics` (hyper
 /// leaves out a `HEAD` answer's body), 404 elsewhere, 405 for other methods.
-fn respond<B>(request: &hyper::Request<B>, sources: &Arc<Sources>) -> hyper::Response<Body> {
+fn respond<B>(
+    request: &hyper::Request<B>,
+    registry: &prometheus_client::registry::Registry,
+) -> hyper::Response<Body> {
     if request.uri().path() != "/metrics" {
         return plain(
             hyper::StatusCode::NOT_FOUND,
@@ -122,7 +154,7 @@ fn respond<B>(request: &hyper::Request<B>, sources: &Arc<Sources>) -> hyper::Res
     }
     match *request.method() {
         hyper::Method::GET | hyper::Method::HEAD => {
-            let mut r = hyper::Response::new(Body::from(render(sources)));
+            let mut r = hyper::Response::new(Body::from(render(registry)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static(
@@ -149,7 +181,7 @@ fn plain(status: hyper::StatusCode, body: &'static str) -> hyper::Response<Body>
 type CountOf = fn(&PublishedCounts) -> u64;
 
 /// A sample's labels.
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 /// The labels of a worker's series.
 fn worker_labels(w: &Published) -> Labels {
@@ -162,7 +194,7 @@ fn worker_labels(w: &Published) -> Labels {
 
 /// A metric family with one sample and no labels. A counter's name ends in `_total`, which the
 /// encoder adds itself.
-fn single<M: EncodeMetric>(
+pub(crate) fn single<M: EncodeMetric>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -173,7 +205,7 @@ fn single<M: EncodeMetric>(
 
 /// A counter family with a sample for each label set (none at all is a family without series).
 /// Its name ends in `_total`, which the encoder adds itself.
-fn counters(
+pub(crate) fn counters(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -197,7 +229,7 @@ fn base<'n, M: EncodeMetric>(name: &'n str, metric: &M) -> &'n str {
 
 /// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
 /// `chimed_roughtime_replies_total`, labelled by version.
-const NOTE_METRICS: [(&str, &str); crate::observe::stats::NTP_NOTES] = [
+const NOTE_METRICS: [(&str, &str); NTP_NOTES] = [
     (
         "chimed_kod_sent_total",
         "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
@@ -221,65 +253,50 @@ const NOTE_METRICS: [(&str, &str); crate::observe::stats::NTP_NOTES] = [
 ];
 
 /// Every metric, in the OpenMetrics text format, through prometheus-client's encoder.
-pub(crate) fn render(sources: &Arc<Sources>) -> String {
-    let mut registry = prometheus_client::registry::Registry::default();
-    registry.register_collector(Box::new(Collected(sources.clone())));
+fn render(registry: &prometheus_client::registry::Registry) -> String {
     let mut out = String::with_capacity(16 << 10);
-    // Writing to a String cannot fail, and nothing here returns an error of its own.
-    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    // Writing to a String cannot fail, and no collector returns an error of its own.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
     out
 }
 
-/// The endpoint's sources as a prometheus-client collector: every value is read afresh at each
-/// scrape, from what the workers and the control plane publish.
-struct Collected(Arc<Sources>);
-
-impl std::fmt::Debug for Collected {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Collected")
-    }
+/// chimed's own: its version and when it started.
+#[derive(Debug)]
+struct Process {
+    started_unix: i64,
 }
 
-impl Collector for Collected {
+impl Collector for Process {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        collect(&self.0, &mut enc)
+        single(
+            &mut enc,
+            "chimed_build",
+            "chimed's version.",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        )?;
+        single(
+            &mut enc,
+            "chimed_start_time_seconds",
+            "When chimed started, Unix seconds.",
+            ConstGauge::new(self.started_unix),
+        )
     }
 }
 
-fn collect(sources: &Sources, enc: &mut DescriptorEncoder) -> fmt::Result {
-    single(
-        enc,
-        "chimed_build",
-        "chimed's version.",
-        Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
-    )?;
-    single(
-        enc,
-        "chimed_start_time_seconds",
-        "When chimed started, Unix seconds.",
-        ConstGauge::new(sources.started_unix),
-    )?;
+/// The data plane's workers, every service's in one family per counter: read afresh at each
+/// scrape from what the workers publish.
+#[derive(Debug)]
+struct WorkerFamilies(Vec<Arc<dyn Listed>>);
 
-    workers(enc, &sources.registry)?;
-    if let Some(tcp) = &sources.roughtime_tcp {
-        roughtime_tcp(enc, tcp)?;
+impl Collector for WorkerFamilies {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        workers(&mut enc, &self.0)
     }
-    if let Some(ke) = &sources.nts_ke {
-        nts_ke(enc, ke)?;
-    }
-    if let Some(x) = &sources.xdp {
-        xdp(enc, x)?;
-    }
-    upstream(enc, &sources.ntp)?;
-    if let Some(rt) = &sources.roughtime {
-        roughtime_keys(enc, rt)?;
-    }
-    Ok(())
 }
 
 /// Every worker thread's counters, labelled by service, family and thread.
-fn workers(enc: &mut DescriptorEncoder, registry: &Registry) -> fmt::Result {
-    let workers = registry.workers();
+fn workers(enc: &mut DescriptorEncoder, services: &[Arc<dyn Listed>]) -> fmt::Result {
+    let workers: Vec<_> = services.iter().flat_map(|s| s.published()).collect();
     let counts: Vec<_> = workers.iter().map(|w| (w, w.load())).collect();
     let per_worker: [(&str, &str, CountOf); 6] = [
         (
@@ -369,77 +386,13 @@ fn workers(enc: &mut DescriptorEncoder, registry: &Registry) -> fmt::Result {
     Ok(())
 }
 
-/// Roughtime over TCP: its connections.
-fn roughtime_tcp(enc: &mut DescriptorEncoder, tcp: &crate::roughtime::tcp::Counts) -> fmt::Result {
-    counters(
-        enc,
-        "chimed_roughtime_tcp_connections_total",
-        "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
-         --roughtime-tcp-connections; refused_address: as many from the address as \
-         --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
-         ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
-         Roughtime or too long, closed_unanswered: a request dropped, closed_ageing: requests \
-         shed in a row under overload, closed_slow: a reply not read in time, closed_error).",
-        tcp.outcomes()
-            .into_iter()
-            .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),
-    )?;
-    single(
-        enc,
-        "chimed_roughtime_tcp_open_connections",
-        "Roughtime TCP connections open now.",
-        ConstGauge::new(tcp.open.load(Relaxed) as i64),
-    )?;
-    Ok(())
-}
-
-/// NTS-KE: its sessions and its certificate.
-fn nts_ke(enc: &mut DescriptorEncoder, ke: &crate::nts::ke::KeCounts) -> fmt::Result {
-    counters(
-        enc,
-        "chimed_nts_ke_sessions_total",
-        "NTS-KE sessions by outcome: agreed (cookies handed out), refused (an error record), \
-         failed (TLS or I/O error, timeout; by kind in chimed_nts_ke_failures_total), \
-         rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
-         8 sessions from that address already), denied (closed unserved: --allow/--deny), \
-         evicted (closed, every slot being taken, for a new connection: it had stalled \
-         longest in its step).",
-        [
-            ("agreed", &ke.agreed),
-            ("refused", &ke.refused),
-            ("failed", &ke.failed),
-            ("rate_limited", &ke.rate_limited),
-            ("address_limited", &ke.address_limited),
-            ("denied", &ke.denied),
-            ("evicted", &ke.evicted),
-        ]
-        .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
-    )?;
-    counters(
-        enc,
-        "chimed_nts_ke_failures_total",
-        "Failed NTS-KE sessions by kind: tls (the handshake: not TLS, no common protocol, an \
-         alert), timeout (a step's deadline: 2 s for the ClientHello, 2 s for the rest of the \
-         handshake, 1 s for the request after it, 2 s for the response), request (longer than \
-         16 KiB, or cut off \
-         before End of Message), io (reading or writing).",
-        ke.failures()
-            .into_iter()
-            .map(|(kind, n)| (vec![("kind", kind.to_string())], n)),
-    )?;
-    let t = ke.certificate_not_after.load(Relaxed);
-    if t != i64::MIN {
-        single(
-            enc,
-            "chimed_nts_certificate_not_after_seconds",
-            "When the NTS-KE certificate expires (its notAfter), Unix seconds; SIGHUP reloads it.",
-            ConstGauge::new(t),
-        )?;
-    }
-    Ok(())
-}
-
 /// AF_XDP: the interface and mode, and the workers' own counts.
+impl Collector for Xdp {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        xdp(&mut enc, self)
+    }
+}
+
 fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
     single(
         enc,
@@ -478,133 +431,27 @@ fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
     Ok(())
 }
 
-/// Roughtime's online key, and the end of its delegation bundle if it has one.
-fn roughtime_keys(enc: &mut DescriptorEncoder, rt: &roughtime_worker::Shared) -> fmt::Result {
-    let d = rt.delegation.load();
-    single(
-        enc,
-        "chimed_roughtime_online_key_not_before_seconds",
-        "Start of the current online key's validity (MINT), Unix seconds.",
-        ConstGauge::new(d.mint_unix_s()),
-    )?;
-    single(
-        enc,
-        "chimed_roughtime_online_key_not_after_seconds",
-        "End of the current online key's validity (MAXT), Unix seconds; it is replaced well \
-         before.",
-        ConstGauge::new(d.maxt_unix_s()),
-    )?;
-    if let Some(bundle) = &rt.bundle {
-        let end = bundle
-            .load()
-            .windows()
-            .last()
-            .map_or(0, |d| d.maxt_unix_s());
-        single(
-            enc,
-            "chimed_roughtime_delegation_end_seconds",
-            "When the delegation bundle (--roughtime-delegation) runs out: the end of its last \
-             window, Unix seconds. After it nothing is signed.",
-            ConstGauge::new(end),
-        )?;
-    }
-    Ok(())
-}
-
-/// The mirrored upstream as last polled, and what a reply sent now says about the clock.
-fn upstream(enc: &mut DescriptorEncoder, ntp: &ntp_worker::Shared) -> fmt::Result {
-    let now = clock::read().ntp();
-    let state = ntp.state.load();
-    let served = state.served_at(now, &ntp.policy);
-    let flags: [(&str, &str, i64); 4] = [
-        (
-            "chimed_upstream_synchronised",
-            "1 if the upstream's last good reply said it was synchronised.",
-            i64::from(state.is_synchronised()),
-        ),
-        (
-            "chimed_upstream_stratum",
-            "The upstream's stratum as last mirrored (0: unsynchronised).",
-            i64::from(state.stratum),
-        ),
-        (
-            "chimed_upstream_leap",
-            "The upstream's leap indicator as last mirrored (3: unsynchronised).",
-            i64::from(leap_number(state.leap)),
-        ),
-        (
-            "chimed_served_synchronised",
-            "1 if replies sent now say synchronised: the upstream is, and its last good reply is \
-             younger than --stale-after.",
-            i64::from(served.is_synchronised()),
-        ),
-    ];
-    for (name, help, value) in flags {
-        single(enc, name, help, ConstGauge::new(value))?;
-    }
-    single(
-        enc,
-        "chimed_served_root_distance_seconds",
-        "Root delay / 2 + root dispersion that replies sent now carry, the dispersion grown since \
-         the last good poll.",
-        ConstGauge::new(served.root_distance()),
-    )?;
-    if let Some(updated) = state.updated {
-        single(
-            enc,
-            "chimed_upstream_last_reply_age_seconds",
-            "Seconds since the upstream's last good reply.",
-            ConstGauge::new(now.wrapping_diff_seconds(updated)),
-        )?;
-    }
-    Ok(())
-}
-
-fn leap_number(leap: Leap) -> u8 {
-    match leap {
-        Leap::NoWarning => 0,
-        Leap::AddSecond => 1,
-        Leap::DelSecond => 2,
-        Leap::Unsynchronised => 3,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use arc_swap::{ArcSwap, ArcSwapOption};
-    use chime_ntp::{ServerState, StalePolicy};
+    use chime_ntp::ServerState;
 
     use super::*;
+    use crate::ntp::worker::testing::shared;
 
-    fn sources() -> Arc<Sources> {
-        let registry = Arc::new(Registry::default());
-        // One worker, so that the per-worker families have a series.
-        let _worker = registry.register("ntp", "ipv4", 0, &chime_ntp::DropReason::ALL_REASONS);
-        Arc::new(Sources {
-            registry,
-            ntp: Arc::new(ntp_worker::Shared {
-                state: ArcSwap::from_pointee(ServerState::unsynchronised()),
-                policy: StalePolicy::default(),
-                totals: Default::default(),
-                stats_interval: None,
-                zone: ArcSwapOption::empty(),
-                acl: ArcSwap::from_pointee(crate::access::acl::Acl::default()),
-                ratelimit: None,
-                epoch: std::time::Instant::now(),
-                txlog: None,
-                nts: None,
-            }),
-            roughtime: None,
-            started_unix: 0,
-            nts_ke: None,
-            roughtime_tcp: None,
-            xdp: None,
-        })
+    /// An NTP service as it registers itself: one worker, so that the per-worker families have a
+    /// series, and the upstream, unsynchronised and never polled.
+    fn registry() -> prometheus_client::registry::Registry {
+        let ntp = shared(ServerState::unsynchronised(), &[]);
+        let _worker = ntp.workers.register("ipv4", 0);
+        let mut registry = Registry::new(0);
+        registry.workers(ntp.workers.clone());
+        registry.collector(crate::clock::upstream::Metrics(ntp));
+        registry.finish()
     }
 
     #[test]
     fn routes() {
-        let s = sources();
+        let s = registry();
         for (method, uri, expected) in [
             ("GET", "/metrics", 200),
             ("GET", "/metrics?a=b", 200),

@@ -1,289 +1,31 @@
-//! Per-thread counters, for both services. A worker counts in plain integers it owns (no atomics
-//! on the hot path) and adds them into the shared totals at the stats interval and when it stops;
-//! the totals are what the daemon logs at exit. `N` is the number of drop reasons of the service,
-//! and a label per reason names it in the logs.
-//!
-//! With the metrics endpoint on, each worker also publishes its running counts once per batch
-//! into a [`Published`] of its own: relaxed stores by its one writer, no read-modify-write, so
-//! the hot path pays a few plain stores per batch.
+//! A worker's bookkeeping, for both services, and where its counts are read. A worker counts in
+//! plain integers it owns ([`Counters`]; no atomics on the hot path) and publishes them at every
+//! tick (once per batch, and at idle wake-ups) into a [`Published`] of its own: relaxed stores by
+//! its one writer, no read-modify-write. Its service's [`Workers`] holds every worker's
+//! [`Published`], and is what both the totals the daemon logs at exit and the metrics endpoint
+//! read: one set of counters, two readers.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chime_roughtime::Version;
 use tracing::{info, warn};
 
 use crate::daemon::notify::Beat;
+use crate::observe::counters::{Counters, NOTES, PublishedCounts, Reason};
 
-/// Replies worth counting apart, beside `answered`: NTP's of note, and Roughtime's by the version
-/// they speak.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Note {
-    /// A Kiss-o'-Death RATE from rate limiting.
-    Kod,
-    /// An interleaved-mode reply, carrying the previous reply's transmit time.
-    Interleaved,
-    /// A kernel transmit timestamp received for interleaved mode.
-    KernelTxTimestamp,
-    /// An NTS-authenticated reply.
-    Nts,
-    /// An NTS NAK.
-    NtsNak,
-    /// A Roughtime reply in this version: an operator sees which versions clients still speak
-    /// before dropping one.
-    Roughtime(Version),
-    /// A Roughtime reply made deliberately invalid (`--roughtime-grease`); also counted in its
-    /// version.
-    Greased,
-}
-
-/// The NTP notes, which come first.
-pub(crate) const NTP_NOTES: usize = 5;
-pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1;
-
-/// Which notes a service's lines carry at exit, zeros too: NTP's, or Roughtime's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Of {
-    Ntp,
-    Roughtime,
-}
-
-impl Of {
-    fn notes(self) -> std::ops::Range<usize> {
-        match self {
-            Self::Ntp => 0..NTP_NOTES,
-            Self::Roughtime => NTP_NOTES..NOTES,
-        }
-    }
-}
-
-impl Note {
-    /// A dense index, for the counters' arrays and [`NOTE_LABELS`].
-    pub(crate) const fn index(self) -> usize {
-        match self {
-            Self::Kod => 0,
-            Self::Interleaved => 1,
-            Self::KernelTxTimestamp => 2,
-            Self::Nts => 3,
-            Self::NtsNak => 4,
-            Self::Roughtime(v) => NTP_NOTES + v.index(),
-            Self::Greased => NTP_NOTES + Version::COUNT,
-        }
-    }
-}
-
-/// Each [`Note`]'s label in log lines, in [`Note::index`] order.
-pub(crate) const NOTE_LABELS: [&str; NOTES] = [
-    "kod",
-    "interleaved",
-    "kernel_tx_timestamps",
-    "nts",
-    "nts_nak",
-    "version.google",
-    "version.0x80000007",
-    "version.0x80000008",
-    "version.0x80000009",
-    "version.0x8000000a",
-    "version.0x8000000b",
-    "version.0x8000000c",
-    "version.1",
-    "greased",
-];
-
-/// What one worker has seen since it last flushed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Counters<const N: usize> {
-    pub(crate) received: u64,
-    /// Receive batches handled: received / batches is the mean batch, which for Roughtime is
-    /// the requests each signature covered.
-    pub(crate) batches: u64,
-    pub(crate) answered: u64,
-    pub(crate) send_errors: u64,
-    /// Requests the kernel dropped at the socket before the worker could receive them (its
-    /// receive buffer was full): load the other counts never saw.
-    pub(crate) kernel_drops: u64,
-    /// Requests received but shed unanswered under a standing overload (`--shed-target`): they
-    /// had waited in the queue longer than the target. Also in `received`.
-    pub(crate) shed: u64,
-    /// Replies of note (see [`Note`]), also in `answered` once sent.
-    pub(crate) notes: [u64; NOTES],
-    pub(crate) dropped: [u64; N],
-}
-
-impl<const N: usize> Default for Counters<N> {
-    fn default() -> Self {
-        Self {
-            received: 0,
-            batches: 0,
-            answered: 0,
-            send_errors: 0,
-            kernel_drops: 0,
-            shed: 0,
-            notes: [0; NOTES],
-            dropped: [0; N],
-        }
-    }
-}
-
-impl<const N: usize> Counters<N> {
-    pub(crate) fn drop_at(&mut self, reason: usize) {
-        self.dropped[reason] += 1;
-    }
-
-    /// Counts one reply of note if `happened`.
-    pub(crate) fn note(&mut self, note: Note, happened: bool) {
-        self.notes[note.index()] += u64::from(happened);
-    }
-
-    pub(crate) fn dropped_total(&self) -> u64 {
-        self.dropped.iter().sum()
-    }
-
-    pub(crate) fn add(&mut self, other: &Self) {
-        self.received += other.received;
-        self.batches += other.batches;
-        self.answered += other.answered;
-        self.send_errors += other.send_errors;
-        self.kernel_drops += other.kernel_drops;
-        self.shed += other.shed;
-        for (a, b) in self.notes.iter_mut().zip(other.notes) {
-            *a += b;
-        }
-        for (a, b) in self.dropped.iter_mut().zip(other.dropped) {
-            *a += b;
-        }
-    }
-
-    /// The counters as one log line, with a `dropped.<label>=n` for each non-zero reason.
-    pub(crate) fn display<'a>(&'a self, labels: &'a [&'static str; N]) -> impl fmt::Display + 'a {
-        Line {
-            counters: self,
-            labels,
-            zeros: None,
-        }
-    }
-
-    /// The counters as one line with every drop reason and every note of the service `of`,
-    /// zeros too: the line at exit, which whoever reads it (an operator, a test) can take as
-    /// complete.
-    pub(crate) fn display_all<'a>(
-        &'a self,
-        labels: &'a [&'static str; N],
-        of: Of,
-    ) -> impl fmt::Display + 'a {
-        Line {
-            counters: self,
-            labels,
-            zeros: Some(of),
-        }
-    }
-}
-
-struct Line<'a, const N: usize> {
-    counters: &'a Counters<N>,
-    labels: &'a [&'static str; N],
-    /// Whether drop reasons that are zero are written too, and the notes of which service.
-    zeros: Option<Of>,
-}
-
-impl<const N: usize> fmt::Display for Line<'_, N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = self.counters;
-        write!(
-            f,
-            "received={} batches={} answered={} dropped={} shed={} send_errors={} kernel_drops={}",
-            c.received,
-            c.batches,
-            c.answered,
-            c.dropped_total(),
-            c.shed,
-            c.send_errors,
-            c.kernel_drops
-        )?;
-        let notes = self.zeros.map_or(0..0, Of::notes);
-        for (i, (n, label)) in c.notes.iter().zip(NOTE_LABELS).enumerate() {
-            if *n > 0 || notes.contains(&i) {
-                write!(f, " {label}={n}")?;
-            }
-        }
-        for (n, label) in c.dropped.iter().zip(self.labels) {
-            if *n > 0 || self.zeros.is_some() {
-                write!(f, " dropped.{label}={n}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Totals over every worker of one service, for the exit log.
-#[derive(Debug)]
-pub(crate) struct Totals<const N: usize> {
-    received: AtomicU64,
-    batches: AtomicU64,
-    answered: AtomicU64,
-    send_errors: AtomicU64,
-    kernel_drops: AtomicU64,
-    shed: AtomicU64,
-    notes: [AtomicU64; NOTES],
-    dropped: [AtomicU64; N],
-}
-
-impl<const N: usize> Default for Totals<N> {
-    fn default() -> Self {
-        Self {
-            received: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            answered: AtomicU64::new(0),
-            send_errors: AtomicU64::new(0),
-            kernel_drops: AtomicU64::new(0),
-            shed: AtomicU64::new(0),
-            notes: std::array::from_fn(|_| AtomicU64::new(0)),
-            dropped: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-impl<const N: usize> Totals<N> {
-    pub(crate) fn add(&self, c: &Counters<N>) {
-        self.received.fetch_add(c.received, Relaxed);
-        self.batches.fetch_add(c.batches, Relaxed);
-        self.answered.fetch_add(c.answered, Relaxed);
-        self.send_errors.fetch_add(c.send_errors, Relaxed);
-        self.kernel_drops.fetch_add(c.kernel_drops, Relaxed);
-        self.shed.fetch_add(c.shed, Relaxed);
-        for (a, b) in self.notes.iter().zip(c.notes) {
-            a.fetch_add(b, Relaxed);
-        }
-        for (a, b) in self.dropped.iter().zip(c.dropped) {
-            a.fetch_add(b, Relaxed);
-        }
-    }
-
-    pub(crate) fn snapshot(&self) -> Counters<N> {
-        Counters {
-            received: self.received.load(Relaxed),
-            batches: self.batches.load(Relaxed),
-            answered: self.answered.load(Relaxed),
-            send_errors: self.send_errors.load(Relaxed),
-            kernel_drops: self.kernel_drops.load(Relaxed),
-            shed: self.shed.load(Relaxed),
-            notes: std::array::from_fn(|i| self.notes[i].load(Relaxed)),
-            dropped: std::array::from_fn(|i| self.dropped[i].load(Relaxed)),
-        }
-    }
-}
-
-/// One worker's counts since it started, as the metrics endpoint reads them: written only by that
-/// worker, after every batch.
+/// One worker's counts since it started, as the log's totals and the metrics read them: written
+/// only by that worker, at every tick (every batch and idle wake-up) and when it stops.
 #[derive(Debug)]
 pub(crate) struct Published {
+    /// The service its series are labelled with: `ntp` or `roughtime`.
     pub(crate) service: &'static str,
-    /// The address family of its socket: `ipv4` or `ipv6`.
+    /// The address family of its socket, `ipv4` or `ipv6`; or its path, `xdp` or `tcp`.
     pub(crate) family: &'static str,
     /// Its index among the threads on that socket address.
     pub(crate) thread: usize,
+    /// Its service's drop reasons' labels, in [`Reason::index`] order.
     pub(crate) labels: &'static [&'static str],
     received: AtomicU64,
     batches: AtomicU64,
@@ -295,22 +37,9 @@ pub(crate) struct Published {
     dropped: Box<[AtomicU64]>,
 }
 
-/// A snapshot of a [`Published`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PublishedCounts {
-    pub(crate) received: u64,
-    pub(crate) batches: u64,
-    pub(crate) answered: u64,
-    pub(crate) send_errors: u64,
-    pub(crate) kernel_drops: u64,
-    pub(crate) shed: u64,
-    pub(crate) notes: [u64; NOTES],
-    /// One per label, in the labels' order.
-    pub(crate) dropped: Vec<u64>,
-}
-
 impl Published {
-    fn store<const N: usize>(&self, c: &Counters<N>) {
+    /// Relaxed stores by the one writer: no read-modify-write.
+    fn store<R: Reason>(&self, c: &Counters<R>) {
         self.received.store(c.received, Relaxed);
         self.batches.store(c.batches, Relaxed);
         self.answered.store(c.answered, Relaxed);
@@ -320,7 +49,7 @@ impl Published {
         for (a, b) in self.notes.iter().zip(c.notes) {
             a.store(b, Relaxed);
         }
-        for (a, b) in self.dropped.iter().zip(c.dropped) {
+        for (a, (_, b)) in self.dropped.iter().zip(c.drops()) {
             a.store(b, Relaxed);
         }
     }
@@ -339,27 +68,33 @@ impl Published {
     }
 }
 
-/// Every worker's [`Published`] counts, in the order the workers started.
-#[derive(Debug, Default)]
-pub(crate) struct Registry {
-    workers: Mutex<Vec<Arc<Published>>>,
+/// Every worker of one service (or one transport of it), each with its [`Published`] counts, in
+/// the order they started: the one place the exit log's totals and the metrics read.
+#[derive(Debug)]
+pub(crate) struct Workers<R: Reason> {
+    service: &'static str,
+    list: Mutex<Vec<Arc<Published>>>,
+    reason: std::marker::PhantomData<R>,
 }
 
-impl Registry {
+impl<R: Reason> Workers<R> {
+    /// No workers yet, of the service whose series are labelled `service`.
+    pub(crate) fn new(service: &'static str) -> Self {
+        Self {
+            service,
+            list: Mutex::default(),
+            reason: std::marker::PhantomData,
+        }
+    }
+
     /// A new worker's counts, registered (once, when the worker is made; never on the hot path).
-    pub(crate) fn register(
-        &self,
-        service: &'static str,
-        family: &'static str,
-        thread: usize,
-        labels: &'static [&'static str],
-    ) -> Arc<Published> {
+    pub(crate) fn register(&self, family: &'static str, thread: usize) -> Arc<Published> {
         let zero = || AtomicU64::new(0);
         let p = Arc::new(Published {
-            service,
+            service: self.service,
             family,
             thread,
-            labels,
+            labels: R::LABELS,
             received: zero(),
             batches: zero(),
             answered: zero(),
@@ -367,37 +102,54 @@ impl Registry {
             kernel_drops: zero(),
             shed: zero(),
             notes: std::array::from_fn(|_| zero()),
-            dropped: labels.iter().map(|_| zero()).collect(),
+            dropped: R::LABELS.iter().map(|_| zero()).collect(),
         });
-        self.workers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(p.clone());
+        self.lock().push(p.clone());
         p
     }
 
-    pub(crate) fn workers(&self) -> Vec<Arc<Published>> {
-        self.workers
+    /// The sum over every worker, for the log.
+    pub(crate) fn total(&self) -> Counters<R> {
+        let mut total = Counters::default();
+        for w in self.lock().iter() {
+            total.add_published(&w.load());
+        }
+        total
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Published>>> {
+        self.list
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 }
 
-/// The bookkeeping every worker does around its batches: count, flush into the totals and log a
+/// A service's workers as the metrics read them, whatever its drop reasons.
+pub(crate) trait Listed: fmt::Debug + Send + Sync {
+    /// Every worker's counts, in the order they started.
+    fn published(&self) -> Vec<Arc<Published>>;
+}
+
+impl<R: Reason + Send + Sync> Listed for Workers<R> {
+    fn published(&self) -> Vec<Arc<Published>> {
+        self.lock().clone()
+    }
+}
+
+/// The bookkeeping every worker does around its batches: count, publish at every tick, log a
 /// line at the stats interval and at exit, log send errors at most once per interval, and beat
 /// the heartbeat the watchdog reads at every tick (every batch, and every idle wake-up).
 #[derive(Debug)]
-pub(crate) struct WorkerStats<const N: usize> {
-    pub(crate) pending: Counters<N>,
-    lifetime: Counters<N>,
-    last_flush_unix: i64,
+pub(crate) struct WorkerStats<R: Reason> {
+    /// Everything counted since the worker started, in integers it alone writes.
+    pub(crate) counts: Counters<R>,
+    /// `counts` as the last stats line showed them.
+    at_line: Counters<R>,
+    last_line_unix: i64,
     send_error_logged: bool,
     service: &'static str,
-    labels: &'static [&'static str; N],
     interval: Option<Duration>,
-    totals: Arc<Totals<N>>,
-    published: Option<Arc<Published>>,
+    published: Arc<Published>,
     /// The socket's drop count when last read (the kernel's, cumulative, wrapping).
     kernel_drops_seen: u32,
     /// Advanced at every [`Self::tick`], for the watchdog; one no one watches until
@@ -405,23 +157,22 @@ pub(crate) struct WorkerStats<const N: usize> {
     heartbeat: Beat,
 }
 
-impl<const N: usize> WorkerStats<N> {
+impl<R: Reason> WorkerStats<R> {
+    /// The bookkeeping of a worker whose log lines name `service`, registered among `workers` as
+    /// thread `thread` on `family`.
     pub(crate) fn new(
         service: &'static str,
-        labels: &'static [&'static str; N],
         interval: Option<Duration>,
-        totals: Arc<Totals<N>>,
-        published: Option<Arc<Published>>,
+        (workers, family, thread): (&Workers<R>, &'static str, usize),
     ) -> Self {
+        let published = workers.register(family, thread);
         Self {
-            pending: Counters::default(),
-            lifetime: Counters::default(),
-            last_flush_unix: crate::clock::read().unix_secs(),
+            counts: Counters::default(),
+            at_line: Counters::default(),
+            last_line_unix: crate::clock::read().unix_secs(),
             send_error_logged: false,
             service,
-            labels,
             interval,
-            totals,
             published,
             kernel_drops_seen: 0,
             heartbeat: Beat::default(),
@@ -434,19 +185,15 @@ impl<const N: usize> WorkerStats<N> {
         self
     }
 
-    /// Publishes the counts so far for the metrics endpoint, if it is on.
+    /// Publishes the counts so far, for the metrics and the totals at exit.
     fn publish(&self) {
-        if let Some(p) = &self.published {
-            let mut now = self.lifetime;
-            now.add(&self.pending);
-            p.store(&now);
-        }
+        self.published.store(&self.counts);
     }
 
     /// One pass through the worker's loop, at `now_unix`: beats the heartbeat, publishes the
-    /// counts, and flushes and logs them if the stats interval has passed and something was
-    /// counted since the last line (an idle worker, which wakes now and then for the watchdog,
-    /// logs nothing new).
+    /// counts, and logs them if the stats interval has passed and something was counted since
+    /// the last line (an idle worker, which wakes now and then for the watchdog, logs nothing
+    /// new).
     pub(crate) fn tick(&mut self, now_unix: i64) {
         self.heartbeat.beat();
         self.publish();
@@ -455,19 +202,16 @@ impl<const N: usize> WorkerStats<N> {
         };
         // The clock first: it is what a batch usually stops at, and costs less than comparing
         // every counter.
-        if now_unix.saturating_sub(self.last_flush_unix) < interval.as_secs() as i64 {
+        if now_unix.saturating_sub(self.last_line_unix) < interval.as_secs() as i64 {
             return;
         }
-        if self.pending == Counters::default() {
+        if self.counts == self.at_line {
             return;
         }
         self.send_error_logged = false;
-        self.flush(now_unix);
-        info!(
-            "{} stats: {}",
-            self.service,
-            self.lifetime.display(self.labels)
-        );
+        self.at_line = self.counts;
+        self.last_line_unix = now_unix;
+        info!("{} stats: {}", self.service, self.counts.display());
     }
 
     /// Takes the socket's cumulative drop count (see `BatchHandler::receive_drops`) into the
@@ -477,21 +221,21 @@ impl<const N: usize> WorkerStats<N> {
         let new = total.wrapping_sub(self.kernel_drops_seen);
         self.kernel_drops_seen = total;
         if new > 0 {
-            self.pending.kernel_drops += u64::from(new);
+            self.counts.kernel_drops += u64::from(new);
             self.publish();
         }
     }
 
     /// Requests received and shed unanswered ([`chime_udp::BatchHandler::shed`]).
     pub(crate) fn shed(&mut self, count: usize) {
-        self.pending.received += count as u64;
-        self.pending.shed += count as u64;
+        self.counts.received += count as u64;
+        self.counts.shed += count as u64;
     }
 
     /// Counts a send outcome; the first error of an interval is logged, the rest only counted.
     pub(crate) fn sent(&mut self, outcome: &chime_udp::SendOutcome) {
-        self.pending.answered += outcome.sent as u64;
-        self.pending.send_errors += outcome.errors as u64;
+        self.counts.answered += outcome.sent as u64;
+        self.counts.send_errors += outcome.errors as u64;
         self.publish();
         if let Some(e) = &outcome.last_error
             && !self.send_error_logged
@@ -504,30 +248,14 @@ impl<const N: usize> WorkerStats<N> {
         }
     }
 
-    /// Whose notes this worker's lines carry: `ntp`'s, or Roughtime's (every transport).
-    fn of(&self) -> Of {
-        if self.service == "ntp" {
-            Of::Ntp
-        } else {
-            Of::Roughtime
-        }
-    }
-
-    /// The last flush, when the worker stops.
+    /// The last publication and line, when the worker stops.
     pub(crate) fn finish(&mut self) {
-        self.flush(crate::clock::read().unix_secs());
+        self.publish();
         info!(
             "{} stats at exit: {}",
             self.service,
-            self.lifetime.display_all(self.labels, self.of())
+            self.counts.display_all()
         );
-    }
-
-    fn flush(&mut self, now_unix: i64) {
-        self.totals.add(&self.pending);
-        self.lifetime.add(&self.pending);
-        self.pending = Counters::default();
-        self.last_flush_unix = now_unix;
     }
 }
 
@@ -566,46 +294,29 @@ pub(crate) use bookkeeping;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::counters::tests::X;
 
+    /// The log's totals and the metrics read the same counts: what each worker last published.
     #[test]
-    fn every_roughtime_version_has_its_own_note_and_label() {
-        for v in Version::ALL {
-            let i = Note::Roughtime(v).index();
-            assert_eq!(NOTE_LABELS[i], format!("version.{}", v.label()));
-        }
-        assert_eq!(Note::Roughtime(Version::ALL[0]).index(), NTP_NOTES);
-        assert_eq!(Note::NtsNak.index(), NTP_NOTES - 1);
-    }
-
-    #[test]
-    fn the_log_line_names_the_versions_answered() {
-        let mut c = Counters::<1> {
-            answered: 3,
-            ..Default::default()
-        };
-        c.note(Note::Roughtime(Version::Draft11), true);
-        c.note(Note::Roughtime(Version::Draft11), true);
-        c.note(Note::Roughtime(Version::Google), true);
-        c.note(Note::Roughtime(Version::Rfc10049), false);
-        let line = c.display(&["x"]).to_string();
-        assert!(
-            line.ends_with(" version.google=1 version.0x8000000b=2"),
-            "{line}"
+    fn the_totals_and_the_metrics_read_what_each_worker_published() {
+        let workers = Workers::<X>::new("ntp");
+        let mut a = WorkerStats::new("ntp", None, (&workers, "ipv4", 0));
+        let mut b = WorkerStats::new("ntp", None, (&workers, "ipv4", 1));
+        a.counts.received = 3;
+        a.counts.drop(X);
+        b.counts.received = 2;
+        assert_eq!(
+            workers.total().received,
+            0,
+            "nothing published before a tick"
         );
-        // At exit, every counter: a reader can tell a zero from a counter that is not kept.
-        let ntp = c.display_all(&["x"], Of::Ntp).to_string();
-        let roughtime = c.display_all(&["x"], Of::Roughtime).to_string();
-        for (i, label) in NOTE_LABELS.iter().enumerate() {
-            let (theirs, other) = if i < NTP_NOTES {
-                (&ntp, &roughtime)
-            } else {
-                (&roughtime, &ntp)
-            };
-            assert!(theirs.contains(&format!(" {label}=")), "{label}: {theirs}");
-            // Another service's notes only where they are not zero.
-            let shown = other.contains(&format!(" {label}="));
-            assert_eq!(shown, c.notes[i] > 0, "{label}: {other}");
-        }
-        assert!(ntp.ends_with(" dropped.x=0"), "{ntp}");
+        a.tick(0);
+        b.finish();
+        let total = workers.total();
+        assert_eq!((total.received, total.dropped(X)), (5, 1));
+        let each: Vec<_> = (workers.published().iter())
+            .map(|w| (w.family, w.thread, w.load().received, w.load().dropped))
+            .collect();
+        assert_eq!(each, [("ipv4", 0, 3, vec![1]), ("ipv4", 1, 2, vec![0])]);
     }
 }

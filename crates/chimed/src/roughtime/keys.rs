@@ -18,10 +18,14 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_keyfile::{ReadError, read_existing};
 use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::ConstGauge;
 use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
 use crate::daemon::supervisor::ServiceError;
+use crate::observe::metrics::single;
 use crate::roughtime::udp::Shared;
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
@@ -203,6 +207,48 @@ pub(crate) async fn rotate(key: Arc<LongTermKey>, rotation: Duration, shared: Ar
             Err(e) => error!("roughtime: online key rotation failed: {e:#}"),
         }
     }
+}
+
+/// The online key's metrics: its validity, and the end of its delegation bundle if it has one.
+#[derive(Debug)]
+pub(crate) struct Metrics(pub(crate) Arc<crate::roughtime::udp::Shared>);
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        encode(&mut enc, &self.0)
+    }
+}
+
+fn encode(enc: &mut DescriptorEncoder, rt: &crate::roughtime::udp::Shared) -> std::fmt::Result {
+    let d = rt.delegation.load();
+    single(
+        enc,
+        "chimed_roughtime_online_key_not_before_seconds",
+        "Start of the current online key's validity (MINT), Unix seconds.",
+        ConstGauge::new(d.mint_unix_s()),
+    )?;
+    single(
+        enc,
+        "chimed_roughtime_online_key_not_after_seconds",
+        "End of the current online key's validity (MAXT), Unix seconds; it is replaced well \
+         before.",
+        ConstGauge::new(d.maxt_unix_s()),
+    )?;
+    if let Some(bundle) = &rt.bundle {
+        let end = bundle
+            .load()
+            .windows()
+            .last()
+            .map_or(0, |d| d.maxt_unix_s());
+        single(
+            enc,
+            "chimed_roughtime_delegation_end_seconds",
+            "When the delegation bundle (--roughtime-delegation) runs out: the end of its last \
+             window, Unix seconds. After it nothing is signed.",
+            ConstGauge::new(end),
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

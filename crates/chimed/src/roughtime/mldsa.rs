@@ -20,7 +20,7 @@ use crate::daemon::supervisor::{ServiceError, Supervisor};
 use crate::observe::stats::WorkerStats;
 use crate::roughtime::serve;
 use crate::roughtime::tcp::{Job, Reply, refuse_all};
-use crate::roughtime::udp::{REASONS, Shared};
+use crate::roughtime::udp::{RoughtimeDrop, Shared};
 
 /// The online key in force, which the signer reads per batch.
 pub(crate) type Now = Arc<ArcSwap<PqDelegation>>;
@@ -117,7 +117,7 @@ impl Signer {
         &mut self,
         jobs: &mut Vec<Job>,
         shared: &Shared,
-        stats: &mut WorkerStats<REASONS>,
+        stats: &mut WorkerStats<RoughtimeDrop>,
     ) {
         let (theirs, ours): (Vec<Job>, Vec<Job>) = jobs
             .drain(..)
@@ -142,7 +142,7 @@ fn answer(
     responder: &mut PqResponder,
     delegation: &PqDelegation,
     shared: &Shared,
-    stats: &mut WorkerStats<REASONS>,
+    stats: &mut WorkerStats<RoughtimeDrop>,
     jobs: &[Job],
 ) {
     let Some(serving) = serve::begin(shared, stats, jobs.len()) else {
@@ -155,7 +155,7 @@ fn answer(
         let added = serving.admits(job.peer, stats)
             && responder
                 .add(&job.packet, delegation)
-                .map_err(|why| stats.pending.drop_at(why.index()))
+                .map_err(|why| stats.counts.drop(RoughtimeDrop::Request(why)))
                 .is_ok();
         if added {
             taken.push(job);
@@ -167,13 +167,13 @@ fn answer(
         match responder.sign(serving.now_unix_us(), serving.radius_us(), delegation) {
             Ok(replies) => {
                 for (job, reply) in taken.iter().zip(replies) {
-                    stats.pending.answered += 1;
+                    stats.counts.answered += 1;
                     let _ = job.reply.try_send(Reply::Signed(reply));
                 }
             }
             Err(why) => {
                 for job in &taken {
-                    stats.pending.drop_at(why.index());
+                    stats.counts.drop(RoughtimeDrop::Request(why));
                     let _ = job.reply.try_send(Reply::Dropped);
                 }
             }
@@ -187,7 +187,7 @@ mod tests {
     use super::*;
     use crate::roughtime::serve::testing::shared;
     use crate::roughtime::tcp::tests::{answers, jobs, stats};
-    use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
+    use crate::roughtime::udp::RoughtimeDrop;
 
     #[test]
     fn the_mldsa_online_key_covers_now() {
@@ -204,13 +204,19 @@ mod tests {
         let packet = chime_roughtime::mldsa::build_request(&[3; 32], &pq.key.public_key());
         for (synchronised, deny, peer, answered, reason) in [
             (true, &[][..], "192.0.2.1", true, None),
-            (false, &[][..], "192.0.2.1", false, Some(UNSYNCHRONISED)),
+            (
+                false,
+                &[][..],
+                "192.0.2.1",
+                false,
+                Some(RoughtimeDrop::Unsynchronised),
+            ),
             (
                 true,
                 &["198.51.100.0/24"][..],
                 "198.51.100.9",
                 false,
-                Some(DENIED),
+                Some(RoughtimeDrop::Denied),
             ),
         ] {
             let shared = shared(synchronised, deny);
@@ -221,7 +227,7 @@ mod tests {
             let replies = answers(rx);
             assert_eq!(replies[0].is_some(), answered, "{synchronised} {peer}");
             if let Some(reason) = reason {
-                assert_eq!(stats.pending.dropped[reason], 1, "{synchronised} {peer}");
+                assert_eq!(stats.counts.dropped(reason), 1, "{synchronised} {peer}");
             }
         }
     }

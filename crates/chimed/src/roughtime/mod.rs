@@ -105,7 +105,7 @@ pub(crate) fn prepare(
     let shared = Arc::new(udp::Shared {
         ntp: ntp.clone(),
         delegation: ArcSwap::from_pointee(delegation),
-        totals: Default::default(),
+        workers: Arc::new(crate::observe::stats::Workers::new("roughtime")),
         grease,
         grease_kinds,
         bundle,

@@ -13,7 +13,7 @@ use chime_roughtime::{BatchParams, Delegation};
 use crate::access::acl::Acl;
 use crate::clock;
 use crate::observe::stats::WorkerStats;
-use crate::roughtime::udp::{DENIED, REASONS, Shared, UNSYNCHRONISED};
+use crate::roughtime::udp::{RoughtimeDrop, Shared};
 
 /// A batch the rule lets be signed.
 pub(crate) struct Batch {
@@ -24,17 +24,21 @@ pub(crate) struct Batch {
 
 /// A batch of `n` requests begins. `None` if the upstream is unsynchronised (or stale): then all
 /// `n` are counted as dropped for it, the stats are ticked, and nothing may be signed.
-pub(crate) fn begin(shared: &Shared, stats: &mut WorkerStats<REASONS>, n: usize) -> Option<Batch> {
+pub(crate) fn begin(
+    shared: &Shared,
+    stats: &mut WorkerStats<RoughtimeDrop>,
+    n: usize,
+) -> Option<Batch> {
     let reading = clock::read();
     let served = shared
         .ntp
         .state
         .load()
         .served_at(reading.ntp(), &shared.ntp.policy);
-    stats.pending.received += n as u64;
-    stats.pending.batches += 1;
+    stats.counts.received += n as u64;
+    stats.counts.batches += 1;
     if !served.is_synchronised() {
-        stats.pending.dropped[UNSYNCHRONISED] += n as u64;
+        stats.counts.drop_n(RoughtimeDrop::Unsynchronised, n as u64);
         stats.tick(reading.unix_secs());
         return None;
     }
@@ -69,16 +73,16 @@ impl Batch {
     }
 
     /// Whether a request from `peer` may be served; one that may not is counted as `denied`.
-    pub(crate) fn admits(&self, peer: IpAddr, stats: &mut WorkerStats<REASONS>) -> bool {
+    pub(crate) fn admits(&self, peer: IpAddr, stats: &mut WorkerStats<RoughtimeDrop>) -> bool {
         let served = self.acl.serves(peer);
         if !served {
-            stats.pending.drop_at(DENIED);
+            stats.counts.drop(RoughtimeDrop::Denied);
         }
         served
     }
 
     /// The batch is done: the stats are ticked at the time it was signed at.
-    pub(crate) fn finish(self, stats: &mut WorkerStats<REASONS>) {
+    pub(crate) fn finish(self, stats: &mut WorkerStats<RoughtimeDrop>) {
         stats.tick(self.reading.unix_secs());
     }
 }
@@ -113,7 +117,7 @@ pub(crate) mod testing {
         Arc::new(Shared {
             ntp: ntp::shared(state, deny),
             delegation: ArcSwap::from_pointee(delegation),
-            totals: Default::default(),
+            workers: Arc::new(crate::observe::stats::Workers::new("roughtime")),
             grease: 0.0,
             grease_kinds: Vec::new(),
             bundle: None,

@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -42,14 +45,16 @@ use tokio_util::sync::CancellationToken;
 use crate::daemon::notify::{self, Beat};
 use crate::daemon::supervisor::{Threads, panic_message};
 use tokio::time::{Instant, sleep_until, timeout};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
 use crate::clock;
-use crate::observe::stats::{Note, Published, Totals, WorkerStats};
+use crate::observe::counters::Note;
+use crate::observe::metrics::{counters, single};
+use crate::observe::stats::{WorkerStats, Workers};
 #[cfg(feature = "mldsa")]
 use crate::roughtime::mldsa;
-use crate::roughtime::udp::{self as roughtime_worker, REASONS, Shared};
+use crate::roughtime::udp::{RoughtimeDrop, Shared};
 use crate::roughtime::{Error, serve};
 
 /// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
@@ -240,15 +245,16 @@ pub(crate) type PqNow = mldsa::Now;
 #[cfg(not(feature = "mldsa"))]
 pub(crate) type PqNow = std::convert::Infallible;
 
-/// Where the service counts: its connections, its replies and drops, and their metrics.
-pub(crate) type Counters = (Arc<Counts>, Arc<Totals<REASONS>>, Option<Arc<Published>>);
+/// Where the service counts: its connections, and its replies and drops (its one signer is
+/// worker `tcp` 0 among them).
+pub(crate) type Counters = (Arc<Counts>, Arc<Workers<RoughtimeDrop>>);
 
 /// Starts serving on `listeners` (bound before privileges were dropped) on a thread of its own.
 pub(crate) fn spawn(
     listeners: Vec<std::net::TcpListener>,
     shared: Arc<Shared>,
     limits: Limits,
-    (counts, totals, published): Counters,
+    (counts, workers): Counters,
     (pq, shed): (Option<PqNow>, Option<chime_udp::ShedConfig>),
     (beat, stopped): (Beat, CancellationToken),
 ) -> Result<Service, Error> {
@@ -266,17 +272,18 @@ pub(crate) fn spawn(
             what: "runtime",
             source,
         })?;
+    // The thread logs in the span current here, the service's.
+    let span = tracing::Span::current();
     let thread = std::thread::Builder::new()
         .name("roughtime-tcp".into())
         .spawn(move || {
+            let _entered = span.entered();
             runtime.block_on(async move {
                 fail::fail_point!("roughtime-tcp");
                 let stats = WorkerStats::new(
                     "roughtime-tcp",
-                    &roughtime_worker::LABELS,
                     shared.ntp.stats_interval,
-                    totals,
-                    published,
+                    (&workers, "tcp", 0),
                 )
                 .with_heartbeat(beat);
                 // One batch queued at most: a request that waits behind more would be stale by
@@ -414,6 +421,23 @@ enum End {
     Stopping,
 }
 
+impl End {
+    /// How the log names it.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::ByClient => "closed by the client",
+            Self::Idle => "idle",
+            Self::Lifetime => "its lifetime over",
+            Self::BadFrame => "a bad frame",
+            Self::Unanswered => "a request unanswered",
+            Self::Ageing => "requests shed in a row",
+            Self::Slow => "a reply not read in time",
+            Self::Error => "a read or write failed",
+            Self::Stopping => "chimed stopping",
+        }
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     peer: IpAddr,
@@ -423,6 +447,7 @@ async fn serve_connection(
     _slot: Slot,
 ) {
     let end = converse(stream, peer, (&jobs, &counts), limits).await;
+    debug!(%peer, "roughtime tcp: connection closed: {}", end.label());
     let counter = match end {
         End::ByClient => &counts.closed_by_client,
         End::Idle => &counts.closed_idle,
@@ -583,7 +608,7 @@ async fn converse(
 async fn sign(
     mut queue: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
-    (mut stats, mut ageing, counts): (WorkerStats<REASONS>, Option<Ageing>, Arc<Counts>),
+    (mut stats, mut ageing, counts): (WorkerStats<RoughtimeDrop>, Option<Ageing>, Arc<Counts>),
     pq: Option<PqNow>,
 ) {
     #[cfg(feature = "mldsa")]
@@ -637,7 +662,12 @@ async fn sign(
 
 /// Takes the requests that waited too long out of a batch (they come in the order they were
 /// read), telling their connections and counting them as shed.
-fn shed(ageing: &mut Ageing, jobs: &mut Vec<Job>, full: bool, stats: &mut WorkerStats<REASONS>) {
+fn shed(
+    ageing: &mut Ageing,
+    jobs: &mut Vec<Job>,
+    full: bool,
+    stats: &mut WorkerStats<RoughtimeDrop>,
+) {
     let Some(oldest) = jobs.first().map(|j| j.read_at) else {
         return;
     };
@@ -663,7 +693,7 @@ pub(super) fn refuse_all(jobs: &[Job]) {
 fn answer(
     responder: &mut Responder,
     shared: &Shared,
-    stats: &mut WorkerStats<REASONS>,
+    stats: &mut WorkerStats<RoughtimeDrop>,
     jobs: &[Job],
     tickets: &mut Vec<Option<chime_roughtime::Ticket>>,
 ) {
@@ -678,7 +708,7 @@ fn answer(
         let ticket = if serving.admits(job.peer, stats) {
             batch
                 .add(&job.packet)
-                .map_err(|why| stats.pending.drop_at(why.index()))
+                .map_err(|why| stats.counts.drop(RoughtimeDrop::Request(why)))
                 .ok()
         } else {
             None
@@ -692,12 +722,12 @@ fn answer(
             match signed.write_reply(ticket, &mut out) {
                 Ok(len) => {
                     out.truncate(len);
-                    stats.pending.answered += 1;
-                    stats.pending.note(Note::Roughtime(ticket.version()), true);
+                    stats.counts.answered += 1;
+                    stats.counts.note(Note::Roughtime(ticket.version()), true);
                     Some(out)
                 }
                 Err(why) => {
-                    stats.pending.drop_at(why.index());
+                    stats.counts.drop(RoughtimeDrop::Request(why));
                     None
                 }
             }
@@ -733,13 +763,47 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
     Ok(listener)
 }
 
+/// Roughtime over TCP's metrics: its connections (its requests are its worker's, with the
+/// others').
+#[derive(Debug)]
+pub(crate) struct Metrics(pub(crate) Arc<Counts>);
+
+impl Collector for Metrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        encode(&mut enc, &self.0)
+    }
+}
+
+fn encode(enc: &mut DescriptorEncoder, tcp: &Counts) -> std::fmt::Result {
+    counters(
+        enc,
+        "chimed_roughtime_tcp_connections_total",
+        "Roughtime TCP connections: accepted, refused at once (refused_full: as many open as \
+         --roughtime-tcp-connections; refused_address: as many from the address as \
+         --roughtime-tcp-per-address; refused_denied: the access rules), and how the others \
+         ended (closed_by_client, closed_idle, closed_lifetime, closed_bad_frame: not \
+         Roughtime or too long, closed_unanswered: a request dropped, closed_ageing: requests \
+         shed in a row under overload, closed_slow: a reply not read in time, closed_error).",
+        tcp.outcomes()
+            .into_iter()
+            .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n)),
+    )?;
+    single(
+        enc,
+        "chimed_roughtime_tcp_open_connections",
+        "Roughtime TCP connections open now.",
+        ConstGauge::new(tcp.open.load(Relaxed) as i64),
+    )?;
+    Ok(())
+}
+
 /// The signer's batches driven in process, without a connection: the serve rule as TCP follows
 /// it, for both suites.
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::roughtime::serve::testing::{request, shared, verify};
-    use crate::roughtime::udp::{DENIED, UNSYNCHRONISED};
+    use crate::roughtime::udp::RoughtimeDrop;
 
     /// Where a job's answer arrives.
     pub(in crate::roughtime) type Answer = mpsc::Receiver<Reply>;
@@ -762,14 +826,9 @@ pub(super) mod tests {
             .unzip()
     }
 
-    pub(in crate::roughtime) fn stats() -> WorkerStats<REASONS> {
-        WorkerStats::new(
-            "test",
-            &roughtime_worker::LABELS,
-            None,
-            Default::default(),
-            None,
-        )
+    pub(in crate::roughtime) fn stats() -> WorkerStats<RoughtimeDrop> {
+        let workers = Workers::<RoughtimeDrop>::new("roughtime");
+        WorkerStats::new("test", None, (&workers, "test", 0))
     }
 
     pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
@@ -791,7 +850,7 @@ pub(super) mod tests {
         peer: &str,
     ) -> (
         Vec<Option<Vec<u8>>>,
-        crate::observe::stats::Counters<REASONS>,
+        crate::observe::counters::Counters<RoughtimeDrop>,
     ) {
         let shared = shared(synchronised, deny);
         let mut responder = Responder::new(ResponderConfig {
@@ -802,7 +861,7 @@ pub(super) mod tests {
         let (jobs, rx) = jobs(packets, peer);
         let mut stats = stats();
         answer(&mut responder, &shared, &mut stats, &jobs, &mut Vec::new());
-        (answers(rx), stats.pending)
+        (answers(rx), stats.counts)
     }
 
     #[test]
@@ -822,14 +881,14 @@ pub(super) mod tests {
     fn over_tcp_too_nothing_is_signed_while_unsynchronised() {
         let (replies, counts) = batch(false, &[], &[request(1), request(2)], "192.0.2.1");
         assert_eq!(replies, [None, None]);
-        assert_eq!(counts.dropped[UNSYNCHRONISED], 2);
+        assert_eq!(counts.dropped(RoughtimeDrop::Unsynchronised), 2);
     }
 
     #[test]
     fn over_tcp_a_denied_sender_is_counted_and_not_answered() {
         let (replies, counts) = batch(true, &["198.51.100.0/24"], &[request(1)], "198.51.100.9");
         assert_eq!(replies, [None]);
-        assert_eq!(counts.dropped[DENIED], 1);
+        assert_eq!(counts.dropped(RoughtimeDrop::Denied), 1);
     }
 
     /// CoDel's rule over the signer's queue: a burst is answered, a standing queue is shed from
@@ -880,7 +939,7 @@ pub(super) mod tests {
         let mut stats = stats();
         shed(&mut ageing, &mut jobs, true, &mut stats);
         assert_eq!(jobs.len(), 2);
-        assert_eq!(stats.pending.shed, 4);
+        assert_eq!(stats.counts.shed, 4);
         let shed_told = answers
             .into_iter()
             .take(4)

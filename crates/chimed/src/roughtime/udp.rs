@@ -18,27 +18,69 @@ use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
 use crate::daemon::notify::Beat;
 use crate::ntp::worker as ntp_worker;
-use crate::observe::stats::{self, Note, Published, Totals, WorkerStats};
+use crate::observe::counters::{self, Note};
+use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
 use crate::roughtime::serve;
 
-/// Drop reasons: the protocol's own, then the daemon's three.
-pub(crate) const REASONS: usize = DropReason::COUNT + 3;
-pub(crate) const UNSYNCHRONISED: usize = DropReason::COUNT;
-const TRUNCATED: usize = DropReason::COUNT + 1;
-pub(crate) const DENIED: usize = DropReason::COUNT + 2;
-pub(crate) const LABELS: [&str; REASONS] = {
-    let mut labels = [""; REASONS];
-    let mut i = 0;
-    while i < DropReason::COUNT {
-        labels[i] = DropReason::ALL[i].label();
-        i += 1;
+/// Why a Roughtime request got no reply: the protocol's reasons, and the daemon's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RoughtimeDrop {
+    /// The responder's reason.
+    Request(DropReason),
+    /// The upstream cannot vouch for the time: nothing is signed.
+    Unsynchronised,
+    /// Larger than the receive buffer.
+    Truncated,
+    /// An `--allow`/`--deny` rule.
+    Denied,
+}
+
+impl RoughtimeDrop {
+    const COUNT: usize = DropReason::COUNT + 3;
+
+    /// The daemon's own reasons, each beside its label.
+    const OWN: [(Self, &'static str); 3] = [
+        (Self::Unsynchronised, "upstream_unsynchronised"),
+        (Self::Truncated, "truncated"),
+        (Self::Denied, "denied"),
+    ];
+
+    /// Every label, by slot.
+    const ALL_LABELS: [&'static str; Self::COUNT] = {
+        let mut labels = [""; Self::COUNT];
+        let mut i = 0;
+        while i < DropReason::COUNT {
+            labels[i] = DropReason::ALL[i].label();
+            i += 1;
+        }
+        let mut j = 0;
+        while j < Self::OWN.len() {
+            labels[Self::OWN[j].0.slot()] = Self::OWN[j].1;
+            j += 1;
+        }
+        labels
+    };
+
+    const fn slot(self) -> usize {
+        match self {
+            Self::Request(why) => why.index(),
+            Self::Unsynchronised => DropReason::COUNT,
+            Self::Truncated => DropReason::COUNT + 1,
+            Self::Denied => DropReason::COUNT + 2,
+        }
     }
-    labels[UNSYNCHRONISED] = "upstream_unsynchronised";
-    labels[TRUNCATED] = "truncated";
-    labels[DENIED] = "denied";
-    labels
-};
+}
+
+impl counters::Reason for RoughtimeDrop {
+    type Counts = [u64; Self::COUNT];
+    const LABELS: &'static [&'static str] = &Self::ALL_LABELS;
+    const NOTES: counters::Of = counters::Of::Roughtime;
+
+    fn index(self) -> usize {
+        self.slot()
+    }
+}
 
 /// State every Roughtime worker shares.
 #[derive(Debug)]
@@ -47,7 +89,8 @@ pub(crate) struct Shared {
     pub(crate) ntp: Arc<ntp_worker::Shared>,
     /// The current online key and its certificates; replaced by the control plane on rotation.
     pub(crate) delegation: ArcSwap<Delegation>,
-    pub(crate) totals: Arc<Totals<REASONS>>,
+    /// Every UDP and AF_XDP worker's counts, for the log's totals and the metrics.
+    pub(crate) workers: Arc<Workers<RoughtimeDrop>>,
     /// The share of replies to make deliberately invalid (`--roughtime-grease`); 0: none.
     pub(crate) grease: f64,
     /// The kinds of grease to use (`--roughtime-grease-kinds`).
@@ -100,7 +143,7 @@ impl Greaser {
 
 pub(crate) struct RoughtimeWorker {
     shared: Arc<Shared>,
-    stats: WorkerStats<REASONS>,
+    stats: WorkerStats<RoughtimeDrop>,
     responder: Responder,
     /// Per datagram of the batch in hand, its ticket if the responder took it.
     tickets: Vec<Option<Ticket>>,
@@ -108,10 +151,12 @@ pub(crate) struct RoughtimeWorker {
 }
 
 impl RoughtimeWorker {
+    /// Thread `thread` of those on one `family`'s socket (or on AF_XDP, `xdp`), signing batches
+    /// of up to `batch_size`, its counts registered with the service's.
     pub(crate) fn new(
         shared: Arc<Shared>,
         batch_size: usize,
-        published: Option<Arc<Published>>,
+        (family, thread): (&'static str, usize),
     ) -> Self {
         let capacity = batch_size.min(chime_roughtime::MAX_BATCH_SIZE);
         let responder = Responder::new(ResponderConfig {
@@ -121,10 +166,8 @@ impl RoughtimeWorker {
         Self {
             stats: WorkerStats::new(
                 "roughtime",
-                &LABELS,
                 shared.ntp.stats_interval,
-                shared.totals.clone(),
-                published,
+                (&shared.workers, family, thread),
             ),
             greaser: Greaser::new(shared.grease, &shared.grease_kinds, rand::random()),
             shared,
@@ -154,13 +197,13 @@ impl BatchHandler for RoughtimeWorker {
             let ticket = if !serving.admits(meta.src.ip(), &mut self.stats) {
                 None
             } else if meta.truncated {
-                self.stats.pending.drop_at(TRUNCATED);
+                self.stats.counts.drop(RoughtimeDrop::Truncated);
                 None
             } else {
                 match batch.add(request) {
                     Ok(t) => Some(t),
                     Err(why) => {
-                        self.stats.pending.drop_at(why.index());
+                        self.stats.counts.drop(RoughtimeDrop::Request(why));
                         None
                     }
                 }
@@ -176,11 +219,11 @@ impl BatchHandler for RoughtimeWorker {
                     Some(kind) => signed.write_greased_reply(ticket, buf, kind),
                     None => signed.write_reply(ticket, buf),
                 });
-                let pending = &mut self.stats.pending;
-                pending.note(Note::Roughtime(ticket.version()), queued.is_ok());
-                pending.note(Note::Greased, queued.is_ok() && grease.is_some());
+                let counts = &mut self.stats.counts;
+                counts.note(Note::Roughtime(ticket.version()), queued.is_ok());
+                counts.note(Note::Greased, queued.is_ok() && grease.is_some());
                 if let Err(Some(why)) = queued {
-                    pending.drop_at(why.index());
+                    counts.drop(RoughtimeDrop::Request(why));
                 }
             }
         }
@@ -198,8 +241,25 @@ mod tests {
     use crate::roughtime::serve::testing::{request, shared, verify};
 
     #[test]
+    fn every_drop_reason_has_a_label_of_its_own() {
+        use crate::observe::counters::Reason as _;
+        let mut labels = RoughtimeDrop::LABELS.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), RoughtimeDrop::COUNT);
+        assert!(!labels.contains(&""));
+        let label = |why: RoughtimeDrop| RoughtimeDrop::LABELS[why.index()];
+        assert_eq!(
+            label(RoughtimeDrop::Unsynchronised),
+            "upstream_unsynchronised"
+        );
+        let why = RoughtimeDrop::Request(DropReason::StaleTicket);
+        assert_eq!(label(why), "stale_ticket");
+    }
+
+    #[test]
     fn a_batch_is_signed_once_and_every_reply_verifies() {
-        let mut worker = RoughtimeWorker::new(shared(true, &[]), 8, None);
+        let mut worker = RoughtimeWorker::new(shared(true, &[]), 8, ("ipv4", 0));
         let requests: Vec<_> = (0..3).map(request).collect();
         let replies = exchange(&mut worker, "192.0.2.1:40000", &requests);
         assert_eq!(replies.len(), 3);
@@ -207,7 +267,7 @@ mod tests {
             assert!(reply.len() <= req.len());
             verify(req, reply);
         }
-        let p = worker.stats.pending;
+        let p = worker.stats.counts;
         assert_eq!((p.received, p.batches), (3, 1));
     }
 
@@ -215,10 +275,13 @@ mod tests {
     fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
         let mut hearts = crate::daemon::notify::Heartbeats::default();
         let mut worker =
-            RoughtimeWorker::new(shared(false, &[]), 8, None).with_heartbeat(hearts.add());
+            RoughtimeWorker::new(shared(false, &[]), 8, ("ipv4", 0)).with_heartbeat(hearts.add());
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[request(1), request(2)]);
         assert!(replies.is_empty());
-        assert_eq!(worker.stats.pending.dropped[UNSYNCHRONISED], 2);
+        assert_eq!(
+            worker.stats.counts.dropped(RoughtimeDrop::Unsynchronised),
+            2
+        );
         assert!(
             hearts.all_moved(),
             "a batch signed or not is a beat the watchdog sees"
@@ -227,9 +290,9 @@ mod tests {
 
     #[test]
     fn a_denied_sender_is_counted_and_not_answered() {
-        let mut worker = RoughtimeWorker::new(shared(true, &["198.51.100.0/24"]), 8, None);
+        let mut worker = RoughtimeWorker::new(shared(true, &["198.51.100.0/24"]), 8, ("ipv4", 0));
         let replies = exchange(&mut worker, "198.51.100.7:40000", &[request(1)]);
         assert!(replies.is_empty());
-        assert_eq!(worker.stats.pending.dropped[DENIED], 1);
+        assert_eq!(worker.stats.counts.dropped(RoughtimeDrop::Denied), 1);
     }
 }
