@@ -127,7 +127,7 @@ for i in "${!names[@]}"; do
   [[ $service == ntp ]] || ntp_port=$(free_port)
   # shellcheck disable=SC2046 # serve's words are flags
   taskset -c 0 "${paths[$i]}" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:$ntp_port" \
-    $(serve "${port[$n]}") --metrics-address "127.0.0.1:${metrics_port[$n]}" >"$out/$n.log" 2>&1 &
+    $(serve "${port[$n]}") --metrics-address "127.0.0.1:${metrics_port[$n]}" >"$work/$n.log" 2>&1 &
   pid[$n]=$!
   pids+=("${pid[$n]}")
   echo "${pid[$n]}" >"$cg/cgroup.procs"
@@ -137,7 +137,7 @@ for i in "${!names[@]}"; do
 done
 for n in "${names[@]}"; do
   for _ in $(seq 100); do ready "${port[$n]}" && break; sleep 0.1; done
-  ready "${port[$n]}" || { echo "run-overload-burst.sh: $n does not serve" >&2; cat "$out/$n.log" >&2; exit 1; }
+  ready "${port[$n]}" || { echo "run-overload-burst.sh: $n does not serve" >&2; cat "$work/$n.log" >&2; exit 1; }
 done
 cat "$out/setup.txt"
 
