@@ -91,8 +91,9 @@ fn rkik_queries_chimed_over_nts() {
 }
 
 /// ntpd-rs 1.9.0's daemon, an NTS client of its own that offers AEAD_AES_SIV_CMAC_512 first, runs
-/// NTS-KE with chimed and polls it with authenticated requests: its status shows the source with
-/// an offset and a full set of cookies, and chimed answered every request, NAKing none. With one
+/// NTS-KE with chimed, agrees on that algorithm, and polls it with authenticated requests: its
+/// status shows the source with an offset and a full set of cookies, and chimed answered every
+/// request, NAKing none. With one
 /// source it never sets the clock (it needs three that agree, said explicitly here).
 #[test]
 fn ntpd_rs_gets_authenticated_time_from_chimed() {
@@ -148,6 +149,14 @@ fn ntpd_rs_gets_authenticated_time_from_chimed() {
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(count_in(&totals, "nts") >= 1, "{totals}");
     assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
+    // ntpd-rs offers AEAD_AES_SIV_CMAC_512 first, and took it.
+    let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(
+        count_in(&ke, "agreed.aead17"),
+        count_in(&ke, "agreed"),
+        "{ke}"
+    );
+    assert!(count_in(&ke, "agreed") >= 1, "{ke}");
 }
 
 #[test]
@@ -622,6 +631,8 @@ fn nts_agrees_on_the_clients_first_aead_it_serves() {
     assert!(chimed.terminate().success());
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert!(ke.contains("agreed=4 refused=0"), "{ke}");
+    let by_aead = [15, 17, 30].map(|a| count_in(&ke, &format!("agreed.aead{a}")));
+    assert_eq!(by_aead, [1, 1, 2], "{ke}");
 }
 
 /// SIGHUP reloads the certificate and key, so a renewal needs no restart; a file that fails to

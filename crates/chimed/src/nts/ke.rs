@@ -69,6 +69,8 @@ pub(crate) struct KeCounts {
     pub(crate) failed_timeout: AtomicU64,
     pub(crate) failed_request: AtomicU64,
     pub(crate) failed_io: AtomicU64,
+    /// The agreed sessions (also in `agreed`) by AEAD algorithm, in [`nts::Aead::ALL`]'s order.
+    pub(crate) agreed_aead: [AtomicU64; nts::Aead::ALL.len()],
     pub(crate) certificate_not_after: AtomicI64,
 }
 
@@ -86,6 +88,7 @@ impl Default for KeCounts {
             failed_timeout: AtomicU64::new(0),
             failed_request: AtomicU64::new(0),
             failed_io: AtomicU64::new(0),
+            agreed_aead: std::array::from_fn(|_| AtomicU64::new(0)),
             certificate_not_after: AtomicI64::new(i64::MIN),
         }
     }
@@ -107,7 +110,15 @@ impl KeCounts {
         for (kind, n) in self.failures() {
             line.push_str(&format!(" failed.{kind}={n}"));
         }
+        for (aead, n) in self.by_aead() {
+            line.push_str(&format!(" agreed.aead{aead}={n}"));
+        }
         line
+    }
+
+    /// The agreed sessions by the AEAD algorithm's IANA number.
+    pub(crate) fn by_aead(&self) -> [(u16, u64); nts::Aead::ALL.len()] {
+        std::array::from_fn(|i| (nts::Aead::ALL[i].id(), self.agreed_aead[i].load(Relaxed)))
     }
 
     /// The failed sessions by kind, as the metrics label them.
@@ -601,11 +612,21 @@ impl KeShared {
     }
 
     /// Counts a session's outcome: `None` if it was closed for another.
-    fn count(&self, peer: std::net::SocketAddr, outcome: Option<Result<bool, Failure>>) {
+    fn count(
+        &self,
+        peer: std::net::SocketAddr,
+        outcome: Option<Result<Option<nts::Aead>, Failure>>,
+    ) {
         let counts = &self.counts;
         let kind = match outcome {
-            Some(Ok(true)) => &counts.agreed,
-            Some(Ok(false)) => &counts.refused,
+            Some(Ok(Some(aead))) => {
+                let i = nts::Aead::ALL.iter().position(|&a| a == aead);
+                if let Some(n) = i.and_then(|i| counts.agreed_aead.get(i)) {
+                    n.fetch_add(1, Relaxed);
+                }
+                &counts.agreed
+            }
+            Some(Ok(None)) => &counts.refused,
             None => &counts.evicted,
             Some(Err(failure)) => {
                 debug!(%peer, "nts-ke: session failed: {failure}");
@@ -656,13 +677,13 @@ async fn by_deadline<T>(
 
 /// One session, step by step, each by its deadline: the ClientHello, the rest of the TLS
 /// handshake (with the certificate in force then: SIGHUP may replace it), the client's records
-/// up to End of Message, the answer. `Ok(true)` if keys were agreed and cookies handed out,
-/// `Ok(false)` if the request was refused with an error record.
+/// up to End of Message, the answer. `Ok(Some(algorithm))` if keys were agreed and cookies handed
+/// out, `Ok(None)` if the request was refused with an error record.
 async fn session(
     stream: tokio::net::TcpStream,
     shared: &KeShared,
     id: SessionId,
-) -> Result<bool, Failure> {
+) -> Result<Option<nts::Aead>, Failure> {
     let tls_error = |e: std::io::Error| Failure::Tls(e.to_string());
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     let hello = by_deadline(Step::Hello, async { acceptor.await.map_err(tls_error) }).await?;
@@ -709,18 +730,18 @@ async fn read_request(tls: &mut Tls) -> Result<Vec<u8>, Failure> {
     Ok(request)
 }
 
-/// The answer to `request`, and whether it agreed keys (`false`: an error record).
+/// The answer to `request`, and the algorithm of the keys it agreed (`None`: an error record).
 fn respond(
     request: &[u8],
     tls: &Tls,
     cookies: &ArcSwap<CookieKeys>,
     ntp: &nts::NtpNegotiation,
-) -> Result<(Vec<u8>, bool), Failure> {
+) -> Result<(Vec<u8>, Option<nts::Aead>), Failure> {
     let outcome = nts::ke_check(request);
     let mut response = Vec::with_capacity(1024);
     let KeOutcome::Agreed(agreement) = outcome else {
         nts::ke_response(&outcome, ntp, [], &mut response);
-        return Ok((response, false));
+        return Ok((response, None));
     };
     let conn = tls.get_ref().1;
     let export = |server_to_client| {
@@ -738,7 +759,7 @@ fn respond(
     let master = cookies.load();
     let fresh = std::iter::repeat_with(|| master.seal(&keys, rand::random()));
     nts::ke_response(&outcome, ntp, fresh.take(COOKIES), &mut response);
-    Ok((response, true))
+    Ok((response, Some(agreement.aead)))
 }
 
 /// NTS-KE's metrics: its sessions and its certificate.
@@ -771,6 +792,14 @@ fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Result {
             ("evicted", &ke.evicted),
         ]
         .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
+    )?;
+    counters(
+        enc,
+        "chimed_nts_ke_agreed_total",
+        "Agreed NTS-KE sessions by the AEAD algorithm of their keys, its IANA number: 15 \
+         (AEAD_AES_SIV_CMAC_256), 17 (AEAD_AES_SIV_CMAC_512), 30 (AEAD_AES_128_GCM_SIV).",
+        ke.by_aead()
+            .map(|(aead, n)| (vec![("aead", aead.to_string())], n)),
     )?;
     counters(
         enc,
