@@ -469,6 +469,34 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
     );
 }
 
+/// chronyd as an NTS server (stratum 2, its own clock) on loopback ports of its own, its files in
+/// `dir`: the process, its NTP port and its NTS-KE port. Its NTS-KE starts in a helper process a
+/// moment later.
+fn chronyd_nts_server(dir: &Path, cert: &Path, key: &Path) -> (std::process::Child, u16, u16) {
+    let (ntp_port, ke_port) = (common::free_udp_port(), common::free_udp_port());
+    let conf = dir.join("chrony-nts.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {ntp_port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 2\ncmdport 0\n\
+             ntsport {ke_port}\nntsservercert {}\nntsserverkey {}\npidfile {d}/nts.pid\n\
+             ntsdumpdir {d}\n",
+            cert.display(),
+            key.display(),
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(CHRONYD)
+        .args(["-x", "-d", "-u", "root", "-f"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (child, ntp_port, ke_port)
+}
+
 /// `chime ntp --nts --json` against `spec` (HOST:KE-PORT) trusting `ca`: the report, or the error.
 fn chime_ntp_nts(spec: &str, ca: &Path) -> Result<serde_json::Value, String> {
     chime_ntp_nts_offering(spec, ca, "15")
@@ -506,28 +534,7 @@ fn chime_ntp_nts_against_chimed_and_chronyd() {
     let chronyd = Chronyd::start();
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
 
-    // chronyd as an NTS server, on ports of its own.
-    let (ntp_port, chronyd_ke) = (common::free_udp_port(), common::free_udp_port());
-    let conf = dir.path().join("chrony-nts.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {ntp_port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 2\ncmdport 0\n\
-             ntsport {chronyd_ke}\nntsservercert {}\nntsserverkey {}\npidfile {d}/nts.pid\n\
-             ntsdumpdir {d}\n",
-            cert.display(),
-            key.display(),
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut nts_chronyd = Command::new(CHRONYD)
-        .args(["-x", "-d", "-u", "root", "-f"])
-        .arg(&conf)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut nts_chronyd, ntp_port, chronyd_ke) = chronyd_nts_server(dir.path(), &cert, &key);
 
     let ours = chime_ntp_nts(&format!("127.0.0.1:{ke_port}"), &cert).unwrap();
     assert_eq!(ours["nts"]["cookies"], 3, "{ours}");
@@ -593,27 +600,7 @@ fn nts_agrees_on_the_clients_first_aead_it_serves() {
         assert_eq!(report["nts"]["cookies"], 3, "{offer}: {report}");
     }
 
-    let (ntp_port, chronyd_ke) = (common::free_udp_port(), common::free_udp_port());
-    let conf = dir.path().join("chrony-nts.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {ntp_port}\nbindaddress 127.0.0.1\nallow 127.0.0.1\nlocal stratum 2\ncmdport 0\n\
-             ntsport {chronyd_ke}\nntsservercert {}\nntsserverkey {}\npidfile {d}/nts.pid\n\
-             ntsdumpdir {d}\n",
-            cert.display(),
-            key.display(),
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut nts_chronyd = Command::new(CHRONYD)
-        .args(["-x", "-d", "-u", "root", "-f"])
-        .arg(&conf)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut nts_chronyd, _, chronyd_ke) = chronyd_nts_server(dir.path(), &cert, &key);
     let theirs = format!("127.0.0.1:{chronyd_ke}");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let taken = loop {
