@@ -75,9 +75,8 @@ const BUNDLE_BACKDATE_S: u64 = 3600;
 /// `chime delegate`: a delegation bundle for one server (see `chime_roughtime::bundle`).
 pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
     let shown = args.key.display();
-    let text = Zeroizing::new(
-        std::fs::read_to_string(&args.key).with_context(|| format!("{shown}: cannot read"))?,
-    );
+    // As chimed reads its keys: refused if group or others may read it.
+    let text = chime_keyfile::read_existing(&args.key, "the Roughtime long-term key")?;
     let seed = parse_key_file(&text).with_context(|| format!("{shown}: not a key file"))?;
     let key = LongTermKey::from_seed(&seed);
     let now = std::time::SystemTime::now()

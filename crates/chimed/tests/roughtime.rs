@@ -870,3 +870,34 @@ fn a_queued_request_is_signed_at_signing_time() {
         "the radius is the upstream's bound: {radi} µs"
     );
 }
+
+/// `chime delegate` reads the long-term key as chimed reads its keys: one that group or others may
+/// read is refused in one line naming it, and no bundle is made; at mode 0600 it is used.
+#[test]
+fn chime_delegate_refuses_a_long_term_key_others_may_read() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let rt = chime_keygen();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::set_permissions(&rt.file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = common::run(
+        Command::new(workspace_bin("chime"))
+            .arg("delegate")
+            .arg("--key")
+            .arg(&rt.file)
+            .arg("--out")
+            .arg(&bundle),
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert_eq!(said.trim_end().lines().count(), 1, "{said}");
+    assert!(said.contains(&rt.file.display().to_string()), "{said}");
+    assert!(said.contains("readable by group or others"), "{said}");
+    assert!(
+        !bundle.exists(),
+        "a bundle was made from a key others may read"
+    );
+    std::fs::set_permissions(&rt.file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    common::chime_delegate(&rt.file, &bundle, &[]);
+    assert!(bundle.exists());
+}
