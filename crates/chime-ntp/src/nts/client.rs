@@ -55,6 +55,12 @@ pub enum KeAnswerError {
     /// Records that do not parse, or are missing.
     #[error("bad NTS-KE response: {0}")]
     Bad(&'static str),
+    /// The server serves none of the protocols offered (an empty Next Protocol record).
+    #[error("the server serves no protocol offered (NTPv4)")]
+    NoProtocol,
+    /// The server serves none of the AEAD algorithms offered (an empty AEAD Algorithm record).
+    #[error("the server serves none of the AEAD algorithms offered")]
+    NoAead,
 }
 
 /// Reads an NTS-KE response (up to End of Message) to a request that offered `offered`.
@@ -76,7 +82,9 @@ pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeA
         };
         match ty {
             record::END_OF_MESSAGE => ended = true,
+            record::NEXT_PROTOCOL if body.is_empty() => return Err(KeAnswerError::NoProtocol),
             record::NEXT_PROTOCOL => ntpv4 = u16_body()? == 0,
+            record::AEAD_ALGORITHM if body.is_empty() => return Err(KeAnswerError::NoAead),
             record::AEAD_ALGORITHM => aead = Aead::from_id(u16_body()?),
             record::COMPLIANT_GCM_SIV_EXPORT => compliant = true,
             record::ERROR => return Err(KeAnswerError::Refused(u16_body().unwrap_or(u16::MAX))),

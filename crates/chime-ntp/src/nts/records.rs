@@ -57,6 +57,12 @@ impl Agreement {
 pub enum KeOutcome {
     /// Agreed on NTPv4 and an algorithm: export the keys and send [`ke_response`] with cookies.
     Agreed(Agreement),
+    /// A well-formed request offering no protocol served: the Next Protocol record, empty (RFC
+    /// 8915 §4.1.2), and no cookies.
+    NoProtocol,
+    /// NTPv4, but no AEAD algorithm served among those offered: NTPv4 and the AEAD Algorithm
+    /// record, empty (RFC 8915 §4.1.5), and no cookies.
+    NoAead,
     /// Refused: send this error code (0 unrecognized critical record, 1 bad request).
     Error(u16),
 }
@@ -99,15 +105,18 @@ pub fn ke_check(request: &[u8]) -> KeOutcome {
         }
         at += 4 + len;
     }
-    match aead {
-        Some(aead) if ended && protocols_seen == 1 && aeads_seen == 1 && ntpv4 => {
-            let compliant_export = aead != Aead::Aes128GcmSiv || compliant;
-            KeOutcome::Agreed(Agreement {
-                aead,
-                compliant_export,
-            })
-        }
-        _ => KeOutcome::Error(ERROR_BAD_REQUEST),
+    // One Next Protocol record, and for NTPv4 one AEAD record; what they offer may still be
+    // nothing served, which the response says with the record empty.
+    if !ended || protocols_seen != 1 || (ntpv4 && aeads_seen != 1) {
+        return KeOutcome::Error(ERROR_BAD_REQUEST);
+    }
+    match (ntpv4, aead) {
+        (false, _) => KeOutcome::NoProtocol,
+        (true, None) => KeOutcome::NoAead,
+        (true, Some(aead)) => KeOutcome::Agreed(Agreement {
+            aead,
+            compliant_export: aead != Aead::Aes128GcmSiv || compliant,
+        }),
     }
 }
 
@@ -145,8 +154,8 @@ pub fn valid_ntp_server(name: &str) -> bool {
 
 /// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, the algorithm (and record 1024
 /// where the client asked for it and AEAD_AES_128_GCM_SIV was agreed), the NTP server and port if
-/// given, up to eight of `cookies`, End of Message. For [`KeOutcome::Error`], the error record
-/// and End of Message.
+/// given, up to eight of `cookies`, End of Message. For the others, what each says and End of
+/// Message.
 pub fn ke_response(
     outcome: &KeOutcome,
     ntp: &NtpNegotiation,
@@ -161,6 +170,14 @@ pub fn ke_response(
     match outcome {
         KeOutcome::Error(code) => {
             put(record::CRITICAL | record::ERROR, &code.to_be_bytes());
+        }
+        KeOutcome::NoProtocol => put(record::CRITICAL | record::NEXT_PROTOCOL, &[]),
+        KeOutcome::NoAead => {
+            put(
+                record::CRITICAL | record::NEXT_PROTOCOL,
+                &0u16.to_be_bytes(),
+            );
+            put(record::CRITICAL | record::AEAD_ALGORITHM, &[]);
         }
         KeOutcome::Agreed(agreement) => {
             put(

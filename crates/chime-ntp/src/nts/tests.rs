@@ -425,12 +425,33 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
     );
     assert_eq!(
         refused(&[(0x8001, &[0, 1]), (0x8004, &[0, 15]), eom]),
-        KeOutcome::Error(1)
+        KeOutcome::NoProtocol,
+        "a protocol not served"
     );
     assert_eq!(
         refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 16, 0, 1]), eom]),
-        KeOutcome::Error(1),
+        KeOutcome::NoAead,
         "no algorithm served"
+    );
+    assert_eq!(
+        refused(&[(0x8001, &[0, 0]), eom]),
+        KeOutcome::Error(1),
+        "NTPv4 with no AEAD record"
+    );
+    // RFC 8915 §4.1.2 and §4.1.5: the record says so by being empty; no cookies.
+    let mut none = Vec::new();
+    ke_response(&KeOutcome::NoAead, &port_only, [cookie], &mut none);
+    assert_eq!(none, [0x80, 1, 0, 2, 0, 0, 0x80, 4, 0, 0, 0x80, 0, 0, 0]);
+    assert_eq!(
+        parse_ke_response(&none, &Aead::ALL),
+        Err(KeAnswerError::NoAead)
+    );
+    none.clear();
+    ke_response(&KeOutcome::NoProtocol, &port_only, [cookie], &mut none);
+    assert_eq!(none, [0x80, 1, 0, 0, 0x80, 0, 0, 0]);
+    assert_eq!(
+        parse_ke_response(&none, &Aead::ALL),
+        Err(KeAnswerError::NoProtocol)
     );
     assert_eq!(
         refused(&[

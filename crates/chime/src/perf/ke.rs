@@ -548,7 +548,9 @@ fn session(
         }
     };
     let answer = nts::parse_ke_response(&response[..len], aeads).map_err(|e| match e {
-        KeAnswerError::Refused(_) => (Failure::KeError, e.to_string()),
+        KeAnswerError::Refused(_) | KeAnswerError::NoProtocol | KeAnswerError::NoAead => {
+            (Failure::KeError, e.to_string())
+        }
         KeAnswerError::Bad(_) => (Failure::BadRecords, e.to_string()),
     })?;
     crate::nts::export_keys(&tls.conn, &answer)
