@@ -438,21 +438,6 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
         KeOutcome::Error(1),
         "NTPv4 with no AEAD record"
     );
-    // RFC 8915 §4.1.2 and §4.1.5: the record says so by being empty; no cookies.
-    let mut none = Vec::new();
-    ke_response(&KeOutcome::NoAead, &port_only, [cookie], &mut none);
-    assert_eq!(none, [0x80, 1, 0, 2, 0, 0, 0x80, 4, 0, 0, 0x80, 0, 0, 0]);
-    assert_eq!(
-        parse_ke_response(&none, &Aead::ALL),
-        Err(KeAnswerError::NoAead)
-    );
-    none.clear();
-    ke_response(&KeOutcome::NoProtocol, &port_only, [cookie], &mut none);
-    assert_eq!(none, [0x80, 1, 0, 0, 0x80, 0, 0, 0]);
-    assert_eq!(
-        parse_ke_response(&none, &Aead::ALL),
-        Err(KeAnswerError::NoProtocol)
-    );
     assert_eq!(
         refused(&[
             (0x8001, &[0, 0]),
@@ -485,6 +470,32 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
     let mut err = Vec::new();
     ke_response(&KeOutcome::Error(1), &port_only, [cookie], &mut err);
     assert_eq!(err, [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0]);
+}
+
+/// RFC 8915 §4.1.2 and §4.1.5: a server that serves none of the protocols or none of the AEAD
+/// algorithms offered says so with that record empty, and hands out no cookies; the client's side
+/// reads each so.
+#[test]
+fn ke_says_no_common_protocol_or_aead_with_an_empty_record() {
+    let cookie = master().seal(&keys(), [3; NONCE_LEN]);
+    let port_only = NtpNegotiation {
+        server: None,
+        port: Some(12345),
+    };
+    let mut none = Vec::new();
+    ke_response(&KeOutcome::NoAead, &port_only, [cookie], &mut none);
+    assert_eq!(none, [0x80, 1, 0, 2, 0, 0, 0x80, 4, 0, 0, 0x80, 0, 0, 0]);
+    assert_eq!(
+        parse_ke_response(&none, &Aead::ALL),
+        Err(KeAnswerError::NoAead)
+    );
+    none.clear();
+    ke_response(&KeOutcome::NoProtocol, &port_only, [cookie], &mut none);
+    assert_eq!(none, [0x80, 1, 0, 0, 0x80, 0, 0, 0]);
+    assert_eq!(
+        parse_ke_response(&none, &Aead::ALL),
+        Err(KeAnswerError::NoProtocol)
+    );
 }
 
 /// The server takes the client's first algorithm that it serves; AES-128-GCM-SIV's keys are
