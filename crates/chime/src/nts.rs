@@ -119,17 +119,14 @@ pub(crate) fn client_config(ca: Option<&Path>) -> Result<Arc<ClientConfig>> {
 }
 
 /// The association's keys, exported from the TLS session as `answer` agreed.
-pub(crate) fn export_keys(conn: &ClientConnection, answer: &KeAnswer) -> Result<Keys> {
-    let agreement = &answer.agreement;
-    let len = agreement.aead.key_len();
-    let export = |server_to_client| {
-        let mut key = zeroize::Zeroizing::new([0u8; nts::MAX_KEY_LEN]);
-        let context = agreement.exporter_context(server_to_client);
-        conn.export_keying_material(&mut key[..len], nts::EXPORTER_LABEL, Some(&context))?;
-        Ok::<_, rustls::Error>(key)
-    };
-    let (c2s, s2c) = (export(false)?, export(true)?);
-    Keys::new(agreement.aead, &c2s[..len], &s2c[..len]).context("the keys' length")
+pub(crate) fn export_keys(
+    conn: &ClientConnection,
+    answer: &KeAnswer,
+) -> Result<Keys, rustls::Error> {
+    answer.agreement.export_keys(|context, key| {
+        conn.export_keying_material(key, nts::EXPORTER_LABEL, Some(context))
+            .map(drop)
+    })
 }
 
 /// An error of the TLS session with the NTS-KE server at `addr`, as the operator can act on it: a

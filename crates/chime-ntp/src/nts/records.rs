@@ -1,8 +1,10 @@
 //! NTS-KE records (RFC 8915 §4), the server's side: a message's length, the request's checks, and
 //! the response.
 
-use super::aead::Aead;
-use super::cookies::Cookie;
+use zeroize::Zeroizing;
+
+use super::aead::{Aead, MAX_KEY_LEN};
+use super::cookies::{Cookie, Keys};
 use super::{ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES, record};
 
 /// The most bytes of NTS-KE request the server reads, as chronyd.
@@ -49,6 +51,23 @@ impl Agreement {
         };
         let [hi, lo] = id.to_be_bytes();
         [0, 0, hi, lo, u8::from(server_to_client)]
+    }
+
+    /// The association's two keys, each as `export` fills it from the TLS session (RFC 5705's
+    /// exporter, label [`super::EXPORTER_LABEL`]) given its [`Agreement::exporter_context`] and
+    /// a buffer of the algorithm's key length: the one way both sides export them.
+    pub fn export_keys<E>(
+        &self,
+        mut export: impl FnMut(&[u8; 5], &mut [u8]) -> Result<(), E>,
+    ) -> Result<Keys, E> {
+        let len = self.aead.key_len();
+        let (mut c2s, mut s2c) = (
+            Zeroizing::new([0; MAX_KEY_LEN]),
+            Zeroizing::new([0; MAX_KEY_LEN]),
+        );
+        export(&self.exporter_context(false), &mut c2s[..len])?;
+        export(&self.exporter_context(true), &mut s2c[..len])?;
+        Ok(Keys::new(self.aead, &c2s[..len], &s2c[..len]).expect("the algorithm's own key length"))
     }
 }
 

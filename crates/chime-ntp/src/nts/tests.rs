@@ -523,6 +523,19 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
     let old_chrony = agree(&[30, 15], false);
     assert_eq!(old_chrony.exporter_context(false), [0, 0, 0, 15, 0]);
     assert_eq!(old_chrony.exporter_context(true), [0, 0, 0, 15, 1]);
+    // The keys come from the exporter under those contexts, the algorithm's length each.
+    let mut asked = Vec::new();
+    let exported = old_chrony.export_keys(|context, key| {
+        asked.push(*context);
+        key.fill(context[4] + 1);
+        Ok::<_, ()>(())
+    });
+    let exported = exported.unwrap();
+    assert_eq!(asked, [[0, 0, 0, 15, 0], [0, 0, 0, 15, 1]]);
+    assert_eq!(
+        (exported.aead(), exported.c2s(), exported.s2c()),
+        (Aead::Aes128GcmSiv, &[1; 16][..], &[2; 16][..])
+    );
     let new_chrony = agree(&[30, 15], true);
     assert_eq!(new_chrony.exporter_context(false), [0, 0, 0, 30, 0]);
     assert_eq!(agree(&[17], true).exporter_context(true), [0, 0, 0, 17, 1]);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use chime_ntp::nts::{self, CookieKeys, KeOutcome, Keys};
+use chime_ntp::nts::{self, CookieKeys, KeOutcome};
 use chime_ntp::{ClientTable, Coin, Verdict};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -744,18 +744,12 @@ fn respond(
         return Ok((response, None));
     };
     let conn = tls.get_ref().1;
-    let export = |server_to_client| {
-        let mut key = [0u8; nts::MAX_KEY_LEN];
-        let key_len = agreement.aead.key_len();
-        let context = agreement.exporter_context(server_to_client);
-        conn.export_keying_material(&mut key[..key_len], nts::EXPORTER_LABEL, Some(&context))
-            .map_err(|e| Failure::Io(format!("key export: {e}")))?;
-        Ok(zeroize::Zeroizing::new(key))
-    };
-    let (c2s, s2c) = (export(false)?, export(true)?);
-    let len = agreement.aead.key_len();
-    let keys = Keys::new(agreement.aead, &c2s[..len], &s2c[..len])
-        .ok_or_else(|| Failure::Io("key export: the algorithm's own length refused".into()))?;
+    let keys = agreement
+        .export_keys(|context, key| {
+            conn.export_keying_material(key, nts::EXPORTER_LABEL, Some(context))
+                .map(drop)
+        })
+        .map_err(|e| Failure::Io(format!("key export: {e}")))?;
     let master = cookies.load();
     let fresh = std::iter::repeat_with(|| master.seal(&keys, rand::random()));
     nts::ke_response(&outcome, ntp, fresh.take(COOKIES), &mut response);
