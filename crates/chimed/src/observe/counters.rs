@@ -108,6 +108,27 @@ impl Note {
     }
 }
 
+/// Every label of a service's drop reasons, by slot, for a `const` in the reason's `impl`: the
+/// protocol's reasons' labels first (`$label` for slot `$i`, below `$count`), then each of the
+/// daemon's own (`Self::OWN`, each beside its label) at its `slot()`.
+macro_rules! drop_labels {
+    ($count:expr, |$i:ident| $label:expr) => {{
+        let mut labels = [""; Self::COUNT];
+        let mut $i = 0;
+        while $i < $count {
+            labels[$i] = $label;
+            $i += 1;
+        }
+        let mut j = 0;
+        while j < Self::OWN.len() {
+            labels[Self::OWN[j].0.slot()] = Self::OWN[j].1;
+            j += 1;
+        }
+        labels
+    }};
+}
+pub(crate) use drop_labels;
+
 /// A service's reasons for dropping a request: an enum whose every value has a dense index and a
 /// label, so that the counters are indexed by the reason itself and a label cannot drift from
 /// its reason.

@@ -47,20 +47,8 @@ impl RoughtimeDrop {
     ];
 
     /// Every label, by slot.
-    const ALL_LABELS: [&'static str; Self::COUNT] = {
-        let mut labels = [""; Self::COUNT];
-        let mut i = 0;
-        while i < DropReason::COUNT {
-            labels[i] = DropReason::ALL[i].label();
-            i += 1;
-        }
-        let mut j = 0;
-        while j < Self::OWN.len() {
-            labels[Self::OWN[j].0.slot()] = Self::OWN[j].1;
-            j += 1;
-        }
-        labels
-    };
+    const ALL_LABELS: [&'static str; Self::COUNT] =
+        counters::drop_labels!(DropReason::COUNT, |i| DropReason::ALL[i].label());
 
     const fn slot(self) -> usize {
         match self {
