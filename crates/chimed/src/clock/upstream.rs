@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chime_ntp::{Leap, Mirror, ServerState};
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::net::UdpSocket;
@@ -180,18 +179,9 @@ pub(crate) fn refid(state: &ServerState) -> String {
     }
 }
 
-/// The upstream's metrics: the mirrored state as last polled, and what a reply sent now says
-/// about the clock. Read afresh at each scrape.
-#[derive(Debug)]
-pub(crate) struct Metrics(pub(crate) Arc<Shared>);
-
-impl Collector for Metrics {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        encode(&mut enc, &self.0)
-    }
-}
-
-fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Result {
+/// Writes the upstream's metrics: the mirrored state as last polled, and what a reply sent now
+/// says about the clock. Read afresh at each scrape.
+pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Result {
     let now = clock::read().ntp();
     let state = ntp.state.load();
     let served = state.served_at(now, &ntp.policy);

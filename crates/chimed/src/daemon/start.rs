@@ -290,7 +290,7 @@ fn tcp(
     })?;
     sup.threads("roughtime-tcp", service);
     metrics.workers(workers.clone());
-    metrics.collector(roughtime_tcp::Metrics(counts.clone()));
+    metrics.encoded(counts.clone(), roughtime_tcp::encode);
     Ok((counts, workers))
 }
 
@@ -346,7 +346,7 @@ fn nts_ke_service(
         .in_scope(|| nts_ke::KeThreads::spawn(&listener, &shared, beats, &stop))
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
-    metrics.collector(nts_ke::Metrics(counts.clone()));
+    metrics.encoded(counts.clone(), nts_ke::encode);
     nts_ke::log_expiry(certificate, *not_after);
     if let Some(t) = *not_after {
         counts
@@ -371,10 +371,10 @@ fn tasks(
     let ntp = prepared.ntp.clone();
     let upstream = &settings.upstream;
     let (server, interval) = (upstream.server_address, upstream.poll_interval.duration());
-    metrics.collector(upstream::Metrics(ntp.clone()));
+    metrics.encoded(ntp.clone(), upstream::encode);
     sup.task("upstream", upstream::run(server, interval, ntp));
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
-        metrics.collector(online_keys::Metrics(shared.clone()));
+        metrics.encoded(shared.clone(), online_keys::encode);
         sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
     }
     let cookies = prepared.ntp.nts.clone()?;

@@ -14,7 +14,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use chime_ntp::nts::{self, CookieKeys, KeOutcome};
 use chime_ntp::{ClientTable, Coin, Verdict};
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
 use rustls::ServerConfig;
@@ -756,17 +755,8 @@ fn respond(
     Ok((response, Some(agreement.aead)))
 }
 
-/// NTS-KE's metrics: its sessions and its certificate.
-#[derive(Debug)]
-pub(crate) struct Metrics(pub(crate) Arc<KeCounts>);
-
-impl Collector for Metrics {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        encode(&mut enc, &self.0)
-    }
-}
-
-fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Result {
+/// Writes NTS-KE's metrics: its sessions and its certificate.
+pub(crate) fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Result {
     counters(
         enc,
         "chimed_nts_ke_sessions_total",

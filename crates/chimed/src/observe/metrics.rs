@@ -53,6 +53,15 @@ impl Registry {
         self.collectors.register_collector(Box::new(collector));
     }
 
+    /// A service's own metrics: `encode` writes them from `state` at each scrape.
+    pub(crate) fn encoded<T: fmt::Debug + Send + Sync + 'static>(
+        &mut self,
+        state: Arc<T>,
+        encode: fn(&mut DescriptorEncoder, &T) -> fmt::Result,
+    ) {
+        self.collector(Encoded(state, encode));
+    }
+
     /// A data-plane service's workers, whose counters are served labelled by its name.
     pub(crate) fn workers(&mut self, workers: Arc<dyn Listed>) {
         self.workers.push(workers);
@@ -63,6 +72,21 @@ impl Registry {
         let families = WorkerFamilies(self.workers);
         self.collectors.register_collector(Box::new(families));
         self.collectors
+    }
+}
+
+/// A collector made of a service's shared state and the function that encodes it.
+struct Encoded<T>(Arc<T>, fn(&mut DescriptorEncoder, &T) -> fmt::Result);
+
+impl<T: fmt::Debug> fmt::Debug for Encoded<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Encoded").field(&self.0).finish()
+    }
+}
+
+impl<T: fmt::Debug + Send + Sync + 'static> Collector for Encoded<T> {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        (self.1)(&mut enc, &self.0)
     }
 }
 
@@ -445,7 +469,7 @@ mod tests {
         let _worker = ntp.workers.register("ipv4", 0);
         let mut registry = Registry::new(0);
         registry.workers(ntp.workers.clone());
-        registry.collector(crate::clock::upstream::Metrics(ntp));
+        registry.encoded(ntp, crate::clock::upstream::encode);
         registry.finish()
     }
 

@@ -18,7 +18,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_keyfile::{ReadError, read_existing};
 use chime_roughtime::{Bundle, Delegation, LongTermKey, OnlineKey};
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tracing::{error, info, warn};
@@ -209,17 +208,12 @@ pub(crate) async fn rotate(key: Arc<LongTermKey>, rotation: Duration, shared: Ar
     }
 }
 
-/// The online key's metrics: its validity, and the end of its delegation bundle if it has one.
-#[derive(Debug)]
-pub(crate) struct Metrics(pub(crate) Arc<crate::roughtime::udp::Shared>);
-
-impl Collector for Metrics {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        encode(&mut enc, &self.0)
-    }
-}
-
-fn encode(enc: &mut DescriptorEncoder, rt: &crate::roughtime::udp::Shared) -> std::fmt::Result {
+/// Writes the online key's metrics: its validity, and the end of its delegation bundle if it has
+/// one.
+pub(crate) fn encode(
+    enc: &mut DescriptorEncoder,
+    rt: &crate::roughtime::udp::Shared,
+) -> std::fmt::Result {
     let d = rt.delegation.load();
     single(
         enc,

@@ -34,7 +34,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use chime_roughtime::{FrameReader, MAX_BATCH_SIZE, Responder, ResponderConfig, VersionSet};
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -763,18 +762,9 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, Error> {
     Ok(listener)
 }
 
-/// Roughtime over TCP's metrics: its connections (its requests are its worker's, with the
+/// Writes Roughtime over TCP's metrics: its connections (its requests are its worker's, with the
 /// others').
-#[derive(Debug)]
-pub(crate) struct Metrics(pub(crate) Arc<Counts>);
-
-impl Collector for Metrics {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        encode(&mut enc, &self.0)
-    }
-}
-
-fn encode(enc: &mut DescriptorEncoder, tcp: &Counts) -> std::fmt::Result {
+pub(crate) fn encode(enc: &mut DescriptorEncoder, tcp: &Counts) -> std::fmt::Result {
     counters(
         enc,
         "chimed_roughtime_tcp_connections_total",
