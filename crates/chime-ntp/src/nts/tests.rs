@@ -123,17 +123,16 @@ fn secret(fill: u8) -> FleetSecret {
 #[test]
 fn fleet_keys_match_an_independent_hkdf() {
     let secret = FleetSecret(std::array::from_fn(|i| i as u8));
-    let hex = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let (id, key) = fleet_key(&secret, 20415);
     assert_eq!(id, 0x85c3_1154);
     assert_eq!(
-        hex(&key),
+        hex::encode(key),
         "d4001d5f606e5a1f95161924f8c5a32fde120906ad429fead320e13e7ced1902"
     );
     let (id, key) = fleet_key(&secret, 0);
     assert_eq!(id, 0x5382_5973);
     assert_eq!(
-        hex(&key),
+        hex::encode(key),
         "b262e57f85276692a13652e1691101588a04eb5a7d971f0c65299b843dd381e9"
     );
 }
