@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # run-overload-burst.sh: chimed's goodput when offered more than its capacity, NTP over UDP or
-# Roughtime over TCP (`--service`), for one chimed build or several side by side. Each build runs as its own chimed with SHARE% (default 25) of
-# CPU 0 through a CPU cgroup of its own with a short period (the 1 ms minimum quota: 4 ms at
-# 25%), so that `chime perf` on CPU 1 can offer well past what it answers; a build that is not
-# being measured is idle and costs the others nothing.
+# Roughtime over TCP (`--service`), for one chimed build or several side by side. Each build runs
+# as its own chimed with SHARE% (default 25) of CPU 0 through a CPU cgroup of its own with a short
+# period (the 1 ms minimum quota: 4 ms at 25%), so that `chime perf` on CPU 1 can offer well past
+# what it answers; a build that is not being measured is idle and costs the others nothing.
 #
 # First a ladder per build finds its capacity: the most replies it accepts per second (answered
-# within the client interval), however much is offered (the mean of its three best steps). Then, each of ROUNDS rounds, a shorter ladder around it finds each
-# build's capacity again (this shared machine drifts by tens of percent from minute to minute),
-# and a burst of DURATION seconds follows at each of MULTIPLES times the first build's capacity in
-# that round (default 3), in an order that turns from round to round, each build in turn within
-# it (also turning), so that builds meet the same moment of the machine: the accepted replies per
-# second (answered within the client interval) against the build's capacity in that round, and
-# from chimed's metrics the requests it received and of those the ones it shed (received only to
-# go unanswered), and the kernel's drops, and its resident memory after the burst. summary.txt
-# has the table and, with two builds or more, each build's accepted replies against the first's,
-# burst by burst.
+# within the client interval), however much is offered (the mean of its three best steps). Then,
+# each of ROUNDS rounds, a shorter ladder around it finds each build's capacity again (this shared
+# machine drifts by tens of percent from minute to minute), and a burst of DURATION seconds
+# follows at each of MULTIPLES times the first build's capacity in that round (default 3), in an
+# order that turns from round to round, each build in turn within it (also turning), so that
+# builds meet the same moment of the machine. After each burst the short ladder runs again, and a
+# burst is judged against the mean of the capacities measured just before and just after it.
+# Reported: the accepted replies per second (answered within the client interval) against that
+# capacity, and from chimed's metrics the requests it received and of those the ones it shed
+# (received only to go unanswered), and the kernel's drops, and its resident memory after the
+# burst. summary.txt has the table and, with two builds or more, each build's accepted replies
+# against the first's, burst by burst.
 #
 # Usage: run-overload-burst.sh [--service ntp|roughtime-tcp] [--share PCT] [--rounds N]
 #                              [--duration S] [--out DIR] [--multiples "1.1 1.5 3"]
@@ -178,15 +180,22 @@ PY
 rss_kib() { sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\).*/\1/p' "/proc/$1/status"; }
 read -ra mults <<<"$multiples"
 nm=${#mults[@]} nb=${#names[@]}
+# A short ladder from 75% to 127% of the build's first capacity, into JSON file $2: what build
+# $1 accepts now, however much is offered.
+probe() {
+  local start
+  start=$(python3 -c "print(round(0.75 * ${capacity[$1]}))")
+  taskset -c 1 "$chime" "${perf[@]}" --target "127.0.0.1:${port[$1]}" --steps "$start:1.06:10" \
+    --duration 1 --warmup 0.5 --max-loss 100 --server-pid "${pid[$1]}" --json "$2" >"${2%.json}.txt"
+  most_accepted "$2"
+}
+declare -A latest
 for r in $(seq "$rounds"); do
-  # This round's capacity of each build, from a ladder from 75% to 127% of its first.
+  # This round's capacity of each build, which sets the rates offered.
   for j in $(seq 0 $((nb - 1))); do
     n=${names[$(( (j + r - 1) % nb ))]}
-    start=$(python3 -c "print(round(0.75 * ${capacity[$n]}))")
-    taskset -c 1 "$chime" "${perf[@]}" --target "127.0.0.1:${port[$n]}" --steps "$start:1.06:10" \
-      --duration 1 --warmup 0.5 --max-loss 100 --server-pid "${pid[$n]}" \
-      --json "$out/probe-$n-round$r.json" >"$out/probe-$n-round$r.txt"
-    echo "$n $r $(most_accepted "$out/probe-$n-round$r.json")" >>"$out/round-capacity.txt"
+    latest[$n]=$(probe "$n" "$out/probe-$n-round$r.json")
+    echo "$n $r ${latest[$n]}" >>"$out/round-capacity.txt"
   done
   base=$(awk -v n="${names[0]}" -v r="$r" '$1 == n && $2 == r {print $3}' "$out/round-capacity.txt")
   ((base > 0)) || base=${capacity[${names[0]}]}
@@ -202,7 +211,12 @@ for r in $(seq "$rounds"); do
         --json "$out/burst-$n-x$m-round$r.json" >"$out/burst-$n-x$m-round$r.txt"
       after=$(counters "${metrics_port[$n]}")
       echo "$n $m $r $before $after $(rss_kib "${pid[$n]}")" >>"$out/counters.txt"
+      # The capacity the burst met: the mean of the probes just before and just after it, so
+      # that a burst is judged against the machine's moment rather than the round's start.
       sleep 1
+      now=$(probe "$n" "$out/probe-$n-x$m-round$r-after.json")
+      echo "$n $m $r ${latest[$n]} $now" >>"$out/burst-capacity.txt"
+      latest[$n]=$now
     done
   done
 done
@@ -212,10 +226,13 @@ done
 python3 - "$out" "$rounds" "$multiples" "${names[@]}" <<'PY' | tee "$out/summary.txt"
 import json, sys
 out, rounds, mults, names = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
-cap = {}
+cap, around = {}, {}
 for line in open(f"{out}/round-capacity.txt"):
     n, r, c = line.split()
     cap[(n, int(r))] = int(c)
+for line in open(f"{out}/burst-capacity.txt"):
+    n, m, r, before, after = line.split()
+    around[(n, m, int(r))] = (int(before), int(after))
 counts, rss = {}, {}
 for line in open(f"{out}/counters.txt"):
     n, m, r, *v = line.split()
@@ -223,24 +240,28 @@ for line in open(f"{out}/counters.txt"):
     counts[(n, m, int(r))] = [y - x for x, y in zip(b, a)]
     rss[(n, m, int(r))] = int(v[6]) / 1024
 print("Each round measures each build's capacity again (the mean of the three best steps of a "
-      f"ladder around its first); each burst offers a multiple of {names[0]}'s in its round.")
-print("build    multiple round  capacity/s   offered/s  accepted/s  % of capacity  received/s"
-      "  shed/s  kernel drops/s  p99 µs  RSS MiB")
+      f"ladder around its first); each burst offers a multiple of {names[0]}'s in its round, and "
+      "is judged against the build's capacity just before and just after it (their mean).")
+print("build    multiple round  before/s   after/s  offered/s  accepted/s  % of capacity"
+      "  received/s  shed/s  kernel drops/s  p99 µs  RSS MiB")
 acc, worst = {}, {}
+def pct(x, c):
+    return 100 * x / c if c else float("nan")
 for n in names:
     for m in mults:
         for r in range(1, rounds + 1):
             s = json.load(open(f"{out}/burst-{n}-x{m}-round{r}.json"))["steps"][0]
             acc[(n, m, r)] = s["accepted_rate"]
             rec, shed, drops = (c / s["duration"] for c in counts[(n, m, r)])
-            pct = 100 * s["accepted_rate"] / cap[(n, r)] if cap[(n, r)] else float("nan")
-            worst[(n, m)] = min(worst.get((n, m), pct), pct)
-            print(f"{n:<8} {m:>8} {r:>5} {cap[(n, r)]:>11} {s['sent_rate']:>11.0f} "
-                  f"{s['accepted_rate']:>11.0f} {pct:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
+            before, after = around[(n, m, r)]
+            p = pct(s["accepted_rate"], (before + after) / 2)
+            worst[(n, m)] = min(worst.get((n, m), p), p)
+            print(f"{n:<8} {m:>8} {r:>5} {before:>9} {after:>9} {s['sent_rate']:>10.0f} "
+                  f"{s['accepted_rate']:>11.0f} {p:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
                   f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f} {rss[(n, m, r)]:>8.1f}")
-print("\nLeast accepted, as a share of the round's capacity, over the rounds:")
-for (n, m), pct in worst.items():
-    print(f"  {n} x{m}: {pct:.1f}%")
+print("\nLeast accepted, as a share of the capacity around the burst, over the rounds:")
+for (n, m), p in worst.items():
+    print(f"  {n} x{m}: {p:.1f}%")
 for n in names[1:]:
     print(f"\n{n} / {names[0]}, accepted replies, burst by burst (the two a few seconds apart):")
     for m in mults:
