@@ -153,6 +153,9 @@ fn every_example_key_uncommented_passes_check_config() {
     common::chime_delegate(&rt.file, &bundle, &[]);
     let mldsa = dir.path().join("mldsa.key");
     let fleet = dir.path().join("fleet.key");
+    let pool = dir.path().join("pool-tokens");
+    std::fs::write(&pool, "token an-example-pool-token\n").unwrap();
+    std::fs::set_permissions(&pool, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let mut makes = vec![
         Command::new(common::workspace_bin("chime"))
             .arg("nts-fleet-key")
@@ -183,6 +186,7 @@ fn every_example_key_uncommented_passes_check_config() {
         ("--nts-private-key", p(&key), "[nts]", "private-key"),
         ("--nts-dump-dir", p(dir.path()), "[nts]", "dump-dir"),
         ("--nts-fleet-key", p(&fleet), "[nts]", "fleet-key"),
+        ("--nts-pool-tokens", p(&pool), "[nts]", "pool-tokens"),
         ("--roughtime-key", p(&rt.file), "[roughtime]", "key"),
         (
             "--roughtime-delegation",

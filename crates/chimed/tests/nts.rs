@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    CHRONYD, Chimed, Chronyd, ChronydClient, RKIK, certificate, chimed_nts, count_in, peer, run,
+    CHRONYD, Chimed, Chronyd, ChronydClient, RKIK, certificate, chimed_nts, count_in, ke_connect,
+    ke_tls, peer, run, try_ke_connect, try_ke_tls,
 };
 
 /// `chronyd -Q` as an NTS client of 127.0.0.1 with NTS-KE on `ke_port`, trusting `trusted`:
@@ -819,21 +820,6 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
     assert_eq!(count_in(&ke, "agreed"), 1, "{ke}");
 }
 
-/// A TCP connection to `ke` from `local`, saying nothing.
-fn ke_connect(ke: std::net::SocketAddr, local: std::net::IpAddr) -> std::net::TcpStream {
-    try_ke_connect(ke, local).unwrap()
-}
-
-fn try_ke_connect(
-    ke: std::net::SocketAddr,
-    local: std::net::IpAddr,
-) -> std::io::Result<std::net::TcpStream> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    sock.bind(&std::net::SocketAddr::new(local, 0).into())?;
-    sock.connect(&ke.into())?;
-    Ok(sock.into())
-}
-
 /// Whether chimed's NTS-KE server kept `stream` open for a TLS handshake (`true`) or closed it
 /// unserved (`false`), as `--nts-ratelimit` does over the limit at once: a connection still open
 /// at `deadline` was kept. A served one stays open for our ClientHello until chimed's 2 s deadline
@@ -1323,46 +1309,6 @@ fn sighup_reloads_under_load_give_no_invalid_reply() {
     assert!(ntp.contains(" dropped=0 "), "{ntp}");
     let rt = chimed.wait_for("roughtime totals at exit", Duration::from_secs(1));
     assert!(rt.contains(" dropped=0 "), "{rt}");
-}
-
-/// A TLS 1.3 session with chimed's NTS-KE server at `ke` (ALPN ntske/1, trusting `cert`), from
-/// `local`, handshake done.
-fn ke_tls(
-    ke: std::net::SocketAddr,
-    local: std::net::IpAddr,
-    cert: &Path,
-) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
-    try_ke_tls(ke, local, cert).unwrap()
-}
-
-type KeTls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
-
-fn try_ke_tls(
-    ke: std::net::SocketAddr,
-    local: std::net::IpAddr,
-    cert: &Path,
-) -> std::io::Result<KeTls> {
-    use rustls::pki_types::pem::PemObject as _;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"ntske/1".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
-    let tcp = try_ke_connect(ke, local)?;
-    tcp.set_read_timeout(Some(Duration::from_secs(8)))?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    while tls.conn.is_handshaking() {
-        tls.conn.complete_io(&mut tls.sock)?;
-    }
-    Ok(tls)
 }
 
 /// 127.0.c.d, the address a client connects from.

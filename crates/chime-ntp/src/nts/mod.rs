@@ -18,9 +18,13 @@
 //! ([`write_nak`]): a Kiss-o'-Death `NTSN` with the identifier and nothing else, which tells the
 //! client to run NTS-KE again.
 //!
-//! In five parts: the AEAD algorithms (`aead`), the cookies and the keys they seal (`cookies`), a
+//! A server may also be a member of NTS pools (`pool`): a pool's key-exchange front end, holding a
+//! token the member accepts, asks it for cookies sealing keys it gives ([`KeOutcome::PoolKeys`]).
+//!
+//! In six parts: the AEAD algorithms (`aead`), the cookies and the keys they seal (`cookies`), a
 //! fleet's shared secret and the keys derived from it (`fleet`), the server's checks of requests
-//! and its replies (`server`), the NTS-KE records (`records`), and the client's side (`client`).
+//! and its replies (`server`), the NTS-KE records (`records`) and a pool's (`pool`), and the
+//! client's side (`client`).
 //! Nothing reads a clock; nonces come from the caller. The server's side allocates nothing per
 //! request; the client's returns what it builds and parses as vectors.
 
@@ -28,6 +32,7 @@ mod aead;
 mod client;
 mod cookies;
 mod fleet;
+mod pool;
 mod records;
 mod server;
 #[cfg(test)]
@@ -41,6 +46,10 @@ pub use client::{
 };
 pub use cookies::{Cookie, CookieKeys, Keys, MAX_COOKIE_LEN, cookie_len};
 pub use fleet::{FLEET_SECRET_LEN, FleetSecret, encode_fleet_file, fleet_key, parse_fleet_file};
+pub use pool::{
+    PoolSupport, PoolTokens, parse_pool_support, parse_pool_tokens, pool_fixed_key_request,
+    pool_support_request,
+};
 pub use records::{
     Agreement, KE_MAX_REQUEST, KeOutcome, NtpNegotiation, ke_check, ke_message_len, ke_response,
     valid_ntp_server,
@@ -81,6 +90,13 @@ mod record {
     pub(super) const NEW_COOKIE: u16 = 5;
     pub(super) const NTPV4_SERVER: u16 = 6;
     pub(super) const NTPV4_PORT: u16 = 7;
+    /// The NTS pool's records (see `pool`).
+    pub(super) const KEEP_ALIVE: u16 = 8;
+    pub(super) const SUPPORTED_PROTOCOLS: u16 = 9;
+    pub(super) const SUPPORTED_ALGORITHMS: u16 = 10;
+    pub(super) const FIXED_KEY_REQUEST: u16 = 12;
+    pub(super) const NTP_SERVER_DENY: u16 = 13;
+    pub(super) const AUTHENTICATION_TOKEN: u16 = 14;
     /// chrony's Compliant AES-128-GCM-SIV Exporter Context (empty, not critical): a client
     /// that sends it wants the keys of AEAD_AES_128_GCM_SIV exported with its own number in the
     /// context; one that does not (chrony 4.4 to 4.6.0) exports them with 15's, and a server

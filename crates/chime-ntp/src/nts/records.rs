@@ -5,6 +5,7 @@ use zeroize::Zeroizing;
 
 use super::aead::{Aead, MAX_KEY_LEN};
 use super::cookies::{Cookie, Keys};
+use super::pool::{PoolTokens, supported_algorithms};
 use super::{ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES, record};
 
 /// The most bytes of NTS-KE request the server reads, as chronyd.
@@ -84,58 +85,162 @@ pub enum KeOutcome {
     NoAead,
     /// Refused: send this error code (0 unrecognized critical record, 1 bad request).
     Error(u16),
+    /// A pool's request (a support request or a Fixed Key Request) without a token this server
+    /// accepts: refused as a bad request, but worth telling apart, since the pool will keep
+    /// failing until its token or this server's list is put right.
+    PoolRefused,
+    /// A pool, its token accepted, asks what is served: the algorithms with their key lengths,
+    /// and NTPv4 (see `pool`).
+    PoolSupport {
+        /// Keep the session open for the pool's next request.
+        keep_alive: bool,
+    },
+    /// A pool, its token accepted, asks for cookies sealing these keys, its client's: send
+    /// [`ke_response`] with cookies sealing them.
+    PoolKeys {
+        /// The client's keys, and their algorithm.
+        keys: Keys,
+        /// Keep the session open for the pool's next request.
+        keep_alive: bool,
+    },
+}
+
+impl KeOutcome {
+    /// Whether the session stays open for another request after this answer.
+    pub fn keep_alive(&self) -> bool {
+        matches!(
+            self,
+            Self::PoolSupport { keep_alive: true }
+                | Self::PoolKeys {
+                    keep_alive: true,
+                    ..
+                }
+        )
+    }
+}
+
+/// What one request's records said, as [`ke_check`] reads them.
+#[derive(Default)]
+struct Seen<'a> {
+    ntpv4: bool,
+    aead: Option<Aead>,
+    compliant: bool,
+    protocols: usize,
+    aeads: usize,
+    /// The ids of the last AEAD Algorithm record: a pool names exactly one.
+    aead_ids: usize,
+    ended: bool,
+    keep_alive: bool,
+    token: Option<&'a [u8]>,
+    fixed_keys: Option<&'a [u8]>,
+    support: bool,
 }
 
 /// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides. The algorithm is
-/// the client's first that is served.
-pub fn ke_check(request: &[u8]) -> KeOutcome {
+/// the client's first that is served. A pool's requests (a Fixed Key Request, a support request)
+/// are served only with a token in `pool` ([`KeOutcome::PoolRefused`] without one); a pool's
+/// request that is not well formed is a bad request.
+pub fn ke_check(request: &[u8], pool: &PoolTokens) -> KeOutcome {
+    let mut seen = Seen::default();
     let mut at = 0;
-    let (mut ntpv4, mut aead, mut compliant) = (false, None, false);
-    let (mut protocols_seen, mut aeads_seen, mut ended) = (0, 0, false);
-    while at + 4 <= request.len() && !ended {
+    while at + 4 <= request.len() && !seen.ended {
         let raw = u16::from_be_bytes([request[at], request[at + 1]]);
         let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
         let len = usize::from(u16::from_be_bytes([request[at + 2], request[at + 3]]));
         let Some(body) = request.get(at + 4..at + 4 + len) else {
             return KeOutcome::Error(ERROR_BAD_REQUEST);
         };
-        let ids = || {
-            body.chunks_exact(2)
-                .map(|c| u16::from_be_bytes([c[0], c[1]]))
-        };
-        match ty {
-            record::END_OF_MESSAGE => ended = true,
-            record::NEXT_PROTOCOL => {
-                protocols_seen += 1;
-                ntpv4 |= body.len() % 2 == 0 && ids().any(|p| p == 0);
-            }
-            record::AEAD_ALGORITHM => {
-                aeads_seen += 1;
-                if body.len() % 2 == 0 {
-                    aead = aead.or_else(|| ids().find_map(Aead::from_id));
-                }
-            }
-            record::COMPLIANT_GCM_SIV_EXPORT if body.is_empty() => compliant = true,
-            record::COMPLIANT_GCM_SIV_EXPORT => return KeOutcome::Error(ERROR_BAD_REQUEST),
-            // Server and port negotiation from a client only state preferences: ignored.
-            6 | record::NTPV4_PORT => {}
-            _ if critical => return KeOutcome::Error(ERROR_UNRECOGNIZED_CRITICAL),
-            _ => {}
+        if let Err(code) = seen.record(ty, critical, body) {
+            return KeOutcome::Error(code);
         }
         at += 4 + len;
     }
     // One Next Protocol record, and for NTPv4 one AEAD record; what they offer may still be
     // nothing served, which the response says with the record empty.
-    if !ended || protocols_seen != 1 || (ntpv4 && aeads_seen != 1) {
+    if !seen.ended || seen.protocols > 1 || seen.aeads > 1 {
         return KeOutcome::Error(ERROR_BAD_REQUEST);
     }
-    match (ntpv4, aead) {
+    if seen.support || seen.fixed_keys.is_some() {
+        return seen.pool(pool);
+    }
+    if seen.protocols != 1 || (seen.ntpv4 && seen.aeads != 1) {
+        return KeOutcome::Error(ERROR_BAD_REQUEST);
+    }
+    match (seen.ntpv4, seen.aead) {
         (false, _) => KeOutcome::NoProtocol,
         (true, None) => KeOutcome::NoAead,
         (true, Some(aead)) => KeOutcome::Agreed(Agreement {
             aead,
-            compliant_export: aead != Aead::Aes128GcmSiv || compliant,
+            compliant_export: aead != Aead::Aes128GcmSiv || seen.compliant,
         }),
+    }
+}
+
+impl<'a> Seen<'a> {
+    /// Notes one record; `Err` with the error code if it makes the request one to refuse.
+    fn record(&mut self, ty: u16, critical: bool, body: &'a [u8]) -> Result<(), u16> {
+        let ids = || {
+            body.chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        };
+        let once = |seen: Option<&[u8]>| match seen {
+            None => Ok(Some(body)),
+            Some(_) => Err(ERROR_BAD_REQUEST),
+        };
+        match ty {
+            record::END_OF_MESSAGE => self.ended = true,
+            record::NEXT_PROTOCOL => {
+                self.protocols += 1;
+                self.ntpv4 |= body.len().is_multiple_of(2) && ids().any(|p| p == 0);
+            }
+            record::AEAD_ALGORITHM => {
+                self.aeads += 1;
+                self.aead_ids = body.len() / 2;
+                if body.len().is_multiple_of(2) {
+                    self.aead = self.aead.or_else(|| ids().find_map(Aead::from_id));
+                }
+            }
+            record::COMPLIANT_GCM_SIV_EXPORT if body.is_empty() => self.compliant = true,
+            record::KEEP_ALIVE if body.is_empty() => self.keep_alive = true,
+            record::COMPLIANT_GCM_SIV_EXPORT | record::KEEP_ALIVE => return Err(ERROR_BAD_REQUEST),
+            record::AUTHENTICATION_TOKEN => self.token = once(self.token)?,
+            record::FIXED_KEY_REQUEST => self.fixed_keys = once(self.fixed_keys)?,
+            // The pool sends the two lists empty, asking for them.
+            record::SUPPORTED_ALGORITHMS | record::SUPPORTED_PROTOCOLS => self.support = true,
+            // Server and port negotiation from a client only state preferences, and a pool's
+            // deny list is for the pool: ignored.
+            record::NTPV4_SERVER | record::NTPV4_PORT | record::NTP_SERVER_DENY => {}
+            _ if critical => return Err(ERROR_UNRECOGNIZED_CRITICAL),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A pool's request: refused without an accepted token, then a support request, or keys for
+    /// NTPv4 under exactly one algorithm, each key its length.
+    fn pool(&self, pool: &PoolTokens) -> KeOutcome {
+        if !self.token.is_some_and(|t| pool.accepts(t)) {
+            return KeOutcome::PoolRefused;
+        }
+        let bad = KeOutcome::Error(ERROR_BAD_REQUEST);
+        let keep_alive = self.keep_alive;
+        let Some(both) = self.fixed_keys else {
+            return KeOutcome::PoolSupport { keep_alive };
+        };
+        if self.support || self.protocols != 1 || self.aeads != 1 || self.aead_ids != 1 {
+            return bad;
+        }
+        match (self.ntpv4, self.aead) {
+            (false, _) => KeOutcome::NoProtocol,
+            (true, None) => KeOutcome::NoAead,
+            (true, Some(aead)) => {
+                let (c2s, s2c) = both.split_at(both.len() / 2);
+                match Keys::new(aead, c2s, s2c) {
+                    Some(keys) => KeOutcome::PoolKeys { keys, keep_alive },
+                    None => bad,
+                }
+            }
+        }
     }
 }
 
@@ -171,10 +276,10 @@ pub fn valid_ntp_server(name: &str) -> bool {
         })
 }
 
-/// Writes the NTS-KE response for [`KeOutcome::Agreed`]: NTPv4, the algorithm (and record 1024
-/// where the client asked for it and AEAD_AES_128_GCM_SIV was agreed), the NTP server and port if
-/// given, up to eight of `cookies`, End of Message. For the others, what each says and End of
-/// Message.
+/// Writes the NTS-KE response for [`KeOutcome::Agreed`] and [`KeOutcome::PoolKeys`]: NTPv4, the
+/// algorithm (and record 1024 where a client asked for it and AEAD_AES_128_GCM_SIV was agreed),
+/// the NTP server and port if given, up to eight of `cookies`, Keep Alive where kept, End of
+/// Message. For the others, what each says and End of Message.
 pub fn ke_response(
     outcome: &KeOutcome,
     ntp: &NtpNegotiation,
@@ -186,40 +291,63 @@ pub fn ke_response(
         out.extend_from_slice(&(body.len() as u16).to_be_bytes());
         out.extend_from_slice(body);
     };
-    match outcome {
+    const NTPV4: [u8; 2] = 0u16.to_be_bytes();
+    let aead = match outcome {
         KeOutcome::Error(code) => {
             put(record::CRITICAL | record::ERROR, &code.to_be_bytes());
+            None
         }
-        KeOutcome::NoProtocol => put(record::CRITICAL | record::NEXT_PROTOCOL, &[]),
-        KeOutcome::NoAead => {
+        KeOutcome::PoolRefused => {
             put(
-                record::CRITICAL | record::NEXT_PROTOCOL,
-                &0u16.to_be_bytes(),
+                record::CRITICAL | record::ERROR,
+                &ERROR_BAD_REQUEST.to_be_bytes(),
             );
+            None
+        }
+        KeOutcome::NoProtocol => {
+            put(record::CRITICAL | record::NEXT_PROTOCOL, &[]);
+            None
+        }
+        KeOutcome::NoAead => {
+            put(record::CRITICAL | record::NEXT_PROTOCOL, &NTPV4);
             put(record::CRITICAL | record::AEAD_ALGORITHM, &[]);
+            None
+        }
+        KeOutcome::PoolSupport { .. } => {
+            let algorithms: Vec<u8> = supported_algorithms().collect();
+            put(record::CRITICAL | record::SUPPORTED_ALGORITHMS, &algorithms);
+            put(record::CRITICAL | record::SUPPORTED_PROTOCOLS, &NTPV4);
+            None
         }
         KeOutcome::Agreed(agreement) => {
-            put(
-                record::CRITICAL | record::NEXT_PROTOCOL,
-                &0u16.to_be_bytes(),
-            );
-            put(
-                record::CRITICAL | record::AEAD_ALGORITHM,
-                &agreement.aead.id().to_be_bytes(),
-            );
-            if agreement.aead == Aead::Aes128GcmSiv && agreement.compliant_export {
-                put(record::COMPLIANT_GCM_SIV_EXPORT, &[]);
-            }
-            if let Some(server) = &ntp.server {
-                put(record::CRITICAL | record::NTPV4_SERVER, server.as_bytes());
-            }
-            if let Some(port) = ntp.port {
-                put(record::CRITICAL | record::NTPV4_PORT, &port.to_be_bytes());
-            }
-            for cookie in cookies.into_iter().take(MAX_COOKIES) {
-                put(record::NEW_COOKIE, cookie.as_bytes());
-            }
+            // The pool exported its client's keys itself, so record 1024 is the client's
+            // business with the pool; here it is echoed to a client of this server.
+            let echo = agreement.aead == Aead::Aes128GcmSiv && agreement.compliant_export;
+            Some((agreement.aead, echo))
         }
+        KeOutcome::PoolKeys { keys, .. } => Some((keys.aead(), false)),
+    };
+    if let Some((aead, echo_compliant)) = aead {
+        put(record::CRITICAL | record::NEXT_PROTOCOL, &NTPV4);
+        put(
+            record::CRITICAL | record::AEAD_ALGORITHM,
+            &aead.id().to_be_bytes(),
+        );
+        if echo_compliant {
+            put(record::COMPLIANT_GCM_SIV_EXPORT, &[]);
+        }
+        if let Some(server) = &ntp.server {
+            put(record::CRITICAL | record::NTPV4_SERVER, server.as_bytes());
+        }
+        if let Some(port) = ntp.port {
+            put(record::CRITICAL | record::NTPV4_PORT, &port.to_be_bytes());
+        }
+        for cookie in cookies.into_iter().take(MAX_COOKIES) {
+            put(record::NEW_COOKIE, cookie.as_bytes());
+        }
+    }
+    if outcome.keep_alive() {
+        put(record::KEEP_ALIVE, &[]);
     }
     put(record::CRITICAL | record::END_OF_MESSAGE, &[]);
 }

@@ -388,7 +388,10 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
     record(&mut req, 0x8000, &[]);
     assert_eq!(ke_message_len(&req), Some(req.len()));
     assert_eq!(ke_message_len(&req[..req.len() - 1]), None);
-    assert_eq!(ke_check(&req), KeOutcome::Agreed(SIV_256));
+    assert_eq!(
+        ke_check(&req, &PoolTokens::none()),
+        KeOutcome::Agreed(SIV_256)
+    );
 
     let mut out = Vec::new();
     let cookie = master().seal(&keys(), [3; NONCE_LEN]);
@@ -414,7 +417,7 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
         for (t, b) in body {
             record(&mut r, *t, b);
         }
-        ke_check(&r)
+        ke_check(&r, &PoolTokens::none())
     };
     let eom: (u16, &[u8]) = (0x8000, &[]);
     assert_eq!(
@@ -511,7 +514,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
             record(&mut req, 0x0400, &[]);
         }
         record(&mut req, 0x8000, &[]);
-        match ke_check(&req) {
+        match ke_check(&req, &PoolTokens::none()) {
             KeOutcome::Agreed(a) => a,
             other => panic!("{aeads:?}: {other:?}"),
         }
@@ -563,7 +566,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
         (vec![Aead::AesSivCmac512], true),
     ] {
         let req = ke_request(&offered);
-        let KeOutcome::Agreed(agreement) = ke_check(&req) else {
+        let KeOutcome::Agreed(agreement) = ke_check(&req, &PoolTokens::none()) else {
             panic!("{offered:?}");
         };
         assert_eq!(agreement.compliant_export, compliant);
@@ -648,7 +651,7 @@ fn round_trip(aead: Aead) {
         server: Some("ntp.example.net".to_owned()),
         port: Some(4123),
     };
-    let outcome = ke_check(&ke_request(&[aead]));
+    let outcome = ke_check(&ke_request(&[aead]), &PoolTokens::none());
     let cookies = std::iter::repeat_with(|| m.seal(&keys, [1; 16]));
     ke_response(&outcome, &elsewhere, cookies, &mut ke);
     let answer = parse_ke_response(&ke, &[aead]).unwrap();
@@ -739,4 +742,214 @@ fn client_request_is_what_chronyd_sends_and_the_reply_names_it() {
         assert_eq!(reply_unique_id(&ours), Some(&[0xAB; 32][..]));
     }
     assert_eq!(reply_unique_id(&[0; 48]), None);
+}
+
+/// The token a pool holds for this member, as nts-pool writes it: 64 hexadecimal digits.
+const TOKEN: &[u8] = b"c680e5f1c4f161968dd9b72f271ca5e7d17b0fe2e71e20b7ba4002b9252dd751";
+
+#[test]
+fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
+    let pool = PoolTokens::new(["another-pool", std::str::from_utf8(TOKEN).unwrap()]);
+    for aead in Aead::ALL {
+        let len = aead.key_len();
+        let keys = Keys::new(aead, &vec![0x31; len], &vec![0x32; len]).unwrap();
+        for keep_alive in [false, true] {
+            let req = pool_fixed_key_request(TOKEN, &keys, keep_alive);
+            assert_eq!(ke_message_len(&req), Some(req.len()));
+            let outcome = ke_check(&req, &pool);
+            let KeOutcome::PoolKeys { keys: got, .. } = &outcome else {
+                panic!("{aead}: {outcome:?}")
+            };
+            assert_eq!(got, &keys, "{aead}");
+            assert_eq!(outcome.keep_alive(), keep_alive);
+            let m = master();
+            let mut out = Vec::new();
+            let cookies = std::iter::repeat_with(|| m.seal(got, [4; NONCE_LEN]));
+            let member = NtpNegotiation {
+                server: Some("time-a.example".into()),
+                port: Some(1231),
+            };
+            ke_response(&outcome, &member, cookies, &mut out);
+            // What the pool reads, as a client of this server would: NTPv4, the algorithm, the
+            // member's NTP server, eight cookies that open to the pool's keys.
+            let answer = parse_ke_response(&out, &[aead]).unwrap();
+            assert_eq!(answer.agreement.aead, aead);
+            assert_eq!(answer.server.as_deref(), Some("time-a.example"));
+            assert_eq!(answer.cookies.len(), 8);
+            assert!(
+                answer
+                    .cookies
+                    .iter()
+                    .all(|c| m.open(c) == Some(keys.clone()))
+            );
+            let kept = out.windows(4).any(|w| w == [0, 8, 0, 0]);
+            assert_eq!(kept, keep_alive, "{aead}: Keep Alive echoed");
+            // Record 1024 is the pool's business with its client, never echoed to the pool.
+            assert!(!out.windows(4).any(|w| w == [4, 0, 0, 0]), "{aead}");
+        }
+    }
+}
+
+#[test]
+fn a_pool_support_request_is_answered_with_each_algorithm_and_its_key_length() {
+    let pool = PoolTokens::new([TOKEN]);
+    let outcome = ke_check(&pool_support_request(TOKEN, true), &pool);
+    assert_eq!(outcome, KeOutcome::PoolSupport { keep_alive: true });
+    let mut out = Vec::new();
+    ke_response(&outcome, &NtpNegotiation::default(), [], &mut out);
+    let support = parse_pool_support(&out).unwrap();
+    assert_eq!(support.algorithms, [(15, 32), (17, 64), (30, 16)]);
+    assert_eq!(support.protocols, [0]);
+    assert!(support.keep_alive);
+    let once = ke_check(&pool_support_request(TOKEN, false), &pool);
+    assert!(!once.keep_alive());
+}
+
+#[test]
+fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
+    let keys = keys();
+    let pool = PoolTokens::new([TOKEN]);
+    let mut wrong = TOKEN.to_vec();
+    wrong[63] ^= 1;
+    for token in [&wrong[..], &TOKEN[..63], b"", TOKEN] {
+        let for_pool = |p: &PoolTokens| {
+            (
+                ke_check(&pool_fixed_key_request(token, &keys, false), p),
+                ke_check(&pool_support_request(token, false), p),
+            )
+        };
+        let bad = (KeOutcome::PoolRefused, KeOutcome::PoolRefused);
+        // A server in no pool refuses every token, the right one too.
+        assert_eq!(for_pool(&PoolTokens::none()), bad);
+        if token != TOKEN {
+            assert_eq!(for_pool(&pool), bad, "{:?}", String::from_utf8_lossy(token));
+        }
+    }
+    // Without a token record at all.
+    let mut req = pool_fixed_key_request(TOKEN, &keys, false);
+    req.drain(..4 + TOKEN.len());
+    assert_eq!(ke_check(&req, &pool), KeOutcome::PoolRefused);
+    let mut out = Vec::new();
+    ke_response(
+        &KeOutcome::PoolRefused,
+        &NtpNegotiation::default(),
+        [],
+        &mut out,
+    );
+    assert_eq!(
+        out,
+        [0x80, 2, 0, 2, 0, 1, 0x80, 0, 0, 0],
+        "Error Bad Request"
+    );
+    // An empty token is never accepted, even if configured.
+    let empty = PoolTokens::new([""]);
+    assert!(empty.is_empty() && !empty.accepts(b""));
+    // A client's ordinary request with the token and Keep Alive is served as ever, and closed.
+    let mut ordinary = Vec::new();
+    record(&mut ordinary, 14, TOKEN);
+    record(&mut ordinary, 0x8001, &[0, 0]);
+    record(&mut ordinary, 0x8004, &[0, 15]);
+    record(&mut ordinary, 8, &[]);
+    record(&mut ordinary, 0x8000, &[]);
+    assert_eq!(ke_check(&ordinary, &pool), KeOutcome::Agreed(SIV_256));
+}
+
+#[test]
+fn a_malformed_pool_request_is_a_bad_request() {
+    let pool = PoolTokens::new([TOKEN]);
+    let eom: (u16, &[u8]) = (0x8000, &[]);
+    let token: (u16, &[u8]) = (14, TOKEN);
+    let check = |records: &[(u16, &[u8])]| {
+        let mut r = Vec::new();
+        for (t, b) in records {
+            record(&mut r, *t, b);
+        }
+        ke_check(&r, &pool)
+    };
+    let keys32 = [7u8; 64];
+    let fixed: (u16, &[u8]) = (0x800C, &keys32);
+    let ntpv4: (u16, &[u8]) = (0x8001, &[0, 0]);
+    let siv: (u16, &[u8]) = (0x8004, &[0, 15]);
+    assert!(matches!(
+        check(&[token, fixed, ntpv4, siv, eom]),
+        KeOutcome::PoolKeys { .. }
+    ));
+    type Records<'a> = &'a [(u16, &'a [u8])];
+    let cases: [(Records, KeOutcome, &str); 9] = [
+        (
+            &[token, (0x800C, &keys32[..63]), ntpv4, siv, eom],
+            KeOutcome::Error(1),
+            "odd keys",
+        ),
+        (
+            &[token, (0x800C, &keys32[..32]), ntpv4, siv, eom],
+            KeOutcome::Error(1),
+            "short keys",
+        ),
+        (
+            &[token, fixed, ntpv4, (0x8004, &[0, 17]), eom],
+            KeOutcome::Error(1),
+            "keys for 15 as 17",
+        ),
+        (
+            &[token, fixed, ntpv4, (0x8004, &[0, 15, 0, 17]), eom],
+            KeOutcome::Error(1),
+            "two algorithms",
+        ),
+        (
+            &[token, fixed, ntpv4, eom],
+            KeOutcome::Error(1),
+            "no algorithm",
+        ),
+        (
+            &[token, fixed, fixed, ntpv4, siv, eom],
+            KeOutcome::Error(1),
+            "two key records",
+        ),
+        (
+            &[token, token, fixed, ntpv4, siv, eom],
+            KeOutcome::Error(1),
+            "two tokens",
+        ),
+        (
+            &[token, fixed, (0x8001, &[0, 1]), siv, eom],
+            KeOutcome::NoProtocol,
+            "not NTPv4",
+        ),
+        (
+            &[token, fixed, ntpv4, (0x8004, &[0, 16]), eom],
+            KeOutcome::NoAead,
+            "an algorithm not served",
+        ),
+    ];
+    for (records, want, why) in cases {
+        assert_eq!(check(records), want, "{why}");
+    }
+    // A pool's deny list is the pool's business: ignored.
+    assert!(matches!(
+        check(&[token, fixed, ntpv4, siv, (13, b"time-b.example"), eom]),
+        KeOutcome::PoolKeys { .. }
+    ));
+}
+
+#[test]
+fn the_pool_token_file_holds_one_token_a_line() {
+    let text = "# pools this server serves\ntoken abc123\n\ntoken  def456  # ntppool.example\n";
+    // A comment after the token is trailing junk: a token's file holds it alone.
+    assert!(parse_pool_tokens(text).is_err());
+    let tokens = parse_pool_tokens("# pools\ntoken abc123\n\ntoken def456\n").unwrap();
+    assert_eq!(tokens.len(), 2);
+    assert!(tokens.accepts(b"abc123") && tokens.accepts(b"def456"));
+    assert!(!tokens.accepts(b"abc12") && !tokens.accepts(b"abc1234") && !tokens.accepts(b""));
+    for (bad, says) in [
+        ("", "empty"),
+        ("# only a comment\n", "empty"),
+        ("secret abc\n", "line 1: expected `token TOKEN`"),
+        ("token\n", "line 1: the token is missing"),
+        ("token a\ntoken a\n", "line 2"),
+        ("token a b\n", "line 1: trailing junk"),
+    ] {
+        let e = parse_pool_tokens(bad).unwrap_err().to_string();
+        assert!(e.starts_with(says), "{bad:?}: {e}");
+    }
 }

@@ -214,6 +214,7 @@ const NEEDS: [(&[&str], &[&str]); 8] = [
             "nts.ke-threads",
             "nts.dump-dir",
             "nts.ntp-server",
+            "nts.pool-tokens",
         ],
     ),
     (&["nts.certificate"], &["nts.ratelimit.enabled"]),

@@ -306,6 +306,15 @@ sections! {
     #[arg(id = "nts.fleet-key", long = "nts-fleet-key", value_name = "FILE")]
     pub(crate) fleet_key: Option<PathBuf>,
 
+    /// Serve as a member of NTS pools (draft-ietf-ntp-nts-keyexchange-pool, as
+    /// pendulum-project/nts-pool runs them): a pool's key-exchange front end whose
+    /// Authentication Token is in this file (one `token TOKEN` line per pool; must not be
+    /// readable by group or others) may ask what NTS-KE serves and have cookies made for keys it
+    /// gives, keeping its session open between requests. Everyone else's NTS-KE is as ever.
+    /// Re-read on SIGHUP [default: in no pool]
+    #[arg(id = "nts.pool-tokens", long = "nts-pool-tokens", value_name = "FILE")]
+    pub(crate) pool_tokens: Option<PathBuf>,
+
     #[command(flatten)]
     pub(crate) ratelimit: NtsRateLimit,
 }

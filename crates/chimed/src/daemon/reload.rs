@@ -1,7 +1,7 @@
 //! SIGHUP: what can change without a restart is loaded again, and anything that fails to load is
-//! reported with the state before kept: the NTS certificate and key, the NTS fleet secret, the
-//! Roughtime delegation bundle, the access rules from the config file, and the timezone in
-//! timezone-offset mode.
+//! reported with the state before kept: the NTS certificate and key, the NTS pool tokens, the NTS
+//! fleet secret, the Roughtime delegation bundle, the access rules from the config file, and the
+//! timezone in timezone-offset mode.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub(crate) struct NtsTls {
     pub(crate) tls: Arc<ArcSwap<rustls::ServerConfig>>,
     pub(crate) files: (PathBuf, PathBuf),
     pub(crate) counts: Arc<nts_ke::KeCounts>,
+    /// `--nts-pool-tokens`'s file, and the tokens in force.
+    pub(crate) pool: Option<(PathBuf, Arc<ArcSwap<chime_ntp::nts::PoolTokens>>)>,
 }
 
 /// The log filter in force, which a reload may replace.
@@ -119,6 +121,19 @@ impl NtsTls {
                 nts_ke::log_expiry(certificate, loaded.not_after);
             }
             Err(e) => warn!("SIGHUP: NTS certificate: {e}; keeping the one in force"),
+        }
+        if let Some((file, tokens)) = &self.pool {
+            match nts_keys::load_pool_tokens(file) {
+                Ok(loaded) => {
+                    let n = loaded.len();
+                    tokens.store(Arc::new(loaded));
+                    info!(
+                        "SIGHUP: NTS pool tokens reloaded from {}: {n}",
+                        file.display()
+                    );
+                }
+                Err(e) => warn!("SIGHUP: NTS pool tokens: {e}; keeping those in force"),
+            }
         }
     }
 }

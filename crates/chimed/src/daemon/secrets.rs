@@ -21,6 +21,8 @@ pub(crate) struct Secrets {
     /// `--nts-dump-dir`'s key file, and the keys it held at start (`None`: no file yet).
     pub(crate) dump: Option<(PathBuf, Option<nts_keys::Saved>)>,
     pub(crate) fleet: Option<nts_keys::Fleet>,
+    /// `--nts-pool-tokens`'s file and the tokens it held.
+    pub(crate) pool: Option<(PathBuf, chime_ntp::nts::PoolTokens)>,
     pub(crate) roughtime: Option<RoughtimeKeys>,
     #[cfg_attr(not(feature = "mldsa"), allow(dead_code))]
     pub(crate) mldsa: Option<SeedFile>,
@@ -74,6 +76,16 @@ pub(crate) fn load(s: &Settings) -> Result<Secrets, ConfigError> {
         }
         None => None,
     };
+    let pool = match &s.nts.pool_tokens {
+        None => None,
+        Some(path) => {
+            let tokens = nts_keys::load_pool_tokens(path);
+            Some((
+                path.clone(),
+                tokens.map_err(|r| s.bad("nts.pool-tokens", r))?,
+            ))
+        }
+    };
     let roughtime = match s.roughtime_key() {
         None => None,
         Some(KeyFile::LongTerm(file)) => Some(RoughtimeKeys::LongTerm {
@@ -90,6 +102,7 @@ pub(crate) fn load(s: &Settings) -> Result<Secrets, ConfigError> {
         tls,
         dump,
         fleet,
+        pool,
         roughtime,
         mldsa: mldsa(s)?,
     })

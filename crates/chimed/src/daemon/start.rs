@@ -96,6 +96,7 @@ pub(crate) fn all(
             (settings, tls),
             counts,
             (cookies, ntp),
+            secrets.pool.take(),
         )?),
         _ => None,
     };
@@ -301,6 +302,7 @@ fn nts_ke_service(
     (settings, (config, not_after)): (&Settings, &(Arc<rustls::ServerConfig>, Option<i64>)),
     counts: &Arc<nts_ke::KeCounts>,
     (cookies, ntp): (&Arc<ArcSwap<CookieKeys>>, &Arc<ntp_worker::Shared>),
+    pool: Option<(std::path::PathBuf, chime_ntp::nts::PoolTokens)>,
 ) -> Result<NtsTls> {
     let nts = &settings.nts;
     let (certificate, private_key) = settings.nts_ke().context("NTS-KE without its files")?;
@@ -332,9 +334,18 @@ fn nts_ke_service(
         table
     });
     let tls = Arc::new(ArcSwap::new(config.clone()));
+    let (pool_file, tokens) = pool.unzip();
+    let tokens = Arc::new(ArcSwap::from_pointee(tokens.unwrap_or_default()));
+    if let Some(file) = &pool_file {
+        let n = tokens.load().len();
+        info!(
+            "nts-ke: a member of NTS pools: {n} token{} from {}",
+            if n == 1 { "" } else { "s" },
+            file.display()
+        );
+    }
     let shared = Arc::new(nts_ke::KeShared::new(
-        tls.clone(),
-        cookies.clone(),
+        (tls.clone(), cookies.clone(), tokens.clone()),
         negotiation,
         counts.clone(),
         limiter,
@@ -357,6 +368,7 @@ fn nts_ke_service(
         tls,
         files: (certificate.to_owned(), private_key.to_owned()),
         counts: counts.clone(),
+        pool: pool_file.map(|file| (file, tokens)),
     })
 }
 

@@ -7,7 +7,7 @@
 //! and key, for renewals without a restart, and the fleet secret.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -45,6 +45,11 @@ pub(crate) const MAX_SESSIONS: usize = 4096;
 const MAX_SESSIONS_PER_ADDRESS: usize = 8;
 /// Cookies handed out per session, as chronyd.
 const COOKIES: usize = 8;
+/// Pools' sessions kept open between requests at once; past it, a pool asking to keep its
+/// session open is answered and closed, as it would be without Keep Alive.
+const MAX_KEPT_ALIVE: usize = 16;
+/// How long a kept session may wait for the pool's next request before it is closed.
+const KEPT_ALIVE_IDLE: Duration = Duration::from_secs(10);
 
 /// What the NTS-KE server has done, for the log at exit and the metrics, and when the
 /// certificate it serves expires (Unix seconds; `i64::MIN` if unknown).
@@ -70,6 +75,13 @@ pub(crate) struct KeCounts {
     pub(crate) failed_io: AtomicU64,
     /// The agreed sessions (also in `agreed`) by AEAD algorithm, in [`nts::Aead::ALL`]'s order.
     pub(crate) agreed_aead: [AtomicU64; nts::Aead::ALL.len()],
+    /// Sessions of pools whose token is accepted (`--nts-pool-tokens`), and their requests: for
+    /// cookies sealing a client's keys, for what is served, and refused for a token not accepted
+    /// (those sessions are also `refused`).
+    pub(crate) pool: AtomicU64,
+    pub(crate) pool_keys: AtomicU64,
+    pub(crate) pool_support: AtomicU64,
+    pub(crate) pool_refused: AtomicU64,
     pub(crate) certificate_not_after: AtomicI64,
 }
 
@@ -88,6 +100,10 @@ impl Default for KeCounts {
             failed_request: AtomicU64::new(0),
             failed_io: AtomicU64::new(0),
             agreed_aead: std::array::from_fn(|_| AtomicU64::new(0)),
+            pool: AtomicU64::new(0),
+            pool_keys: AtomicU64::new(0),
+            pool_support: AtomicU64::new(0),
+            pool_refused: AtomicU64::new(0),
             certificate_not_after: AtomicI64::new(i64::MIN),
         }
     }
@@ -112,7 +128,20 @@ impl KeCounts {
         for (aead, n) in self.by_aead() {
             line.push_str(&format!(" agreed.aead{aead}={n}"));
         }
+        line.push_str(&format!(" pool={}", self.pool.load(Relaxed)));
+        for (request, n) in self.pool_requests() {
+            line.push_str(&format!(" pool.{request}={n}"));
+        }
         line
+    }
+
+    /// Pools' requests by kind, as the metrics label them.
+    pub(crate) fn pool_requests(&self) -> [(&'static str, u64); 3] {
+        [
+            ("keys", self.pool_keys.load(Relaxed)),
+            ("support", self.pool_support.load(Relaxed)),
+            ("refused", self.pool_refused.load(Relaxed)),
+        ]
     }
 
     /// The agreed sessions by the AEAD algorithm's IANA number.
@@ -417,6 +446,14 @@ pub(crate) fn reload_fleet(
     }
 }
 
+/// What NTS-KE's secrets in force are read through, each replaced on SIGHUP or at a rotation:
+/// the TLS configuration, the cookie keys, and the pools' tokens.
+pub(crate) type KeKeys = (
+    Arc<ArcSwap<ServerConfig>>,
+    Arc<ArcSwap<CookieKeys>>,
+    Arc<ArcSwap<nts::PoolTokens>>,
+);
+
 /// What every NTS-KE thread shares, so that a limit holds for the server as a whole whichever
 /// thread accepts a connection: the certificate and cookie keys in force, the counts, the
 /// session slots, the sessions open per address, `--nts-ratelimit`'s table, and the access rules
@@ -426,6 +463,10 @@ pub(crate) struct KeShared {
     pub(crate) cookies: Arc<ArcSwap<CookieKeys>>,
     pub(crate) ntp: Arc<nts::NtpNegotiation>,
     pub(crate) counts: Arc<KeCounts>,
+    /// The tokens of the pools this server is a member of (SIGHUP reloads them).
+    pub(crate) pool: Arc<ArcSwap<nts::PoolTokens>>,
+    /// Pools' sessions kept open now, at most [`MAX_KEPT_ALIVE`].
+    kept_alive: AtomicUsize,
     limiter: Option<ClientTable>,
     access: Arc<ntp_worker::Shared>,
     /// The sessions in progress, each with the token that closes it.
@@ -437,8 +478,7 @@ pub(crate) struct KeShared {
 
 impl KeShared {
     pub(crate) fn new(
-        tls: Arc<ArcSwap<ServerConfig>>,
-        cookies: Arc<ArcSwap<CookieKeys>>,
+        (tls, cookies, pool): KeKeys,
         ntp: Arc<nts::NtpNegotiation>,
         counts: Arc<KeCounts>,
         limiter: Option<ClientTable>,
@@ -449,6 +489,8 @@ impl KeShared {
             cookies,
             ntp,
             counts,
+            pool,
+            kept_alive: AtomicUsize::new(0),
             limiter,
             access,
             slots: Mutex::new(Slots::new(MAX_SESSIONS)),
@@ -610,22 +652,31 @@ impl KeShared {
         self.lock_slots().enter(id, step, std::time::Instant::now());
     }
 
+    /// Counts a pool's request by kind.
+    fn count_request(&self, answer: Answer) {
+        let counts = &self.counts;
+        let n = match answer {
+            Answer::PoolKeys => &counts.pool_keys,
+            Answer::PoolSupport => &counts.pool_support,
+            Answer::PoolRefused => &counts.pool_refused,
+            Answer::Agreed(_) | Answer::Refused => return,
+        };
+        n.fetch_add(1, Relaxed);
+    }
+
     /// Counts a session's outcome: `None` if it was closed for another.
-    fn count(
-        &self,
-        peer: std::net::SocketAddr,
-        outcome: Option<Result<Option<nts::Aead>, Failure>>,
-    ) {
+    fn count(&self, peer: std::net::SocketAddr, outcome: Option<Result<Served, Failure>>) {
         let counts = &self.counts;
         let kind = match outcome {
-            Some(Ok(Some(aead))) => {
+            Some(Ok(Served::Agreed(aead))) => {
                 let i = nts::Aead::ALL.iter().position(|&a| a == aead);
                 if let Some(n) = i.and_then(|i| counts.agreed_aead.get(i)) {
                     n.fetch_add(1, Relaxed);
                 }
                 &counts.agreed
             }
-            Some(Ok(None)) => &counts.refused,
+            Some(Ok(Served::Refused)) => &counts.refused,
+            Some(Ok(Served::Pool)) => &counts.pool,
             None => &counts.evicted,
             Some(Err(failure)) => {
                 debug!(%peer, "nts-ke: session failed: {failure}");
@@ -674,15 +725,55 @@ async fn by_deadline<T>(
     late.unwrap_or(Err(Failure::Timeout(step)))
 }
 
+/// How a session ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// A client's keys agreed under this algorithm, and cookies handed out.
+    Agreed(nts::Aead),
+    /// Refused with an error record, or with nothing served among what was offered.
+    Refused,
+    /// A pool's session, its token accepted: one request or more, each counted by kind.
+    Pool,
+}
+
+/// What one request was answered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Agreed(nts::Aead),
+    Refused,
+    PoolKeys,
+    PoolSupport,
+    PoolRefused,
+}
+
+/// One of the [`MAX_KEPT_ALIVE`] places of a pool's session kept open, given back when dropped
+/// (the session may end at any await, closed for another).
+struct KeptAlive<'a>(&'a AtomicUsize);
+
+impl<'a> KeptAlive<'a> {
+    fn take(kept: &'a AtomicUsize) -> Option<Self> {
+        let room = |n: usize| (n < MAX_KEPT_ALIVE).then_some(n + 1);
+        kept.fetch_update(Relaxed, Relaxed, room).ok()?;
+        Some(Self(kept))
+    }
+}
+
+impl Drop for KeptAlive<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
 /// One session, step by step, each by its deadline: the ClientHello, the rest of the TLS
 /// handshake (with the certificate in force then: SIGHUP may replace it), the client's records
-/// up to End of Message, the answer. `Ok(Some(algorithm))` if keys were agreed and cookies handed
-/// out, `Ok(None)` if the request was refused with an error record.
+/// up to End of Message, the answer. A pool that asks to keep its session open, and gets one of
+/// the [`MAX_KEPT_ALIVE`] places, may send its next request within [`KEPT_ALIVE_IDLE`] of the
+/// answer, and so on.
 async fn session(
     stream: tokio::net::TcpStream,
     shared: &KeShared,
     id: SessionId,
-) -> Result<Option<nts::Aead>, Failure> {
+) -> Result<Served, Failure> {
     let tls_error = |e: std::io::Error| Failure::Tls(e.to_string());
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     let hello = by_deadline(Step::Hello, async { acceptor.await.map_err(tls_error) }).await?;
@@ -690,17 +781,50 @@ async fn session(
     let config = shared.tls.load_full();
     let handshake = async { hello.into_stream(config).await.map_err(tls_error) };
     let mut tls = by_deadline(Step::Handshake, handshake).await?;
-    shared.enter(id, Step::Request);
-    let request = by_deadline(Step::Request, read_request(&mut tls)).await?;
-    shared.enter(id, Step::Response);
-    let response = respond(&request, &tls, &shared.cookies, &shared.ntp)?;
-    let io = |e: std::io::Error| Failure::Io(e.to_string());
-    by_deadline(Step::Response, async {
-        tls.write_all(&response.0).await.map_err(io)?;
-        tls.shutdown().await.map_err(io)
-    })
-    .await?;
-    Ok(response.1)
+    let mut kept: Option<KeptAlive<'_>> = None;
+    loop {
+        shared.enter(id, Step::Request);
+        let request = if kept.is_none() {
+            by_deadline(Step::Request, read_request(&mut tls)).await?
+        } else {
+            match tokio::time::timeout(KEPT_ALIVE_IDLE, read_request(&mut tls)).await {
+                Ok(Ok(request)) => request,
+                // The pool closed its session, or let it idle: it ends here, served.
+                Ok(Err(Failure::Request(_))) | Err(_) => return Ok(Served::Pool),
+                Ok(Err(e)) => return Err(e),
+            }
+        };
+        shared.enter(id, Step::Response);
+        let mut outcome = nts::ke_check(&request, &shared.pool.load());
+        if outcome.keep_alive() && kept.is_none() {
+            kept = KeptAlive::take(&shared.kept_alive);
+        }
+        let keep = outcome.keep_alive() && kept.is_some();
+        if let KeOutcome::PoolSupport { keep_alive } | KeOutcome::PoolKeys { keep_alive, .. } =
+            &mut outcome
+        {
+            *keep_alive = keep;
+        }
+        let (response, answer) = respond(&outcome, &tls, shared)?;
+        shared.count_request(answer);
+        let io = |e: std::io::Error| Failure::Io(e.to_string());
+        by_deadline(Step::Response, async {
+            tls.write_all(&response).await.map_err(io)?;
+            if !keep {
+                tls.shutdown().await.map_err(io)?;
+            }
+            Ok(())
+        })
+        .await?;
+        if !keep {
+            return Ok(match answer {
+                Answer::Agreed(aead) => Served::Agreed(aead),
+                Answer::PoolKeys | Answer::PoolSupport => Served::Pool,
+                Answer::Refused | Answer::PoolRefused if kept.is_some() => Served::Pool,
+                Answer::Refused | Answer::PoolRefused => Served::Refused,
+            });
+        }
+    }
 }
 
 type Tls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
@@ -729,30 +853,36 @@ async fn read_request(tls: &mut Tls) -> Result<Vec<u8>, Failure> {
     Ok(request)
 }
 
-/// The answer to `request`, and the algorithm of the keys it agreed (`None`: an error record).
+/// The answer to the request `outcome` decided: for a client's agreement, cookies sealing the keys
+/// exported from its session; for a pool's fixed keys, cookies sealing those.
 fn respond(
-    request: &[u8],
+    outcome: &KeOutcome,
     tls: &Tls,
-    cookies: &ArcSwap<CookieKeys>,
-    ntp: &nts::NtpNegotiation,
-) -> Result<(Vec<u8>, Option<nts::Aead>), Failure> {
-    let outcome = nts::ke_check(request);
-    let mut response = Vec::with_capacity(1024);
-    let KeOutcome::Agreed(agreement) = outcome else {
-        nts::ke_response(&outcome, ntp, [], &mut response);
-        return Ok((response, None));
+    shared: &KeShared,
+) -> Result<(Vec<u8>, Answer), Failure> {
+    let (keys, answer) = match outcome {
+        KeOutcome::Agreed(agreement) => {
+            let conn = tls.get_ref().1;
+            let keys = agreement
+                .export_keys(|context, key| {
+                    conn.export_keying_material(key, nts::EXPORTER_LABEL, Some(context))
+                        .map(drop)
+                })
+                .map_err(|e| Failure::Io(format!("key export: {e}")))?;
+            (Some(keys), Answer::Agreed(agreement.aead))
+        }
+        KeOutcome::PoolKeys { keys, .. } => (Some(keys.clone()), Answer::PoolKeys),
+        KeOutcome::PoolSupport { .. } => (None, Answer::PoolSupport),
+        KeOutcome::PoolRefused => (None, Answer::PoolRefused),
+        KeOutcome::NoProtocol | KeOutcome::NoAead | KeOutcome::Error(_) => (None, Answer::Refused),
     };
-    let conn = tls.get_ref().1;
-    let keys = agreement
-        .export_keys(|context, key| {
-            conn.export_keying_material(key, nts::EXPORTER_LABEL, Some(context))
-                .map(drop)
-        })
-        .map_err(|e| Failure::Io(format!("key export: {e}")))?;
-    let master = cookies.load();
-    let fresh = std::iter::repeat_with(|| master.seal(&keys, rand::random()));
-    nts::ke_response(&outcome, ntp, fresh.take(COOKIES), &mut response);
-    Ok((response, Some(agreement.aead)))
+    let master = shared.cookies.load();
+    let fresh = keys.iter().flat_map(|keys| {
+        std::iter::repeat_with(|| master.seal(keys, rand::random())).take(COOKIES)
+    });
+    let mut response = Vec::with_capacity(1024);
+    nts::ke_response(outcome, &shared.ntp, fresh, &mut response);
+    Ok((response, answer))
 }
 
 /// Writes NTS-KE's metrics: its sessions and its certificate.
@@ -765,7 +895,8 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Re
          rate_limited (closed unserved, --nts-ratelimit), address_limited (closed unserved: \
          8 sessions from that address already), denied (closed unserved: --allow/--deny), \
          evicted (closed, every slot being taken, for a new connection: it had stalled \
-         longest in its step).",
+         longest in its step), pool (an NTS pool's, its token accepted: its requests in \
+         chimed_nts_ke_pool_requests_total).",
         [
             ("agreed", &ke.agreed),
             ("refused", &ke.refused),
@@ -774,6 +905,7 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Re
             ("address_limited", &ke.address_limited),
             ("denied", &ke.denied),
             ("evicted", &ke.evicted),
+            ("pool", &ke.pool),
         ]
         .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], n.load(Relaxed))),
     )?;
@@ -784,6 +916,16 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Re
          (AEAD_AES_SIV_CMAC_256), 17 (AEAD_AES_SIV_CMAC_512), 30 (AEAD_AES_128_GCM_SIV).",
         ke.by_aead()
             .map(|(aead, n)| (vec![("aead", aead.to_string())], n)),
+    )?;
+    counters(
+        enc,
+        "chimed_nts_ke_pool_requests_total",
+        "NTS pools' requests (--nts-pool-tokens) by kind: keys (cookies made for a client's keys \
+         the pool gave), support (what is served), refused (a pool's request without a token \
+         accepted, answered Bad Request: a pool whose token is wrong, or a guess).",
+        ke.pool_requests()
+            .into_iter()
+            .map(|(request, n)| (vec![("request", request.to_string())], n)),
     )?;
     counters(
         enc,

@@ -68,6 +68,16 @@ pub(crate) enum KeysError {
     Parse { path: PathBuf, reason: KeyFileError },
 }
 
+/// Reads the pool token file (`--nts-pool-tokens`). An error names the file and, for a bad line,
+/// its number.
+pub(crate) fn load_pool_tokens(path: &Path) -> Result<chime_ntp::nts::PoolTokens, KeysError> {
+    let text = chime_keyfile::read_existing(path, "NTS pool tokens")?;
+    chime_ntp::nts::parse_pool_tokens(&text).map_err(|reason| KeysError::Parse {
+        path: path.to_owned(),
+        reason,
+    })
+}
+
 /// A fleet's secrets (`--nts-fleet-key`): the one that seals, and the previous one while the
 /// fleet replaces it.
 pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);

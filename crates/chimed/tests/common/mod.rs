@@ -1012,3 +1012,58 @@ pub fn chime_delegate(key: &Path, out: &Path, extra: &[&str]) {
         .arg(out));
     assert!(made.status.success(), "chime delegate {extra:?}: {made:?}");
 }
+
+/// A TCP connection to `ke` from `local`, saying nothing.
+pub fn ke_connect(ke: std::net::SocketAddr, local: std::net::IpAddr) -> std::net::TcpStream {
+    try_ke_connect(ke, local).unwrap()
+}
+
+pub fn try_ke_connect(
+    ke: std::net::SocketAddr,
+    local: std::net::IpAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&std::net::SocketAddr::new(local, 0).into())?;
+    sock.connect(&ke.into())?;
+    Ok(sock.into())
+}
+
+/// A TLS 1.3 session with chimed's NTS-KE server at `ke` (ALPN ntske/1, trusting `cert`), from
+/// `local`, handshake done.
+pub fn ke_tls(
+    ke: std::net::SocketAddr,
+    local: std::net::IpAddr,
+    cert: &Path,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    try_ke_tls(ke, local, cert).unwrap()
+}
+
+pub type KeTls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+pub fn try_ke_tls(
+    ke: std::net::SocketAddr,
+    local: std::net::IpAddr,
+    cert: &Path,
+) -> std::io::Result<KeTls> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"ntske/1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = try_ke_connect(ke, local)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(8)))?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock)?;
+    }
+    Ok(tls)
+}

@@ -1,0 +1,227 @@
+//! chimed as a member of an NTS pool. The pool's key-exchange front end is played by the test:
+//! chime-ntp's pool requests over a real TLS 1.3 session with chimed's NTS-KE, as nts-pool-ke
+//! sends them, then NTS requests to chimed's NTP port under the keys the "pool" gave, as its
+//! client would send them. (nts-pool-ke itself, built from pendulum-project/nts-pool, was run
+//! against chimed by hand: see docs/NTS.adoc.)
+
+mod common;
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use chime_ntp::nts::{self, Aead, ClientReply, Keys};
+use chime_ntp::{Header, Mode, NtpTimestamp};
+use common::{Chronyd, KeTls, certificate, chimed_nts, count_in, exchange, ke_tls};
+
+const TOKEN: &str = "c680e5f1c4f161968dd9b72f271ca5e7d17b0fe2e71e20b7ba4002b9252dd751";
+
+/// Sends one NTS-KE message on `tls` and reads the answer, up to its End of Message.
+fn ask(tls: &mut KeTls, request: &[u8]) -> Vec<u8> {
+    tls.write_all(request).unwrap();
+    tls.flush().unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 2048];
+    while nts::ke_message_len(&answer).is_none() {
+        let n = tls.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed before End of Message: {answer:?}");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    answer
+}
+
+/// Whether chimed closed `tls` (after its answer) within a few seconds.
+fn closed(tls: &mut KeTls) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(tls.read(&mut byte), Ok(0) | Err(_))
+}
+
+/// The pool token file, mode 0600.
+fn token_file(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("pool-tokens");
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// An NTS request under `keys` with `cookie` to chimed's NTP port: whether the reply is
+/// authentic under them, with fresh cookies.
+fn authenticated_time(ntp: std::net::SocketAddr, keys: &Keys, cookie: &[u8]) -> bool {
+    let mut header = [0u8; 48];
+    Header::request(4, Mode::Client, NtpTimestamp(1)).encode(&mut header);
+    let uid: [u8; 32] = rand_bytes();
+    let request = nts::client_request(&header, &uid, cookie, 0, keys, rand_bytes());
+    let Some(reply) = exchange(ntp, &request, Duration::from_secs(2)) else {
+        return false;
+    };
+    assert!(
+        reply.len() <= request.len(),
+        "a reply longer than its request"
+    );
+    matches!(
+        nts::client_check_reply(&reply, &uid, keys),
+        Ok(ClientReply::Authentic(cookies)) if !cookies.is_empty()
+    )
+}
+
+fn rand_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut b)
+        .unwrap();
+    b
+}
+
+/// A pool with its token asks, on one kept session, what chimed serves, then for cookies under
+/// each algorithm for keys of its own; each set of cookies gets authenticated time from chimed's
+/// NTP port under those keys, as the pool's client would. A wrong token, on a session of its own,
+/// is answered Bad Request and closed; an ordinary client is served as ever. The counts at exit:
+/// one pool session, three key requests, one support request, one refused.
+#[test]
+fn a_pool_with_its_token_gets_cookies_chimed_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let tokens = token_file(dir.path(), &format!("# the test pool\ntoken {TOKEN}\n"));
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &["--nts-pool-tokens", tokens.to_str().unwrap()],
+    );
+    chimed.wait_for("a member of NTS pools: 1 token", Duration::from_secs(1));
+    let ke = std::net::SocketAddr::from(([127, 0, 0, 1], ke_port));
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+
+    let mut pool = ke_tls(ke, local, &cert);
+    let support = ask(
+        &mut pool,
+        &nts::pool_support_request(TOKEN.as_bytes(), true),
+    );
+    let support = nts::parse_pool_support(&support).unwrap();
+    assert_eq!(support.algorithms, [(15, 32), (17, 64), (30, 16)]);
+    assert_eq!(support.protocols, [0]);
+    assert!(
+        support.keep_alive,
+        "the session is kept for the next request"
+    );
+    for (i, aead) in Aead::ALL.into_iter().enumerate() {
+        let len = aead.key_len();
+        let keys = Keys::new(aead, &rand_bytes::<64>()[..len], &rand_bytes::<64>()[..len]).unwrap();
+        let last = i + 1 == Aead::ALL.len();
+        let request = nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, !last);
+        let answer = nts::parse_ke_response(&ask(&mut pool, &request), &[aead]).unwrap();
+        assert_eq!(answer.agreement.aead, aead);
+        assert_eq!(answer.cookies.len(), 8, "{aead}");
+        assert!(
+            authenticated_time(chimed.addr, &keys, &answer.cookies[0]),
+            "{aead}: no authentic reply under the pool's keys"
+        );
+    }
+    assert!(
+        closed(&mut pool),
+        "closed after a request without Keep Alive"
+    );
+
+    let mut wrong = TOKEN.to_owned();
+    wrong.replace_range(..1, "d");
+    let mut guess = ke_tls(ke, local, &cert);
+    let refused = ask(
+        &mut guess,
+        &nts::pool_support_request(wrong.as_bytes(), true),
+    );
+    assert_eq!(
+        nts::parse_ke_response(&refused, &Aead::ALL),
+        Err(nts::KeAnswerError::Refused(1)),
+        "Bad Request"
+    );
+    assert!(closed(&mut guess), "a refused pool is not kept");
+
+    let mut client = ke_tls(ke, local, &cert);
+    let answer = ask(&mut client, &nts::ke_request(&[Aead::AesSivCmac256]));
+    assert_eq!(
+        nts::parse_ke_response(&answer, &Aead::ALL)
+            .unwrap()
+            .cookies
+            .len(),
+        8
+    );
+
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    for (counter, n) in [
+        ("agreed", 1),
+        ("refused", 1),
+        ("pool", 1),
+        ("pool.keys", 3),
+        ("pool.support", 1),
+        ("pool.refused", 1),
+    ] {
+        assert_eq!(count_in(&totals, counter), n, "{counter}: {totals}");
+    }
+}
+
+/// The token file is a secret: one readable by others, or that does not parse, stops chimed at
+/// start with one line naming it; SIGHUP puts a new token in force, and the old one is refused.
+#[test]
+fn pool_tokens_are_checked_at_start_and_reloaded_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let tokens = token_file(dir.path(), "token first\n");
+    let check = |extra: &[&str]| {
+        let out = common::run(
+            std::process::Command::new(common::workspace_bin("chimed"))
+                .args(common::nts_flags(&cert, &key))
+                .args(["--nts-pool-tokens", tokens.to_str().unwrap()])
+                .args(extra)
+                .arg("--check-config"),
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, err) = check(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--nts-pool-tokens") && err.contains("pool-tokens"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    token_file(dir.path(), "token first extra\n");
+    let (code, err) = check(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("line 1: trailing junk"), "{err}");
+
+    let tokens = token_file(dir.path(), "token first\n");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &["--nts-pool-tokens", tokens.to_str().unwrap()],
+    );
+    let ke = std::net::SocketAddr::from(([127, 0, 0, 1], ke_port));
+    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    let asks = |token: &str| {
+        let mut tls = ke_tls(ke, local, &cert);
+        nts::parse_pool_support(&ask(
+            &mut tls,
+            &nts::pool_support_request(token.as_bytes(), false),
+        ))
+    };
+    assert!(asks("first").is_ok());
+    assert_eq!(asks("second"), Err(1));
+    token_file(dir.path(), "token second\n");
+    nix::sys::signal::kill(chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
+    chimed.wait_for("SIGHUP: NTS pool tokens reloaded", Duration::from_secs(5));
+    assert!(asks("second").is_ok());
+    assert_eq!(asks("first"), Err(1));
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "pool.support"), 2, "{totals}");
+    assert_eq!(count_in(&totals, "pool.refused"), 2, "{totals}");
+}
