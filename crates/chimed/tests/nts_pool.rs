@@ -101,7 +101,7 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
         &nts::pool_support_request(TOKEN.as_bytes(), true),
     );
     let support = nts::parse_pool_support(&support).unwrap();
-    assert_eq!(support.algorithms, [(15, 32), (17, 64), (30, 16)]);
+    assert_eq!(support.algorithms, [(15, 32), (17, 64)]);
     assert_eq!(support.protocols, [0]);
     assert!(
         support.keep_alive,

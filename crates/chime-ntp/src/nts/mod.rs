@@ -47,8 +47,8 @@ pub use client::{
 pub use cookies::{Cookie, CookieKeys, Keys, MAX_COOKIE_LEN, cookie_len};
 pub use fleet::{FLEET_SECRET_LEN, FleetSecret, encode_fleet_file, fleet_key, parse_fleet_file};
 pub use pool::{
-    PoolSupport, PoolTokens, parse_pool_support, parse_pool_tokens, pool_fixed_key_request,
-    pool_support_request,
+    POOL_AEADS, PoolSupport, PoolTokens, parse_pool_support, parse_pool_tokens,
+    pool_fixed_key_request, pool_support_request,
 };
 pub use records::{
     Agreement, KE_MAX_REQUEST, KeOutcome, NtpNegotiation, ke_check, ke_message_len, ke_response,

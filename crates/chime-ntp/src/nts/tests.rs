@@ -798,7 +798,7 @@ fn a_pool_support_request_is_answered_with_each_algorithm_and_its_key_length() {
     let mut out = Vec::new();
     ke_response(&outcome, &NtpNegotiation::default(), [], &mut out);
     let support = parse_pool_support(&out).unwrap();
-    assert_eq!(support.algorithms, [(15, 32), (17, 64), (30, 16)]);
+    assert_eq!(support.algorithms, [(15, 32), (17, 64)]);
     assert_eq!(support.protocols, [0]);
     assert!(support.keep_alive);
     let once = ke_check(&pool_support_request(TOKEN, false), &pool);
