@@ -225,3 +225,55 @@ fn pool_tokens_are_checked_at_start_and_reloaded_on_sighup() {
     assert_eq!(count_in(&totals, "pool.support"), 2, "{totals}");
     assert_eq!(count_in(&totals, "pool.refused"), 2, "{totals}");
 }
+
+/// A fleet serves a pool: the member the pool asks seals its cookies under the fleet's keys, so
+/// another member, with the fleet secret and no certificate, answers the pool's client under the
+/// keys the pool gave, with no NAK.
+#[test]
+fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let tokens = token_file(dir.path(), &format!("token {TOKEN}\n"));
+    let secret = dir.path().join("fleet.key");
+    let made = common::run(
+        std::process::Command::new(common::workspace_bin("chime"))
+            .arg("nts-fleet-key")
+            .arg(&secret),
+    );
+    assert!(made.status.success(), "{made:?}");
+    let secret = secret.to_str().unwrap();
+    let chronyd = Chronyd::start();
+    let (asked, ke_port) = chimed_nts(
+        &chronyd,
+        &cert,
+        &key,
+        &[
+            "--nts-pool-tokens",
+            tokens.to_str().unwrap(),
+            "--nts-fleet-key",
+            secret,
+        ],
+    );
+    let mut other =
+        common::Chimed::mirroring(&chronyd.addr().to_string(), &["--nts-fleet-key", secret]);
+    other.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let ke = std::net::SocketAddr::from(([127, 0, 0, 1], ke_port));
+    let mut pool = ke_tls(ke, std::net::IpAddr::from([127, 0, 0, 1]), &cert);
+    let keys = Keys::new(
+        Aead::AesSivCmac512,
+        &rand_bytes::<64>(),
+        &rand_bytes::<64>(),
+    )
+    .unwrap();
+    let request = nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, false);
+    let answer = nts::parse_ke_response(&ask(&mut pool, &request), &Aead::ALL).unwrap();
+    assert!(authenticated_time(asked.addr, &keys, &answer.cookies[0]));
+    assert!(
+        authenticated_time(other.addr, &keys, &answer.cookies[1]),
+        "the other member did not open the pool's cookie"
+    );
+    assert!(other.terminate().success());
+    let totals = other.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "nts"), 1, "{totals}");
+    assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
+}
