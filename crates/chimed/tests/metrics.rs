@@ -208,7 +208,9 @@ fn check_upstream_and_gauges(page: &serde_json::Value) {
         .map(|s| s["type"].clone())
         .collect();
     assert!(kinds.iter().all(|k| k == "counter"), "{kinds:?}");
-    assert_eq!(value(page, "chimed_upstream_stratum", &[]), Some(3.0));
+    // A service's own series carry its name, as its log lines' span does.
+    let upstream = [("service", "upstream")];
+    assert_eq!(value(page, "chimed_upstream_stratum", &upstream), Some(3.0));
     assert_eq!(value(page, "chimed_upstream_leap", &[]), Some(0.0));
     assert_eq!(value(page, "chimed_upstream_synchronised", &[]), Some(1.0));
     assert_eq!(value(page, "chimed_served_synchronised", &[]), Some(1.0));
@@ -217,7 +219,13 @@ fn check_upstream_and_gauges(page: &serde_json::Value) {
     let age = value(page, "chimed_upstream_last_reply_age_seconds", &[]).unwrap();
     assert!((0.0..3.0).contains(&age), "{age}");
     let now = unix_now();
-    let not_before = value(page, "chimed_roughtime_online_key_not_before_seconds", &[]).unwrap();
+    let keys = [("service", "roughtime-keys")];
+    let not_before = value(
+        page,
+        "chimed_roughtime_online_key_not_before_seconds",
+        &keys,
+    )
+    .unwrap();
     let not_after = value(page, "chimed_roughtime_online_key_not_after_seconds", &[]).unwrap();
     assert!(
         not_before < now && now + 86_400.0 < not_after,
@@ -451,7 +459,11 @@ fn the_example_alert_rules_name_what_chimed_serves() {
     .timestamp()
     .as_second();
     assert_eq!(
-        value(&page, "chimed_nts_certificate_not_after_seconds", &[]),
+        value(
+            &page,
+            "chimed_nts_certificate_not_after_seconds",
+            &[("service", "nts-ke")]
+        ),
         Some(openssl as f64)
     );
     // And a chimed serving Roughtime from a delegation bundle, whose end is a metric of its own.

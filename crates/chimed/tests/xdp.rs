@@ -433,9 +433,9 @@ fn check_malformed_frames_are_counted(pair: &Pair) {
 
     let page = common::scrape_in(&pair.server, "127.0.0.1:9123".parse().unwrap());
     for want in [
-        "chimed_xdp_info{interface=\"xs0\",mode=\"copy\"} 1",
-        "chimed_xdp_frames_dropped_total{reason=\"malformed\"} 2",
-        "chimed_xdp_receive_times_total{source=\"worker\"} 0",
+        "chimed_xdp_info{service=\"xdp\",interface=\"xs0\",mode=\"copy\"} 1",
+        "chimed_xdp_frames_dropped_total{service=\"xdp\",reason=\"malformed\"} 2",
+        "chimed_xdp_receive_times_total{service=\"xdp\",source=\"worker\"} 0",
     ] {
         assert!(page.contains(want), "no {want:?} in the metrics:\n{page}");
     }

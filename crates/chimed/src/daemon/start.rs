@@ -237,11 +237,14 @@ fn xdp(
     let stats = running.stats();
     sup.threads("xdp", running);
     if let Some(interface) = &settings.xdp.interface {
-        metrics.collector(metrics::Xdp {
-            interface: interface.0.clone(),
-            mode,
-            stats: stats.clone(),
-        });
+        metrics.collector(
+            "xdp",
+            metrics::Xdp {
+                interface: interface.0.clone(),
+                mode,
+                stats: stats.clone(),
+            },
+        );
     }
     Ok(stats)
 }
@@ -291,7 +294,7 @@ fn tcp(
     })?;
     sup.threads("roughtime-tcp", service);
     metrics.workers(workers.clone());
-    metrics.encoded(counts.clone(), roughtime_tcp::encode);
+    metrics.encoded("roughtime-tcp", counts.clone(), roughtime_tcp::encode);
     Ok((counts, workers))
 }
 
@@ -357,7 +360,7 @@ fn nts_ke_service(
         .in_scope(|| nts_ke::KeThreads::spawn(&listener, &shared, beats, &stop))
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);
-    metrics.encoded(counts.clone(), nts_ke::encode);
+    metrics.encoded("nts-ke", counts.clone(), nts_ke::encode);
     nts_ke::log_expiry(certificate, *not_after);
     if let Some(t) = *not_after {
         counts
@@ -383,10 +386,10 @@ fn tasks(
     let ntp = prepared.ntp.clone();
     let upstream = &settings.upstream;
     let (server, interval) = (upstream.server_address, upstream.poll_interval.duration());
-    metrics.encoded(ntp.clone(), upstream::encode);
+    metrics.encoded("upstream", ntp.clone(), upstream::encode);
     sup.task("upstream", upstream::run(server, interval, ntp));
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
-        metrics.encoded(shared.clone(), online_keys::encode);
+        metrics.encoded("roughtime-keys", shared.clone(), online_keys::encode);
         sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
     }
     let cookies = prepared.ntp.nts.clone()?;

@@ -9,6 +9,7 @@
 //! connections are served at once and further ones are closed at once. It never touches the data
 //! plane: workers publish their counts (see `stats::Published`) and the endpoint only reads them.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -48,18 +49,23 @@ impl Registry {
         }
     }
 
-    /// A service's own collector.
-    pub(crate) fn collector(&mut self, collector: impl Collector) {
-        self.collectors.register_collector(Box::new(collector));
+    /// A service's own collector, every series of it labelled `service` with the service's name
+    /// (as its log lines' span names it).
+    pub(crate) fn collector(&mut self, service: &'static str, collector: impl Collector) {
+        let label = (Cow::Borrowed("service"), Cow::Borrowed(service));
+        let registry = self.collectors.sub_registry_with_label(label);
+        registry.register_collector(Box::new(collector));
     }
 
-    /// A service's own metrics: `encode` writes them from `state` at each scrape.
+    /// A service's own metrics, labelled as [`Registry::collector`]'s: `encode` writes them from
+    /// `state` at each scrape.
     pub(crate) fn encoded<T: fmt::Debug + Send + Sync + 'static>(
         &mut self,
+        service: &'static str,
         state: Arc<T>,
         encode: fn(&mut DescriptorEncoder, &T) -> fmt::Result,
     ) {
-        self.collector(Encoded(state, encode));
+        self.collector(service, Encoded(state, encode));
     }
 
     /// A data-plane service's workers, whose counters are served labelled by its name.
@@ -469,7 +475,7 @@ mod tests {
         let _worker = ntp.workers.register("ipv4", 0);
         let mut registry = Registry::new(0);
         registry.workers(ntp.workers.clone());
-        registry.encoded(ntp, crate::clock::upstream::encode);
+        registry.encoded("upstream", ntp, crate::clock::upstream::encode);
         registry.finish()
     }
 
@@ -494,7 +500,10 @@ mod tests {
         }
         // Unsynchronised upstream, never polled: no reply age, served as unsynchronised.
         let page = render(&s);
-        assert!(page.contains("chimed_served_synchronised 0\n"), "{page}");
+        assert!(
+            page.contains("chimed_served_synchronised{service=\"upstream\"} 0\n"),
+            "{page}"
+        );
         // OpenMetrics: a counter described without its _total, and the page's end marked.
         assert!(
             page.contains(
