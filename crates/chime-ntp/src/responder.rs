@@ -147,7 +147,7 @@ pub fn suggest_poll(reply: &mut [u8], min_poll: i8) {
 }
 
 /// Why a datagram got no reply. Every variant is counted by the caller: [`DropReason::index`]
-/// gives a dense slot for a per-thread counter array and [`DropReason::reason`] a label for logs
+/// gives a dense slot for a per-thread counter array and [`DropReason::label`] a label for logs
 /// and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum DropReason {
@@ -188,8 +188,9 @@ impl DropReason {
     /// The number of counter slots: [`DropReason::index`] is always below it.
     pub const COUNT: usize = 15;
 
-    /// The label of each slot, in [`DropReason::index`] order.
-    pub const ALL_REASONS: [&'static str; Self::COUNT] = [
+    /// The label of each slot, in [`DropReason::index`] order (a reason may carry data, so the
+    /// slots are listed by label rather than as values).
+    pub const LABELS: [&'static str; Self::COUNT] = [
         "too_short",
         "bad_length",
         "bad_version",
@@ -223,8 +224,8 @@ impl DropReason {
     }
 
     /// A short snake_case label for logs and metrics.
-    pub const fn reason(self) -> &'static str {
-        Self::ALL_REASONS[self.index()]
+    pub const fn label(self) -> &'static str {
+        Self::LABELS[self.index()]
     }
 }
 
@@ -535,21 +536,21 @@ pub(crate) mod tests {
         assert_eq!(all.len(), DropReason::COUNT);
         for (i, drop) in all.iter().enumerate() {
             assert_eq!(drop.index(), i);
-            assert_eq!(drop.reason(), DropReason::ALL_REASONS[i]);
+            assert_eq!(drop.label(), DropReason::LABELS[i]);
         }
         assert_eq!(
             DropReason::BadVersion(7).index(),
             DropReason::BadVersion(0).index()
         );
         assert_eq!(
-            DropReason::UnsupportedMode(Mode::Control).reason(),
+            DropReason::UnsupportedMode(Mode::Control).label(),
             "mode_control"
         );
         assert_eq!(
             DropReason::UnsupportedMode(Mode::Private).to_string(),
             "unsupported NTP mode Private"
         );
-        for reason in DropReason::ALL_REASONS {
+        for reason in DropReason::LABELS {
             assert!(
                 reason
                     .bytes()

@@ -209,7 +209,7 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
     families.sort_unstable();
     families.dedup();
     assert!(families.len() >= 30, "too few families read: {families:?}");
-    let mut reasons: Vec<String> = chime_ntp::DropReason::ALL_REASONS
+    let mut reasons: Vec<String> = chime_ntp::DropReason::LABELS
         .iter()
         .map(|r| (*r).to_owned())
         .chain(

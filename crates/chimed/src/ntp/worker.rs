@@ -43,7 +43,7 @@ impl NtpDrop {
 
     /// Every label, by slot.
     const ALL_LABELS: [&'static str; Self::COUNT] =
-        counters::drop_labels!(DropReason::COUNT, |i| DropReason::ALL_REASONS[i]);
+        counters::drop_labels!(DropReason::COUNT, |i| DropReason::LABELS[i]);
 
     const fn slot(self) -> usize {
         match self {
