@@ -8,12 +8,12 @@ mod common;
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chime_ntp::nts::{self, Aead, ClientReply, Keys};
 use chime_ntp::{Header, Mode, NtpTimestamp};
-use common::{Chronyd, KeTls, certificate, chimed_nts, count_in, exchange, ke_tls};
+use common::{Chimed, Chronyd, KeTls, certificate, chimed_nts, count_in, exchange, ke_tls};
 
 const TOKEN: &str = "c680e5f1c4f161968dd9b72f271ca5e7d17b0fe2e71e20b7ba4002b9252dd751";
 
@@ -43,6 +43,38 @@ fn token_file(dir: &Path, text: &str) -> std::path::PathBuf {
     std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     path
+}
+
+/// A pool member: chimed with NTS (its certificate for 127.0.0.1 in `dir`), the pool tokens in
+/// `tokens`, and `extra`, mirroring a chronyd of its own; synchronised.
+struct Member {
+    chronyd: Chronyd,
+    chimed: Chimed,
+    cert: PathBuf,
+}
+
+impl Member {
+    fn start(dir: &Path, tokens: &Path, extra: &[&str]) -> (Self, std::net::SocketAddr) {
+        let (cert, key) = certificate(dir, "server");
+        let chronyd = Chronyd::start();
+        let mut flags = vec!["--nts-pool-tokens", tokens.to_str().unwrap()];
+        flags.extend_from_slice(extra);
+        let (chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &flags);
+        let member = Self {
+            chronyd,
+            chimed,
+            cert,
+        };
+        (
+            member,
+            std::net::SocketAddr::from(([127, 0, 0, 1], ke_port)),
+        )
+    }
+
+    /// A TLS session with its NTS-KE at `ke`, handshake done.
+    fn session(&self, ke: std::net::SocketAddr) -> KeTls {
+        ke_tls(ke, std::net::IpAddr::from([127, 0, 0, 1]), &self.cert)
+    }
 }
 
 /// An NTS request under `keys` with `cookie` to chimed's NTP port: whether the reply is
@@ -82,20 +114,13 @@ fn rand_bytes<const N: usize>() -> [u8; N] {
 #[test]
 fn a_pool_with_its_token_gets_cookies_chimed_opens() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate(dir.path(), "server");
     let tokens = token_file(dir.path(), &format!("# the test pool\ntoken {TOKEN}\n"));
-    let chronyd = Chronyd::start();
-    let (mut chimed, ke_port) = chimed_nts(
-        &chronyd,
-        &cert,
-        &key,
-        &["--nts-pool-tokens", tokens.to_str().unwrap()],
-    );
-    chimed.wait_for("a member of NTS pools: 1 token", Duration::from_secs(1));
-    let ke = std::net::SocketAddr::from(([127, 0, 0, 1], ke_port));
-    let local = std::net::IpAddr::from([127, 0, 0, 1]);
+    let (mut member, ke) = Member::start(dir.path(), &tokens, &[]);
+    member
+        .chimed
+        .wait_for("a member of NTS pools: 1 token", Duration::from_secs(1));
 
-    let mut pool = ke_tls(ke, local, &cert);
+    let mut pool = member.session(ke);
     let support = ask(
         &mut pool,
         &nts::pool_support_request(TOKEN.as_bytes(), true),
@@ -116,7 +141,7 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
         assert_eq!(answer.agreement.aead, aead);
         assert_eq!(answer.cookies.len(), 8, "{aead}");
         assert!(
-            authenticated_time(chimed.addr, &keys, &answer.cookies[0]),
+            authenticated_time(member.chimed.addr, &keys, &answer.cookies[0]),
             "{aead}: no authentic reply under the pool's keys"
         );
     }
@@ -127,7 +152,7 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
 
     let mut wrong = TOKEN.to_owned();
     wrong.replace_range(..1, "d");
-    let mut guess = ke_tls(ke, local, &cert);
+    let mut guess = member.session(ke);
     let refused = ask(
         &mut guess,
         &nts::pool_support_request(wrong.as_bytes(), true),
@@ -139,7 +164,7 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
     );
     assert!(closed(&mut guess), "a refused pool is not kept");
 
-    let mut client = ke_tls(ke, local, &cert);
+    let mut client = member.session(ke);
     let answer = ask(&mut client, &nts::ke_request(&[Aead::AesSivCmac256]));
     assert_eq!(
         nts::parse_ke_response(&answer, &Aead::ALL)
@@ -149,8 +174,10 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
         8
     );
 
-    assert!(chimed.terminate().success());
-    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert!(member.chimed.terminate().success());
+    let totals = member
+        .chimed
+        .wait_for("nts-ke totals at exit", Duration::from_secs(1));
     for (counter, n) in [
         ("agreed", 1),
         ("refused", 1),
@@ -197,31 +224,27 @@ fn pool_tokens_are_checked_at_start_and_reloaded_on_sighup() {
     assert!(err.contains("line 1: trailing junk"), "{err}");
 
     let tokens = token_file(dir.path(), "token first\n");
-    let chronyd = Chronyd::start();
-    let (mut chimed, ke_port) = chimed_nts(
-        &chronyd,
-        &cert,
-        &key,
-        &["--nts-pool-tokens", tokens.to_str().unwrap()],
-    );
-    let ke = std::net::SocketAddr::from(([127, 0, 0, 1], ke_port));
-    let local = std::net::IpAddr::from([127, 0, 0, 1]);
-    let asks = |token: &str| {
-        let mut tls = ke_tls(ke, local, &cert);
+    let (mut member, ke) = Member::start(dir.path(), &tokens, &[]);
+    let asks = |member: &Member, token: &str| {
+        let mut tls = member.session(ke);
         nts::parse_pool_support(&ask(
             &mut tls,
             &nts::pool_support_request(token.as_bytes(), false),
         ))
     };
-    assert!(asks("first").is_ok());
-    assert_eq!(asks("second"), Err(1));
+    assert!(asks(&member, "first").is_ok());
+    assert_eq!(asks(&member, "second"), Err(1));
     token_file(dir.path(), "token second\n");
-    nix::sys::signal::kill(chimed.pid(), nix::sys::signal::Signal::SIGHUP).unwrap();
-    chimed.wait_for("SIGHUP: NTS pool tokens reloaded", Duration::from_secs(5));
-    assert!(asks("second").is_ok());
-    assert_eq!(asks("first"), Err(1));
-    assert!(chimed.terminate().success());
-    let totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    let pid = member.chimed.pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let reloaded = "SIGHUP: NTS pool tokens reloaded";
+    member.chimed.wait_for(reloaded, Duration::from_secs(5));
+    assert!(asks(&member, "second").is_ok());
+    assert_eq!(asks(&member, "first"), Err(1));
+    assert!(member.chimed.terminate().success());
+    let totals = member
+        .chimed
+        .wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert_eq!(count_in(&totals, "pool.support"), 2, "{totals}");
     assert_eq!(count_in(&totals, "pool.refused"), 2, "{totals}");
 }
@@ -232,7 +255,6 @@ fn pool_tokens_are_checked_at_start_and_reloaded_on_sighup() {
 #[test]
 fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = certificate(dir.path(), "server");
     let tokens = token_file(dir.path(), &format!("token {TOKEN}\n"));
     let secret = dir.path().join("fleet.key");
     let made = common::run(
@@ -242,23 +264,11 @@ fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
     );
     assert!(made.status.success(), "{made:?}");
     let secret = secret.to_str().unwrap();
-    let chronyd = Chronyd::start();
-    let (asked, ke_port) = chimed_nts(
-        &chronyd,
-        &cert,
-        &key,
-        &[
-            "--nts-pool-tokens",
-            tokens.to_str().unwrap(),
-            "--nts-fleet-key",
-            secret,
-        ],
-    );
-    let mut other =
-        common::Chimed::mirroring(&chronyd.addr().to_string(), &["--nts-fleet-key", secret]);
+    let (asked, ke) = Member::start(dir.path(), &tokens, &["--nts-fleet-key", secret]);
+    let upstream = asked.chronyd.addr().to_string();
+    let mut other = Chimed::mirroring(&upstream, &["--nts-fleet-key", secret]);
     other.wait_for("synchronised: stratum 3", Duration::from_secs(10));
-    let ke = std::net::SocketAddr::from(([127, 0, 0, 1], ke_port));
-    let mut pool = ke_tls(ke, std::net::IpAddr::from([127, 0, 0, 1]), &cert);
+    let mut pool = asked.session(ke);
     let keys = Keys::new(
         Aead::AesSivCmac512,
         &rand_bytes::<64>(),
@@ -267,7 +277,11 @@ fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
     .unwrap();
     let request = nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, false);
     let answer = nts::parse_ke_response(&ask(&mut pool, &request), &Aead::ALL).unwrap();
-    assert!(authenticated_time(asked.addr, &keys, &answer.cookies[0]));
+    assert!(authenticated_time(
+        asked.chimed.addr,
+        &keys,
+        &answer.cookies[0]
+    ));
     assert!(
         authenticated_time(other.addr, &keys, &answer.cookies[1]),
         "the other member did not open the pool's cookie"
