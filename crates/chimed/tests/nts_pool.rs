@@ -291,3 +291,45 @@ fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
     assert_eq!(count_in(&totals, "nts"), 1, "{totals}");
     assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
 }
+
+/// Kept sessions are bounded: 16 at once, and each closed after 10 s without a request. The 17th
+/// pool session asking for Keep Alive is answered without it and closed; once a kept one is
+/// given up by the pool, there is room again; and an idle kept session is closed by chimed.
+#[test]
+fn kept_pool_sessions_are_bounded_in_number_and_idle_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path(), &format!("token {TOKEN}\n"));
+    let (member, ke) = Member::start(dir.path(), &tokens, &[]);
+    let support = || nts::pool_support_request(TOKEN.as_bytes(), true);
+    let mut kept: Vec<KeTls> = (0..16)
+        .map(|i| {
+            let mut tls = member.session(ke);
+            let answer = nts::parse_pool_support(&ask(&mut tls, &support())).unwrap();
+            assert!(answer.keep_alive, "session {i} not kept");
+            tls
+        })
+        .collect();
+    let mut over = member.session(ke);
+    let answer = nts::parse_pool_support(&ask(&mut over, &support())).unwrap();
+    assert!(!answer.keep_alive, "a 17th session kept");
+    assert!(closed(&mut over), "the 17th is closed after its answer");
+    // A pool that closes a kept session makes room for another.
+    drop(kept.pop());
+    let started = std::time::Instant::now();
+    let again = loop {
+        let mut tls = member.session(ke);
+        let answer = nts::parse_pool_support(&ask(&mut tls, &support())).unwrap();
+        if answer.keep_alive || started.elapsed() > Duration::from_secs(3) {
+            break answer.keep_alive;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(again, "no room made by a session the pool closed");
+    // An idle kept session is closed after 10 s (the test's read timeout is 8 s, so it waits
+    // for the rest first).
+    let idle = &mut kept[0];
+    std::thread::sleep(Duration::from_secs(9));
+    let waited = std::time::Instant::now();
+    assert!(closed(idle), "an idle kept session stays open");
+    assert!(waited.elapsed() < Duration::from_secs(5), "closed late");
+}

@@ -23,7 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::LazyConfigAcceptor;
 use tracing::{debug, error, info, warn};
 
-use crate::access::per_address::PerAddress;
+use crate::access::per_address::{PerAddress, Place};
 use crate::daemon::notify::{self, Beat};
 use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
@@ -41,7 +41,9 @@ use tokio_util::sync::CancellationToken;
 /// (ntpperf-results/2026-11-26-nts-ke-attack/).
 pub(crate) const MAX_SESSIONS: usize = 4096;
 /// Sessions served at once for one client address; more are closed at once (counted as
-/// `address_limited`), so that one host holding connections open cannot take every slot.
+/// `address_limited`), so that one host holding connections open cannot take every slot. A pool
+/// whose token is accepted gives its session's place up: its sessions are bounded by
+/// [`MAX_KEPT_ALIVE`] instead.
 const MAX_SESSIONS_PER_ADDRESS: usize = 8;
 /// Cookies handed out per session, as chronyd.
 const COOKIES: usize = 8;
@@ -619,11 +621,10 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
         let shared = shared.clone();
         tokio::spawn(async move {
             let outcome = tokio::select! {
-                outcome = session(stream, &shared, id) => Some(outcome),
+                outcome = session(stream, &shared, id, place) => Some(outcome),
                 () = closing.cancelled() => None,
             };
             shared.lock_slots().release(id);
-            drop(place);
             shared.count(peer, outcome);
         });
     }
@@ -768,12 +769,15 @@ impl Drop for KeptAlive<'_> {
 /// handshake (with the certificate in force then: SIGHUP may replace it), the client's records
 /// up to End of Message, the answer. A pool that asks to keep its session open, and gets one of
 /// the [`MAX_KEPT_ALIVE`] places, may send its next request within [`KEPT_ALIVE_IDLE`] of the
-/// answer, and so on.
+/// answer, and so on. `place` is the session's among those of its client address; a pool whose
+/// token is accepted gives it up, since a pool is one address that may keep many sessions open.
 async fn session(
     stream: tokio::net::TcpStream,
     shared: &KeShared,
     id: SessionId,
+    place: Place,
 ) -> Result<Served, Failure> {
+    let mut place = Some(place);
     let tls_error = |e: std::io::Error| Failure::Tls(e.to_string());
     let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     let hello = by_deadline(Step::Hello, async { acceptor.await.map_err(tls_error) }).await?;
@@ -807,6 +811,9 @@ async fn session(
         }
         let (response, answer) = respond(&outcome, &tls, shared)?;
         shared.count_request(answer);
+        if matches!(answer, Answer::PoolKeys | Answer::PoolSupport) {
+            drop(place.take());
+        }
         let io = |e: std::io::Error| Failure::Io(e.to_string());
         by_deadline(Step::Response, async {
             tls.write_all(&response).await.map_err(io)?;
