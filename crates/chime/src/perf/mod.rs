@@ -8,16 +8,22 @@
 //! server's receive timestamp error and processing time, and optionally the server's CPU time per
 //! reply; it prints a table and writes CSV, JSON and an SVG plot.
 //!
-//! Module map: `args` (the shared flags), `protocol` (the [`protocol::LoadProtocol`] trait a
-//! protocol implements), `ntp` and `roughtime` (each protocol's requests and replies), `controller` (steps, progress, /proc
-//! readings, outputs), `worker` (the sending and receiving threads), `inflight` (ids and send
-//! times), `stats` (counts, histograms, per-step results), `procfs`, `report` (table, CSV, JSON),
-//! `plot` (SVG).
+//! Module map. The engine, once for every protocol: `engine` (the run: threads, steps, /proc
+//! readings around each, the progress line), `worker` (each thread's event loop: the absolute
+//! schedule, sending through the transport, matching and counting what comes back), `inflight`
+//! (ids and send times), `stats` (counts, histograms, per-step results), `procfs`, and
+//! `transport` (the [`transport::Transport`] trait through which the engine sends and receives).
+//! The transports: `udp` (datagrams) and `tcp` (streams), which carry any request/reply protocol
+//! ([`protocol::LoadProtocol`], in `protocol`: `ntp`, `nts` and `roughtime`). The front end:
+//! `load` (`chime perf ntp` and `chime perf roughtime`, with `report` for the table, CSV and JSON
+//! and `plot` for the SVG); `args` holds the flags. `ke` is `chime perf nts-ke`, cold NTS-KE
+//! sessions on a schedule, counts and report of its own.
 
 mod args;
-mod controller;
+mod engine;
 mod inflight;
 mod ke;
+mod load;
 mod ntp;
 mod nts;
 mod plot;
@@ -27,6 +33,8 @@ mod report;
 mod roughtime;
 mod stats;
 mod tcp;
+mod transport;
+mod udp;
 mod worker;
 
 use anyhow::Result;
@@ -66,7 +74,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
                 a.ntp_version,
                 request["mode"].as_u64().unwrap_or(0)
             );
-            controller::run(
+            load::run(
                 &a.load,
                 ntp::NtpLoad::new(a.ntp_version, a.mode),
                 request,
@@ -85,7 +93,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             });
             let label = format!("Roughtime {}", a.version);
             let load = roughtime::RoughtimeLoad::new(a.version, a.public_key, a.verify_every);
-            controller::run(&a.load, load, request, &label, tcp)
+            load::run(&a.load, load, request, &label, tcp)
         }
     }
 }
@@ -129,7 +137,7 @@ fn run_nts(a: &ntp::Args) -> Result<()> {
             "cookie_len": shared.cookie_len,
         },
     });
-    controller::run(
+    load::run(
         &load,
         nts::NtsLoad::new(shared.clone(), placeholders),
         request,

@@ -1,5 +1,5 @@
 //! Counts and latency histograms of one step: filled per thread by the workers, merged by the
-//! controller, and summarised into the per-step [`StepReport`] that every output is made from.
+//! engine, and summarised into the per-step [`StepReport`] that every output is made from.
 //!
 //! Every request of a step ends in exactly one of: answered (a valid reply within the timeout),
 //! refused (a kiss-o'-death or the like), settled invalid (a reply with its id that a client would
@@ -10,7 +10,7 @@
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::protocol::Signed;
+use super::protocol::{ServerTimes, Signed};
 
 /// Latencies are recorded in nanoseconds, from 1 ns up to a minute, to three significant digits.
 const HIST_MAX_NS: u64 = 60_000_000_000;
@@ -84,6 +84,36 @@ impl StepStats {
             send_lag: histogram(),
             verified: 0,
             path_lens: [0; PATH_LENS],
+        }
+    }
+
+    /// Counts an answered request: its round trip (and whether that was stale), when it was sent
+    /// and whether that T1 is exact, and what the reply showed of the server's times and
+    /// signature.
+    pub(crate) fn answer(
+        &mut self,
+        rtt: i64,
+        stale: bool,
+        (t1_ns, exact_t1): (i64, bool),
+        server: Option<ServerTimes>,
+        signed: Option<Signed>,
+    ) {
+        self.answered += 1;
+        self.stale += u64::from(stale);
+        record_ns(&mut self.rtt, rtt);
+        if self.slowest.is_none_or(|(worst, _)| rtt > worst) {
+            self.slowest = Some((rtt, t1_ns));
+        }
+        if let Some(signed) = signed {
+            self.record_signed(signed);
+        }
+        if let Some(server) = server {
+            record_ns(&mut self.t3_t2, server.transmit_ns - server.receive_ns);
+            if exact_t1 {
+                let t2_t1 = server.receive_ns - t1_ns;
+                self.t2_before_t1 += u64::from(t2_t1 < 0);
+                record_ns(&mut self.t2_t1, t2_t1);
+            }
         }
     }
 
@@ -306,7 +336,7 @@ pub(crate) struct StepReport {
 }
 
 impl StepReport {
-    /// The counts and distributions of a step; the controller adds the /proc figures.
+    /// The counts and distributions of a step; the engine adds the /proc figures.
     pub(crate) fn new(
         step: usize,
         offered_rate: f64,
