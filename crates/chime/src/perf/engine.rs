@@ -3,7 +3,8 @@
 //! after another (each phase start as an absolute time, so they start together), reads /proc
 //! around each step, keeps the live progress line, merges the threads' numbers into each step's
 //! report, and stops stepping once a step breaks the front end's limit. What is printed and
-//! written of the reports is the front end's (`load`).
+//! written of the reports is the front end's (`load` for request/reply protocols, `ke` for
+//! NTS-KE sessions).
 
 use std::io::{self, IsTerminal};
 use std::sync::Arc;
@@ -151,7 +152,8 @@ fn run_step(
         i + 1,
         plan.rates.len()
     ));
-    let limit = start + plan.duration + plan.timeout + STALL_LIMIT;
+    // A transport that ends its requests itself may take a second timeout (see `worker`).
+    let limit = start + plan.duration + plan.timeout * 2 + STALL_LIMIT;
     let stats = pool.collect(phase.step, limit, line)?;
     let after = watch.snapshot();
 

@@ -2,11 +2,12 @@
 //! latency tools that keep HDR histograms.
 //!
 //! Requests leave on an absolute schedule whatever comes back, so an overloaded server cannot slow
-//! the load down; every reply is matched to its request by an id the protocol carries; a run is a
-//! fixed rate or a series of geometrically growing steps that stops once loss passes a threshold.
-//! Per step it measures loss, the answered rate, round-trip latency percentiles, for NTP the
-//! server's receive timestamp error and processing time, and optionally the server's CPU time per
-//! reply; it prints a table and writes CSV, JSON and an SVG plot.
+//! the load down; every reply is matched to its request by an id the protocol carries (an NTS-KE
+//! session's end by the id its client thread was handed); a run is a fixed rate or a series of
+//! geometrically growing steps that stops once loss (or failure) passes a threshold. Per step it
+//! measures loss, the answered rate, round-trip latency percentiles, for NTP the server's receive
+//! timestamp error and processing time, and optionally the server's CPU time per reply; it prints
+//! a table and writes CSV, JSON and an SVG plot (NTS-KE: a line per step and JSON).
 //!
 //! Module map. The engine, once for every protocol: `engine` (the run: threads, steps, /proc
 //! readings around each, the progress line), `worker` (each thread's event loop: the absolute
@@ -14,10 +15,10 @@
 //! (ids and send times), `stats` (counts, histograms, per-step results), `procfs`, and
 //! `transport` (the [`transport::Transport`] trait through which the engine sends and receives).
 //! The transports: `udp` (datagrams) and `tcp` (streams), which carry any request/reply protocol
-//! ([`protocol::LoadProtocol`], in `protocol`: `ntp`, `nts` and `roughtime`). The front end:
-//! `load` (`chime perf ntp` and `chime perf roughtime`, with `report` for the table, CSV and JSON
-//! and `plot` for the SVG); `args` holds the flags. `ke` is `chime perf nts-ke`, cold NTS-KE
-//! sessions on a schedule, counts and report of its own.
+//! ([`protocol::LoadProtocol`], in `protocol`: `ntp`, `nts` and `roughtime`), and `ke` (NTS-KE
+//! sessions, each run whole on a client thread). The front ends: `load` (`chime perf ntp` and
+//! `chime perf roughtime`, with `report` for the table, CSV and JSON and `plot` for the SVG) and
+//! `ke` (`chime perf nts-ke` and its report); `args` holds the flags they share.
 
 mod args;
 mod engine;

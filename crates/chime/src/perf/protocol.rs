@@ -58,6 +58,9 @@ pub(crate) enum Verdict {
     Refused,
     /// Wrong in a way a client would reject (mode, version, missing timestamps, bad signature).
     Invalid,
+    /// An exchange the transport ran itself failed, in the way named (an NTS-KE session: `tls`,
+    /// `refused`, `timeout`, ...). Counted by kind; the request is not answered.
+    Failed(&'static str),
 }
 
 /// What a signed reply shows: whether it was checked in full, and how wide a tree it came from.

@@ -3,9 +3,12 @@
 //!
 //! Every request of a step ends in exactly one of: answered (a valid reply within the timeout),
 //! refused (a kiss-o'-death or the like), settled invalid (a reply with its id that a client would
-//! reject), or lost (no such reply within the timeout). Late replies (after the timeout) and
+//! reject), failed (an exchange the transport ran itself, such as an NTS-KE session, ended in a
+//! failure of a named kind), or lost (no such reply within the timeout). Late replies (after the timeout) and
 //! duplicates are counted on top and change nothing; a late request is also lost. Loss is
 //! everything not answered: `(sent − answered) / sent`.
+
+use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -35,6 +38,9 @@ pub(crate) struct StepStats {
     pub(crate) invalid_matched: u64,
     /// Datagrams that name no request of ours (unparsable, unknown id).
     pub(crate) invalid_unmatched: u64,
+    /// Exchanges that failed, by kind (NTS-KE sessions), and all of them together.
+    pub(crate) failures: BTreeMap<&'static str, u64>,
+    pub(crate) failed: u64,
     /// Receive errors other than "nothing queued".
     pub(crate) recv_errors: u64,
     /// The first send or receive error of the step, to report once rather than per packet.
@@ -50,7 +56,8 @@ pub(crate) struct StepStats {
     pub(crate) t2_t1: Histogram<u64>,
     /// The server's processing time, T3 − T2.
     pub(crate) t3_t2: Histogram<u64>,
-    /// How late requests left against the schedule.
+    /// How late requests left against the schedule (for exchanges a transport runs itself, how
+    /// long each waited to begin).
     pub(crate) send_lag: Histogram<u64>,
     /// Answered requests whose reply was verified in full (signed protocols).
     pub(crate) verified: u64,
@@ -74,6 +81,8 @@ impl StepStats {
             refused: 0,
             invalid_matched: 0,
             invalid_unmatched: 0,
+            failures: BTreeMap::new(),
+            failed: 0,
             recv_errors: 0,
             first_error: None,
             t2_before_t1: 0,
@@ -117,6 +126,16 @@ impl StepStats {
         }
     }
 
+    /// Counts an exchange that failed as `kind`; the first failure's reason is the step's to
+    /// report.
+    pub(crate) fn fail(&mut self, kind: &'static str, why: Option<String>) {
+        *self.failures.entry(kind).or_insert(0) += 1;
+        self.failed += 1;
+        if let (None, Some(why)) = (&self.first_error, why) {
+            self.first_error = Some(format!("first failure: {why}"));
+        }
+    }
+
     /// Counts what an answered reply of a signed protocol shows.
     pub(crate) fn record_signed(&mut self, signed: Signed) {
         self.verified += u64::from(signed.verified);
@@ -127,7 +146,7 @@ impl StepStats {
     /// once it is over, the lost ones.
     pub(crate) fn lost(&self) -> u64 {
         self.sent
-            .saturating_sub(self.answered + self.refused + self.invalid_matched)
+            .saturating_sub(self.answered + self.refused + self.invalid_matched + self.failed)
     }
 
     /// Adds another thread's numbers for the same step.
@@ -141,6 +160,10 @@ impl StepStats {
         self.refused += other.refused;
         self.invalid_matched += other.invalid_matched;
         self.invalid_unmatched += other.invalid_unmatched;
+        for (kind, n) in &other.failures {
+            *self.failures.entry(kind).or_insert(0) += n;
+        }
+        self.failed += other.failed;
         self.recv_errors += other.recv_errors;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
@@ -303,6 +326,9 @@ pub(crate) struct StepReport {
     /// Invalid datagrams: replies a client would reject plus ones naming no request of ours.
     pub(crate) invalid: u64,
     pub(crate) refused: u64,
+    /// Exchanges that failed, by kind (NTS-KE sessions); no field where there are none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) failures: BTreeMap<&'static str, u64>,
     pub(crate) late: u64,
     pub(crate) duplicate: u64,
     pub(crate) recv_errors: u64,
@@ -374,6 +400,7 @@ impl StepReport {
             lost: s.lost(),
             invalid: s.invalid_matched + s.invalid_unmatched,
             refused: s.refused,
+            failures: s.failures.clone(),
             late: 0,
             duplicate: 0,
             recv_errors: s.recv_errors,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::inflight::{InFlight, Lookup, State, WARMUP};
 use super::protocol::{ReplyMatch, Verdict};
-use super::stats::StepStats;
+use super::stats::{StepStats, record_ns};
 use super::transport::{Event, Reply, Request, Transport};
 
 /// How long past a step's end requests that are still due may go out, when the loop ran late at
@@ -111,6 +111,7 @@ impl Worker {
                 inflight,
                 timeout_ns: i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX),
                 stale_ns: i64::MAX,
+                ends_itself: T::ENDS_ITSELF,
                 current: None,
                 late: vec![0; steps],
                 duplicate: vec![0; steps],
@@ -153,6 +154,8 @@ struct Book {
     timeout_ns: i64,
     /// The phase's client interval: answers with a longer round trip are stale.
     stale_ns: i64,
+    /// The transport ends its requests itself ([`Transport::ENDS_ITSELF`]).
+    ends_itself: bool,
     /// The step being measured and its numbers so far; `None` during the warm-up.
     current: Option<(u16, StepStats)>,
     late: Vec<u64>,
@@ -199,8 +202,12 @@ impl<T: Transport> Engine<T> {
         let (_, stats) = self.book.current.as_mut()?;
         stats.unsent = schedule.total - next;
 
-        // Every request gets its full timeout, the last one included.
-        let deadline = last_send + self.timeout;
+        // Every request gets its full timeout, the last one included; a transport that ends its
+        // requests itself gets another to report the last ends.
+        let mut deadline = last_send + self.timeout;
+        if T::ENDS_ITSELF {
+            deadline += self.timeout;
+        }
         loop {
             let waiting = self
                 .book
@@ -218,11 +225,13 @@ impl<T: Transport> Engine<T> {
 
     /// Sends this thread's requests `next..next + n` of the schedule in one batch, at `now`.
     fn send(&mut self, schedule: &Schedule, next: u64, n: u64, step: u16, now: Instant) {
-        let lag = now.saturating_duration_since(schedule.due_at(next));
+        let first_due = schedule.due_at(next);
+        let lag = now.saturating_duration_since(first_due);
         self.requests.clear();
         let book = &mut self.book;
         self.requests.extend((0..n).map(|i| Request {
             id: book.inflight.peek_id(i),
+            due: schedule.due_after(first_due, i),
         }));
         let sent = self.transport.send(&self.requests);
         let (before, after) = sent.t1_ns;
@@ -234,8 +243,11 @@ impl<T: Transport> Engine<T> {
             if stats.first_error.is_none() {
                 stats.first_error = sent.error;
             }
-            let lag_ns = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1);
-            stats.send_lag.saturating_record_n(lag_ns, n);
+            // A transport that queues its requests reports each one's wait when it ends.
+            if !T::ENDS_ITSELF {
+                let lag_ns = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1);
+                stats.send_lag.saturating_record_n(lag_ns, n);
+            }
         }
     }
 
@@ -294,7 +306,7 @@ impl Book {
             return answered;
         }
         let step = usize::from(slot.step);
-        let in_time = reply.t4_ns.saturating_sub(slot.t1_ns) <= self.timeout_ns;
+        let in_time = self.ends_itself || reply.t4_ns.saturating_sub(slot.t1_ns) <= self.timeout_ns;
         let current = match &mut self.current {
             Some((s, stats)) if *s == slot.step => Some(stats),
             _ => None,
@@ -302,16 +314,21 @@ impl Book {
         match (slot.state, current) {
             (State::Pending, Some(stats)) if in_time => {
                 slot.state = State::Settled;
+                if let Some(began) = reply.began {
+                    record_ns(&mut stats.send_lag, began.queued_ns);
+                }
                 match verdict {
                     Verdict::Valid => {
                         slot.state = State::Answered;
-                        let t1 = (slot.t1_ns, slot.first_in_batch);
-                        let rtt = reply.t4_ns - slot.t1_ns;
-                        stats.answer(rtt, rtt > self.stale_ns, t1, server, signed);
+                        let t1_ns = reply.began.map_or(slot.t1_ns, |b| b.at_ns);
+                        let exact_t1 = slot.first_in_batch && reply.began.is_none();
+                        let rtt = reply.t4_ns - t1_ns;
+                        stats.answer(rtt, rtt > self.stale_ns, (t1_ns, exact_t1), server, signed);
                         return true;
                     }
                     Verdict::Refused => stats.refused += 1,
                     Verdict::Invalid => stats.invalid_matched += 1,
+                    Verdict::Failed(kind) => stats.fail(kind, reply.why),
                 }
             }
             // Past its timeout, or its step is already over.
@@ -344,6 +361,8 @@ struct Schedule {
     offset: f64,
     /// Seconds between this thread's requests.
     interval: f64,
+    /// The same, for placing a batch's requests after its first.
+    spacing: Duration,
     /// This thread's requests in the phase.
     total: u64,
 }
@@ -357,10 +376,12 @@ impl Schedule {
         } else {
             0
         };
+        let interval = threads as f64 / phase.rate;
         Self {
             start: phase.start,
             offset: index as f64 / phase.rate,
-            interval: threads as f64 / phase.rate,
+            interval,
+            spacing: Duration::from_secs_f64(interval),
             total,
         }
     }
@@ -368,6 +389,11 @@ impl Schedule {
     /// When request `k` (of this thread, 0-based) is due.
     fn due_at(&self, k: u64) -> Instant {
         self.start + Duration::from_secs_f64(self.offset + k as f64 * self.interval)
+    }
+
+    /// When the request `i` after the one due at `first` is due (i is within a batch).
+    fn due_after(&self, first: Instant, i: u64) -> Instant {
+        first + self.spacing * u32::try_from(i).unwrap_or(u32::MAX)
     }
 
     /// How many of this thread's requests are due by `now`.
@@ -385,7 +411,7 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::super::inflight::thread_tags;
-    use super::super::transport::Sent;
+    use super::super::transport::{Began, Sent};
     use super::*;
 
     fn phase(rate: f64, secs: f64) -> Phase {
@@ -407,6 +433,10 @@ mod tests {
         // Thread 1's first request is the stream's second, 1 ms in; its next 3 ms later.
         assert_eq!(s[1].due_at(0) - p.start, Duration::from_millis(1));
         assert_eq!(s[1].due_at(1) - p.start, Duration::from_millis(4));
+        assert_eq!(
+            s[1].due_after(s[1].due_at(0), 1) - p.start,
+            Duration::from_millis(4)
+        );
         assert_eq!(s[1].due_by(p.start), 0);
         assert_eq!(s[1].due_by(p.start + Duration::from_micros(1_500)), 1);
         assert_eq!(s[1].due_by(p.start + Duration::from_millis(4)), 2);
@@ -429,10 +459,10 @@ mod tests {
     type Policy = fn(k: u64, id: u64) -> Option<(Verdict, i64)>;
 
     /// A transport with no I/O: it records what it is sent and when, and answers by a policy.
-    struct Fake {
+    struct Fake<const ENDS: bool> {
         policy: Policy,
-        /// Each request: its id, and when it was sent.
-        sent: Vec<(u64, Instant)>,
+        /// Each request: its id, when it was due, and when it was sent.
+        sent: Vec<(u64, Instant, Instant)>,
         replies: VecDeque<Reply>,
     }
 
@@ -442,12 +472,14 @@ mod tests {
         1_800_000_000_000_000_000 + k as i64 * 1_000_000
     }
 
-    impl Transport for Fake {
+    impl<const ENDS: bool> Transport for Fake<ENDS> {
+        const ENDS_ITSELF: bool = ENDS;
+
         fn send(&mut self, requests: &[Request]) -> Sent {
             let first = self.sent.len() as u64;
             for r in requests {
                 let k = self.sent.len() as u64;
-                self.sent.push((r.id, Instant::now()));
+                self.sent.push((r.id, r.due, Instant::now()));
                 let Some((verdict, rtt_ns)) = (self.policy)(k, r.id) else {
                     continue;
                 };
@@ -457,8 +489,16 @@ mod tests {
                     server: None,
                     signed: None,
                 };
-                self.replies
-                    .push_back(Reply::arrived(matched, t1(first) + rtt_ns));
+                let mut reply = Reply::arrived(matched, t1(first) + rtt_ns);
+                if ENDS {
+                    // Began 10 µs after it was sent, having queued 7 µs.
+                    reply.began = Some(Began {
+                        at_ns: t1(first) + 10_000,
+                        queued_ns: 7_000,
+                    });
+                    reply.why = Some(format!("request {k}"));
+                }
+                self.replies.push_back(reply);
             }
             // The whole batch left at its first request's T1.
             Sent {
@@ -479,7 +519,7 @@ mod tests {
     }
 
     /// One thread's engine over a fake transport with `policy`, a 20 ms timeout and one step.
-    fn engine(policy: Policy) -> Engine<Fake> {
+    fn engine<const ENDS: bool>(policy: Policy) -> Engine<Fake<ENDS>> {
         let timeout = Duration::from_millis(20);
         Engine {
             index: 0,
@@ -497,6 +537,7 @@ mod tests {
                 inflight: InFlight::new(thread_tags(1)[0], 4096),
                 timeout_ns: 20_000_000,
                 stale_ns: i64::MAX,
+                ends_itself: ENDS,
                 current: None,
                 late: vec![0; 1],
                 duplicate: vec![0; 1],
@@ -508,7 +549,7 @@ mod tests {
     /// one count, the ones never answered are lost, and the requests left on schedule.
     #[test]
     fn the_engine_sends_on_schedule_and_counts_every_kind_of_answer() {
-        let mut e = engine(|k, _| match k % 5 {
+        let mut e = engine::<false>(|k, _| match k % 5 {
             0 => Some((Verdict::Valid, 50_000)),
             1 => Some((Verdict::Refused, 50_000)),
             2 => Some((Verdict::Invalid, 50_000)),
@@ -529,19 +570,24 @@ mod tests {
         assert!(s.rtt.equivalent(s.rtt.max(), 50_000), "{}", s.rtt.max());
         assert_eq!(s.send_lag.len(), 100);
 
-        // Every request went out once, with its own id, at or after its due time, 0.5 ms apart
-        // from the phase's start.
+        // Every request went out once, with its own id, at or after its due time, which are
+        // 0.5 ms apart from the phase's start.
         let sent = &e.transport.sent;
         assert_eq!(sent.len(), 100);
         let mut ids: Vec<u64> = sent.iter().map(|r| r.0).collect();
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), 100);
-        for (k, (_, at)) in sent.iter().enumerate() {
-            let due = p.start + Duration::from_micros(500 * k as u64);
+        for (k, (_, due, at)) in sent.iter().enumerate() {
+            let expected = p.start + Duration::from_micros(500 * k as u64);
+            let off = due.max(&expected).duration_since(*due.min(&expected));
+            assert!(
+                off < Duration::from_micros(2),
+                "request {k} due {off:?} off"
+            );
             // Within the rounding of the schedule's float arithmetic.
             assert!(
-                *at + Duration::from_micros(1) >= due,
+                *at + Duration::from_micros(1) >= *due,
                 "request {k} sent early"
             );
         }
@@ -550,7 +596,7 @@ mod tests {
     /// A reply that names no request of ours, or names one twice.
     #[test]
     fn foreign_and_duplicate_replies_change_no_request() {
-        let mut e = engine(|_, _| Some((Verdict::Valid, 50_000)));
+        let mut e = engine::<false>(|_, _| Some((Verdict::Valid, 50_000)));
         let s = e.run_phase(&phase(1000.0, 0.01)).unwrap();
         assert_eq!(s.answered, 10);
         e.book.current = Some((0, StepStats::new()));
@@ -572,5 +618,28 @@ mod tests {
         let (_, s) = e.book.current.take().unwrap();
         assert_eq!((s.answered, s.invalid_unmatched), (0, 2));
         assert_eq!(e.book.duplicate[0], 1);
+    }
+
+    /// A transport that ends its requests itself: a failure counts by kind with its first reason,
+    /// the latency runs from when the exchange began, its queueing is the send lag, and an end
+    /// later than the timeout still counts.
+    #[test]
+    fn exchanges_a_transport_ends_itself_count_by_kind() {
+        let mut e = engine::<true>(|k, _| match k % 3 {
+            0 => Some((Verdict::Valid, 1_010_000)),
+            1 => Some((Verdict::Failed("tls"), 40_000_000)),
+            _ => Some((Verdict::Failed("refused"), 50_000)),
+        });
+        let s = e.run_phase(&phase(1000.0, 0.03)).unwrap();
+        assert_eq!((s.scheduled, s.sent, s.answered), (30, 30, 10));
+        assert_eq!(s.failures.get("tls"), Some(&10));
+        assert_eq!(s.failures.get("refused"), Some(&10));
+        assert_eq!((s.failed, s.lost()), (20, 0));
+        assert_eq!(s.first_error.as_deref(), Some("first failure: request 1"));
+        // 1.01 ms after T1, having begun 10 µs after it: 1 ms.
+        assert_eq!(s.rtt.len(), 10);
+        assert!(s.rtt.equivalent(s.rtt.max(), 1_000_000), "{}", s.rtt.max());
+        assert_eq!(s.send_lag.len(), 30);
+        assert!(s.send_lag.equivalent(s.send_lag.max(), 7_000));
     }
 }
