@@ -61,7 +61,7 @@ enum Protocol {
 
 pub(crate) fn run(args: &Args) -> Result<()> {
     match &args.protocol {
-        Protocol::Ntp(a) if a.nts.nts.is_some() => run_nts(a),
+        Protocol::Ntp(a) if a.nts.nts.is_some() => nts::run(a),
         Protocol::Ntp(a) => {
             let request = serde_json::json!({
                 "ntp_version": a.ntp_version,
@@ -97,62 +97,4 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             load::run(&a.load, load, request, &label, tcp)
         }
     }
-}
-
-/// `chime perf ntp --nts`: NTS-KE for the pool of sessions, then the load; what NTS-KE and the
-/// cookies went through is printed after the report.
-fn run_nts(a: &ntp::Args) -> Result<()> {
-    let n = &a.nts;
-    let spec = n.nts.as_deref().unwrap_or_default();
-    if a.ntp_version != 4 || a.mode != ntp::RequestMode::Client {
-        args::usage("--nts: NTS is NTPv4 client mode only").exit();
-    }
-    if (n.nts_sessions as usize) < a.load.threads {
-        args::usage(format!(
-            "--nts-sessions {} is fewer than --threads {}: every thread needs one",
-            n.nts_sessions, a.load.threads
-        ))
-        .exit();
-    }
-    let timeout = std::time::Duration::from_secs_f64(a.load.timeout.max(2.0));
-    let ke = nts::KeServer::new(n, spec, timeout)?;
-    let started = std::time::Instant::now();
-    let shared = nts::Shared::establish(&ke, n.nts_sessions as usize, a.load.threads)?;
-    println!(
-        "NTS-KE with {spec}: {} sessions in {:.2} s, cookies of {} bytes, NTP at {}",
-        n.nts_sessions,
-        started.elapsed().as_secs_f64(),
-        shared.cookie_len,
-        shared.ntp
-    );
-    let mut load = a.load.clone();
-    load.target.get_or_insert(shared.ntp);
-    let placeholders = n.nts_placeholders.map(usize::from);
-    let request = serde_json::json!({
-        "ntp_version": 4,
-        "mode": 3,
-        "nts": {
-            "ke_server": spec,
-            "sessions": n.nts_sessions,
-            "placeholders": placeholders,
-            "cookie_len": shared.cookie_len,
-        },
-    });
-    load::run(
-        &load,
-        nts::NtsLoad::new(shared.clone(), placeholders),
-        request,
-        "NTPv4 mode 3 with NTS",
-        None,
-    )?;
-    use std::sync::atomic::Ordering::Relaxed;
-    println!(
-        "NTS: {} NAKs (counted as refused), {} sessions made again after one, {} NTS-KE failures \
-         doing so, {} requests reused a cookie (their session was out of them)",
-        shared.naks.load(Relaxed),
-        shared.rekeyed.load(Relaxed),
-        shared.rekey_failures.load(Relaxed),
-        shared.reused_cookies.load(Relaxed),
-    );
-    Ok(())
 }
