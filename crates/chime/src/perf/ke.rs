@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -279,6 +279,9 @@ pub(crate) fn run(args: &Args) -> Result<()> {
 /// Sessions handed to the client threads at once at most, when the schedule has fallen behind.
 const BATCH: usize = 32;
 
+/// The longest the engine sleeps before it takes the sessions' ends.
+const END_POLL: Duration = Duration::from_millis(5);
+
 /// The steps, from `--rate` or `--steps`; a first step too short to start a session is a usage
 /// error. No warm-up: every session is a cold one.
 fn plan(args: &Args) -> Result<Plan, clap::Error> {
@@ -387,17 +390,13 @@ impl Transport for Sessions {
         }
     }
 
+    /// An end carries its own times, so it need not be taken the moment it comes: the engine
+    /// sleeps until the next session is due (or a short while, as it waits for a step's last
+    /// ends) and then takes all that came, one wakeup where waking for each end would be one
+    /// more per session on the generator's CPU.
     fn poll(&mut self, wait: Duration, on: &mut impl FnMut(Event)) {
-        let first = match self.ends.recv_timeout(wait) {
-            Ok(end) => end,
-            Err(RecvTimeoutError::Timeout) => return,
-            // Only when every thread is gone, which the engine sees as a step never ending.
-            Err(RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(wait);
-                return;
-            }
-        };
-        for end in std::iter::once(first).chain(self.ends.try_iter()) {
+        std::thread::sleep(wait.min(END_POLL));
+        for end in self.ends.try_iter() {
             let (verdict, why) = match end.outcome {
                 Ok(()) => (Verdict::Valid, None),
                 Err((kind, why)) => (Verdict::Failed(kind.name()), Some(why)),
