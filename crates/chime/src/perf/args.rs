@@ -165,14 +165,7 @@ impl LoadArgs {
     /// Checks the flags that depend on each other and works out the steps. A bad combination
     /// is reported like a bad flag: one line naming the flags, exit 2.
     pub(crate) fn plan(&self) -> Result<Plan, clap::Error> {
-        let rates = match (self.rate, self.steps) {
-            (Some(rate), _) => vec![rate],
-            (None, Some(s)) => (0..s.count)
-                .map(|i| s.start * s.factor.powi(i as i32))
-                .collect(),
-            // clap's group makes one of the two required.
-            (None, None) => return Err(usage("one of --rate and --steps is required")),
-        };
+        let rates = rates(self.rate, self.steps)?;
         if rates[0] * self.duration < 1.0 {
             return Err(usage(format!(
                 "--duration {} s at {} requests/s sends no request: make the step longer",
@@ -185,23 +178,55 @@ impl LoadArgs {
                 self.sockets, self.threads
             )));
         }
+        Plan::new(
+            rates,
+            (self.duration, self.warmup, self.timeout),
+            self.client_interval,
+            self.threads,
+            self.batch_size,
+        )
+    }
+}
+
+/// The steps' rates, from `--rate` or `--steps`.
+pub(crate) fn rates(rate: Option<f64>, steps: Option<Steps>) -> Result<Vec<f64>, clap::Error> {
+    match (rate, steps) {
+        (Some(rate), _) => Ok(vec![rate]),
+        (None, Some(s)) => Ok((0..s.count)
+            .map(|i| s.start * s.factor.powi(i as i32))
+            .collect()),
+        // clap's group makes one of the two required.
+        (None, None) => Err(usage("one of --rate and --steps is required")),
+    }
+}
+
+impl Plan {
+    /// The plan for `rates`, with each step's (duration, warm-up, timeout) in seconds, sent by
+    /// `threads` threads in batches of up to `batch`: the in-flight table must hold the requests
+    /// of a timeout.
+    pub(crate) fn new(
+        rates: Vec<f64>,
+        (duration, warmup, timeout): (f64, f64, f64),
+        client_interval: Option<f64>,
+        threads: usize,
+        batch: usize,
+    ) -> Result<Self, clap::Error> {
         let max_rate = rates.iter().copied().fold(0.0, f64::max);
-        let per_thread = max_rate / self.threads as f64;
-        let slots = inflight_slots(per_thread, self.timeout, self.batch_size);
+        let per_thread = max_rate / threads as f64;
+        let slots = inflight_slots(per_thread, timeout, batch);
         if slots > MAX_INFLIGHT_SLOTS {
             return Err(usage(format!(
-                "--timeout {} s at {max_rate:.0} requests/s per {} thread(s) keeps too many \
-                 requests in flight: shorten --timeout or add --threads",
-                self.timeout, self.threads
+                "--timeout {timeout} s at {max_rate:.0} requests/s per {threads} thread(s) keeps \
+                 too many requests in flight: shorten --timeout or add --threads"
             )));
         }
-        Ok(Plan {
+        Ok(Self {
             rates,
-            duration: Duration::from_secs_f64(self.duration),
-            warmup: Duration::from_secs_f64(self.warmup),
-            timeout: Duration::from_secs_f64(self.timeout),
+            duration: Duration::from_secs_f64(duration),
+            warmup: Duration::from_secs_f64(warmup),
+            timeout: Duration::from_secs_f64(timeout),
             inflight_slots: slots,
-            client_interval: self.client_interval.map(Duration::from_secs_f64),
+            client_interval: client_interval.map(Duration::from_secs_f64),
         })
     }
 }

@@ -1,31 +1,38 @@
-//! `chime perf nts-ke`: cold NTS-KE sessions at a fixed or stepped rate.
+//! `chime perf nts-ke`: cold NTS-KE sessions at a fixed or stepped rate, on the engine.
 //!
 //! Each session is what a client's first contact costs the server: a new TCP connection, a full
 //! TLS 1.3 handshake (no resumption), the NTS-KE request, the response up to End of Message, and
-//! the key export. Sessions start on an absolute schedule (open loop), each on one of
-//! `--connections` client threads; a session the threads are all too busy to start within the
+//! the key export. The engine starts sessions on its absolute schedule (open loop) as it sends any
+//! request; the transport here hands each to one of `--connections` client threads, which runs it
+//! whole and reports how it ended. A session the threads are all too busy to start within the
 //! timeout is counted as `backlog`, not silently dropped. Per step: sessions completed per second,
-//! the latency from connect to the last record (HDR histogram), failures by kind, and the
-//! server's CPU time per completed session from /proc.
+//! the latency from connect to the last record, how long sessions queued for a thread, failures
+//! by kind, and the server's CPU time per completed session from /proc.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use chime_ntp::nts::{self, KeAnswerError};
-use hdrhistogram::Histogram;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use serde::Serialize;
 
-use super::args::{Steps, parse_pid, parse_positive_seconds, parse_rate, parse_steps, usage};
+use super::args::{
+    Plan, Steps, parse_pid, parse_positive_seconds, parse_rate, parse_steps, rates, usage,
+};
+use super::engine::{self, Setup};
 use super::procfs::Watch;
-use super::stats::ServerCpu;
+use super::protocol::{ReplyMatch, Verdict};
+use super::stats::{self, ServerCpu, StepReport};
+use super::transport::{Began, Event, Reply, Request, Sent, Transport, realtime_ns};
+use super::worker::Worker;
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("load").required(true).args(["rate", "steps"])))]
@@ -90,8 +97,7 @@ pub(crate) struct Args {
 }
 
 /// How a session failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Failure {
     /// The connection was refused (nothing listening, or a full backlog).
     Refused,
@@ -112,35 +118,25 @@ enum Failure {
     Backlog,
 }
 
-/// One step's sessions as the client threads report them.
-struct StepAcc {
-    completed: u64,
-    failures: BTreeMap<Failure, u64>,
-    /// Connect to the last record, microseconds.
-    latency: Histogram<u64>,
-    /// Scheduled start to the actual start, microseconds.
-    queued: Histogram<u64>,
-    pending: u64,
-    first_error: Option<String>,
-}
-
-impl StepAcc {
-    fn new() -> Self {
-        let h = || Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-        Self {
-            completed: 0,
-            failures: BTreeMap::new(),
-            latency: h(),
-            queued: h(),
-            pending: 0,
-            first_error: None,
+impl Failure {
+    /// Its name in the report.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Closed => "closed",
+            Self::Tls => "tls",
+            Self::Timeout => "timeout",
+            Self::KeError => "ke_error",
+            Self::BadRecords => "bad_records",
+            Self::Io => "io",
+            Self::Backlog => "backlog",
         }
     }
 }
 
-/// One step's results.
+/// One step's results, as `--json` writes them and the step's line reads.
 #[derive(Debug, Serialize)]
-struct StepReport {
+struct KeStep<'a> {
     step: usize,
     offered_rate: f64,
     duration: f64,
@@ -149,42 +145,59 @@ struct StepReport {
     completed_rate: f64,
     failed: u64,
     failed_pct: f64,
-    failures: BTreeMap<Failure, u64>,
-    latency_ms: Percentiles,
-    queued_ms: Percentiles,
+    failures: &'a BTreeMap<&'static str, u64>,
+    /// Connect to the last record, of the completed sessions.
+    latency_ms: Millis,
+    /// Scheduled start to the actual start, of every session.
+    queued_ms: Millis,
     server_cpu: Option<ServerCpu>,
     client_cpu_percent: f64,
 }
 
-#[derive(Debug, Serialize)]
-struct Percentiles {
+impl<'a> KeStep<'a> {
+    /// The engine's step, in sessions.
+    fn of(r: &'a StepReport) -> Self {
+        let failed: u64 = r.failures.values().sum();
+        Self {
+            step: r.step,
+            offered_rate: r.offered_rate,
+            duration: r.duration,
+            scheduled: r.scheduled,
+            completed: r.answered,
+            completed_rate: r.answered_rate,
+            failed,
+            failed_pct: 100.0 * failed as f64 / r.scheduled.max(1) as f64,
+            failures: &r.failures,
+            latency_ms: Millis::of(r.rtt_us),
+            queued_ms: Millis::of(r.send_lag_us),
+            server_cpu: r.server_cpu,
+            client_cpu_percent: r.client_cpu_percent,
+        }
+    }
+}
+
+/// Percentiles in milliseconds; all zero where there were none.
+#[derive(Debug, Default, Serialize)]
+struct Millis {
     p50: f64,
     p99: f64,
     p999: f64,
     max: f64,
 }
 
-impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Self {
-        let ms = |v: u64| v as f64 / 1000.0;
-        Self {
-            p50: ms(h.value_at_quantile(0.5)),
-            p99: ms(h.value_at_quantile(0.99)),
-            p999: ms(h.value_at_quantile(0.999)),
-            max: ms(h.max()),
-        }
+impl Millis {
+    fn of(p: Option<stats::Percentiles>) -> Self {
+        p.map_or_else(Self::default, |p| Self {
+            p50: p.p50 / 1e3,
+            p99: p.p99 / 1e3,
+            p999: p.p999 / 1e3,
+            max: p.max / 1e3,
+        })
     }
 }
 
-/// A session to run: when it was due, which step counts it, and where it connects from.
-struct Job {
-    due: Instant,
-    step: usize,
-    source: Option<std::net::IpAddr>,
-}
-
 pub(crate) fn run(args: &Args) -> Result<()> {
-    let rates = rates(args);
+    let plan = plan(args).unwrap_or_else(|e| e.exit());
     // Open the output first: a typo in a path should cost nothing, not a finished run.
     let json = args.json.as_ref().map(|p| {
         std::fs::File::create(p)
@@ -200,53 +213,45 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         .with_context(|| format!("{host}: cannot resolve"))?
         .next()
         .with_context(|| format!("{host}: no address"))?;
-    if args.sources > 1 && !matches!(addr.ip(), std::net::IpAddr::V4(v4) if v4.octets()[0] == 127) {
+    if args.sources > 1 && !matches!(addr.ip(), IpAddr::V4(v4) if v4.octets()[0] == 127) {
         usage(format!("--sources: {addr} is not in 127.0.0.0/8")).exit();
     }
-    let timeout = Duration::from_secs_f64(args.timeout);
-    let steps: Arc<Vec<Mutex<StepAcc>>> =
-        Arc::new(rates.iter().map(|_| Mutex::new(StepAcc::new())).collect());
-
-    let (tx, rx) = mpsc::channel::<Job>();
     let client = Client {
-        jobs: Arc::new(Mutex::new(rx)),
-        steps: steps.clone(),
         config,
         name,
         aeads: Arc::new(args.nts_aead.0.clone()),
         addr,
-        timeout,
+        timeout: plan.timeout,
     };
-    let threads = client.spawn(args.connections)?;
+    let sessions = Sessions::start(client, args.connections, args.sources)?;
 
     println!(
         "chime perf nts-ke: cold NTS-KE sessions (TCP, TLS 1.3, request, response) to {addr} as \
          {host}, {} client threads, {} source address(es), {} s per step, timeout {} s",
         args.connections, args.sources, args.duration, args.timeout
     );
-    let watch = Watch {
-        server_pid: args.server_pid,
-        target: addr,
-        client_ports: Vec::new(),
+    let setup = Setup {
+        plan,
+        batch_size: BATCH,
+        watch: Watch {
+            server_pid: args.server_pid,
+            target: addr,
+            client_ports: Vec::new(),
+        },
     };
-    let mut reports = Vec::new();
-    let mut stopped_early = None;
-    for (i, &rate) in rates.iter().enumerate() {
-        let report = run_step(args, i, rate, &steps[i], &tx, &watch);
-        print_step(&report);
-        let over = report.failed_pct > args.max_failures;
-        let pct = report.failed_pct;
-        reports.push(report);
-        if over && i + 1 < rates.len() {
-            stopped_early = Some(format!("step {} failed {pct:.2}%", i + 1));
-            break;
-        }
-    }
-    drop(tx);
-    for t in threads {
-        let _ = t.join();
-    }
-    print_summary(args, &reports, stopped_early.as_deref());
+    let max_failures = args.max_failures;
+    let over = |r: &StepReport| {
+        let s = KeStep::of(r);
+        (s.failed_pct > max_failures)
+            .then(|| format!("step {} failed {:.2}%", s.step, s.failed_pct))
+    };
+    let drive = |sessions: Sessions, worker: Worker| worker.run(sessions);
+    let outcome = engine::run(&setup, vec![sessions], drive, over, |r| {
+        print_step(&KeStep::of(r));
+    })?;
+    let steps: Vec<KeStep<'_>> = outcome.steps.iter().map(KeStep::of).collect();
+    let stopped_early = outcome.stopped_early;
+    print_summary(args, &steps, stopped_early.as_deref());
     if let Some((path, file)) = json {
         let run = serde_json::json!({
             "protocol": "nts-ke",
@@ -259,7 +264,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             "max_failures_pct": args.max_failures,
             "server_pid": args.server_pid,
             "stopped_early": stopped_early,
-            "steps": reports,
+            "steps": steps,
         });
         let mut out = io::BufWriter::new(file);
         let context = || format!("cannot write {}", path.display());
@@ -271,30 +276,29 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The steps' rates, from `--rate` or `--steps`; a first step too short to start a session is
-/// a usage error.
-fn rates(args: &Args) -> Vec<f64> {
-    let rates: Vec<f64> = match (args.rate, args.steps) {
-        (Some(r), _) => vec![r],
-        (None, Some(s)) => (0..s.count)
-            .map(|i| s.start * s.factor.powi(i as i32))
-            .collect(),
-        (None, None) => usage("one of --rate and --steps is required").exit(),
-    };
+/// Sessions handed to the client threads at once at most, when the schedule has fallen behind.
+const BATCH: usize = 32;
+
+/// The longest the engine sleeps before it takes the sessions' ends.
+const END_POLL: Duration = Duration::from_millis(5);
+
+/// The steps, from `--rate` or `--steps`; a first step too short to start a session is a usage
+/// error. No warm-up: every session is a cold one.
+fn plan(args: &Args) -> Result<Plan, clap::Error> {
+    let rates = rates(args.rate, args.steps)?;
     if rates[0] * args.duration < 1.0 {
-        usage(format!(
+        return Err(usage(format!(
             "--duration {} s at {} sessions/s starts no session: make the step longer",
             args.duration, rates[0]
-        ))
-        .exit();
+        )));
     }
-    rates
+    // A session ends by its timeout from when it was due; the table keeps two of those.
+    Plan::new(rates, (args.duration, 0.0, args.timeout), None, 1, BATCH)
 }
 
-/// What every client thread shares: the queue of jobs, the steps' tallies, and the server.
+/// What every client thread needs to run a session.
+#[derive(Clone)]
 struct Client {
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
-    steps: Arc<Vec<Mutex<StepAcc>>>,
     config: Arc<ClientConfig>,
     name: ServerName<'static>,
     aeads: Arc<Vec<nts::Aead>>,
@@ -302,39 +306,140 @@ struct Client {
     timeout: Duration,
 }
 
-impl Client {
-    /// Starts `n` client threads, each running sessions until the job sender goes.
-    fn spawn(self, n: u16) -> Result<Vec<std::thread::JoinHandle<()>>> {
+/// A session to run: its id, when it was due, and where it connects from.
+struct Job {
+    id: u64,
+    due: Instant,
+    source: Option<IpAddr>,
+}
+
+/// How a session ended: the outcome, how long it queued for a thread, and when it began and
+/// ended on the realtime clock.
+struct End {
+    id: u64,
+    outcome: Result<(), (Failure, String)>,
+    queued: Duration,
+    began_ns: i64,
+    ended_ns: i64,
+}
+
+/// NTS-KE sessions as the engine's transport: each request a session, run by the next free
+/// client thread, its end reported under the request's id.
+struct Sessions {
+    /// To the client threads; taken when the transport goes, which ends them.
+    jobs: Option<mpsc::Sender<Job>>,
+    ends: mpsc::Receiver<End>,
+    threads: Vec<JoinHandle<()>>,
+    sources: u8,
+    /// Sessions handed out so far, for the source address of the next.
+    handed: u64,
+}
+
+impl Sessions {
+    /// Starts `n` client threads, each running sessions until the transport goes.
+    fn start(client: Client, n: u16, sources: u8) -> Result<Self> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let (ends_tx, ends) = mpsc::channel();
         let mut threads = Vec::new();
         for i in 0..n {
-            let client = Self {
-                jobs: self.jobs.clone(),
-                steps: self.steps.clone(),
-                config: self.config.clone(),
-                name: self.name.clone(),
-                aeads: self.aeads.clone(),
-                addr: self.addr,
-                timeout: self.timeout,
-            };
+            let (client, jobs, ends) = (client.clone(), rx.clone(), ends_tx.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("perf-ke-{i}"))
                     .stack_size(256 << 10)
-                    .spawn(move || client.run())
+                    .spawn(move || client.serve(&jobs, &ends))
                     .context("cannot start a client thread")?,
             );
         }
-        Ok(threads)
+        Ok(Self {
+            jobs: Some(jobs),
+            ends,
+            threads,
+            sources,
+            handed: 0,
+        })
+    }
+}
+
+impl Transport for Sessions {
+    const ENDS_ITSELF: bool = true;
+
+    /// Hands the sessions to the client threads; each begins when a thread is free.
+    fn send(&mut self, requests: &[Request]) -> Sent {
+        let now = realtime_ns();
+        for r in requests {
+            let source = (self.sources > 1).then(|| {
+                let host = 1 + (self.handed % u64::from(self.sources)) as u8;
+                IpAddr::from(Ipv4Addr::new(127, 0, 0, host))
+            });
+            self.handed += 1;
+            if let Some(jobs) = &self.jobs {
+                // The threads live until the sender goes.
+                let _ = jobs.send(Job {
+                    id: r.id,
+                    due: r.due,
+                    source,
+                });
+            }
+        }
+        Sent {
+            sent: requests.len() as u64,
+            t1_ns: (now, now),
+            ..Sent::default()
+        }
     }
 
+    /// An end carries its own times, so it need not be taken the moment it comes: the engine
+    /// sleeps until the next session is due (or a short while, as it waits for a step's last
+    /// ends) and then takes all that came, one wakeup where waking for each end would be one
+    /// more per session on the generator's CPU.
+    fn poll(&mut self, wait: Duration, on: &mut impl FnMut(Event)) {
+        std::thread::sleep(wait.min(END_POLL));
+        for end in self.ends.try_iter() {
+            let (verdict, why) = match end.outcome {
+                Ok(()) => (Verdict::Valid, None),
+                Err((kind, why)) => (Verdict::Failed(kind.name()), Some(why)),
+            };
+            let matched = ReplyMatch::Matched {
+                id: end.id,
+                verdict,
+                server: None,
+                signed: None,
+            };
+            on(Event::Reply(Reply {
+                matched,
+                t4_ns: end.ended_ns,
+                began: Some(Began {
+                    at_ns: end.began_ns,
+                    queued_ns: i64::try_from(end.queued.as_nanos()).unwrap_or(i64::MAX),
+                }),
+                why,
+            }));
+        }
+    }
+}
+
+impl Drop for Sessions {
+    /// Ends the client threads once their sessions are over.
+    fn drop(&mut self) {
+        self.jobs = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Client {
     /// Takes jobs one at a time and runs each as a session, or counts it as backlog if it waited
     /// past its timeout, until the job sender goes.
-    fn run(self) {
+    fn serve(&self, jobs: &Mutex<mpsc::Receiver<Job>>, ends: &mpsc::Sender<End>) {
         loop {
             // The lock is held only to take one job.
-            let job = self.jobs.lock().map(|r| r.recv());
+            let job = jobs.lock().map(|r| r.recv());
             let Ok(Ok(job)) = job else { return };
             let started = Instant::now();
+            let began_ns = realtime_ns();
             let queued = started.saturating_duration_since(job.due);
             let outcome = if queued >= self.timeout {
                 Err((Failure::Backlog, "every client thread was busy".into()))
@@ -346,96 +451,24 @@ impl Client {
                     job.due + self.timeout,
                 )
             };
-            let took = started.elapsed();
-            let mut acc = self.steps[job.step]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            acc.pending -= 1;
-            let _ = acc.queued.record(micros(queued));
-            match outcome {
-                Ok(()) => {
-                    acc.completed += 1;
-                    let _ = acc.latency.record(micros(took));
-                }
-                Err((kind, why)) => {
-                    *acc.failures.entry(kind).or_insert(0) += 1;
-                    acc.first_error.get_or_insert(why);
-                }
+            let took = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+            let end = End {
+                id: job.id,
+                outcome,
+                queued,
+                began_ns,
+                ended_ns: began_ns.saturating_add(took),
+            };
+            if ends.send(end).is_err() {
+                return;
             }
         }
     }
 }
 
-/// Step `i` (from 0) at `rate`: its sessions handed to the client threads on schedule, waited
-/// for until each has ended or the step's limit passed, and reported with /proc's readings from
-/// either side of it.
-fn run_step(
-    args: &Args,
-    i: usize,
-    rate: f64,
-    step: &Mutex<StepAcc>,
-    tx: &mpsc::Sender<Job>,
-    watch: &Watch,
-) -> StepReport {
-    let timeout = Duration::from_secs_f64(args.timeout);
-    let before = watch.snapshot();
-    let start = Instant::now() + Duration::from_millis(20);
-    let count = (rate * args.duration).round() as u64;
-    step.lock().unwrap_or_else(|p| p.into_inner()).pending = count;
-    for k in 0..count {
-        let due = start + Duration::from_secs_f64(k as f64 / rate);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        // The threads live until the sender goes.
-        let source = (args.sources > 1).then(|| {
-            std::net::Ipv4Addr::new(127, 0, 0, 1 + (k % u64::from(args.sources)) as u8).into()
-        });
-        let _ = tx.send(Job {
-            due,
-            step: i,
-            source,
-        });
-    }
-    // Every session of the step ends by its deadline; the last is due a little before
-    // start + duration.
-    let limit = start + Duration::from_secs_f64(args.duration) + timeout * 2;
-    while step.lock().unwrap_or_else(|p| p.into_inner()).pending > 0 && Instant::now() < limit {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let after = watch.snapshot();
-    let acc = step.lock().unwrap_or_else(|p| p.into_inner());
-    let delta = watch.delta(
-        &before,
-        &after,
-        acc.completed,
-        Duration::from_secs_f64(args.duration),
-    );
-    let failed: u64 = acc.failures.values().sum();
-    let report = StepReport {
-        step: i + 1,
-        offered_rate: rate,
-        duration: args.duration,
-        scheduled: count,
-        completed: acc.completed,
-        completed_rate: acc.completed as f64 / args.duration,
-        failed,
-        failed_pct: 100.0 * failed as f64 / count.max(1) as f64,
-        failures: acc.failures.clone(),
-        latency_ms: Percentiles::of(&acc.latency),
-        queued_ms: Percentiles::of(&acc.queued),
-        server_cpu: delta.server_cpu,
-        client_cpu_percent: delta.client_cpu_percent,
-    };
-    if let Some(e) = &acc.first_error {
-        eprintln!("chime: step {}: first failure: {e}", i + 1);
-    }
-    report
-}
-
 /// The lines after the steps: why the run stopped early, if it did, and the best step within
 /// `--max-failures`.
-fn print_summary(args: &Args, reports: &[StepReport], stopped_early: Option<&str>) {
+fn print_summary(args: &Args, reports: &[KeStep<'_>], stopped_early: Option<&str>) {
     if let Some(why) = stopped_early {
         println!("stopped early: {why}");
     }
@@ -460,25 +493,13 @@ fn print_summary(args: &Args, reports: &[StepReport], stopped_early: Option<&str
     }
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
-
-fn print_step(r: &StepReport) {
+fn print_step(r: &KeStep<'_>) {
     let failures = if r.failures.is_empty() {
         "none".to_owned()
     } else {
         r.failures
             .iter()
-            .map(|(k, n)| {
-                format!(
-                    "{}={n}",
-                    serde_json::to_value(k)
-                        .unwrap_or_default()
-                        .as_str()
-                        .unwrap_or("?")
-                )
-            })
+            .map(|(k, n)| format!("{k}={n}"))
             .collect::<Vec<_>>()
             .join(" ")
     };
@@ -510,7 +531,7 @@ fn print_step(r: &StepReport) {
 fn session(
     (config, name, aeads): (&Arc<ClientConfig>, &ServerName<'static>, &[nts::Aead]),
     addr: SocketAddr,
-    source: Option<std::net::IpAddr>,
+    source: Option<IpAddr>,
     deadline: Instant,
 ) -> Result<(), (Failure, String)> {
     let left = || {
@@ -559,11 +580,7 @@ fn session(
 }
 
 /// A TCP connection to `addr`, from `source` if given.
-fn connect(
-    addr: SocketAddr,
-    source: Option<std::net::IpAddr>,
-    limit: Duration,
-) -> io::Result<TcpStream> {
+fn connect(addr: SocketAddr, source: Option<IpAddr>, limit: Duration) -> io::Result<TcpStream> {
     let Some(ip) = source else {
         return TcpStream::connect_timeout(&addr, limit);
     };

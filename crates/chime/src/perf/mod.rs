@@ -2,22 +2,29 @@
 //! latency tools that keep HDR histograms.
 //!
 //! Requests leave on an absolute schedule whatever comes back, so an overloaded server cannot slow
-//! the load down; every reply is matched to its request by an id the protocol carries; a run is a
-//! fixed rate or a series of geometrically growing steps that stops once loss passes a threshold.
-//! Per step it measures loss, the answered rate, round-trip latency percentiles, for NTP the
-//! server's receive timestamp error and processing time, and optionally the server's CPU time per
-//! reply; it prints a table and writes CSV, JSON and an SVG plot.
+//! the load down; every reply is matched to its request by an id the protocol carries (an NTS-KE
+//! session's end by the id its client thread was handed); a run is a fixed rate or a series of
+//! geometrically growing steps that stops once loss (or failure) passes a threshold. Per step it
+//! measures loss, the answered rate, round-trip latency percentiles, for NTP the server's receive
+//! timestamp error and processing time, and optionally the server's CPU time per reply; it prints
+//! a table and writes CSV, JSON and an SVG plot (NTS-KE: a line per step and JSON).
 //!
-//! Module map: `args` (the shared flags), `protocol` (the [`protocol::LoadProtocol`] trait a
-//! protocol implements), `ntp` and `roughtime` (each protocol's requests and replies), `controller` (steps, progress, /proc
-//! readings, outputs), `worker` (the sending and receiving threads), `inflight` (ids and send
-//! times), `stats` (counts, histograms, per-step results), `procfs`, `report` (table, CSV, JSON),
-//! `plot` (SVG).
+//! Module map. The engine, once for every protocol: `engine` (the run: threads, steps, /proc
+//! readings around each, the progress line), `worker` (each thread's event loop: the absolute
+//! schedule, sending through the transport, matching and counting what comes back), `inflight`
+//! (ids and send times), `stats` (counts, histograms, per-step results), `procfs`, and
+//! `transport` (the [`transport::Transport`] trait through which the engine sends and receives).
+//! The transports: `udp` (datagrams) and `tcp` (streams), which carry any request/reply protocol
+//! ([`protocol::LoadProtocol`], in `protocol`: `ntp`, `nts` and `roughtime`), and `ke` (NTS-KE
+//! sessions, each run whole on a client thread). The front ends: `load` (`chime perf ntp` and
+//! `chime perf roughtime`, with `report` for the table, CSV and JSON and `plot` for the SVG) and
+//! `ke` (`chime perf nts-ke` and its report); `args` holds the flags they share.
 
 mod args;
-mod controller;
+mod engine;
 mod inflight;
 mod ke;
+mod load;
 mod ntp;
 mod nts;
 mod plot;
@@ -27,6 +34,8 @@ mod report;
 mod roughtime;
 mod stats;
 mod tcp;
+mod transport;
+mod udp;
 mod worker;
 
 use anyhow::Result;
@@ -52,7 +61,7 @@ enum Protocol {
 
 pub(crate) fn run(args: &Args) -> Result<()> {
     match &args.protocol {
-        Protocol::Ntp(a) if a.nts.nts.is_some() => run_nts(a),
+        Protocol::Ntp(a) if a.nts.nts.is_some() => nts::run(a),
         Protocol::Ntp(a) => {
             let request = serde_json::json!({
                 "ntp_version": a.ntp_version,
@@ -66,7 +75,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
                 a.ntp_version,
                 request["mode"].as_u64().unwrap_or(0)
             );
-            controller::run(
+            load::run(
                 &a.load,
                 ntp::NtpLoad::new(a.ntp_version, a.mode),
                 request,
@@ -85,65 +94,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             });
             let label = format!("Roughtime {}", a.version);
             let load = roughtime::RoughtimeLoad::new(a.version, a.public_key, a.verify_every);
-            controller::run(&a.load, load, request, &label, tcp)
+            load::run(&a.load, load, request, &label, tcp)
         }
     }
-}
-
-/// `chime perf ntp --nts`: NTS-KE for the pool of sessions, then the load; what NTS-KE and the
-/// cookies went through is printed after the report.
-fn run_nts(a: &ntp::Args) -> Result<()> {
-    let n = &a.nts;
-    let spec = n.nts.as_deref().unwrap_or_default();
-    if a.ntp_version != 4 || a.mode != ntp::RequestMode::Client {
-        args::usage("--nts: NTS is NTPv4 client mode only").exit();
-    }
-    if (n.nts_sessions as usize) < a.load.threads {
-        args::usage(format!(
-            "--nts-sessions {} is fewer than --threads {}: every thread needs one",
-            n.nts_sessions, a.load.threads
-        ))
-        .exit();
-    }
-    let timeout = std::time::Duration::from_secs_f64(a.load.timeout.max(2.0));
-    let ke = nts::KeServer::new(n, spec, timeout)?;
-    let started = std::time::Instant::now();
-    let shared = nts::Shared::establish(&ke, n.nts_sessions as usize, a.load.threads)?;
-    println!(
-        "NTS-KE with {spec}: {} sessions in {:.2} s, cookies of {} bytes, NTP at {}",
-        n.nts_sessions,
-        started.elapsed().as_secs_f64(),
-        shared.cookie_len,
-        shared.ntp
-    );
-    let mut load = a.load.clone();
-    load.target.get_or_insert(shared.ntp);
-    let placeholders = n.nts_placeholders.map(usize::from);
-    let request = serde_json::json!({
-        "ntp_version": 4,
-        "mode": 3,
-        "nts": {
-            "ke_server": spec,
-            "sessions": n.nts_sessions,
-            "placeholders": placeholders,
-            "cookie_len": shared.cookie_len,
-        },
-    });
-    controller::run(
-        &load,
-        nts::NtsLoad::new(shared.clone(), placeholders),
-        request,
-        "NTPv4 mode 3 with NTS",
-        None,
-    )?;
-    use std::sync::atomic::Ordering::Relaxed;
-    println!(
-        "NTS: {} NAKs (counted as refused), {} sessions made again after one, {} NTS-KE failures \
-         doing so, {} requests reused a cookie (their session was out of them)",
-        shared.naks.load(Relaxed),
-        shared.rekeyed.load(Relaxed),
-        shared.rekey_failures.load(Relaxed),
-        shared.reused_cookies.load(Relaxed),
-    );
-    Ok(())
 }

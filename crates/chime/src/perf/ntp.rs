@@ -2,7 +2,7 @@
 //!
 //! The transmit timestamp of each request is its id, not a time: the server copies it into the
 //! reply's origin timestamp, which is how the reply finds its request (chrony's client also sends a
-//! random transmit timestamp and keeps T1 to itself). T1 is the worker's clock read just before
+//! random transmit timestamp and keeps T1 to itself). T1 is the transport's clock read just before
 //! `sendmmsg`; the reply's receive and transmit timestamps (T2, T3) give the server's receive
 //! timestamp error T2 − T1 (measured on the first datagram of each `sendmmsg`, the one whose T1
 //! is exact) and its processing time T3 − T2. Both need the server on this host, on our clock.

@@ -29,6 +29,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rustls::ClientConfig;
 
+use super::args::usage;
 use super::ntp::{NtpLoad, RequestMode, server_times};
 use super::protocol::{LoadProtocol, ReplyMatch, Verdict};
 
@@ -50,6 +51,63 @@ const RETIRED: usize = 64;
 
 /// Offset of the transmit timestamp, which carries the id as for plain NTP.
 const TRANSMIT_TS: usize = 40;
+
+/// `chime perf ntp --nts`: NTS-KE for the pool of sessions, then the load; what NTS-KE and the
+/// cookies went through is printed after the report.
+pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
+    let n = &a.nts;
+    let spec = n.nts.as_deref().unwrap_or_default();
+    if a.ntp_version != 4 || a.mode != RequestMode::Client {
+        usage("--nts: NTS is NTPv4 client mode only").exit();
+    }
+    if (n.nts_sessions as usize) < a.load.threads {
+        usage(format!(
+            "--nts-sessions {} is fewer than --threads {}: every thread needs one",
+            n.nts_sessions, a.load.threads
+        ))
+        .exit();
+    }
+    let timeout = std::time::Duration::from_secs_f64(a.load.timeout.max(2.0));
+    let ke = KeServer::new(n, spec, timeout)?;
+    let started = std::time::Instant::now();
+    let shared = Shared::establish(&ke, n.nts_sessions as usize, a.load.threads)?;
+    println!(
+        "NTS-KE with {spec}: {} sessions in {:.2} s, cookies of {} bytes, NTP at {}",
+        n.nts_sessions,
+        started.elapsed().as_secs_f64(),
+        shared.cookie_len,
+        shared.ntp
+    );
+    let mut load = a.load.clone();
+    load.target.get_or_insert(shared.ntp);
+    let placeholders = n.nts_placeholders.map(usize::from);
+    let request = serde_json::json!({
+        "ntp_version": 4,
+        "mode": 3,
+        "nts": {
+            "ke_server": spec,
+            "sessions": n.nts_sessions,
+            "placeholders": placeholders,
+            "cookie_len": shared.cookie_len,
+        },
+    });
+    super::load::run(
+        &load,
+        NtsLoad::new(shared.clone(), placeholders),
+        request,
+        "NTPv4 mode 3 with NTS",
+        None,
+    )?;
+    println!(
+        "NTS: {} NAKs (counted as refused), {} sessions made again after one, {} NTS-KE failures \
+         doing so, {} requests reused a cookie (their session was out of them)",
+        shared.naks.load(Relaxed),
+        shared.rekeyed.load(Relaxed),
+        shared.rekey_failures.load(Relaxed),
+        shared.reused_cookies.load(Relaxed),
+    );
+    Ok(())
+}
 
 /// Where NTS-KE runs: the server, its port, the trusted certificates.
 #[derive(Clone)]

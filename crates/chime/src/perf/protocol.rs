@@ -1,9 +1,11 @@
-//! The one thing the load generator needs from a protocol: write a request that carries an id,
-//! and find that id again in a reply and judge the reply.
+//! The one thing the load generator needs from a request/reply protocol: write a request that
+//! carries an id, and find that id again in a reply and judge the reply; and the judgement every
+//! transport hands the engine.
 //!
-//! Everything else (pacing, sockets, matching ids to send times, counting, histograms) is the same
-//! for every protocol and lives in the worker. NTP carries the id in the transmit timestamp, which
-//! the server echoes as the origin timestamp; Roughtime will carry it in the nonce.
+//! Everything else is the same for every protocol: the sockets or connections are the
+//! transport's (`transport`), the pacing, the matching of ids to send times and the counting the
+//! engine's (`worker`). NTP carries the id in the transmit timestamp, which the server echoes as
+//! the origin timestamp; NTS in the unique identifier too; Roughtime in the nonce.
 
 /// A protocol `chime perf` can load a server with.
 ///
@@ -56,6 +58,9 @@ pub(crate) enum Verdict {
     Refused,
     /// Wrong in a way a client would reject (mode, version, missing timestamps, bad signature).
     Invalid,
+    /// An exchange the transport ran itself failed, in the way named (an NTS-KE session: `tls`,
+    /// `refused`, `timeout`, ...). Counted by kind; the request is not answered.
+    Failed(&'static str),
 }
 
 /// What a signed reply shows: whether it was checked in full, and how wide a tree it came from.

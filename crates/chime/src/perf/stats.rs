@@ -1,16 +1,19 @@
 //! Counts and latency histograms of one step: filled per thread by the workers, merged by the
-//! controller, and summarised into the per-step [`StepReport`] that every output is made from.
+//! engine, and summarised into the per-step [`StepReport`] that every output is made from.
 //!
 //! Every request of a step ends in exactly one of: answered (a valid reply within the timeout),
 //! refused (a kiss-o'-death or the like), settled invalid (a reply with its id that a client would
-//! reject), or lost (no such reply within the timeout). Late replies (after the timeout) and
+//! reject), failed (an exchange the transport ran itself, such as an NTS-KE session, ended in a
+//! failure of a named kind), or lost (no such reply within the timeout). Late replies (after the timeout) and
 //! duplicates are counted on top and change nothing; a late request is also lost. Loss is
 //! everything not answered: `(sent − answered) / sent`.
+
+use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::protocol::Signed;
+use super::protocol::{ServerTimes, Signed};
 
 /// Latencies are recorded in nanoseconds, from 1 ns up to a minute, to three significant digits.
 const HIST_MAX_NS: u64 = 60_000_000_000;
@@ -35,6 +38,9 @@ pub(crate) struct StepStats {
     pub(crate) invalid_matched: u64,
     /// Datagrams that name no request of ours (unparsable, unknown id).
     pub(crate) invalid_unmatched: u64,
+    /// Exchanges that failed, by kind (NTS-KE sessions), and all of them together.
+    pub(crate) failures: BTreeMap<&'static str, u64>,
+    pub(crate) failed: u64,
     /// Receive errors other than "nothing queued".
     pub(crate) recv_errors: u64,
     /// The first send or receive error of the step, to report once rather than per packet.
@@ -50,7 +56,8 @@ pub(crate) struct StepStats {
     pub(crate) t2_t1: Histogram<u64>,
     /// The server's processing time, T3 − T2.
     pub(crate) t3_t2: Histogram<u64>,
-    /// How late requests left against the schedule.
+    /// How late requests left against the schedule (for exchanges a transport runs itself, how
+    /// long each waited to begin).
     pub(crate) send_lag: Histogram<u64>,
     /// Answered requests whose reply was verified in full (signed protocols).
     pub(crate) verified: u64,
@@ -74,6 +81,8 @@ impl StepStats {
             refused: 0,
             invalid_matched: 0,
             invalid_unmatched: 0,
+            failures: BTreeMap::new(),
+            failed: 0,
             recv_errors: 0,
             first_error: None,
             t2_before_t1: 0,
@@ -87,6 +96,46 @@ impl StepStats {
         }
     }
 
+    /// Counts an answered request: its round trip (and whether that was stale), when it was sent
+    /// and whether that T1 is exact, and what the reply showed of the server's times and
+    /// signature.
+    pub(crate) fn answer(
+        &mut self,
+        rtt: i64,
+        stale: bool,
+        (t1_ns, exact_t1): (i64, bool),
+        server: Option<ServerTimes>,
+        signed: Option<Signed>,
+    ) {
+        self.answered += 1;
+        self.stale += u64::from(stale);
+        record_ns(&mut self.rtt, rtt);
+        if self.slowest.is_none_or(|(worst, _)| rtt > worst) {
+            self.slowest = Some((rtt, t1_ns));
+        }
+        if let Some(signed) = signed {
+            self.record_signed(signed);
+        }
+        if let Some(server) = server {
+            record_ns(&mut self.t3_t2, server.transmit_ns - server.receive_ns);
+            if exact_t1 {
+                let t2_t1 = server.receive_ns - t1_ns;
+                self.t2_before_t1 += u64::from(t2_t1 < 0);
+                record_ns(&mut self.t2_t1, t2_t1);
+            }
+        }
+    }
+
+    /// Counts an exchange that failed as `kind`; the first failure's reason is the step's to
+    /// report.
+    pub(crate) fn fail(&mut self, kind: &'static str, why: Option<String>) {
+        *self.failures.entry(kind).or_insert(0) += 1;
+        self.failed += 1;
+        if let (None, Some(why)) = (&self.first_error, why) {
+            self.first_error = Some(format!("first failure: {why}"));
+        }
+    }
+
     /// Counts what an answered reply of a signed protocol shows.
     pub(crate) fn record_signed(&mut self, signed: Signed) {
         self.verified += u64::from(signed.verified);
@@ -97,7 +146,7 @@ impl StepStats {
     /// once it is over, the lost ones.
     pub(crate) fn lost(&self) -> u64 {
         self.sent
-            .saturating_sub(self.answered + self.refused + self.invalid_matched)
+            .saturating_sub(self.answered + self.refused + self.invalid_matched + self.failed)
     }
 
     /// Adds another thread's numbers for the same step.
@@ -111,6 +160,10 @@ impl StepStats {
         self.refused += other.refused;
         self.invalid_matched += other.invalid_matched;
         self.invalid_unmatched += other.invalid_unmatched;
+        for (kind, n) in &other.failures {
+            *self.failures.entry(kind).or_insert(0) += n;
+        }
+        self.failed += other.failed;
         self.recv_errors += other.recv_errors;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
@@ -273,6 +326,9 @@ pub(crate) struct StepReport {
     /// Invalid datagrams: replies a client would reject plus ones naming no request of ours.
     pub(crate) invalid: u64,
     pub(crate) refused: u64,
+    /// Exchanges that failed, by kind (NTS-KE sessions); no field where there are none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) failures: BTreeMap<&'static str, u64>,
     pub(crate) late: u64,
     pub(crate) duplicate: u64,
     pub(crate) recv_errors: u64,
@@ -306,7 +362,7 @@ pub(crate) struct StepReport {
 }
 
 impl StepReport {
-    /// The counts and distributions of a step; the controller adds the /proc figures.
+    /// The counts and distributions of a step; the engine adds the /proc figures.
     pub(crate) fn new(
         step: usize,
         offered_rate: f64,
@@ -344,6 +400,7 @@ impl StepReport {
             lost: s.lost(),
             invalid: s.invalid_matched + s.invalid_unmatched,
             refused: s.refused,
+            failures: s.failures.clone(),
             late: 0,
             duplicate: 0,
             recv_errors: s.recv_errors,

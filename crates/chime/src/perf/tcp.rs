@@ -3,10 +3,11 @@
 //! pipelined on each, or a new connection for every request, closed once its reply is in (the
 //! "cold" case, where the handshake is part of every exchange).
 //!
-//! Everything is non-blocking and driven from the worker's one event loop: requests are queued on
-//! a connection and written as far as the kernel takes them, replies are read as they come and cut
-//! into packets by chime-roughtime's [`FrameReader`]. A reused connection the server closes is
-//! opened again (its unanswered requests are lost, as the worker's timeout counts them).
+//! Everything is non-blocking and driven from the engine's one event loop, as its transport:
+//! requests are queued on a connection and written as far as the kernel takes them, replies are
+//! read as they come and cut into packets by chime-roughtime's [`FrameReader`], and the
+//! protocol finds each one's id as it would in a datagram. A reused connection the server closes
+//! is opened again (its unanswered requests are lost, as the engine's timeout counts them).
 
 use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -17,6 +18,9 @@ use chime_roughtime::FrameReader;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, ppoll};
 use nix::sys::time::TimeSpec;
+
+use super::protocol::LoadProtocol;
+use super::transport::{Event, Reply, Request, Sent, Transport, realtime_ns};
 
 /// The longest reply taken; longer announces are a broken stream.
 const MAX_REPLY: usize = 1 << 16;
@@ -33,11 +37,80 @@ struct Conn {
     owed: usize,
 }
 
+/// One thread's requests over TCP: its connections and the protocol.
+pub(crate) struct Streams<P> {
+    links: TcpLinks,
+    protocol: P,
+    /// Per-request connections older than this are closed.
+    timeout: Duration,
+    /// One request at a time, before it is queued on its connection.
+    scratch: Vec<u8>,
+}
+
+impl<P: LoadProtocol> Streams<P> {
+    /// `reuse` connections to `target`, or (0) a new connection per request, closed after
+    /// `timeout` at the latest.
+    pub(crate) fn new(target: SocketAddr, reuse: usize, protocol: P, timeout: Duration) -> Self {
+        Self {
+            links: TcpLinks::new(target, reuse),
+            scratch: vec![0; protocol.max_request_len()],
+            protocol,
+            timeout,
+        }
+    }
+}
+
+impl<P: LoadProtocol> Transport for Streams<P> {
+    /// Queues the requests on the connections, then writes what the kernel takes.
+    fn send(&mut self, requests: &[Request]) -> Sent {
+        let mut sent = Sent::default();
+        for r in requests {
+            let len = self.protocol.fill_request(r.id, &mut self.scratch);
+            match self.links.queue(&self.scratch[..len]) {
+                Ok(()) => sent.sent += 1,
+                Err(e) => {
+                    sent.errors += 1;
+                    sent.error.get_or_insert(format!("connect: {e}"));
+                }
+            }
+        }
+        let before = realtime_ns();
+        let mut trouble = Trouble::default();
+        self.links.flush(&mut trouble);
+        let after = if requests.len() > 1 {
+            realtime_ns()
+        } else {
+            before
+        };
+        sent.errors += trouble.errors;
+        if sent.error.is_none() {
+            sent.error = trouble.first;
+        }
+        sent.t1_ns = (before, after);
+        sent
+    }
+
+    /// Waits up to `wait` on the connections and takes in the replies; what went wrong is one
+    /// error, reported once.
+    fn poll(&mut self, wait: Duration, on: &mut impl FnMut(Event)) {
+        let protocol = &mut self.protocol;
+        let mut trouble = Trouble::default();
+        self.links
+            .poll(wait, self.timeout, &mut trouble, |reply, t4| {
+                let matched = protocol.match_reply(reply, t4.div_euclid(1_000_000_000));
+                on(Event::Reply(Reply::arrived(matched, t4)));
+            });
+        if let Some(e) = trouble.first {
+            on(Event::Error(e));
+        }
+    }
+}
+
 /// What [`TcpLinks::poll`] saw go wrong, to count and report once.
 #[derive(Debug, Default)]
-pub(crate) struct Trouble {
-    pub(crate) errors: u64,
-    pub(crate) first: Option<String>,
+struct Trouble {
+    errors: u64,
+    first: Option<String>,
 }
 
 impl Trouble {
@@ -48,7 +121,7 @@ impl Trouble {
 }
 
 /// One thread's connections to the target.
-pub(crate) struct TcpLinks {
+struct TcpLinks {
     target: SocketAddr,
     /// Connections to keep open and reuse; 0: a new connection per request.
     reuse: usize,
@@ -56,12 +129,12 @@ pub(crate) struct TcpLinks {
     next: usize,
     buf: Vec<u8>,
     /// Connections opened (the first `reuse` included).
-    pub(crate) opened: u64,
+    opened: u64,
 }
 
 impl TcpLinks {
     /// `reuse` connections to `target`, or (0) a new connection per request.
-    pub(crate) fn new(target: SocketAddr, reuse: usize) -> Self {
+    fn new(target: SocketAddr, reuse: usize) -> Self {
         Self {
             target,
             reuse,
@@ -98,7 +171,7 @@ impl TcpLinks {
 
     /// Queues `request` on the next connection (opening one if need be). It leaves at the next
     /// [`flush`](Self::flush).
-    pub(crate) fn queue(&mut self, request: &[u8]) -> std::io::Result<()> {
+    fn queue(&mut self, request: &[u8]) -> std::io::Result<()> {
         let i = if self.reuse == 0 {
             let conn = self.open()?;
             self.conns.push(conn);
@@ -118,7 +191,7 @@ impl TcpLinks {
     }
 
     /// Writes what every connected connection has queued, as far as the kernel takes it.
-    pub(crate) fn flush(&mut self, trouble: &mut Trouble) {
+    fn flush(&mut self, trouble: &mut Trouble) {
         let mut dead = Vec::new();
         for (i, conn) in self.conns.iter_mut().enumerate() {
             if conn.connected
@@ -134,7 +207,7 @@ impl TcpLinks {
     /// Waits up to `wait` for any connection to be ready, then connects, writes and reads what
     /// it can; `on_reply` gets each whole reply with the time it was read (ns since the epoch).
     /// Per-request connections older than `timeout` are closed.
-    pub(crate) fn poll(
+    fn poll(
         &mut self,
         wait: Duration,
         timeout: Duration,
@@ -256,7 +329,7 @@ fn read_in(
         match conn.stream.read(buf) {
             Ok(0) => return Ok(false),
             Ok(n) => {
-                let t4 = super::worker::realtime_ns();
+                let t4 = realtime_ns();
                 conn.frames.push(&buf[..n]);
                 loop {
                     match conn.frames.next_packet() {

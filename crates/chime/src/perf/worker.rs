@@ -1,39 +1,30 @@
-//! A sending thread: it paces requests out on an absolute schedule, receives the replies on the
-//! same sockets, and matches each reply to its request, all in one event loop.
+//! The engine's event loop, one per sending thread: it paces requests out on an absolute
+//! schedule through its transport, takes in what comes back, and matches each reply to its
+//! request in the in-flight table and counts it, whatever the protocol and the transport.
 //!
 //! Sending and receiving share one thread so that the in-flight table, the counters and the
 //! histograms are the thread's own: no locks, no atomics on the per-packet path (the progress
 //! counters are bumped once per batch). The loop is open: request k of a step is due at
 //! `start + k / rate` whatever has come back, and when the loop runs late it sends everything that
-//! is due at once (up to a batch per `sendmmsg`), so a slow server cannot slow the load down. Between
-//! due times the thread sleeps in `ppoll` on its sockets, waking for replies or for the next
+//! is due at once (up to a batch per send), so a slow server cannot slow the load down. Between
+//! due times the thread waits in its transport's poll, waking for replies or for the next
 //! request.
 
-use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use chime_udp::{RxBatch, TxBatch, UdpSocket};
-use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, ppoll};
-use nix::sys::time::TimeSpec;
+use std::time::{Duration, Instant};
 
 use super::inflight::{InFlight, Lookup, State, WARMUP};
-use super::protocol::{LoadProtocol, ReplyMatch, Verdict};
+use super::protocol::{ReplyMatch, Verdict};
 use super::stats::{StepStats, record_ns};
-use super::tcp::{TcpLinks, Trouble};
-
-/// Replies received per `recvmmsg`.
-const RX_BATCH: usize = 64;
+use super::transport::{Event, Reply, Request, Transport};
 
 /// How long past a step's end requests that are still due may go out, when the loop ran late at
 /// the very end; anything left after that is counted unsent.
 const LATE_SEND_GRACE: Duration = Duration::from_millis(20);
 
-/// What the controller asks a worker to do next.
+/// What the engine asks a worker to do next.
 #[derive(Debug)]
 pub(crate) enum Command {
     Run(Phase),
@@ -68,7 +59,7 @@ pub(crate) struct Finished {
     pub(crate) duplicate: Vec<u64>,
 }
 
-/// Counters the controller reads for the live progress line.
+/// Counters the engine reads for the live progress line.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct Progress {
@@ -76,71 +67,58 @@ pub(crate) struct Progress {
     pub(crate) answered: AtomicU64,
 }
 
-/// Everything a worker needs, built by the controller.
+/// Everything a worker needs but its transport, built by the engine.
 #[derive(Debug)]
-pub(crate) struct Worker<P> {
+pub(crate) struct Worker {
     pub(crate) index: usize,
     pub(crate) threads: usize,
-    pub(crate) target: SocketAddr,
-    pub(crate) sockets: Vec<UdpSocket>,
-    pub(crate) protocol: P,
     pub(crate) inflight: InFlight,
     pub(crate) batch_size: usize,
     pub(crate) timeout: Duration,
     pub(crate) steps: usize,
     pub(crate) progress: Arc<Progress>,
-    /// Over TCP instead of the sockets (which are then none): connections to reuse, or 0 for a
-    /// new connection per request.
-    pub(crate) tcp: Option<usize>,
+    pub(crate) commands: Receiver<Command>,
+    pub(crate) results: Sender<StepDone>,
 }
 
-impl<P: LoadProtocol> Worker<P> {
-    /// Runs phases as the controller sends them until it says stop (or goes away).
-    pub(crate) fn run(self, commands: Receiver<Command>, results: Sender<StepDone>) -> Finished {
+impl Worker {
+    /// Runs phases over `transport` as the engine sends them until it says stop (or goes
+    /// away).
+    pub(crate) fn run<T: Transport>(self, transport: T) -> Finished {
         // Sleeps until the next request are short; the default 50 µs of timer slack would bunch
         // requests up at high rates. Failure only makes pacing coarser.
         let _ = nix::sys::prctl::set_timerslack(1_000);
         let Worker {
             index,
             threads,
-            target,
-            sockets,
-            protocol,
             inflight,
             batch_size,
             timeout,
             steps,
             progress,
-            tcp,
+            commands,
+            results,
         } = self;
-        let mut fds: Vec<PollFd<'_>> = sockets
-            .iter()
-            .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN))
-            .collect();
         let mut engine = Engine {
             index,
             threads,
-            target,
             batch_size,
+            timeout,
             progress,
-            tx: TxBatch::new(batch_size, protocol.max_request_len()),
-            rx: RxBatch::new(RX_BATCH, protocol.max_reply_len()),
-            next_socket: 0,
-            tcp: tcp.map(|reuse| TcpLinks::new(target, reuse)),
-            scratch: vec![0; protocol.max_request_len()],
+            transport,
+            requests: Vec::with_capacity(batch_size),
             book: Book {
-                protocol,
                 inflight,
                 timeout_ns: i64::try_from(timeout.as_nanos()).unwrap_or(i64::MAX),
                 stale_ns: i64::MAX,
+                ends_itself: T::ENDS_ITSELF,
                 current: None,
                 late: vec![0; steps],
                 duplicate: vec![0; steps],
             },
-            timeout,
         };
         while let Ok(Command::Run(phase)) = commands.recv() {
-            if let Some(stats) = engine.run_phase(&sockets, &mut fds, &phase) {
+            if let Some(stats) = engine.run_phase(&phase) {
                 let done = StepDone {
                     step: phase.step,
                     stats,
@@ -157,48 +135,37 @@ impl<P: LoadProtocol> Worker<P> {
     }
 }
 
-/// The event loop's state, apart from the sockets and their poll set (which borrow each other).
-struct Engine<P> {
+/// The event loop's state.
+struct Engine<T> {
     index: usize,
     threads: usize,
-    target: SocketAddr,
     batch_size: usize,
     timeout: Duration,
     progress: Arc<Progress>,
-    tx: TxBatch,
-    rx: RxBatch,
-    /// Where the next batch goes: batches rotate over the sockets, so the server sees many
-    /// source ports.
-    next_socket: usize,
-    /// TCP connections, when the load goes over TCP.
-    tcp: Option<TcpLinks>,
-    /// One request at a time, for TCP.
-    scratch: Vec<u8>,
-    book: Book<P>,
+    transport: T,
+    /// The batch being sent, kept to reuse its room.
+    requests: Vec<Request>,
+    book: Book,
 }
 
 /// Matching replies to requests, and counting: everything a reply touches.
-struct Book<P> {
-    protocol: P,
+struct Book {
     inflight: InFlight,
     timeout_ns: i64,
     /// The phase's client interval: answers with a longer round trip are stale.
     stale_ns: i64,
+    /// The transport ends its requests itself ([`Transport::ENDS_ITSELF`]).
+    ends_itself: bool,
     /// The step being measured and its numbers so far; `None` during the warm-up.
     current: Option<(u16, StepStats)>,
     late: Vec<u64>,
     duplicate: Vec<u64>,
 }
 
-impl<P: LoadProtocol> Engine<P> {
+impl<T: Transport> Engine<T> {
     /// Sends this thread's share of a phase on schedule, then (for a counted step) waits for the
     /// outstanding replies up to the timeout. Returns the step's numbers; `None` for the warm-up.
-    fn run_phase(
-        &mut self,
-        sockets: &[UdpSocket],
-        fds: &mut [PollFd<'_>],
-        phase: &Phase,
-    ) -> Option<StepStats> {
+    fn run_phase(&mut self, phase: &Phase) -> Option<StepStats> {
         let counted = phase.step != WARMUP;
         self.book.current = counted.then(|| (phase.step, StepStats::new()));
         self.book.stale_ns = i64::try_from(phase.stale_after.as_nanos()).unwrap_or(i64::MAX);
@@ -217,8 +184,7 @@ impl<P: LoadProtocol> Engine<P> {
             let due = schedule.due_by(now);
             if due > next {
                 let n = (due - next).min(self.batch_size as u64);
-                let lag = now.saturating_duration_since(schedule.due_at(next));
-                self.send(sockets, n, phase.step, lag);
+                self.send(&schedule, next, n, phase.step, now);
                 next += n;
                 last_send = Instant::now();
             }
@@ -230,14 +196,18 @@ impl<P: LoadProtocol> Engine<P> {
             } else {
                 Duration::ZERO
             };
-            self.receive(sockets, fds, wait);
+            self.receive(wait);
         }
         // The warm-up runs straight into the first step, without waiting for its replies.
         let (_, stats) = self.book.current.as_mut()?;
         stats.unsent = schedule.total - next;
 
-        // Every request gets its full timeout, the last one included.
-        let deadline = last_send + self.timeout;
+        // Every request gets its full timeout, the last one included; a transport that ends its
+        // requests itself gets another to report the last ends.
+        let mut deadline = last_send + self.timeout;
+        if T::ENDS_ITSELF {
+            deadline += self.timeout;
+        }
         loop {
             let waiting = self
                 .book
@@ -248,164 +218,63 @@ impl<P: LoadProtocol> Engine<P> {
             if !waiting || now >= deadline {
                 break;
             }
-            self.receive(sockets, fds, deadline - now);
+            self.receive(deadline - now);
         }
         self.book.current.take().map(|(_, stats)| stats)
     }
 
-    /// Sends the next `n` requests over TCP: queued on the connections, then written.
-    fn send_tcp(&mut self, n: u64, step: u16, lag: Duration) {
-        let Some(links) = &mut self.tcp else { return };
+    /// Sends this thread's requests `next..next + n` of the schedule in one batch, at `now`.
+    fn send(&mut self, schedule: &Schedule, next: u64, n: u64, step: u16, now: Instant) {
+        let first_due = schedule.due_at(next);
+        let lag = now.saturating_duration_since(first_due);
+        self.requests.clear();
         let book = &mut self.book;
-        let mut queued = 0;
-        let mut failed = None;
-        for i in 0..n {
-            let id = book.inflight.peek_id(i);
-            let len = book.protocol.fill_request(id, &mut self.scratch);
-            match links.queue(&self.scratch[..len]) {
-                Ok(()) => queued += 1,
-                Err(e) => {
-                    failed.get_or_insert(format!("connect: {e}"));
-                }
-            }
-        }
-        let before = realtime_ns();
-        let mut trouble = Trouble::default();
-        links.flush(&mut trouble);
-        let after = if n > 1 { realtime_ns() } else { before };
+        self.requests.extend((0..n).map(|i| Request {
+            id: book.inflight.peek_id(i),
+            due: schedule.due_after(first_due, i),
+        }));
+        let sent = self.transport.send(&self.requests);
+        let (before, after) = sent.t1_ns;
         book.inflight.commit(n, before, after, step);
-        self.progress.sent.fetch_add(queued, Ordering::Relaxed);
+        self.progress.sent.fetch_add(sent.sent, Ordering::Relaxed);
         if let Some((_, stats)) = &mut book.current {
-            stats.sent += queued;
-            stats.send_errors += n - queued + trouble.errors;
+            stats.sent += sent.sent;
+            stats.send_errors += sent.errors;
             if stats.first_error.is_none() {
-                stats.first_error = failed.or(trouble.first);
+                stats.first_error = sent.error;
             }
-            let lag_ns = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1);
-            stats.send_lag.saturating_record_n(lag_ns, n);
+            // A transport that queues its requests reports each one's wait when it ends.
+            if !T::ENDS_ITSELF {
+                let lag_ns = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1);
+                stats.send_lag.saturating_record_n(lag_ns, n);
+            }
         }
     }
 
-    /// Waits up to `wait` on the TCP connections and takes in the replies.
-    fn receive_tcp(&mut self, wait: Duration) {
-        let Some(links) = &mut self.tcp else { return };
+    /// Waits up to `wait` for replies, and takes in all that have come.
+    fn receive(&mut self, wait: Duration) {
         let book = &mut self.book;
-        let mut trouble = Trouble::default();
         let mut answered = 0;
-        links.poll(wait, self.timeout, &mut trouble, |reply, t4| {
-            answered += u64::from(book.on_reply(reply, t4));
+        self.transport.poll(wait, &mut |event| match event {
+            Event::Reply(reply) => answered += u64::from(book.on_reply(reply)),
+            Event::Error(e) => book.count_error(e),
         });
         self.progress
             .answered
             .fetch_add(answered, Ordering::Relaxed);
-        if let Some(e) = trouble.first {
-            book.count_error(e);
-        }
-    }
-
-    /// Sends the next `n` requests in one batch from the next socket.
-    fn send(&mut self, sockets: &[UdpSocket], n: u64, step: u16, lag: Duration) {
-        if self.tcp.is_some() {
-            return self.send_tcp(n, step, lag);
-        }
-        let (tx, book) = (&mut self.tx, &mut self.book);
-        for i in 0..n {
-            let id = book.inflight.peek_id(i);
-            let protocol = &mut book.protocol;
-            tx.push_with(self.target, None, |buf| {
-                Some(protocol.fill_request(id, buf))
-            });
-        }
-        let socket = &sockets[self.next_socket];
-        self.next_socket = (self.next_socket + 1) % sockets.len();
-        // T1: read as late as we can before the requests leave, and again when the call returns
-        // to place the others within it.
-        let before = realtime_ns();
-        let outcome = socket.send_batch(tx);
-        let after = if n > 1 { realtime_ns() } else { before };
-        book.inflight.commit(n, before, after, step);
-        self.progress
-            .sent
-            .fetch_add(outcome.sent as u64, Ordering::Relaxed);
-        if let Some((_, stats)) = &mut book.current {
-            stats.sent += outcome.sent as u64;
-            stats.send_errors += outcome.errors as u64;
-            if let (None, Some(e)) = (&stats.first_error, outcome.last_error) {
-                stats.first_error = Some(format!("send: {e}"));
-            }
-            let lag_ns = u64::try_from(lag.as_nanos()).unwrap_or(u64::MAX).max(1);
-            stats.send_lag.saturating_record_n(lag_ns, n);
-        }
-    }
-
-    /// Waits up to `wait` for replies on any socket, then drains every socket that has some.
-    fn receive(&mut self, sockets: &[UdpSocket], fds: &mut [PollFd<'_>], wait: Duration) {
-        if self.tcp.is_some() {
-            return self.receive_tcp(wait);
-        }
-        match ppoll(fds, Some(TimeSpec::from_duration(wait)), None) {
-            Ok(0) | Err(Errno::EINTR) => return,
-            Ok(_) => {}
-            Err(e) => {
-                self.book.count_error(format!("poll: {e}"));
-                // Do not spin on a persistent error.
-                std::thread::sleep(wait.min(Duration::from_millis(1)));
-                return;
-            }
-        }
-        let ready = PollFlags::POLLIN | PollFlags::POLLERR;
-        for (fd, socket) in fds.iter().zip(sockets) {
-            if fd.revents().is_some_and(|r| r.intersects(ready)) {
-                self.drain(socket);
-            }
-        }
-    }
-
-    /// Receives everything queued on one socket.
-    fn drain(&mut self, socket: &UdpSocket) {
-        loop {
-            match socket.recv_batch(&mut self.rx) {
-                Ok(0) => return,
-                Ok(n) => {
-                    let mut answered = 0;
-                    // Without kernel timestamps, T4 is read once per batch, right after it.
-                    let mut now_ns = None;
-                    for (meta, payload) in self.rx.iter() {
-                        let t4 = match meta.timestamp {
-                            Some(ts) => ts.secs * 1_000_000_000 + i64::from(ts.nanos),
-                            None => *now_ns.get_or_insert_with(realtime_ns),
-                        };
-                        answered += u64::from(self.book.on_reply(payload, t4));
-                    }
-                    self.progress
-                        .answered
-                        .fetch_add(answered, Ordering::Relaxed);
-                    if n < self.rx.capacity() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    self.book.count_error(format!("receive: {e}"));
-                    return;
-                }
-            }
-        }
     }
 }
 
-impl<P: LoadProtocol> Book<P> {
+impl Book {
     /// Matches one reply to its request and counts it; `true` if it answered a request (of a
     /// step or of the warm-up, for the progress line).
-    fn on_reply(&mut self, payload: &[u8], t4_ns: i64) -> bool {
-        let matched = self
-            .protocol
-            .match_reply(payload, t4_ns.div_euclid(1_000_000_000));
+    fn on_reply(&mut self, reply: Reply) -> bool {
         let ReplyMatch::Matched {
             id,
             verdict,
             server,
             signed,
-        } = matched
+        } = reply.matched
         else {
             if let Some((_, stats)) = &mut self.current {
                 stats.invalid_unmatched += 1;
@@ -437,40 +306,30 @@ impl<P: LoadProtocol> Book<P> {
             return answered;
         }
         let step = usize::from(slot.step);
-        let in_time = t4_ns.saturating_sub(slot.t1_ns) <= self.timeout_ns;
+        let in_time = self.ends_itself || reply.t4_ns.saturating_sub(slot.t1_ns) <= self.timeout_ns;
         let current = match &mut self.current {
             Some((s, stats)) if *s == slot.step => Some(stats),
             _ => None,
         };
         match (slot.state, current) {
             (State::Pending, Some(stats)) if in_time => {
+                slot.state = State::Settled;
+                if let Some(began) = reply.began {
+                    record_ns(&mut stats.send_lag, began.queued_ns);
+                }
                 match verdict {
                     Verdict::Valid => {
                         slot.state = State::Answered;
-                        stats.answered += 1;
-                        let rtt = t4_ns - slot.t1_ns;
-                        stats.stale += u64::from(rtt > self.stale_ns);
-                        record_ns(&mut stats.rtt, rtt);
-                        if stats.slowest.is_none_or(|(worst, _)| rtt > worst) {
-                            stats.slowest = Some((rtt, slot.t1_ns));
-                        }
-                        if let Some(signed) = signed {
-                            stats.record_signed(signed);
-                        }
-                        if let Some(server) = server {
-                            record_ns(&mut stats.t3_t2, server.transmit_ns - server.receive_ns);
-                            if slot.first_in_batch {
-                                let t2_t1 = server.receive_ns - slot.t1_ns;
-                                stats.t2_before_t1 += u64::from(t2_t1 < 0);
-                                record_ns(&mut stats.t2_t1, t2_t1);
-                            }
-                        }
+                        let t1_ns = reply.began.map_or(slot.t1_ns, |b| b.at_ns);
+                        let exact_t1 = slot.first_in_batch && reply.began.is_none();
+                        let rtt = reply.t4_ns - t1_ns;
+                        stats.answer(rtt, rtt > self.stale_ns, (t1_ns, exact_t1), server, signed);
                         return true;
                     }
                     Verdict::Refused => stats.refused += 1,
                     Verdict::Invalid => stats.invalid_matched += 1,
+                    Verdict::Failed(kind) => stats.fail(kind, reply.why),
                 }
-                slot.state = State::Settled;
             }
             // Past its timeout, or its step is already over.
             (State::Pending, _) => {
@@ -502,6 +361,8 @@ struct Schedule {
     offset: f64,
     /// Seconds between this thread's requests.
     interval: f64,
+    /// The same, for placing a batch's requests after its first.
+    spacing: Duration,
     /// This thread's requests in the phase.
     total: u64,
 }
@@ -515,10 +376,12 @@ impl Schedule {
         } else {
             0
         };
+        let interval = threads as f64 / phase.rate;
         Self {
             start: phase.start,
             offset: index as f64 / phase.rate,
-            interval: threads as f64 / phase.rate,
+            interval,
+            spacing: Duration::from_secs_f64(interval),
             total,
         }
     }
@@ -526,6 +389,11 @@ impl Schedule {
     /// When request `k` (of this thread, 0-based) is due.
     fn due_at(&self, k: u64) -> Instant {
         self.start + Duration::from_secs_f64(self.offset + k as f64 * self.interval)
+    }
+
+    /// When the request `i` after the one due at `first` is due (i is within a batch).
+    fn due_after(&self, first: Instant, i: u64) -> Instant {
+        first + self.spacing * u32::try_from(i).unwrap_or(u32::MAX)
     }
 
     /// How many of this thread's requests are due by `now`.
@@ -538,17 +406,12 @@ impl Schedule {
     }
 }
 
-/// The realtime clock in nanoseconds since the Unix epoch: the clock the kernel stamps received
-/// datagrams with and the server reads for T2 and T3.
-pub(super) fn realtime_ns() -> i64 {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+
+    use super::super::inflight::thread_tags;
+    use super::super::transport::{Began, Sent};
     use super::*;
 
     fn phase(rate: f64, secs: f64) -> Phase {
@@ -570,6 +433,10 @@ mod tests {
         // Thread 1's first request is the stream's second, 1 ms in; its next 3 ms later.
         assert_eq!(s[1].due_at(0) - p.start, Duration::from_millis(1));
         assert_eq!(s[1].due_at(1) - p.start, Duration::from_millis(4));
+        assert_eq!(
+            s[1].due_after(s[1].due_at(0), 1) - p.start,
+            Duration::from_millis(4)
+        );
         assert_eq!(s[1].due_by(p.start), 0);
         assert_eq!(s[1].due_by(p.start + Duration::from_micros(1_500)), 1);
         assert_eq!(s[1].due_by(p.start + Duration::from_millis(4)), 2);
@@ -584,5 +451,195 @@ mod tests {
         assert_eq!(Schedule::new(&p, 0, 4).total, 1);
         assert_eq!(Schedule::new(&p, 1, 4).total, 1);
         assert_eq!(Schedule::new(&p, 2, 4).total, 0);
+    }
+
+    /// A server played in the test: what it does with the k-th request it is sent, the reply
+    /// coming back at the next poll `rtt_ns` after the request's T1 (on a clock of the test's
+    /// own, on which a batch leaves at once).
+    type Policy = fn(k: u64, id: u64) -> Option<(Verdict, i64)>;
+
+    /// A transport with no I/O: it records what it is sent and when, and answers by a policy.
+    struct Fake<const ENDS: bool> {
+        policy: Policy,
+        /// Each request: its id, when it was due, and when it was sent.
+        sent: Vec<(u64, Instant, Instant)>,
+        replies: VecDeque<Reply>,
+    }
+
+    /// T1 of a batch whose first request is the k-th, on the test's clock: 1 ms a request, from
+    /// an arbitrary epoch.
+    fn t1(k: u64) -> i64 {
+        1_800_000_000_000_000_000 + k as i64 * 1_000_000
+    }
+
+    impl<const ENDS: bool> Transport for Fake<ENDS> {
+        const ENDS_ITSELF: bool = ENDS;
+
+        fn send(&mut self, requests: &[Request]) -> Sent {
+            let first = self.sent.len() as u64;
+            for r in requests {
+                let k = self.sent.len() as u64;
+                self.sent.push((r.id, r.due, Instant::now()));
+                let Some((verdict, rtt_ns)) = (self.policy)(k, r.id) else {
+                    continue;
+                };
+                let matched = ReplyMatch::Matched {
+                    id: r.id,
+                    verdict,
+                    server: None,
+                    signed: None,
+                };
+                let mut reply = Reply::arrived(matched, t1(first) + rtt_ns);
+                if ENDS {
+                    // Began 10 µs after it was sent, having queued 7 µs.
+                    reply.began = Some(Began {
+                        at_ns: t1(first) + 10_000,
+                        queued_ns: 7_000,
+                    });
+                    reply.why = Some(format!("request {k}"));
+                }
+                self.replies.push_back(reply);
+            }
+            // The whole batch left at its first request's T1.
+            Sent {
+                sent: requests.len() as u64,
+                t1_ns: (t1(first), t1(first)),
+                ..Sent::default()
+            }
+        }
+
+        fn poll(&mut self, wait: Duration, on: &mut impl FnMut(Event)) {
+            if self.replies.is_empty() {
+                std::thread::sleep(wait);
+            }
+            while let Some(r) = self.replies.pop_front() {
+                on(Event::Reply(r));
+            }
+        }
+    }
+
+    /// One thread's engine over a fake transport with `policy`, a 20 ms timeout and one step.
+    fn engine<const ENDS: bool>(policy: Policy) -> Engine<Fake<ENDS>> {
+        let timeout = Duration::from_millis(20);
+        Engine {
+            index: 0,
+            threads: 1,
+            batch_size: 8,
+            timeout,
+            progress: Arc::default(),
+            transport: Fake {
+                policy,
+                sent: Vec::new(),
+                replies: VecDeque::new(),
+            },
+            requests: Vec::new(),
+            book: Book {
+                inflight: InFlight::new(thread_tags(1)[0], 4096),
+                timeout_ns: 20_000_000,
+                stale_ns: i64::MAX,
+                ends_itself: ENDS,
+                current: None,
+                late: vec![0; 1],
+                duplicate: vec![0; 1],
+            },
+        }
+    }
+
+    /// Four kinds of answer in turn, and a reply past the timeout: each request ends in exactly
+    /// one count, the ones never answered are lost, and the requests left on schedule.
+    #[test]
+    fn the_engine_sends_on_schedule_and_counts_every_kind_of_answer() {
+        let mut e = engine::<false>(|k, _| match k % 5 {
+            0 => Some((Verdict::Valid, 50_000)),
+            1 => Some((Verdict::Refused, 50_000)),
+            2 => Some((Verdict::Invalid, 50_000)),
+            3 => None,
+            _ => Some((Verdict::Valid, 30_000_000)),
+        });
+        let p = phase(2000.0, 0.05);
+        let s = e.run_phase(&p).expect("a counted step");
+        assert_eq!(
+            (s.scheduled, s.sent, s.unsent, s.send_errors),
+            (100, 100, 0, 0)
+        );
+        assert_eq!((s.answered, s.refused, s.invalid_matched), (20, 20, 20));
+        // Never answered, and answered 30 ms late (past the 20 ms timeout): lost both.
+        assert_eq!(s.lost(), 40);
+        assert_eq!(e.book.late[0], 20);
+        assert_eq!(s.rtt.len(), 20);
+        assert!(s.rtt.equivalent(s.rtt.max(), 50_000), "{}", s.rtt.max());
+        assert_eq!(s.send_lag.len(), 100);
+
+        // Every request went out once, with its own id, at or after its due time, which are
+        // 0.5 ms apart from the phase's start.
+        let sent = &e.transport.sent;
+        assert_eq!(sent.len(), 100);
+        let mut ids: Vec<u64> = sent.iter().map(|r| r.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 100);
+        for (k, (_, due, at)) in sent.iter().enumerate() {
+            let expected = p.start + Duration::from_micros(500 * k as u64);
+            let off = due.max(&expected).duration_since(*due.min(&expected));
+            assert!(
+                off < Duration::from_micros(2),
+                "request {k} due {off:?} off"
+            );
+            // Within the rounding of the schedule's float arithmetic.
+            assert!(
+                *at + Duration::from_micros(1) >= *due,
+                "request {k} sent early"
+            );
+        }
+    }
+
+    /// A reply that names no request of ours, or names one twice.
+    #[test]
+    fn foreign_and_duplicate_replies_change_no_request() {
+        let mut e = engine::<false>(|_, _| Some((Verdict::Valid, 50_000)));
+        let s = e.run_phase(&phase(1000.0, 0.01)).unwrap();
+        assert_eq!(s.answered, 10);
+        e.book.current = Some((0, StepStats::new()));
+        let id = e.transport.sent[3].0;
+        let again = |id| {
+            Reply::arrived(
+                ReplyMatch::Matched {
+                    id,
+                    verdict: Verdict::Valid,
+                    server: None,
+                    signed: None,
+                },
+                t1(3) + 60_000,
+            )
+        };
+        assert!(!e.book.on_reply(again(id)));
+        assert!(!e.book.on_reply(again(id ^ (1 << 63))));
+        assert!(!e.book.on_reply(Reply::arrived(ReplyMatch::Unmatched, 0)));
+        let (_, s) = e.book.current.take().unwrap();
+        assert_eq!((s.answered, s.invalid_unmatched), (0, 2));
+        assert_eq!(e.book.duplicate[0], 1);
+    }
+
+    /// A transport that ends its requests itself: a failure counts by kind with its first reason,
+    /// the latency runs from when the exchange began, its queueing is the send lag, and an end
+    /// later than the timeout still counts.
+    #[test]
+    fn exchanges_a_transport_ends_itself_count_by_kind() {
+        let mut e = engine::<true>(|k, _| match k % 3 {
+            0 => Some((Verdict::Valid, 1_010_000)),
+            1 => Some((Verdict::Failed("tls"), 40_000_000)),
+            _ => Some((Verdict::Failed("refused"), 50_000)),
+        });
+        let s = e.run_phase(&phase(1000.0, 0.03)).unwrap();
+        assert_eq!((s.scheduled, s.sent, s.answered), (30, 30, 10));
+        assert_eq!(s.failures.get("tls"), Some(&10));
+        assert_eq!(s.failures.get("refused"), Some(&10));
+        assert_eq!((s.failed, s.lost()), (20, 0));
+        assert_eq!(s.first_error.as_deref(), Some("first failure: request 1"));
+        // 1.01 ms after T1, having begun 10 µs after it: 1 ms.
+        assert_eq!(s.rtt.len(), 10);
+        assert!(s.rtt.equivalent(s.rtt.max(), 1_000_000), "{}", s.rtt.max());
+        assert_eq!(s.send_lag.len(), 30);
+        assert!(s.send_lag.equivalent(s.send_lag.max(), 7_000));
     }
 }

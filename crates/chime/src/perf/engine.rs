@@ -1,11 +1,12 @@
-//! The run as a whole: sockets and threads set up, the steps started one after another (each
-//! phase start handed to every thread as an absolute time, so they start together), /proc read
-//! around each step, the live progress line, and the outputs at the end.
+//! The engine: a run as a whole, whatever the protocol and the transport. It starts one sending
+//! thread per share of the transport (each an event loop, `worker`), hands them the steps one
+//! after another (each phase start as an absolute time, so they start together), reads /proc
+//! around each step, keeps the live progress line, merges the threads' numbers into each step's
+//! report, and stops stepping once a step breaks the front end's limit. What is printed and
+//! written of the reports is the front end's (`load` for request/reply protocols, `ke` for
+//! NTS-KE sessions).
 
-use std::fs::File;
-use std::io::{self, IsTerminal, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::io::{self, IsTerminal};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
@@ -13,21 +14,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use chime_udp::{SocketConfig, UdpSocket};
-use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
-use super::args::{LoadArgs, Plan, usage};
+use super::args::Plan;
 use super::inflight::{InFlight, WARMUP, thread_tags};
-use super::plot;
 use super::procfs::Watch;
-use super::protocol::LoadProtocol;
-use super::report::{self, RunReport};
 use super::stats::{StepReport, StepStats};
 use super::worker::{Command, Finished, Phase, Progress, StepDone, Worker};
-
-/// Receive buffer asked for on each source socket, so that replies arriving in a burst are not
-/// dropped on our side and counted as the server's loss (drops are reported either way).
-const RECV_BUFFER: usize = 4 << 20;
 
 /// Time from handing a phase to the threads to its start, so that every thread is waiting for it.
 const START_DELAY: Duration = Duration::from_millis(20);
@@ -39,128 +31,68 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 /// abandoned as stuck.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
 
-/// Runs the whole load test with `protocol`'s requests. `request` describes the requests for the
-/// JSON output and `label` for people.
-/// With `tcp`, the requests go over TCP: that many connections per thread, reused, or (0) a new
-/// connection per request.
-pub(crate) fn run<P: LoadProtocol>(
-    load: &LoadArgs,
-    protocol: P,
-    request: serde_json::Value,
-    label: &str,
-    tcp: Option<usize>,
-) -> Result<()> {
-    let plan = load.plan().unwrap_or_else(|e| e.exit());
-    // Open the output files first: a typo in a path should cost nothing, not a finished run.
-    let outputs = Outputs::create(load).unwrap_or_else(|e| e.exit());
+/// What a run is: its steps, how large a batch a thread sends at most, and what /proc is read
+/// for.
+#[derive(Debug)]
+pub(crate) struct Setup {
+    pub(crate) plan: Plan,
+    pub(crate) batch_size: usize,
+    pub(crate) watch: Watch,
+}
 
-    let sockets = match tcp {
-        None => bind_sockets(load.target(), load.sockets)?,
-        Some(_) => Vec::new(),
-    };
-    let kernel_rx_timestamps =
-        tcp.is_none() && sockets.iter().all(|s| s.capabilities().rx_timestamps);
-    let watch = Watch {
-        server_pid: load.server_pid,
-        target: load.target(),
-        client_ports: sockets
-            .iter()
-            .map(|s| s.local_addr().map(|a| a.port()))
-            .collect::<io::Result<_>>()?,
-    };
-    let pool = Pool::spawn(load, &plan, sockets, protocol, tcp)?;
-    print_banner::<P>(load, label, tcp, kernel_rx_timestamps);
+/// The steps measured, and why stepping stopped early if it did.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) steps: Vec<StepReport>,
+    pub(crate) stopped_early: Option<String>,
+}
 
+/// Runs the whole load: one sending thread per share, each running `drive` on its share (which
+/// plugs its transport into the worker's event loop). After each step, `over` says whether the
+/// step broke the run's limit (and how, for the report), which stops stepping if more steps were
+/// to come, and `on_step` sees its report.
+pub(crate) fn run<S, F>(
+    setup: &Setup,
+    shares: Vec<S>,
+    drive: F,
+    over: impl Fn(&StepReport) -> Option<String>,
+    on_step: impl FnMut(&StepReport),
+) -> Result<Outcome>
+where
+    S: Send + 'static,
+    F: Fn(S, Worker) -> Finished + Send + Clone + 'static,
+{
+    let pool = Pool::spawn(setup, shares, drive)?;
     let mut line = ProgressLine::new(&pool.progress);
-    let (mut reports, stopped_early) = run_steps(load, &plan, &pool, &watch, &mut line)?;
+    let (mut steps, stopped_early) = run_steps(setup, &pool, &mut line, over, on_step)?;
     // The live line goes before the report is printed.
     drop(line);
 
     // Late and duplicate replies are counted until the threads stop.
     for finished in pool.stop()? {
-        for r in &mut reports {
+        for r in &mut steps {
             let step = r.step - 1;
             r.late += finished.late.get(step).copied().unwrap_or(0);
             r.duplicate += finished.duplicate.get(step).copied().unwrap_or(0);
         }
     }
-
-    let verdict = (load.verdict || load.max_p99.is_some())
-        .then(|| report::Verdict::of(&reports, load.max_loss, load.max_p99));
-    print_results(
-        &reports,
-        load.max_loss,
-        stopped_early.as_deref(),
-        verdict.as_ref(),
-    )?;
-
-    let run = RunReport {
-        protocol: P::NAME,
-        target: load.target().to_string(),
-        request,
-        threads: load.threads,
-        sockets: load.sockets,
-        batch_size: load.batch_size,
-        duration: load.duration,
-        warmup: load.warmup,
-        timeout: load.timeout,
-        max_loss_pct: load.max_loss,
-        server_pid: load.server_pid,
-        kernel_rx_timestamps,
+    Ok(Outcome {
+        steps,
         stopped_early,
-        verdict: verdict.clone(),
-        steps: &reports,
-    };
-    outputs.write(
-        &run,
-        &format!("chime perf {} ({label}) → {}", P::NAME, load.target()),
-    )?;
-    match verdict {
-        Some(v) if !v.pass => bail!("verdict: FAIL ({})", v.failures.join("; ")),
-        _ => Ok(()),
-    }
+    })
 }
 
-/// The first line of the output: what is sent, to where, by how many threads over what, and
-/// where T4 comes from.
-fn print_banner<P: LoadProtocol>(
-    load: &LoadArgs,
-    label: &str,
-    tcp: Option<usize>,
-    kernel_rx_timestamps: bool,
-) {
-    let links = match tcp {
-        None => format!("{} socket(s)", load.sockets),
-        Some(0) => "TCP, a new connection per request".to_owned(),
-        Some(n) => format!("TCP, {n} connection(s) per thread, reused"),
-    };
-    println!(
-        "chime perf {}: {label} to {}, {} thread(s), {links}, {} s per step, timeout {} s, {}",
-        P::NAME,
-        load.target(),
-        load.threads,
-        load.duration,
-        load.timeout,
-        if kernel_rx_timestamps {
-            "T4 from kernel receive timestamps"
-        } else if tcp.is_some() {
-            "T4 read when a reply is read"
-        } else {
-            "no kernel receive timestamps: T4 read after recvmmsg"
-        }
-    );
-}
-
-/// Runs the warm-up (if any) and then the steps one after another, stopping after a step whose
-/// loss is over `--max-loss` if more were to come. Returns the steps' reports and, if it stopped
-/// early, why.
+/// Runs the warm-up (if any) and then the steps one after another, stopping after a step that is
+/// `over` the limit if more were to come. Returns the steps' reports and, if it stopped early,
+/// why.
 fn run_steps(
-    load: &LoadArgs,
-    plan: &Plan,
+    setup: &Setup,
     pool: &Pool,
-    watch: &Watch,
     line: &mut ProgressLine,
+    over: impl Fn(&StepReport) -> Option<String>,
+    mut on_step: impl FnMut(&StepReport),
 ) -> Result<(Vec<StepReport>, Option<String>)> {
+    let plan = &setup.plan;
     let first_start = Instant::now() + START_DELAY;
     if !plan.warmup.is_zero() {
         pool.broadcast(Phase {
@@ -179,13 +111,12 @@ fn run_steps(
         } else {
             Instant::now() + START_DELAY
         };
-        let report = run_step(i, rate, start, plan, pool, watch, line)?;
-        let over = report.loss_pct > load.max_loss;
-        let loss = report.loss_pct;
+        let report = run_step(i, rate, start, plan, pool, &setup.watch, line)?;
+        on_step(&report);
+        let broke = over(&report);
         reports.push(report);
-        if over && i + 1 < plan.rates.len() {
-            let stopped_early = Some(format!("step {} lost {loss:.3}%", i + 1));
-            return Ok((reports, stopped_early));
+        if broke.is_some() && i + 1 < plan.rates.len() {
+            return Ok((reports, broke));
         }
     }
     Ok((reports, None))
@@ -221,7 +152,8 @@ fn run_step(
         i + 1,
         plan.rates.len()
     ));
-    let limit = start + plan.duration + plan.timeout + STALL_LIMIT;
+    // A transport that ends its requests itself may take a second timeout (see `worker`).
+    let limit = start + plan.duration + plan.timeout * 2 + STALL_LIMIT;
     let stats = pool.collect(phase.step, limit, line)?;
     let after = watch.snapshot();
 
@@ -245,26 +177,6 @@ fn run_step(
     Ok(report)
 }
 
-/// The table, the summary and the verdict, if one was asked for, on stdout.
-fn print_results(
-    reports: &[StepReport],
-    max_loss: f64,
-    stopped_early: Option<&str>,
-    verdict: Option<&report::Verdict>,
-) -> Result<()> {
-    let mut stdout = io::stdout().lock();
-    report::table(&mut stdout, reports)?;
-    write!(
-        stdout,
-        "{}",
-        report::summary(reports, max_loss, stopped_early)
-    )?;
-    if let Some(v) = verdict {
-        write!(stdout, "{}", v.text())?;
-    }
-    Ok(())
-}
-
 /// The sending threads and the channels to and from them.
 struct Pool {
     commands: Vec<Sender<Command>>,
@@ -274,19 +186,13 @@ struct Pool {
 }
 
 impl Pool {
-    /// Starts `--threads` workers, sharing the sockets out among them round robin.
-    fn spawn<P: LoadProtocol>(
-        load: &LoadArgs,
-        plan: &Plan,
-        sockets: Vec<UdpSocket>,
-        protocol: P,
-        tcp: Option<usize>,
-    ) -> Result<Self> {
-        let threads = load.threads;
-        let mut shares: Vec<Vec<UdpSocket>> = (0..threads).map(|_| Vec::new()).collect();
-        for (i, s) in sockets.into_iter().enumerate() {
-            shares[i % threads].push(s);
-        }
+    /// Starts one worker per share, each running `drive` on its share.
+    fn spawn<S, F>(setup: &Setup, shares: Vec<S>, drive: F) -> Result<Self>
+    where
+        S: Send + 'static,
+        F: Fn(S, Worker) -> Finished + Send + Clone + 'static,
+    {
+        let threads = shares.len();
         let tags = thread_tags(threads);
         let (results_tx, results) = mpsc::channel();
         let mut pool = Self {
@@ -295,26 +201,24 @@ impl Pool {
             handles: Vec::new(),
             progress: Vec::new(),
         };
-        for (index, (sockets, tag)) in shares.into_iter().zip(tags).enumerate() {
+        for (index, (share, tag)) in shares.into_iter().zip(tags).enumerate() {
             let (commands_tx, commands) = mpsc::channel();
             let progress = Arc::new(Progress::default());
             let worker = Worker {
                 index,
                 threads,
-                target: load.target(),
-                sockets,
-                protocol: protocol.clone(),
-                inflight: InFlight::new(tag, plan.inflight_slots),
-                batch_size: load.batch_size,
-                timeout: plan.timeout,
-                steps: plan.rates.len(),
+                inflight: InFlight::new(tag, setup.plan.inflight_slots),
+                batch_size: setup.batch_size,
+                timeout: setup.plan.timeout,
+                steps: setup.plan.rates.len(),
                 progress: progress.clone(),
-                tcp,
+                commands,
+                results: results_tx.clone(),
             };
-            let results = results_tx.clone();
+            let drive = drive.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("perf-{index}"))
-                .spawn(move || worker.run(commands, results))
+                .spawn(move || drive(share, worker))
                 .context("cannot start a sending thread")?;
             pool.commands.push(commands_tx);
             pool.handles.push(handle);
@@ -374,74 +278,6 @@ impl Pool {
                     .map_err(|_| anyhow::anyhow!("a sending thread panicked"))
             })
             .collect()
-    }
-}
-
-/// Binds the source sockets: any local address, kernel-chosen ports, non-blocking.
-fn bind_sockets(target: SocketAddr, n: usize) -> Result<Vec<UdpSocket>> {
-    let any: SocketAddr = if target.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    (0..n)
-        .map(|_| {
-            let mut cfg = SocketConfig::new(any);
-            cfg.reuse_port = false;
-            cfg.recv_buffer = Some(RECV_BUFFER);
-            let socket = UdpSocket::bind(&cfg).context("cannot open a UDP socket")?;
-            // The worker polls for readiness and must never block in a receive or a send: a
-            // blocked send would stall the schedule, which is what an open loop must not do.
-            let flags = OFlag::from_bits_truncate(fcntl(&socket, FcntlArg::F_GETFL)?);
-            fcntl(&socket, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-            Ok(socket)
-        })
-        .collect()
-}
-
-/// The files named by `--csv`, `--json` and `--plot`, created before the run.
-struct Outputs {
-    csv: Option<(PathBuf, File)>,
-    json: Option<(PathBuf, File)>,
-    plot: Option<PathBuf>,
-}
-
-impl Outputs {
-    fn create(load: &LoadArgs) -> Result<Self, clap::Error> {
-        let open = |flag: &str, path: &Option<PathBuf>| -> Result<_, clap::Error> {
-            path.as_ref()
-                .map(|p| {
-                    File::create(p)
-                        .map(|f| (p.clone(), f))
-                        .map_err(|e| usage(format!("--{flag} {}: {e}", p.display())))
-                })
-                .transpose()
-        };
-        let plot = open("plot", &load.plot)?.map(|(p, _)| p);
-        Ok(Self {
-            csv: open("csv", &load.csv)?,
-            json: open("json", &load.json)?,
-            plot,
-        })
-    }
-
-    fn write(self, run: &RunReport<'_>, title: &str) -> Result<()> {
-        let context = |p: &Path| format!("cannot write {}", p.display());
-        if let Some((path, file)) = self.csv {
-            let mut out = io::BufWriter::new(file);
-            report::csv(&mut out, run.steps).with_context(|| context(&path))?;
-            out.flush().with_context(|| context(&path))?;
-        }
-        if let Some((path, file)) = self.json {
-            let mut out = io::BufWriter::new(file);
-            serde_json::to_writer_pretty(&mut out, run).with_context(|| context(&path))?;
-            writeln!(out).with_context(|| context(&path))?;
-            out.flush().with_context(|| context(&path))?;
-        }
-        if let Some(path) = self.plot {
-            plot::draw(&path, title, run.steps).with_context(|| context(&path))?;
-        }
-        Ok(())
     }
 }
 
