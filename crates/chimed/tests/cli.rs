@@ -136,6 +136,14 @@ fn shipped_configs_pass_check_config() {
     assert!(checked > 0, "no .toml files in configs/");
 }
 
+/// A pool token file, mode 0600, for `[nts] pool-tokens`.
+fn pool_token_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let pool = dir.join("pool-tokens");
+    std::fs::write(&pool, "token an-example-pool-token\n").unwrap();
+    std::fs::set_permissions(&pool, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    pool
+}
+
 /// Every key the example config shows commented out, uncommented, passes --check-config. A key
 /// marked `# instead of KEY` excludes KEY: one run takes the first of each pair, one the other.
 /// The files the keys name are made here and given by flag, which wins over the file's path.
@@ -153,9 +161,7 @@ fn every_example_key_uncommented_passes_check_config() {
     common::chime_delegate(&rt.file, &bundle, &[]);
     let mldsa = dir.path().join("mldsa.key");
     let fleet = dir.path().join("fleet.key");
-    let pool = dir.path().join("pool-tokens");
-    std::fs::write(&pool, "token an-example-pool-token\n").unwrap();
-    std::fs::set_permissions(&pool, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let pool = pool_token_file(dir.path());
     let mut makes = vec![
         Command::new(common::workspace_bin("chime"))
             .arg("nts-fleet-key")

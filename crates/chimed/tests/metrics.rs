@@ -458,14 +458,9 @@ fn the_example_alert_rules_name_what_chimed_serves() {
     .unwrap_or_else(|e| panic!("{end}: {e}"))
     .timestamp()
     .as_second();
-    assert_eq!(
-        value(
-            &page,
-            "chimed_nts_certificate_not_after_seconds",
-            &[("service", "nts-ke")]
-        ),
-        Some(openssl as f64)
-    );
+    let expiry = "chimed_nts_certificate_not_after_seconds";
+    let nts_ke = [("service", "nts-ke")];
+    assert_eq!(value(&page, expiry, &nts_ke), Some(openssl as f64));
     // And a chimed serving Roughtime from a delegation bundle, whose end is a metric of its own.
     let long = chime_roughtime::LongTermKey::from_seed(&[3; 32]);
     let now = unix_now() as u64;
