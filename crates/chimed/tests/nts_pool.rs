@@ -191,7 +191,8 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
 }
 
 /// The token file is a secret: one readable by others, or that does not parse, stops chimed at
-/// start with one line naming it; SIGHUP puts a new token in force, and the old one is refused.
+/// start with one line naming it; SIGHUP puts a new token in force, and the old one is refused;
+/// a file that does not load on SIGHUP leaves the tokens in force.
 #[test]
 fn pool_tokens_are_checked_at_start_and_reloaded_on_sighup() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,19 +234,26 @@ fn pool_tokens_are_checked_at_start_and_reloaded_on_sighup() {
         ))
     };
     assert!(asks(&member, "first").is_ok());
-    assert_eq!(asks(&member, "second"), Err(1));
+    assert_eq!(asks(&member, "second"), Err(nts::KeAnswerError::Refused(1)));
     token_file(dir.path(), "token second\n");
     let pid = member.chimed.pid();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     let reloaded = "SIGHUP: NTS pool tokens reloaded";
     member.chimed.wait_for(reloaded, Duration::from_secs(5));
     assert!(asks(&member, "second").is_ok());
-    assert_eq!(asks(&member, "first"), Err(1));
+    assert_eq!(asks(&member, "first"), Err(nts::KeAnswerError::Refused(1)));
+    // A file that does not load changes nothing: the tokens in force stay.
+    token_file(dir.path(), "token\n");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let kept = "SIGHUP: NTS pool tokens: ";
+    let line = member.chimed.wait_for(kept, Duration::from_secs(5));
+    assert!(line.contains("keeping those in force"), "{line}");
+    assert!(asks(&member, "second").is_ok());
     assert!(member.chimed.terminate().success());
     let totals = member
         .chimed
         .wait_for("nts-ke totals at exit", Duration::from_secs(1));
-    assert_eq!(count_in(&totals, "pool.support"), 2, "{totals}");
+    assert_eq!(count_in(&totals, "pool.support"), 3, "{totals}");
     assert_eq!(count_in(&totals, "pool.refused"), 2, "{totals}");
 }
 

@@ -15,21 +15,13 @@ use crate::packet::Header;
 /// as RFC 8915 says), End of Message.
 pub fn ke_request(aeads: &[Aead]) -> Vec<u8> {
     let ids: Vec<u8> = aeads.iter().flat_map(|a| a.id().to_be_bytes()).collect();
-    const NTPV4: [u8; 2] = 0u16.to_be_bytes();
-    let mut records = vec![
-        (record::CRITICAL | record::NEXT_PROTOCOL, &NTPV4[..]),
-        (record::CRITICAL | record::AEAD_ALGORITHM, &ids[..]),
-    ];
-    if aeads.contains(&Aead::Aes128GcmSiv) {
-        records.push((record::COMPLIANT_GCM_SIV_EXPORT, &[][..]));
-    }
-    records.push((record::CRITICAL | record::END_OF_MESSAGE, &[][..]));
     let mut out = Vec::with_capacity(32);
-    for (ty, body) in records {
-        out.extend_from_slice(&ty.to_be_bytes());
-        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
-        out.extend_from_slice(body);
+    record::put(&mut out, record::CRITICAL | record::NEXT_PROTOCOL, &[0, 0]);
+    record::put(&mut out, record::CRITICAL | record::AEAD_ALGORITHM, &ids);
+    if aeads.contains(&Aead::Aes128GcmSiv) {
+        record::put(&mut out, record::COMPLIANT_GCM_SIV_EXPORT, &[]);
     }
+    record::put(&mut out, record::CRITICAL | record::END_OF_MESSAGE, &[]);
     out
 }
 
@@ -67,20 +59,15 @@ pub enum KeAnswerError {
 pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeAnswerError> {
     let (mut cookies, mut server, mut port) = (Vec::new(), None, None);
     let (mut ntpv4, mut aead, mut compliant, mut ended) = (false, None, false, false);
-    let mut at = 0;
-    while at + 4 <= bytes.len() && !ended {
-        let raw = u16::from_be_bytes([bytes[at], bytes[at + 1]]);
-        let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
-        let len = usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
-        let body = bytes
-            .get(at + 4..at + 4 + len)
-            .ok_or(KeAnswerError::Bad("a record runs past the end"))?;
+    for r in record::records(bytes) {
+        let r = r.map_err(|()| KeAnswerError::Bad("a record runs past the end"))?;
+        let body = r.body;
         let u16_body = || {
             <[u8; 2]>::try_from(body)
                 .map(u16::from_be_bytes)
                 .map_err(|_| KeAnswerError::Bad("a record is not 2 bytes long"))
         };
-        match ty {
+        match r.ty {
             record::END_OF_MESSAGE => ended = true,
             record::NEXT_PROTOCOL if body.is_empty() => return Err(KeAnswerError::NoProtocol),
             record::NEXT_PROTOCOL => ntpv4 = u16_body()? == 0,
@@ -89,16 +76,15 @@ pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeA
             record::COMPLIANT_GCM_SIV_EXPORT => compliant = true,
             record::ERROR => return Err(KeAnswerError::Refused(u16_body().unwrap_or(u16::MAX))),
             record::NEW_COOKIE => cookies.push(body.to_vec()),
-            6 => {
+            record::NTPV4_SERVER => {
                 let name = std::str::from_utf8(body)
                     .map_err(|_| KeAnswerError::Bad("the server name is not text"))?;
                 server = Some(name.to_owned());
             }
             record::NTPV4_PORT => port = Some(u16_body()?),
-            _ if critical => return Err(KeAnswerError::Bad("an unknown critical record")),
+            _ if r.critical => return Err(KeAnswerError::Bad("an unknown critical record")),
             _ => {}
         }
-        at += 4 + len;
     }
     if !ended {
         return Err(KeAnswerError::Bad("no End of Message"));

@@ -103,6 +103,64 @@ mod record {
     /// that agrees on 30 must do the same for it.
     pub(super) const COMPLIANT_GCM_SIV_EXPORT: u16 = 1024;
     pub(super) const CRITICAL: u16 = 0x8000;
+
+    /// One record of an NTS-KE message, as [`records`] reads it.
+    pub(super) struct Record<'a> {
+        pub(super) critical: bool,
+        /// Its type, without the critical bit.
+        pub(super) ty: u16,
+        pub(super) body: &'a [u8],
+        /// Where the record ends in the message.
+        pub(super) end: usize,
+    }
+
+    /// The records of a message, in order, up to and including End of Message: the one reader
+    /// of record headers, for the server's side, the client's and a pool's.
+    pub(super) fn records(bytes: &[u8]) -> Records<'_> {
+        Records { bytes, at: 0 }
+    }
+
+    /// See [`records`]. A record whose body runs past the end is an `Err`, and the last item;
+    /// nothing after End of Message is read, nor a tail too short for a record's header.
+    pub(super) struct Records<'a> {
+        bytes: &'a [u8],
+        /// Where the next record starts; past the end once the message is read.
+        at: usize,
+    }
+
+    impl<'a> Iterator for Records<'a> {
+        type Item = Result<Record<'a>, ()>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            let (bytes, at) = (self.bytes, self.at);
+            let header = bytes.get(at..at.checked_add(4)?)?;
+            let raw = u16::from_be_bytes([header[0], header[1]]);
+            let len = usize::from(u16::from_be_bytes([header[2], header[3]]));
+            let Some(body) = bytes.get(at + 4..at + 4 + len) else {
+                self.at = usize::MAX;
+                return Some(Err(()));
+            };
+            let ty = raw & !CRITICAL;
+            self.at = if ty == END_OF_MESSAGE {
+                usize::MAX
+            } else {
+                at + 4 + len
+            };
+            Some(Ok(Record {
+                critical: raw & CRITICAL != 0,
+                ty,
+                body,
+                end: at + 4 + len,
+            }))
+        }
+    }
+
+    /// Appends a record: its type (with the critical bit, if set), its length, its body.
+    pub(super) fn put(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
+        out.extend_from_slice(&ty.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    }
 }
 
 /// NTS-KE error codes.

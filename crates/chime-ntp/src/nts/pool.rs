@@ -24,8 +24,9 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use super::aead::Aead;
+use super::client::KeAnswerError;
 use super::cookies::Keys;
-use super::record;
+use super::record::{self, put};
 
 /// The Authentication Tokens a member accepts from its pools, compared in constant time.
 #[derive(Default)]
@@ -77,13 +78,6 @@ impl PoolTokens {
         }
         bool::from(found) && !token.is_empty()
     }
-}
-
-/// An NTS-KE record: type, length, body.
-fn put(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
-    out.extend_from_slice(&ty.to_be_bytes());
-    out.extend_from_slice(&(body.len() as u16).to_be_bytes());
-    out.extend_from_slice(body);
 }
 
 /// The pool's support request to a member: its token, the two lists asked for (empty), Keep Alive
@@ -141,23 +135,23 @@ pub struct PoolSupport {
     pub keep_alive: bool,
 }
 
-/// Reads a member's answer to a support request; `Err` with the error code if it refused, or
-/// with `u16::MAX` if the answer is not one.
-pub fn parse_pool_support(bytes: &[u8]) -> Result<PoolSupport, u16> {
+/// Reads a member's answer to a support request.
+pub fn parse_pool_support(bytes: &[u8]) -> Result<PoolSupport, KeAnswerError> {
     let (mut algorithms, mut protocols, mut keep_alive) = (None, None, false);
-    let mut at = 0;
-    while at + 4 <= bytes.len() {
-        let raw = u16::from_be_bytes([bytes[at], bytes[at + 1]]);
-        let len = usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
-        let body = bytes.get(at + 4..at + 4 + len).ok_or(u16::MAX)?;
+    for r in record::records(bytes) {
+        let r = r.map_err(|()| KeAnswerError::Bad("a record runs past the end"))?;
         let pairs = || {
-            body.chunks_exact(2)
+            r.body
+                .chunks_exact(2)
                 .map(|c| u16::from_be_bytes([c[0], c[1]]))
         };
-        match raw & !record::CRITICAL {
+        let len = r.body.len();
+        match r.ty {
             record::END_OF_MESSAGE => {
                 let (Some(algorithms), Some(protocols)) = (algorithms, protocols) else {
-                    return Err(u16::MAX);
+                    return Err(KeAnswerError::Bad(
+                        "no Supported Algorithm or Protocol List",
+                    ));
                 };
                 return Ok(PoolSupport {
                     algorithms,
@@ -165,7 +159,9 @@ pub fn parse_pool_support(bytes: &[u8]) -> Result<PoolSupport, u16> {
                     keep_alive,
                 });
             }
-            record::ERROR => return Err(pairs().next().unwrap_or(u16::MAX)),
+            record::ERROR => {
+                return Err(KeAnswerError::Refused(pairs().next().unwrap_or(u16::MAX)));
+            }
             record::SUPPORTED_ALGORITHMS if len.is_multiple_of(4) => {
                 let ids: Vec<u16> = pairs().collect();
                 algorithms = Some(ids.chunks_exact(2).map(|p| (p[0], p[1])).collect());
@@ -174,12 +170,11 @@ pub fn parse_pool_support(bytes: &[u8]) -> Result<PoolSupport, u16> {
                 protocols = Some(pairs().collect())
             }
             record::KEEP_ALIVE => keep_alive = true,
-            _ if raw & record::CRITICAL != 0 => return Err(u16::MAX),
+            _ if r.critical => return Err(KeAnswerError::Bad("an unknown critical record")),
             _ => {}
         }
-        at += 4 + len;
     }
-    Err(u16::MAX)
+    Err(KeAnswerError::Bad("no End of Message"))
 }
 
 /// The algorithms a member offers its pools: AEAD_AES_SIV_CMAC_256 and _512, not

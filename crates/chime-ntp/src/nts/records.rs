@@ -14,16 +14,10 @@ pub const KE_MAX_REQUEST: usize = 16384;
 /// Whether `buf` holds a whole NTS-KE message: records up to and including End of Message.
 /// `None` while more bytes are needed; `Some(len)` once the message ends at `len`.
 pub fn ke_message_len(buf: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    while at + 4 <= buf.len() {
-        let ty = u16::from_be_bytes([buf[at], buf[at + 1]]) & !record::CRITICAL;
-        let len = usize::from(u16::from_be_bytes([buf[at + 2], buf[at + 3]]));
-        if at + 4 + len > buf.len() {
-            return None;
-        }
-        at += 4 + len;
-        if ty == record::END_OF_MESSAGE {
-            return Some(at);
+    for r in record::records(buf) {
+        let r = r.ok()?;
+        if r.ty == record::END_OF_MESSAGE {
+            return Some(r.end);
         }
     }
     None
@@ -142,18 +136,13 @@ struct Seen<'a> {
 /// request that is not well formed is a bad request.
 pub fn ke_check(request: &[u8], pool: &PoolTokens) -> KeOutcome {
     let mut seen = Seen::default();
-    let mut at = 0;
-    while at + 4 <= request.len() && !seen.ended {
-        let raw = u16::from_be_bytes([request[at], request[at + 1]]);
-        let (critical, ty) = (raw & record::CRITICAL != 0, raw & !record::CRITICAL);
-        let len = usize::from(u16::from_be_bytes([request[at + 2], request[at + 3]]));
-        let Some(body) = request.get(at + 4..at + 4 + len) else {
+    for r in record::records(request) {
+        let Ok(r) = r else {
             return KeOutcome::Error(ERROR_BAD_REQUEST);
         };
-        if let Err(code) = seen.record(ty, critical, body) {
+        if let Err(code) = seen.record(r.ty, r.critical, r.body) {
             return KeOutcome::Error(code);
         }
-        at += 4 + len;
     }
     // One Next Protocol record, and for NTPv4 one AEAD record; what they offer may still be
     // nothing served, which the response says with the record empty.
@@ -286,11 +275,7 @@ pub fn ke_response(
     cookies: impl IntoIterator<Item = Cookie>,
     out: &mut Vec<u8>,
 ) {
-    let mut put = |ty: u16, body: &[u8]| {
-        out.extend_from_slice(&ty.to_be_bytes());
-        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
-        out.extend_from_slice(body);
-    };
+    let mut put = |ty: u16, body: &[u8]| record::put(out, ty, body);
     const NTPV4: [u8; 2] = 0u16.to_be_bytes();
     let aead = match outcome {
         KeOutcome::Error(code) => {
