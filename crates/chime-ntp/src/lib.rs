@@ -32,6 +32,7 @@ mod responder;
 mod state;
 mod time;
 mod timescale;
+pub mod v5;
 
 pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_timestamp};
 pub use mirror::{Mirror, MirrorError};

@@ -178,15 +178,19 @@ pub enum DropReason {
     /// request it has not seen whole.
     #[error("truncated by the receive buffer")]
     Truncated,
-    /// The caller's reply buffer is shorter than 48 bytes: a caller bug, counted rather than
-    /// panicked on.
-    #[error("reply buffer shorter than 48 bytes")]
+    /// The caller's reply buffer is shorter than the reply (48 bytes; an NTPv5 reply is as long
+    /// as its request): a caller bug, counted rather than panicked on.
+    #[error("reply buffer shorter than the reply")]
     ReplyBufferTooSmall,
+    /// An NTPv5 request without a Draft Identification naming a draft [`crate::v5::Draft`]
+    /// knows, exactly: the drafts differ, so an unknown one is not guessed at.
+    #[error("NTPv5 request naming no draft this server speaks")]
+    UnknownDraft,
 }
 
 impl DropReason {
     /// The number of counter slots: [`DropReason::index`] is always below it.
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 16;
 
     /// The label of each slot, in [`DropReason::index`] order (a reason may carry data, so the
     /// slots are listed by label rather than as values).
@@ -206,6 +210,7 @@ impl DropReason {
         "bad_extension",
         "truncated",
         "reply_buffer_too_small",
+        "unknown_draft",
     ];
 
     /// A dense index in `0..DropReason::COUNT`, for per-thread counter arrays. Each unsupported
@@ -220,6 +225,7 @@ impl DropReason {
             Self::BadExtension => 12,
             Self::Truncated => 13,
             Self::ReplyBufferTooSmall => 14,
+            Self::UnknownDraft => 15,
         }
     }
 
@@ -531,6 +537,7 @@ pub(crate) mod tests {
             DropReason::BadExtension,
             DropReason::Truncated,
             DropReason::ReplyBufferTooSmall,
+            DropReason::UnknownDraft,
         ])
         .collect();
         assert_eq!(all.len(), DropReason::COUNT);
