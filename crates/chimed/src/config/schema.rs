@@ -163,6 +163,15 @@ sections! {
     #[arg(id = "ntp.interleaved-log", long = "interleaved-log", value_name = "N")]
     #[arg(default_value = "65536")]
     pub(crate) interleaved_log: TxLogSize,
+
+    /// Experimental: answer NTPv5 requests as drafted (draft-ietf-ntp-ntpv5, revisions -08 and
+    /// -09, each named exactly) on the same sockets, and echo the upgrade mark (`NTP5DRFT`) of a
+    /// v4 client asking whether the server speaks v5. Off, a v5 request is dropped as
+    /// `bad_version`. NTS over v5 is not served. --ntpv5=false turns off the file's `v5 = true`
+    #[arg(id = "ntp.v5", long = "ntpv5", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(default_value = "false", action = clap::ArgAction::Set)]
+    pub(crate) v5: bool,
 }
 
 /// `[upstream]`: the local chronyd whose state is served.

@@ -47,5 +47,16 @@ pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<w
             );
             log
         }),
+        v5: settings.ntp.v5.then(|| {
+            let id = chime_ntp::v5::ServerId::new(rand::random);
+            let mut filter = chime_ntp::v5::BloomFilter::new();
+            filter.add_id(&id);
+            info!(
+                "ntp: NTPv5 on (drafts {}), server ID bits {:?}",
+                chime_ntp::v5::Draft::ALL.map(|d| d.label()).join(" and "),
+                id.bits()
+            );
+            Box::new(filter)
+        }),
     })
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
+use chime_ntp::v5::{self, BloomFilter};
 use chime_ntp::{ClientTable, Coin, DropReason, ServerState, StalePolicy, TxLog, Verdict};
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
@@ -88,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) txlog: Option<TxLog>,
     /// The NTS cookie master keys (NTS-KE seals, the workers open); `None` when NTS is off.
     pub(crate) nts: Option<Arc<ArcSwap<CookieKeys>>>,
+    /// NTPv5's reference-ID Bloom filter (chimed's own ID); `None` when v5 is off.
+    pub(crate) v5: Option<Box<BloomFilter>>,
 }
 
 /// Per-reply marks for interleaved mode, by index in the batch being sent (batches hold at most
@@ -169,6 +172,8 @@ struct Batch<'a> {
     cookie_keys: Option<&'a CookieKeys>,
     zone: Option<&'a Zone>,
     now_unix: i64,
+    /// NTPv5's filter, if on, and the era of the batch's time.
+    v5: Option<(&'a BloomFilter, u8)>,
 }
 
 /// What became of one reply, for the counters and the marks.
@@ -183,6 +188,10 @@ struct Notes {
     save_transmit: bool,
     /// NTS: `Some(true)` authenticated, `Some(false)` a NAK.
     nts: Option<bool>,
+    /// An NTPv5 reply.
+    v5: bool,
+    /// A v4 reply telling its client that v5 is spoken (`NTP5DRFT` echoed).
+    upgrade: bool,
 }
 
 /// Writes the reply to one request into `buf`: the responder's header, then rate limiting,
@@ -196,21 +205,21 @@ fn answer(
     buf: &mut [u8],
     notes: &mut Notes,
 ) -> Result<usize, NtpDrop> {
+    if let Some((filter, era)) = b.v5
+        && v5::is_v5(request)
+    {
+        let reply = v5::respond(request, t2, b.served, filter, era, buf);
+        let len = reply.map_err(NtpDrop::Request)?.len;
+        limit(b, meta, coin, buf, notes, v5::kiss_of_death)?;
+        notes.v5 = true;
+        return Ok(len);
+    }
     let len = chime_ntp::respond(request, meta.src.port(), t2, b.served, buf)
         .map_err(NtpDrop::Request)?;
-    // Only a request that would be answered costs its sender: a malformed one is dropped above
-    // without touching the table.
-    if let Some((table, mono, interval)) = b.limiter {
-        match table.check(meta.src.ip(), mono, coin) {
-            Verdict::Answer => {}
-            Verdict::Kod => {
-                chime_ntp::kiss_of_death(buf, *b"RATE");
-                notes.kissed = true;
-            }
-            Verdict::Drop => return Err(NtpDrop::RateLimited),
-        }
-        chime_ntp::suggest_poll(buf, interval);
+    if b.v5.is_some() {
+        notes.upgrade = v5::mark_upgrade(request, buf);
     }
+    limit(b, meta, coin, buf, notes, chime_ntp::kiss_of_death)?;
     if !notes.kissed
         && let Some(log) = b.txlog
         && let Some(origin) = chime_ntp::interleaved_origin(request)
@@ -254,6 +263,31 @@ fn answer(
     }
 }
 
+/// Rate limiting, if on, for a reply already written: answered, kissed (with `kiss`, the reply's
+/// version's), or dropped; and the poll it should use. Only a request that would be answered
+/// costs its sender: a malformed one is dropped before it reaches the table.
+fn limit(
+    b: &Batch<'_>,
+    meta: &chime_udp::RecvMeta,
+    coin: &mut Coin,
+    buf: &mut [u8],
+    notes: &mut Notes,
+    kiss: fn(&mut [u8], [u8; 4]),
+) -> Result<(), NtpDrop> {
+    if let Some((table, mono, interval)) = b.limiter {
+        match table.check(meta.src.ip(), mono, coin) {
+            Verdict::Answer => {}
+            Verdict::Kod => {
+                kiss(buf, *b"RATE");
+                notes.kissed = true;
+            }
+            Verdict::Drop => return Err(NtpDrop::RateLimited),
+        }
+        chime_ntp::suggest_poll(buf, interval);
+    }
+    Ok(())
+}
+
 impl BatchHandler for NtpWorker {
     fn handle(&mut self, rx: &RxBatch, tx: &mut TxBatch) {
         // One clock read and one snapshot load per batch: the fallback receive time for a
@@ -285,6 +319,7 @@ impl BatchHandler for NtpWorker {
             cookie_keys: cookie_keys.as_ref().map(|k| &***k),
             zone: zone.as_deref(),
             now_unix,
+            v5: (self.shared.v5.as_deref()).map(|f| (f, v5::era(now_unix))),
         };
         for (meta, request) in rx.iter() {
             self.stats.counts.received += 1;
@@ -313,6 +348,8 @@ impl BatchHandler for NtpWorker {
                 p.note(Note::Interleaved, notes.interleaved);
                 p.note(Note::Nts, notes.nts == Some(true));
                 p.note(Note::NtsNak, notes.nts == Some(false));
+                p.note(Note::V5, notes.v5);
+                p.note(Note::Upgrade, notes.upgrade);
                 let i = tx.len() - 1;
                 if notes.keep_transmit {
                     Marks::set(&mut self.marks.keep_transmit, i);
@@ -415,6 +452,7 @@ pub(crate) mod testing {
             ratelimit: None,
             epoch: Instant::now(),
             txlog: None,
+            v5: None,
             nts: None,
         })
     }
@@ -455,6 +493,45 @@ mod tests {
             "origin is the client's transmit"
         );
         assert_eq!(worker.stats.counts.received, 1);
+    }
+
+    #[test]
+    fn with_ntpv5_on_a_v5_request_is_answered_in_kind_and_an_upgrade_probe_echoed() {
+        let draft = chime_ntp::v5::Draft::D08;
+        let mut v5_request = [0u8; 76];
+        let len = v5::write_request(&mut v5_request, draft, 4, [9; 8], None).unwrap();
+        assert_eq!(len, v5_request.len());
+        let mut probe = request();
+        probe[16..24].copy_from_slice(&v5::UPGRADE);
+
+        let mut off = NtpWorker::new(shared(synchronised(), &[]), "ipv4", 0);
+        let replies = exchange(&mut off, "192.0.2.1:40000", &[&v5_request[..], &probe[..]]);
+        assert_eq!(replies.len(), 1, "v5 is off: only the probe is answered");
+        assert_ne!(replies[0][16..24], v5::UPGRADE);
+        let bad_version = NtpDrop::Request(DropReason::BadVersion(5));
+        assert_eq!(off.stats.counts.dropped(bad_version), 1);
+
+        let mut on = shared(synchronised(), &[]);
+        let mut filter = BloomFilter::new();
+        filter.add_id(&v5::ServerId::new(rand::random));
+        Arc::get_mut(&mut on).unwrap().v5 = Some(Box::new(filter));
+        let mut worker = NtpWorker::new(on, "ipv4", 0);
+        let replies = exchange(
+            &mut worker,
+            "192.0.2.1:40000",
+            &[&v5_request[..], &probe[..]],
+        );
+        assert_eq!(replies.len(), 2);
+        assert_eq!(replies[0].len(), v5_request.len());
+        let r = v5::parse_response(&replies[0], [9; 8], draft).unwrap();
+        assert_eq!((r.stratum, r.leap, r.flags), (3, Leap::NoWarning, 1));
+        assert!(r.transmit_ts.0 > r.receive_ts.0, "stamped before the send");
+        assert_eq!(replies[1][16..24], v5::UPGRADE);
+        let notes = worker.stats.counts.notes;
+        assert_eq!(
+            (notes[Note::V5.index()], notes[Note::Upgrade.index()]),
+            (1, 1)
+        );
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub(crate) enum Note {
     Nts,
     /// An NTS NAK.
     NtsNak,
+    /// An NTPv5 reply.
+    V5,
+    /// A v4 reply echoing the upgrade mark: its client may now speak v5.
+    Upgrade,
     /// A Roughtime reply in this version: an operator sees which versions clients still speak
     /// before dropping one.
     Roughtime(Version),
@@ -30,7 +34,7 @@ pub(crate) enum Note {
 }
 
 /// The NTP notes, which come first.
-pub(crate) const NTP_NOTES: usize = 5;
+pub(crate) const NTP_NOTES: usize = 7;
 pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1;
 
 /// Which notes a service's lines carry at exit, zeros too: NTP's, or Roughtime's.
@@ -58,6 +62,8 @@ impl Note {
             Self::KernelTxTimestamp,
             Self::Nts,
             Self::NtsNak,
+            Self::V5,
+            Self::Upgrade,
         ];
         let mut all = [Self::Greased; NOTES];
         let mut i = 0;
@@ -80,6 +86,8 @@ impl Note {
             Self::KernelTxTimestamp => 2,
             Self::Nts => 3,
             Self::NtsNak => 4,
+            Self::V5 => 5,
+            Self::Upgrade => 6,
             Self::Roughtime(v) => NTP_NOTES + v.index(),
             Self::Greased => NTP_NOTES + Version::COUNT,
         }
@@ -93,6 +101,8 @@ impl Note {
             Self::KernelTxTimestamp => "kernel_tx_timestamps",
             Self::Nts => "nts",
             Self::NtsNak => "nts_nak",
+            Self::V5 => "ntpv5",
+            Self::Upgrade => "ntpv5_upgrade",
             Self::Roughtime(v) => match v {
                 Version::Google => "version.google",
                 Version::Draft07 => "version.0x80000007",
@@ -328,7 +338,7 @@ pub(crate) mod tests {
             assert_eq!(label, format!("version.{}", v.label()));
         }
         assert_eq!(Note::Roughtime(Version::ALL[0]).index(), NTP_NOTES);
-        assert_eq!(Note::NtsNak.index(), NTP_NOTES - 1);
+        assert_eq!(Note::Upgrade.index(), NTP_NOTES - 1);
     }
 
     #[test]

@@ -280,6 +280,14 @@ const NOTE_METRICS: [(&str, &str); NTP_NOTES] = [
         "chimed_nts_naks_total",
         "NTS NAKs sent: a cookie that did not open or an authenticator that did not verify.",
     ),
+    (
+        "chimed_ntpv5_replies_total",
+        "NTPv5 replies (--ntpv5, as drafted).",
+    ),
+    (
+        "chimed_ntpv5_upgrades_total",
+        "NTPv4 replies echoing a client's NTPv5 upgrade mark (NTP5DRFT).",
+    ),
 ];
 
 /// Every metric, in the OpenMetrics text format, through prometheus-client's encoder.

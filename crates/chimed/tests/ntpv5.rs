@@ -1,0 +1,168 @@
+//! NTPv5 (`--ntpv5`, as drafted) against independent clients: ntpd-rs 1.9 (draft -08), which
+//! starts in v4, asks to upgrade and moves to v5 when chimed echoes the mark, and ntpstats (PyPI,
+//! draft -09). Counted by chimed as v5 replies and upgrades; without `--ntpv5` neither happens.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Chimed, Chronyd, count_in, peer, run};
+
+const NTPSTATS_PYTHON: &str = "/opt/chime-peers/ntpstats-venv/bin/python";
+
+fn chimed(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), extra);
+    chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    chimed
+}
+
+/// Runs ntpd-rs with its one source on `port` in `ntp_version` (`"auto"`, as it ships: v4, asking
+/// to upgrade; or `5`), polling every 2 s, until `done` says yes to its status and log; returns
+/// them, or panics with both after 40 s. With one source it never sets the clock.
+fn ntpd_rs(
+    dir: &std::path::Path,
+    port: u16,
+    ntp_version: &str,
+    done: impl Fn(&str, &str) -> bool,
+) -> (String, String) {
+    let conf = dir.join("ntp.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[observability]\nlog-level = \"debug\"\nobservation-path = \"{d}/observe\"\n\n\
+             [synchronization]\nminimum-agreeing-sources = 3\n\n\
+             [source-defaults]\npoll-interval-limits = {{ min = 1, max = 1 }}\n\
+             initial-poll-interval = 1\n\n\
+             [[source]]\nmode = \"server\"\naddress = \"127.0.0.1:{port}\"\n\
+             ntp-version = {ntp_version}\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let log_path = dir.join("ntpd.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut daemon = Command::new(peer("NTP_DAEMON", common::NTP_DAEMON))
+        .arg("-c")
+        .arg(&conf)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let status = || {
+        let out = run(Command::new(peer("NTP_CTL", common::NTP_CTL))
+            .args(["status", "-c"])
+            .arg(&conf));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let seen = loop {
+        let (now, log) = (
+            status(),
+            std::fs::read_to_string(&log_path).unwrap_or_default(),
+        );
+        if done(&now, &log) {
+            break (now, log);
+        }
+        if Instant::now() > deadline {
+            panic!("ntpd-rs never got there:\n{now}\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    seen
+}
+
+/// Whether ntpd-rs's status shows a measurement from its source: it accepted a reply. Before
+/// one, the source is listed with placeholders (an uncertainty of 2^31 s).
+fn has_offset(status: &str) -> bool {
+    let source = status.split("Sources:").nth(1).unwrap_or("");
+    source.contains("Offset:") && !source.contains("2147483648")
+}
+
+/// ntpd-rs as shipped asks to upgrade, sees chimed echo the mark, and moves to v5.
+#[test]
+fn ntpd_rs_asks_to_upgrade_and_moves_to_ntpv5() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed(&chronyd, &["--ntpv5"]);
+    let dir = tempfile::tempdir().unwrap();
+    let moved = |_: &str, log: &str| log.contains("switching to NTPv5");
+    ntpd_rs(dir.path(), chimed.addr.port(), "\"auto\"", moved);
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(count_in(&totals, "ntpv5_upgrade") >= 1, "{totals}");
+}
+
+/// ntpd-rs speaking v5 (draft -08) from its first poll takes chimed's time: every offset it shows
+/// came from a v5 reply it accepted.
+#[test]
+fn ntpd_rs_syncs_from_chimed_over_ntpv5() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed(&chronyd, &["--ntpv5"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (status, _) = ntpd_rs(dir.path(), chimed.addr.port(), "5", |s, _| has_offset(s));
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert!(count_in(&totals, "ntpv5") >= 1, "{totals}\n{status}");
+    assert_eq!(
+        count_in(&totals, "answered"),
+        count_in(&totals, "ntpv5"),
+        "{totals}"
+    );
+}
+
+#[test]
+fn ntpstats_queries_chimed_over_ntpv5_draft_09() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed(&chronyd, &["--ntpv5"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ntpstats_v5.py");
+    let out = run(Command::new(peer("NTPSTATS_PYTHON", NTPSTATS_PYTHON))
+        .arg(script)
+        .arg("127.0.0.1")
+        .arg(chimed.addr.port().to_string()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(r["upgrade"], true, "{r}");
+    assert_eq!(r["version"], 5, "{r}");
+    assert_eq!(r["draft"], "draft-ietf-ntp-ntpv5-09", "{r}");
+    assert_eq!(
+        (r["stratum"].as_u64(), r["leap"].as_u64()),
+        (Some(3), Some(0)),
+        "{r}"
+    );
+    assert_eq!(r["flags"], 1, "synchronised: {r}");
+    assert_eq!(r["timescale"], "utc", "{r}");
+    assert!(r["offset"].as_f64().unwrap().abs() < 0.01, "{r}");
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "ntpv5"), 1, "{totals}");
+    assert_eq!(count_in(&totals, "ntpv5_upgrade"), 1, "{totals}");
+}
+
+/// Off by default: a v5 request is dropped as a version chimed does not speak, an upgrade probe
+/// is answered in v4 without the mark, and ntpd-rs stays on v4.
+#[test]
+fn without_ntpv5_chimed_stays_v4() {
+    let chronyd = Chronyd::start();
+    let mut chimed = chimed(&chronyd, &[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ntpstats_v5.py");
+    let out = run(Command::new(peer("NTPSTATS_PYTHON", NTPSTATS_PYTHON))
+        .arg(script)
+        .arg("127.0.0.1")
+        .arg(chimed.addr.port().to_string()));
+    assert!(!out.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let gave_up = |s: &str, log: &str| has_offset(s) && log.contains("stopping the upgrade");
+    ntpd_rs(dir.path(), chimed.addr.port(), "\"auto\"", gave_up);
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "ntpv5"), 0, "{totals}");
+    assert_eq!(count_in(&totals, "ntpv5_upgrade"), 0, "{totals}");
+    assert!(count_in(&totals, "dropped.bad_version") >= 1, "{totals}");
+}
