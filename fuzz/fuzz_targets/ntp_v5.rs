@@ -1,6 +1,6 @@
 //! The NTPv5 responder and a client's parse on hostile input: never a panic; a reply exactly as
 //! long as its request, made of well-formed fields, naming the request's draft, echoing its client
-//! cookie, and read back by the client's own parser.
+//! cookie, and read back by the client's own parser; NTS's checks over v5 never verify a forgery.
 #![no_main]
 
 use chime_ntp::v5::{self, BloomFilter};
@@ -26,6 +26,24 @@ fuzz_target!(|input: (u64, [u8; 16], &[u8])| {
         if let Some(slice) = parsed.reference {
             let at = filter.as_bytes().windows(slice.len().max(1)).any(|w| w == slice);
             assert!(slice.is_empty() || at, "a slice of the filter");
+        }
+    }
+    // NTS over v5: whatever the bytes, the checks neither panic nor verify a forgery, and a NAK
+    // is never longer than the request.
+    let keys = chime_ntp::nts::CookieKeys::new(7, [0x33; 32]);
+    if let Ok(accepted) = v5::accept(request) {
+        match chime_ntp::nts::check_request_v5(request, &keys) {
+            chime_ntp::nts::Check::Verified(_) => panic!("a forged cookie verified"),
+            chime_ntp::nts::Check::Nak(uid) => {
+                let mut nak = vec![0u8; request.len()];
+                if v5::write_header(request, rx, &served, 0, &mut nak).is_ok()
+                    && let Some(len) =
+                        chime_ntp::nts::write_nak_v5(&mut nak, request, uid, accepted.draft)
+                {
+                    assert!(len <= request.len());
+                }
+            }
+            _ => {}
         }
     }
     // Whatever the bytes, the client's parser neither panics nor accepts a request.

@@ -24,7 +24,7 @@ fuzz_target!(|input: (u8, Vec<u8>)| {
     let Some(end) = nts::ke_message_len(&request) else {
         return;
     };
-    let outcome = nts::ke_check(&request[..end], &pool);
+    let outcome = nts::ke_check(&request[..end], &pool, false);
     if matches!(outcome, KeOutcome::PoolSupport { .. } | KeOutcome::PoolKeys { .. }) {
         assert!(request.windows(TOKEN.len()).any(|w| w == TOKEN));
     }

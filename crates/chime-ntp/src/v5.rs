@@ -128,6 +128,8 @@ pub fn is_v5(packet: &[u8]) -> bool {
 /// One extension field: its type, its value and where it starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field<'a> {
+    /// Where it starts in the packet.
+    pub start: usize,
     /// The field type.
     pub ty: u16,
     /// The value, without the padding.
@@ -166,6 +168,7 @@ fn field_at(packet: &[u8], at: usize) -> Option<(Field<'_>, usize)> {
     }
     Some((
         Field {
+            start: at,
             ty,
             value: &packet[at + 4..at + len],
         },
@@ -272,29 +275,23 @@ pub struct Reply {
     pub draft: Draft,
 }
 
-/// Answers one NTPv5 request, or says why it is dropped.
-///
-/// Accepted: mode 3, well-formed extension fields, and a Draft Identification field naming a
-/// draft in [`Draft::ALL`] exactly. Dropped: shorter than the header or not a multiple of 4
-/// bytes, another mode, fields that overrun, no draft or an unknown one
-/// ([`DropReason::UnknownDraft`]), and NTS fields (NTS over v5 is not served: such a request is
-/// [`DropReason::BadExtension`], never answered unauthenticated).
-///
-/// The reply: the header from `served` (timescale UTC, era `era`, the synchronised flag unless
-/// `served` says unsynchronised), the request's poll and client cookie, the server cookie being
-/// the marked receive timestamp (unique per reply), receive and provisional transmit timestamps as
-/// [`crate::respond`] writes them; then the request's Unique Identifier, the slice of `filter`
-/// each Reference ID Request asks for (one within the 512 bytes, a multiple of 4 long), the Draft
-/// Identification, and Padding to the request's length. It is exactly as long as the request,
-/// never longer: every field echoed or answered takes the room its request field took.
-pub fn respond(
-    request: &[u8],
-    rx_time: NtpTimestamp,
-    served: &ServedHeader,
-    filter: &BloomFilter,
-    era: u8,
-    reply: &mut [u8],
-) -> Result<Reply, DropReason> {
+/// What [`accept`] made of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The draft it named.
+    pub draft: Draft,
+    /// Whether it carries NTS fields (a cookie, a placeholder or an authenticator): to be
+    /// answered through [`crate::nts::check_request_v5`], or dropped.
+    pub nts: bool,
+}
+
+/// NTS's field types, which a plain v5 reply never answers.
+const NTS_FIELDS: [u16; 3] = [0x0204, 0x0304, 0x0404];
+
+/// Checks an NTPv5 request: at least the header and a multiple of 4 bytes, version 5, mode 3,
+/// well-formed fields, and a Draft Identification naming a draft in [`Draft::ALL`] exactly
+/// (unknown or missing: [`DropReason::UnknownDraft`]).
+pub fn accept(request: &[u8]) -> Result<Accepted, DropReason> {
     let Some(head) = request.first_chunk::<{ Header::LEN }>() else {
         return Err(DropReason::TooShort);
     };
@@ -310,21 +307,36 @@ pub fn respond(
             crate::packet::Mode::from_first_byte(head[at::LVM]),
         ));
     }
-    let fields = fields(request).ok_or(DropReason::BadExtension)?;
-    let mut draft = None;
-    for f in fields {
+    let (mut draft, mut nts) = (None, false);
+    for f in fields(request).ok_or(DropReason::BadExtension)? {
         match f.ty {
             ef::DRAFT_ID => draft = Draft::from_id(f.value),
-            // NTS's cookie, placeholder and authenticator: not served over v5.
-            0x0204 | 0x0304 | 0x0404 => return Err(DropReason::BadExtension),
-            _ => {}
+            ty => nts |= NTS_FIELDS.contains(&ty),
         }
     }
     let draft = draft.ok_or(DropReason::UnknownDraft)?;
-    if reply.len() < request.len() {
+    Ok(Accepted { draft, nts })
+}
+
+/// Writes the v5 header of the reply to an accepted `request` into `reply[..48]`: the served
+/// state (timescale UTC, era `era`, the synchronised flag unless `served` says unsynchronised),
+/// the request's poll and client cookie, the marked receive timestamp as the server cookie
+/// (unique per reply), receive and provisional transmit timestamps as [`crate::respond`] writes
+/// them. `Err` if `reply` is shorter than the request: a v5 reply is exactly as long.
+pub fn write_header(
+    request: &[u8],
+    rx_time: NtpTimestamp,
+    served: &ServedHeader,
+    era: u8,
+    reply: &mut [u8],
+) -> Result<(), DropReason> {
+    let (Some(head), true) = (
+        request.first_chunk::<{ Header::LEN }>(),
+        reply.len() >= request.len(),
+    ) else {
         return Err(DropReason::ReplyBufferTooSmall);
-    }
-    let out = &mut reply[..request.len()];
+    };
+    let out = &mut reply[..Header::LEN];
     let synchronised = served.leap != Leap::Unsynchronised && (1..16).contains(&served.stratum);
     let leap = if synchronised {
         served.leap
@@ -349,11 +361,34 @@ pub fn respond(
         .copy_from_slice(&head[at::CLIENT_COOKIE..at::RECEIVE_TS]);
     out[at::RECEIVE_TS..at::TRANSMIT_TS].copy_from_slice(&receive.to_bits());
     out[at::TRANSMIT_TS..Header::LEN].copy_from_slice(&transmit.to_bits());
+    Ok(())
+}
 
+/// Answers one NTPv5 request without NTS, or says why it is dropped.
+///
+/// Accepted as [`accept`] says; a request with NTS fields is [`DropReason::BadExtension`] here,
+/// never answered unauthenticated. The reply: the header ([`write_header`]), then the request's
+/// Unique Identifier, the slice of `filter` each Reference ID Request asks for (one within the
+/// 512 bytes, a multiple of 4 long), the Draft Identification, and Padding to the request's
+/// length. It is exactly as long as the request, never longer: every field echoed or answered
+/// takes the room its request field took.
+pub fn respond(
+    request: &[u8],
+    rx_time: NtpTimestamp,
+    served: &ServedHeader,
+    filter: &BloomFilter,
+    era: u8,
+    reply: &mut [u8],
+) -> Result<Reply, DropReason> {
+    let accepted = accept(request)?;
+    if accepted.nts {
+        return Err(DropReason::BadExtension);
+    }
+    write_header(request, rx_time, served, era, reply)?;
+    let out = &mut reply[..request.len()];
     let mut len = Header::LEN;
-    // The fields were checked above; each answer is no longer than the field that asked.
-    let answers = self::fields(request).into_iter().flatten();
-    for f in answers {
+    // The fields were checked by `accept`; each answer is no longer than the field that asked.
+    for f in fields(request).into_iter().flatten() {
         let put = match f.ty {
             ef::UNIQUE_IDENTIFIER => put_field(out, &mut len, f.ty, f.value),
             ef::REFERENCE_ID_REQUEST => match reference_slice(f.value, filter) {
@@ -364,7 +399,7 @@ pub fn respond(
         };
         put.ok_or(DropReason::ReplyBufferTooSmall)?;
     }
-    put_field(out, &mut len, ef::DRAFT_ID, draft.id().as_bytes())
+    put_field(out, &mut len, ef::DRAFT_ID, accepted.draft.id().as_bytes())
         .ok_or(DropReason::ReplyBufferTooSmall)?;
     if len < out.len() {
         // What is left is a multiple of 4 and at least 4: one padding field fills it.
@@ -374,7 +409,19 @@ pub fn respond(
         out[len + 4..].fill(0);
         len = out.len();
     }
-    Ok(Reply { len, draft })
+    Ok(Reply {
+        len,
+        draft: accepted.draft,
+    })
+}
+
+/// The Draft Identification field for `draft`, framed and padded: 28 bytes for every draft
+/// answered (a 23-byte name). For replies that add it after fields of their own (NTS's).
+pub fn draft_field(draft: Draft) -> [u8; 28] {
+    let mut out = [0u8; 28];
+    let mut len = 0;
+    put_field(&mut out, &mut len, ef::DRAFT_ID, draft.id().as_bytes()).expect("23 bytes fit");
+    out
 }
 
 /// The slice of `filter` a Reference ID Request's value asks for: its offset in the first two
@@ -414,6 +461,15 @@ pub fn kiss_of_death(reply: &mut [u8], code: [u8; 4]) {
         out[at::STRATUM] = 0;
         out[at::FLAGS + 1] &= !flags::SYNCHRONISED;
         out[at::SERVER_COOKIE..at::SERVER_COOKIE + 4].copy_from_slice(&code);
+    }
+}
+
+/// Turns a v5 reply into an NTS NAK: a Kiss-o'-Death (code `NTSN`) with the NTS NAK flag, which
+/// tells the client to run NTS-KE again.
+pub fn nts_nak(reply: &mut [u8]) {
+    kiss_of_death(reply, *b"NTSN");
+    if let Some(flags) = reply.get_mut(at::FLAGS + 1) {
+        *flags |= flags::AUTH_NAK;
     }
 }
 

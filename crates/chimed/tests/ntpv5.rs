@@ -17,13 +17,18 @@ fn chimed(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
     chimed
 }
 
-/// Runs ntpd-rs with its one source on `port` in `ntp_version` (`"auto"`, as it ships: v4, asking
-/// to upgrade; or `5`), polling every 2 s, until `done` says yes to its status and log; returns
-/// them, or panics with both after 40 s. With one source it never sets the clock.
+/// ntpd-rs's source: a plain server on `port` in `ntp_version` (`"auto"`, as it ships: v4, asking
+/// to upgrade; or `5`).
+fn server_source(port: u16, ntp_version: &str) -> String {
+    format!("mode = \"server\"\naddress = \"127.0.0.1:{port}\"\nntp-version = {ntp_version}\n")
+}
+
+/// Runs ntpd-rs with its one `source` (the body of its `[[source]]` table), polling every 2 s,
+/// until `done` says yes to its status and log; returns them, or panics with both after 40 s.
+/// With one source it never sets the clock.
 fn ntpd_rs(
     dir: &std::path::Path,
-    port: u16,
-    ntp_version: &str,
+    source: &str,
     done: impl Fn(&str, &str) -> bool,
 ) -> (String, String) {
     let conf = dir.join("ntp.toml");
@@ -34,8 +39,7 @@ fn ntpd_rs(
              [synchronization]\nminimum-agreeing-sources = 3\n\n\
              [source-defaults]\npoll-interval-limits = {{ min = 1, max = 1 }}\n\
              initial-poll-interval = 1\n\n\
-             [[source]]\nmode = \"server\"\naddress = \"127.0.0.1:{port}\"\n\
-             ntp-version = {ntp_version}\n",
+             [[source]]\n{source}",
             d = dir.display()
         ),
     )
@@ -88,7 +92,11 @@ fn ntpd_rs_asks_to_upgrade_and_moves_to_ntpv5() {
     let mut chimed = chimed(&chronyd, &["--ntpv5"]);
     let dir = tempfile::tempdir().unwrap();
     let moved = |_: &str, log: &str| log.contains("switching to NTPv5");
-    ntpd_rs(dir.path(), chimed.addr.port(), "\"auto\"", moved);
+    ntpd_rs(
+        dir.path(),
+        &server_source(chimed.addr.port(), "\"auto\""),
+        moved,
+    );
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(count_in(&totals, "ntpv5_upgrade") >= 1, "{totals}");
@@ -101,7 +109,11 @@ fn ntpd_rs_syncs_from_chimed_over_ntpv5() {
     let chronyd = Chronyd::start();
     let mut chimed = chimed(&chronyd, &["--ntpv5"]);
     let dir = tempfile::tempdir().unwrap();
-    let (status, _) = ntpd_rs(dir.path(), chimed.addr.port(), "5", |s, _| has_offset(s));
+    let (status, _) = ntpd_rs(
+        dir.path(),
+        &server_source(chimed.addr.port(), "5"),
+        |s, _| has_offset(s),
+    );
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(count_in(&totals, "ntpv5") >= 1, "{totals}\n{status}");
@@ -159,10 +171,45 @@ fn without_ntpv5_chimed_stays_v4() {
     assert!(!out.status.success());
     let dir = tempfile::tempdir().unwrap();
     let gave_up = |s: &str, log: &str| has_offset(s) && log.contains("stopping the upgrade");
-    ntpd_rs(dir.path(), chimed.addr.port(), "\"auto\"", gave_up);
+    ntpd_rs(
+        dir.path(),
+        &server_source(chimed.addr.port(), "\"auto\""),
+        gave_up,
+    );
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert_eq!(count_in(&totals, "ntpv5"), 0, "{totals}");
     assert_eq!(count_in(&totals, "ntpv5_upgrade"), 0, "{totals}");
     assert!(count_in(&totals, "dropped.bad_version") >= 1, "{totals}");
+}
+
+/// ntpd-rs over NTS, as it ships (`ntp-version = "auto"`, which offers the NTPv5 draft before
+/// NTPv4 in NTS-KE), and forced to v5: chimed agrees on the draft (keys exported for 0x8001) and
+/// answers its NTS requests over v5, each authenticated, none NAKed; ntpd-rs takes measurements
+/// and keeps a full set of cookies.
+#[test]
+fn ntpd_rs_syncs_from_chimed_over_nts_and_ntpv5() {
+    for version in ["\"auto\"", "5"] {
+        let chronyd = Chronyd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = common::certificate(dir.path(), "chimed");
+        let (mut chimed, ke_port) = common::chimed_nts(&chronyd, &cert, &key, &["--ntpv5"]);
+        let source = format!(
+            "mode = \"nts\"\naddress = \"localhost:{ke_port}\"\n\
+             certificate-authority = \"{}\"\nntp-version = {version}\n",
+            cert.display()
+        );
+        let synced = |s: &str, _: &str| has_offset(s) && s.contains("[NTS]");
+        let (status, _) = ntpd_rs(dir.path(), &source, synced);
+        assert!(status.contains("NTS cookies:\t\t8/8"), "{status}");
+        assert!(chimed.terminate().success());
+        let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+        assert!(count_in(&totals, "nts") >= 1, "{version}: {totals}");
+        assert_eq!(
+            count_in(&totals, "ntpv5"),
+            count_in(&totals, "answered"),
+            "{totals}"
+        );
+        assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
+    }
 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use super::aead::Aead;
 use super::cookies::Keys;
-use super::records::Agreement;
+use super::records::{Agreement, Protocol};
 use super::server::{Field, Unopened, fields, open_authenticator};
 use super::{NONCE_LEN, TAG_LEN, ef, record};
 use crate::packet::Header;
@@ -101,6 +101,7 @@ pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeA
     let compliant_export = aead != Aead::Aes128GcmSiv || compliant;
     Ok(KeAnswer {
         agreement: Agreement {
+            protocol: Protocol::NtpV4,
             aead,
             compliant_export,
         },

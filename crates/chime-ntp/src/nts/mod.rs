@@ -51,10 +51,13 @@ pub use pool::{
     pool_fixed_key_request, pool_support_request,
 };
 pub use records::{
-    Agreement, KE_MAX_REQUEST, KeOutcome, NtpNegotiation, ke_check, ke_message_len, ke_response,
-    valid_ntp_server,
+    Agreement, KE_MAX_REQUEST, KeOutcome, NtpNegotiation, Protocol, ke_check, ke_message_len,
+    ke_response, valid_ntp_server,
 };
-pub use server::{Check, Verified, check_request, write_nak, write_response};
+pub use server::{
+    Check, Verified, check_request, check_request_v5, write_nak, write_nak_v5, write_response,
+    write_response_v5,
+};
 
 /// The length of a master key cookies are sealed under (an AEAD_AES_SIV_CMAC_256 key, whatever
 /// the association's algorithm).

@@ -23,10 +23,33 @@ pub fn ke_message_len(buf: &[u8]) -> Option<usize> {
     None
 }
 
-/// What the two sides of NTS-KE agreed on for NTPv4: the AEAD algorithm, and how its keys are
+/// The NTP a session's keys are for (RFC 8915 §4.1.2's Next Protocol ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// NTPv4, id 0.
+    #[default]
+    NtpV4,
+    /// NTPv5 as drafted, id 0x8001 (the drafts' experimental number), served only where the
+    /// server speaks v5.
+    NtpV5Draft,
+}
+
+impl Protocol {
+    /// Its Next Protocol id.
+    pub const fn id(self) -> u16 {
+        match self {
+            Self::NtpV4 => 0,
+            Self::NtpV5Draft => 0x8001,
+        }
+    }
+}
+
+/// What the two sides of NTS-KE agreed on: the protocol, the AEAD algorithm, and how its keys are
 /// exported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agreement {
+    /// The protocol the keys are for.
+    pub protocol: Protocol,
     /// The association's algorithm.
     pub aead: Aead,
     /// With AEAD_AES_128_GCM_SIV: whether the keys are exported with 30 in the context, as RFC
@@ -36,7 +59,7 @@ pub struct Agreement {
 }
 
 impl Agreement {
-    /// The TLS exporter context of one of the two keys (RFC 8915 §5.1): protocol 0 (NTPv4), the
+    /// The TLS exporter context of one of the two keys (RFC 8915 §5.1): the protocol's id, the
     /// algorithm's number (15 in chrony's old place of 30), then 0 for the client-to-server key
     /// and 1 for the server-to-client key. The key is [`Aead::key_len`] bytes long.
     pub fn exporter_context(&self, server_to_client: bool) -> [u8; 5] {
@@ -44,8 +67,9 @@ impl Agreement {
             (Aead::Aes128GcmSiv, false) => Aead::AesSivCmac256.id(),
             (aead, _) => aead.id(),
         };
+        let [p_hi, p_lo] = self.protocol.id().to_be_bytes();
         let [hi, lo] = id.to_be_bytes();
-        [0, 0, hi, lo, u8::from(server_to_client)]
+        [p_hi, p_lo, hi, lo, u8::from(server_to_client)]
     }
 
     /// The association's two keys, each as `export` fills it from the TLS session (RFC 5705's
@@ -69,14 +93,15 @@ impl Agreement {
 /// What the server answers to an NTS-KE request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeOutcome {
-    /// Agreed on NTPv4 and an algorithm: export the keys and send [`ke_response`] with cookies.
+    /// Agreed on a protocol and an algorithm: export the keys and send [`ke_response`] with
+    /// cookies.
     Agreed(Agreement),
     /// A well-formed request offering no protocol served: the Next Protocol record, empty (RFC
     /// 8915 §4.1.2), and no cookies.
     NoProtocol,
-    /// NTPv4, but no AEAD algorithm served among those offered: NTPv4 and the AEAD Algorithm
-    /// record, empty (RFC 8915 §4.1.5), and no cookies.
-    NoAead,
+    /// A protocol, but no AEAD algorithm served among those offered: the protocol and the AEAD
+    /// Algorithm record, empty (RFC 8915 §4.1.5), and no cookies.
+    NoAead(Protocol),
     /// Refused: send this error code (0 unrecognized critical record, 1 bad request).
     Error(u16),
     /// A pool's request (a support request or a Fixed Key Request) without a token this server
@@ -116,7 +141,12 @@ impl KeOutcome {
 /// What one request's records said, as [`ke_check`] reads them.
 #[derive(Default)]
 struct Seen<'a> {
+    /// Whether the protocols offered include NTPv4, which is all a pool's request may name.
     ntpv4: bool,
+    /// The client's first offered protocol that is served.
+    protocol: Option<Protocol>,
+    /// Whether NTPv5 is served.
+    ntpv5: bool,
     aead: Option<Aead>,
     compliant: bool,
     protocols: usize,
@@ -130,12 +160,16 @@ struct Seen<'a> {
     support: bool,
 }
 
-/// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides. The algorithm is
-/// the client's first that is served. A pool's requests (a Fixed Key Request, a support request)
-/// are served only with a token in `pool` ([`KeOutcome::PoolRefused`] without one); a pool's
-/// request that is not well formed is a bad request.
-pub fn ke_check(request: &[u8], pool: &PoolTokens) -> KeOutcome {
-    let mut seen = Seen::default();
+/// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides. The protocol is the
+/// client's first that is served (NTPv4, and the NTPv5 draft if `ntpv5`), and the algorithm the
+/// client's first that is served. A pool's requests (a Fixed Key Request, a support request)
+/// are served only with a token in `pool` ([`KeOutcome::PoolRefused`] without one), for NTPv4
+/// only; a pool's request that is not well formed is a bad request.
+pub fn ke_check(request: &[u8], pool: &PoolTokens, ntpv5: bool) -> KeOutcome {
+    let mut seen = Seen {
+        ntpv5,
+        ..Seen::default()
+    };
     for r in record::records(request) {
         let Ok(r) = r else {
             return KeOutcome::Error(ERROR_BAD_REQUEST);
@@ -152,13 +186,14 @@ pub fn ke_check(request: &[u8], pool: &PoolTokens) -> KeOutcome {
     if seen.support || seen.fixed_keys.is_some() {
         return seen.pool(pool);
     }
-    if seen.protocols != 1 || (seen.ntpv4 && seen.aeads != 1) {
+    if seen.protocols != 1 || (seen.protocol.is_some() && seen.aeads != 1) {
         return KeOutcome::Error(ERROR_BAD_REQUEST);
     }
-    match (seen.ntpv4, seen.aead) {
-        (false, _) => KeOutcome::NoProtocol,
-        (true, None) => KeOutcome::NoAead,
-        (true, Some(aead)) => KeOutcome::Agreed(Agreement {
+    match (seen.protocol, seen.aead) {
+        (None, _) => KeOutcome::NoProtocol,
+        (Some(protocol), None) => KeOutcome::NoAead(protocol),
+        (Some(protocol), Some(aead)) => KeOutcome::Agreed(Agreement {
+            protocol,
             aead,
             compliant_export: aead != Aead::Aes128GcmSiv || seen.compliant,
         }),
@@ -180,7 +215,15 @@ impl<'a> Seen<'a> {
             record::END_OF_MESSAGE => self.ended = true,
             record::NEXT_PROTOCOL => {
                 self.protocols += 1;
-                self.ntpv4 |= body.len().is_multiple_of(2) && ids().any(|p| p == 0);
+                if body.len().is_multiple_of(2) {
+                    self.ntpv4 |= ids().any(|p| p == 0);
+                    let served = |id| match id {
+                        0 => Some(Protocol::NtpV4),
+                        0x8001 if self.ntpv5 => Some(Protocol::NtpV5Draft),
+                        _ => None,
+                    };
+                    self.protocol = self.protocol.or_else(|| ids().find_map(served));
+                }
             }
             record::AEAD_ALGORITHM => {
                 self.aeads += 1;
@@ -221,7 +264,7 @@ impl<'a> Seen<'a> {
         }
         match (self.ntpv4, self.aead) {
             (false, _) => KeOutcome::NoProtocol,
-            (true, None) => KeOutcome::NoAead,
+            (true, None) => KeOutcome::NoAead(Protocol::NtpV4),
             (true, Some(aead)) => {
                 let (c2s, s2c) = both.split_at(both.len() / 2);
                 match Keys::new(aead, c2s, s2c) {
@@ -293,8 +336,11 @@ pub fn ke_response(
             put(record::CRITICAL | record::NEXT_PROTOCOL, &[]);
             None
         }
-        KeOutcome::NoAead => {
-            put(record::CRITICAL | record::NEXT_PROTOCOL, &NTPV4);
+        KeOutcome::NoAead(protocol) => {
+            put(
+                record::CRITICAL | record::NEXT_PROTOCOL,
+                &protocol.id().to_be_bytes(),
+            );
             put(record::CRITICAL | record::AEAD_ALGORITHM, &[]);
             None
         }
@@ -308,12 +354,15 @@ pub fn ke_response(
             // The pool exported its client's keys itself, so record 1024 is the client's
             // business with the pool; here it is echoed to a client of this server.
             let echo = agreement.aead == Aead::Aes128GcmSiv && agreement.compliant_export;
-            Some((agreement.aead, echo))
+            Some((agreement.protocol, agreement.aead, echo))
         }
-        KeOutcome::PoolKeys { keys, .. } => Some((keys.aead(), false)),
+        KeOutcome::PoolKeys { keys, .. } => Some((Protocol::NtpV4, keys.aead(), false)),
     };
-    if let Some((aead, echo_compliant)) = aead {
-        put(record::CRITICAL | record::NEXT_PROTOCOL, &NTPV4);
+    if let Some((protocol, aead, echo_compliant)) = aead {
+        put(
+            record::CRITICAL | record::NEXT_PROTOCOL,
+            &protocol.id().to_be_bytes(),
+        );
         put(
             record::CRITICAL | record::AEAD_ALGORITHM,
             &aead.id().to_be_bytes(),

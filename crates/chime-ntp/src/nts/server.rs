@@ -70,13 +70,36 @@ pub enum Check {
 
 /// Checks the NTS fields of an NTPv4 client request that [`crate::respond`] accepted.
 pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
+    check_fields(request, cookie_keys, fields(request))
+}
+
+/// Checks the NTS fields of an NTPv5 request that [`crate::v5::accept`] accepted: the same rules
+/// as [`check_request`], over v5's fields (whose lengths leave out their padding).
+pub fn check_request_v5(request: &[u8], cookie_keys: &CookieKeys) -> Check {
+    let Some(v5_fields) = crate::v5::fields(request) else {
+        return Check::Malformed;
+    };
+    let as_field = |f: crate::v5::Field<'_>| Field {
+        ty: f.ty,
+        start: f.start,
+        body: f.start + 4..f.start + 4 + f.value.len(),
+    };
+    check_fields(request, cookie_keys, v5_fields.map(as_field))
+}
+
+/// The checks of [`check_request`] over a request's `fields`, however they are framed.
+fn check_fields(
+    request: &[u8],
+    cookie_keys: &CookieKeys,
+    fields: impl Iterator<Item = Field>,
+) -> Check {
     let mut unique_id = None;
     let mut cookie = None;
     let mut wanted = 0usize;
     let mut cookie_len = None;
     let mut auth = None;
     let mut any = false;
-    for f in fields(request) {
+    for f in fields {
         match f.ty {
             ef::UNIQUE_IDENTIFIER => {
                 any = true;
@@ -208,14 +231,45 @@ pub fn write_response(
     request: &[u8],
     verified: &Verified,
     nonce: [u8; NONCE_LEN],
+    new_cookie: impl FnMut() -> Cookie,
+) -> Option<usize> {
+    seal_reply(reply, request, verified, nonce, new_cookie, &[])
+}
+
+/// Completes the reply to a [`Check::Verified`] NTPv5 request as [`write_response`] does an
+/// NTPv4 one: `reply` holds the v5 header ([`crate::v5::write_header`]), stamped. After the
+/// echoed identifier comes the Draft Identification naming `draft`, authenticated with the rest;
+/// the authenticator is padded so that the reply is exactly as long as the request.
+pub fn write_response_v5(
+    reply: &mut [u8],
+    request: &[u8],
+    verified: &Verified,
+    draft: crate::v5::Draft,
+    nonce: [u8; NONCE_LEN],
+    new_cookie: impl FnMut() -> Cookie,
+) -> Option<usize> {
+    let draft = crate::v5::draft_field(draft);
+    seal_reply(reply, request, verified, nonce, new_cookie, &draft)
+}
+
+/// The identifier, then `extra` (whole fields), then the authenticator with the cookies: the
+/// body of both versions' replies. The identifier's field is padded to 4 bytes, as v5 frames it
+/// (in v4 it always is).
+fn seal_reply(
+    reply: &mut [u8],
+    request: &[u8],
+    verified: &Verified,
+    nonce: [u8; NONCE_LEN],
     mut new_cookie: impl FnMut() -> Cookie,
+    extra: &[u8],
 ) -> Option<usize> {
     let aead = verified.keys.aead();
     let nonce = &nonce[..aead.nonce_len()];
     let target = request.len().min(reply.len());
     let uid = &request[verified.unique_id.clone()];
     let uid_field = 4 + uid.len();
-    let auth_start = Header::LEN + uid_field;
+    let extra_at = Header::LEN + uid_field.next_multiple_of(4);
+    let auth_start = extra_at + extra.len();
     let cookie_field = 4 + cookie_len(aead);
     // Authenticator without cookies: header 4, lengths 4, nonce, tag 16.
     let auth_min = 4 + 4 + nonce.len() + TAG_LEN;
@@ -225,7 +279,9 @@ pub fn write_response(
     let auth_len = target - auth_start;
 
     put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
-    reply[Header::LEN + 4..auth_start].copy_from_slice(uid);
+    reply[Header::LEN + 4..Header::LEN + uid_field].copy_from_slice(uid);
+    reply[Header::LEN + uid_field..extra_at].fill(0);
+    reply[extra_at..auth_start].copy_from_slice(extra);
 
     put_field_header(reply, auth_start, ef::AUTHENTICATOR, auth_len);
     let lengths = auth_start + 4;
@@ -266,6 +322,32 @@ pub fn write_nak(reply: &mut [u8], request: &[u8], unique_id: Range<usize>) -> O
     kiss_of_death(reply, *b"NTSN");
     put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, 4 + uid.len());
     reply[Header::LEN + 4..len].copy_from_slice(uid);
+    Some(len)
+}
+
+/// Turns `reply` (a header made by [`crate::v5::write_header`]) into an NTPv5 NTS NAK: a
+/// Kiss-o'-Death with the NTS NAK flag, the request's unique identifier (at `unique_id` in
+/// `request`) and the Draft Identification naming `draft`. Returns its length, or `None` if the
+/// buffer cannot hold it.
+pub fn write_nak_v5(
+    reply: &mut [u8],
+    request: &[u8],
+    unique_id: Range<usize>,
+    draft: crate::v5::Draft,
+) -> Option<usize> {
+    let uid = request.get(unique_id)?;
+    let uid_field = 4 + uid.len();
+    let draft_at = Header::LEN + uid_field.next_multiple_of(4);
+    let draft = crate::v5::draft_field(draft);
+    let len = draft_at + draft.len();
+    if len > reply.len() {
+        return None;
+    }
+    crate::v5::nts_nak(reply);
+    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
+    reply[Header::LEN + 4..Header::LEN + uid_field].copy_from_slice(uid);
+    reply[Header::LEN + uid_field..draft_at].fill(0);
+    reply[draft_at..len].copy_from_slice(&draft);
     Some(len)
 }
 

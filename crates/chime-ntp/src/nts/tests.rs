@@ -374,9 +374,48 @@ fn record(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
 }
 
 const SIV_256: Agreement = Agreement {
+    protocol: Protocol::NtpV4,
     aead: Aead::AesSivCmac256,
     compliant_export: true,
 };
+
+/// ntpd-rs offers the NTPv5 draft (0x8001) before NTPv4: a server speaking v5 takes it, in the
+/// client's order, says so in its response and exports the keys with 0x8001 in the context; one
+/// that does not speak v5 takes NTPv4, and with v5 alone offered, nothing.
+#[test]
+fn ke_agrees_on_the_ntpv5_draft_where_served_in_the_clients_order() {
+    let request = |protocols: &[u8]| {
+        let mut req = Vec::new();
+        record(&mut req, 0x8001, protocols);
+        record(&mut req, 0x8004, &[0, 15]);
+        record(&mut req, 0x8000, &[]);
+        req
+    };
+    let both = request(&[0x80, 0x01, 0, 0]);
+    let v5 = Agreement {
+        protocol: Protocol::NtpV5Draft,
+        ..SIV_256
+    };
+    let none = PoolTokens::none();
+    assert_eq!(ke_check(&both, &none, true), KeOutcome::Agreed(v5));
+    assert_eq!(ke_check(&both, &none, false), KeOutcome::Agreed(SIV_256));
+    let v4_first = request(&[0, 0, 0x80, 0x01]);
+    assert_eq!(ke_check(&v4_first, &none, true), KeOutcome::Agreed(SIV_256));
+    let v5_only = request(&[0x80, 0x01]);
+    assert_eq!(ke_check(&v5_only, &none, false), KeOutcome::NoProtocol);
+    assert_eq!(v5.exporter_context(false), [0x80, 0x01, 0, 15, 0]);
+    assert_eq!(v5.exporter_context(true), [0x80, 0x01, 0, 15, 1]);
+    assert_eq!(SIV_256.exporter_context(true), [0, 0, 0, 15, 1]);
+    let mut out = Vec::new();
+    let cookie = master().seal(&keys(), [3; NONCE_LEN]);
+    ke_response(
+        &KeOutcome::Agreed(v5),
+        &NtpNegotiation::default(),
+        [cookie],
+        &mut out,
+    );
+    assert_eq!(&out[..6], &[0x80, 1, 0, 2, 0x80, 0x01]);
+}
 
 #[test]
 fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
@@ -389,7 +428,7 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
     assert_eq!(ke_message_len(&req), Some(req.len()));
     assert_eq!(ke_message_len(&req[..req.len() - 1]), None);
     assert_eq!(
-        ke_check(&req, &PoolTokens::none()),
+        ke_check(&req, &PoolTokens::none(), false),
         KeOutcome::Agreed(SIV_256)
     );
 
@@ -417,7 +456,7 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
         for (t, b) in body {
             record(&mut r, *t, b);
         }
-        ke_check(&r, &PoolTokens::none())
+        ke_check(&r, &PoolTokens::none(), false)
     };
     let eom: (u16, &[u8]) = (0x8000, &[]);
     assert_eq!(
@@ -432,7 +471,7 @@ fn ke_agrees_on_ntpv4_and_an_aead_and_refuses_the_rest() {
     );
     assert_eq!(
         refused(&[(0x8001, &[0, 0]), (0x8004, &[0, 16, 0, 1]), eom]),
-        KeOutcome::NoAead,
+        KeOutcome::NoAead(Protocol::NtpV4),
         "no algorithm served"
     );
     assert_eq!(
@@ -485,7 +524,12 @@ fn ke_says_no_common_protocol_or_aead_with_an_empty_record() {
         port: Some(12345),
     };
     let mut none = Vec::new();
-    ke_response(&KeOutcome::NoAead, &port_only, [cookie], &mut none);
+    ke_response(
+        &KeOutcome::NoAead(Protocol::NtpV4),
+        &port_only,
+        [cookie],
+        &mut none,
+    );
     assert_eq!(none, [0x80, 1, 0, 2, 0, 0, 0x80, 4, 0, 0, 0x80, 0, 0, 0]);
     assert_eq!(
         parse_ke_response(&none, &Aead::ALL),
@@ -514,7 +558,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
             record(&mut req, 0x0400, &[]);
         }
         record(&mut req, 0x8000, &[]);
-        match ke_check(&req, &PoolTokens::none()) {
+        match ke_check(&req, &PoolTokens::none(), false) {
             KeOutcome::Agreed(a) => a,
             other => panic!("{aeads:?}: {other:?}"),
         }
@@ -566,7 +610,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
         (vec![Aead::AesSivCmac512], true),
     ] {
         let req = ke_request(&offered);
-        let KeOutcome::Agreed(agreement) = ke_check(&req, &PoolTokens::none()) else {
+        let KeOutcome::Agreed(agreement) = ke_check(&req, &PoolTokens::none(), false) else {
             panic!("{offered:?}");
         };
         assert_eq!(agreement.compliant_export, compliant);
@@ -651,7 +695,7 @@ fn round_trip(aead: Aead) {
         server: Some("ntp.example.net".to_owned()),
         port: Some(4123),
     };
-    let outcome = ke_check(&ke_request(&[aead]), &PoolTokens::none());
+    let outcome = ke_check(&ke_request(&[aead]), &PoolTokens::none(), false);
     let cookies = std::iter::repeat_with(|| m.seal(&keys, [1; 16]));
     ke_response(&outcome, &elsewhere, cookies, &mut ke);
     let answer = parse_ke_response(&ke, &[aead]).unwrap();
@@ -756,7 +800,7 @@ fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
         for keep_alive in [false, true] {
             let req = pool_fixed_key_request(TOKEN, &keys, keep_alive);
             assert_eq!(ke_message_len(&req), Some(req.len()));
-            let outcome = ke_check(&req, &pool);
+            let outcome = ke_check(&req, &pool, false);
             let KeOutcome::PoolKeys { keys: got, .. } = &outcome else {
                 panic!("{aead}: {outcome:?}")
             };
@@ -793,7 +837,7 @@ fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
 #[test]
 fn a_pool_support_request_is_answered_with_each_algorithm_and_its_key_length() {
     let pool = PoolTokens::new([TOKEN]);
-    let outcome = ke_check(&pool_support_request(TOKEN, true), &pool);
+    let outcome = ke_check(&pool_support_request(TOKEN, true), &pool, false);
     assert_eq!(outcome, KeOutcome::PoolSupport { keep_alive: true });
     let mut out = Vec::new();
     ke_response(&outcome, &NtpNegotiation::default(), [], &mut out);
@@ -801,7 +845,7 @@ fn a_pool_support_request_is_answered_with_each_algorithm_and_its_key_length() {
     assert_eq!(support.algorithms, [(15, 32), (17, 64)]);
     assert_eq!(support.protocols, [0]);
     assert!(support.keep_alive);
-    let once = ke_check(&pool_support_request(TOKEN, false), &pool);
+    let once = ke_check(&pool_support_request(TOKEN, false), &pool, false);
     assert!(!once.keep_alive());
 }
 
@@ -814,8 +858,8 @@ fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
     for token in [&wrong[..], &TOKEN[..63], b"", TOKEN] {
         let for_pool = |p: &PoolTokens| {
             (
-                ke_check(&pool_fixed_key_request(token, &keys, false), p),
-                ke_check(&pool_support_request(token, false), p),
+                ke_check(&pool_fixed_key_request(token, &keys, false), p, false),
+                ke_check(&pool_support_request(token, false), p, false),
             )
         };
         let bad = (KeOutcome::PoolRefused, KeOutcome::PoolRefused);
@@ -828,7 +872,7 @@ fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
     // Without a token record at all.
     let mut req = pool_fixed_key_request(TOKEN, &keys, false);
     req.drain(..4 + TOKEN.len());
-    assert_eq!(ke_check(&req, &pool), KeOutcome::PoolRefused);
+    assert_eq!(ke_check(&req, &pool, false), KeOutcome::PoolRefused);
     let mut out = Vec::new();
     ke_response(
         &KeOutcome::PoolRefused,
@@ -851,7 +895,10 @@ fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
     record(&mut ordinary, 0x8004, &[0, 15]);
     record(&mut ordinary, 8, &[]);
     record(&mut ordinary, 0x8000, &[]);
-    assert_eq!(ke_check(&ordinary, &pool), KeOutcome::Agreed(SIV_256));
+    assert_eq!(
+        ke_check(&ordinary, &pool, false),
+        KeOutcome::Agreed(SIV_256)
+    );
 }
 
 #[test]
@@ -864,7 +911,7 @@ fn a_malformed_pool_request_is_a_bad_request() {
         for (t, b) in records {
             record(&mut r, *t, b);
         }
-        ke_check(&r, &pool)
+        ke_check(&r, &pool, false)
     };
     let keys32 = [7u8; 64];
     let fixed: (u16, &[u8]) = (0x800C, &keys32);
@@ -918,7 +965,7 @@ fn a_malformed_pool_request_is_a_bad_request() {
         ),
         (
             &[token, fixed, ntpv4, (0x8004, &[0, 16]), eom],
-            KeOutcome::NoAead,
+            KeOutcome::NoAead(Protocol::NtpV4),
             "an algorithm not served",
         ),
     ];
@@ -951,5 +998,103 @@ fn the_pool_token_file_holds_one_token_a_line() {
     ] {
         let e = parse_pool_tokens(bad).unwrap_err().to_string();
         assert!(e.starts_with(says), "{bad:?}: {e}");
+    }
+}
+
+/// An NTPv5 request over NTS as ntpd-rs makes one (draft -08): the v5 header and Draft
+/// Identification, then the identifier, the cookie and `placeholders` placeholders, and the
+/// authenticator over all of it under `c2s`.
+fn request_v5(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8> {
+    let mut p = vec![0u8; 76];
+    let draft = crate::v5::Draft::D08;
+    crate::v5::write_request(&mut p, draft, 4, [7; 8], None).unwrap();
+    field(&mut p, ef::UNIQUE_IDENTIFIER, &[0xAB; 32]);
+    field(&mut p, ef::COOKIE, cookie);
+    for _ in 0..placeholders {
+        field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
+    }
+    let nonce = [0x44u8; NONCE_LEN];
+    let mut siv = Aes128Siv::new(c2s.into());
+    let tag = siv
+        .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
+        .unwrap();
+    let mut body = Vec::new();
+    body.extend_from_slice(&(NONCE_LEN as u16).to_be_bytes());
+    body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
+    body.extend_from_slice(&nonce);
+    body.extend_from_slice(&tag);
+    field(&mut p, ef::AUTHENTICATOR, &body);
+    p
+}
+
+#[test]
+fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
+    use crate::v5::{self, Draft};
+    let m = master();
+    let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+    let req = request_v5(cookie.as_bytes(), 2, &C2S);
+    assert_eq!(
+        v5::accept(&req),
+        Ok(v5::Accepted {
+            draft: Draft::D08,
+            nts: true
+        })
+    );
+    let Check::Verified(v) = check_request_v5(&req, &m) else {
+        panic!("not verified");
+    };
+    let served = crate::responder::tests::served();
+    let mut reply = vec![0xEE; req.len()];
+    v5::write_header(&req, NtpTimestamp(0x1234 << 32), &served, 0, &mut reply).unwrap();
+    let mut n = 0u8;
+    let len = write_response_v5(&mut reply, &req, &v, Draft::D08, [0x55; NONCE_LEN], || {
+        n += 1;
+        m.seal(&keys(), [n; NONCE_LEN])
+    })
+    .unwrap();
+    assert_eq!(
+        (len, n),
+        (req.len(), 3),
+        "the spent cookie and two placeholders"
+    );
+    let kinds: Vec<u16> = v5::fields(&reply).unwrap().map(|f| f.ty).collect();
+    assert_eq!(
+        kinds,
+        [ef::UNIQUE_IDENTIFIER, v5::ef::DRAFT_ID, ef::AUTHENTICATOR]
+    );
+    let resp = v5::parse_response(&reply, [7; 8], Draft::D08).unwrap();
+    assert_eq!((resp.stratum, resp.flags), (2, v5::flags::SYNCHRONISED));
+    // The authenticator verifies under the server-to-client key over everything before it.
+    let auth = v5::fields(&reply).unwrap().last().unwrap();
+    let auth = server::Field {
+        ty: auth.ty,
+        start: auth.start,
+        body: auth.start + 4..auth.start + 4 + auth.value.len(),
+    };
+    let mut plain = [0u8; 1024];
+    let opened = server::open_authenticator(
+        &reply,
+        &auth,
+        (Aead::AesSivCmac256, &S2C),
+        NONCE_LEN,
+        &mut plain,
+    );
+    assert_eq!(opened, Ok(3 * (4 + COOKIE_LEN)), "three cookies inside");
+
+    // Any byte changed before the authenticator: a v5 NAK, with the identifier and the draft.
+    for at in [0, 30, 48 + 28 + 10, req.len() - 30] {
+        let mut bad = req.clone();
+        bad[at] ^= 0x10;
+        let uid = match check_request_v5(&bad, &m) {
+            Check::Nak(uid) => uid,
+            other => panic!("byte {at}: {other:?}"),
+        };
+        let mut nak = vec![0; bad.len()];
+        v5::write_header(&bad, NtpTimestamp(9), &served, 0, &mut nak).unwrap();
+        let nak_len = write_nak_v5(&mut nak, &bad, uid, Draft::D08).unwrap();
+        assert!(nak_len < bad.len());
+        let resp = v5::parse_response(&nak[..nak_len], bad[24..32].try_into().unwrap(), Draft::D08)
+            .unwrap();
+        assert_eq!((resp.stratum, resp.flags), (0, v5::flags::AUTH_NAK));
     }
 }

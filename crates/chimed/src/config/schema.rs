@@ -167,7 +167,8 @@ sections! {
     /// Experimental: answer NTPv5 requests as drafted (draft-ietf-ntp-ntpv5, revisions -08 and
     /// -09, each named exactly) on the same sockets, and echo the upgrade mark (`NTP5DRFT`) of a
     /// v4 client asking whether the server speaks v5. Off, a v5 request is dropped as
-    /// `bad_version`. NTS over v5 is not served. --ntpv5=false turns off the file's `v5 = true`
+    /// `bad_version`. With NTS on, NTS-KE agrees on v5 with a client that prefers it, and serves
+    /// NTS over v5. --ntpv5=false turns off the file's `v5 = true`
     #[arg(id = "ntp.v5", long = "ntpv5", value_name = "BOOL")]
     #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[arg(default_value = "false", action = clap::ArgAction::Set)]

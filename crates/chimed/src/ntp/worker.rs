@@ -205,14 +205,8 @@ fn answer(
     buf: &mut [u8],
     notes: &mut Notes,
 ) -> Result<usize, NtpDrop> {
-    if let Some((filter, era)) = b.v5
-        && v5::is_v5(request)
-    {
-        let reply = v5::respond(request, t2, b.served, filter, era, buf);
-        let len = reply.map_err(NtpDrop::Request)?.len;
-        limit(b, meta, coin, buf, notes, v5::kiss_of_death)?;
-        notes.v5 = true;
-        return Ok(len);
+    if b.v5.is_some() && v5::is_v5(request) {
+        return answer_v5(b, meta, request, t2, coin, buf, notes);
     }
     let len = chime_ntp::respond(request, meta.src.port(), t2, b.served, buf)
         .map_err(NtpDrop::Request)?;
@@ -247,18 +241,70 @@ fn answer(
             nts::write_nak(buf, request, uid).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
-            // The authenticator covers the transmit timestamp: stamp it now.
-            if !notes.keep_transmit {
-                let mut t3 = clock::now();
-                if let Some(zone) = b.zone {
-                    t3 = zone.apply(t3, b.now_unix);
-                }
-                chime_ntp::stamp_transmit(buf, t3);
-                notes.keep_transmit = true;
-            }
+            stamp_now(b, buf, notes);
             notes.nts = Some(true);
             let seal = || keys.seal(&v.keys, rand::random());
             nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NtpDrop::NtsInvalid)
+        }
+    }
+}
+
+/// The authenticator covers the transmit timestamp: an NTS reply is stamped before it is sealed,
+/// unless interleaved mode wrote one already.
+fn stamp_now(b: &Batch<'_>, buf: &mut [u8], notes: &mut Notes) {
+    if !notes.keep_transmit {
+        let mut t3 = clock::now();
+        if let Some(zone) = b.zone {
+            t3 = zone.apply(t3, b.now_unix);
+        }
+        chime_ntp::stamp_transmit(buf, t3);
+        notes.keep_transmit = true;
+    }
+}
+
+/// [`answer`] for an NTPv5 request, with v5 on: plain, or over NTS where NTS is on (dropped if
+/// it is not). No interleaved mode.
+fn answer_v5(
+    b: &Batch<'_>,
+    meta: &chime_udp::RecvMeta,
+    request: &[u8],
+    t2: chime_ntp::NtpTimestamp,
+    coin: &mut Coin,
+    buf: &mut [u8],
+    notes: &mut Notes,
+) -> Result<usize, NtpDrop> {
+    let Some((filter, era)) = b.v5 else {
+        return Err(NtpDrop::Request(DropReason::BadVersion(v5::VERSION)));
+    };
+    let accepted = v5::accept(request).map_err(NtpDrop::Request)?;
+    let keys = match (accepted.nts, b.cookie_keys) {
+        (false, _) => None,
+        (true, Some(keys)) => Some(keys),
+        (true, None) => return Err(NtpDrop::Request(DropReason::BadExtension)),
+    };
+    let Some(keys) = keys else {
+        let reply = v5::respond(request, t2, b.served, filter, era, buf);
+        let len = reply.map_err(NtpDrop::Request)?.len;
+        limit(b, meta, coin, buf, notes, v5::kiss_of_death)?;
+        notes.v5 = true;
+        return Ok(len);
+    };
+    v5::write_header(request, t2, b.served, era, buf).map_err(NtpDrop::Request)?;
+    limit(b, meta, coin, buf, notes, v5::kiss_of_death)?;
+    notes.v5 = true;
+    match nts::check_request_v5(request, keys) {
+        nts::Check::NotNts | nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
+        nts::Check::Nak(uid) => {
+            notes.nts = Some(false);
+            nts::write_nak_v5(buf, request, uid, accepted.draft).ok_or(NtpDrop::NtsInvalid)
+        }
+        nts::Check::Verified(v) => {
+            stamp_now(b, buf, notes);
+            notes.nts = Some(true);
+            let seal = || keys.seal(&v.keys, rand::random());
+            let nonce = rand::random();
+            nts::write_response_v5(buf, request, &v, accepted.draft, nonce, seal)
+                .ok_or(NtpDrop::NtsInvalid)
         }
     }
 }

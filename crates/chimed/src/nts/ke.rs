@@ -799,7 +799,8 @@ async fn session(
             }
         };
         shared.enter(id, Step::Response);
-        let mut outcome = nts::ke_check(&request, &shared.pool.load());
+        let ntpv5 = shared.access.v5.is_some();
+        let mut outcome = nts::ke_check(&request, &shared.pool.load(), ntpv5);
         if outcome.keep_alive() && kept.is_none() {
             kept = KeptAlive::take(&shared.kept_alive);
         }
@@ -881,7 +882,9 @@ fn respond(
         KeOutcome::PoolKeys { keys, .. } => (Some(keys.clone()), Answer::PoolKeys),
         KeOutcome::PoolSupport { .. } => (None, Answer::PoolSupport),
         KeOutcome::PoolRefused => (None, Answer::PoolRefused),
-        KeOutcome::NoProtocol | KeOutcome::NoAead | KeOutcome::Error(_) => (None, Answer::Refused),
+        KeOutcome::NoProtocol | KeOutcome::NoAead(_) | KeOutcome::Error(_) => {
+            (None, Answer::Refused)
+        }
     };
     let master = shared.cookies.load();
     let fresh = keys.iter().flat_map(|keys| {
