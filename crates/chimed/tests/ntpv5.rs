@@ -5,9 +5,9 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Chimed, Chronyd, count_in, peer, run};
+use common::{Chimed, Chronyd, count_in, has_offset, ntpd_rs, peer, run};
 
 const NTPSTATS_PYTHON: &str = "/opt/chime-peers/ntpstats-venv/bin/python";
 
@@ -21,68 +21,6 @@ fn chimed(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
 /// to upgrade; or `5`).
 fn server_source(port: u16, ntp_version: &str) -> String {
     format!("mode = \"server\"\naddress = \"127.0.0.1:{port}\"\nntp-version = {ntp_version}\n")
-}
-
-/// Runs ntpd-rs with its one `source` (the body of its `[[source]]` table), polling every 2 s,
-/// until `done` says yes to its status and log; returns them, or panics with both after 40 s.
-/// With one source it never sets the clock.
-fn ntpd_rs(
-    dir: &std::path::Path,
-    source: &str,
-    done: impl Fn(&str, &str) -> bool,
-) -> (String, String) {
-    let conf = dir.join("ntp.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "[observability]\nlog-level = \"debug\"\nobservation-path = \"{d}/observe\"\n\n\
-             [synchronization]\nminimum-agreeing-sources = 3\n\n\
-             [source-defaults]\npoll-interval-limits = {{ min = 1, max = 1 }}\n\
-             initial-poll-interval = 1\n\n\
-             [[source]]\n{source}",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    let log_path = dir.join("ntpd.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut daemon = Command::new(peer("NTP_DAEMON", common::NTP_DAEMON))
-        .arg("-c")
-        .arg(&conf)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let status = || {
-        let out = run(Command::new(peer("NTP_CTL", common::NTP_CTL))
-            .args(["status", "-c"])
-            .arg(&conf));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let seen = loop {
-        let (now, log) = (
-            status(),
-            std::fs::read_to_string(&log_path).unwrap_or_default(),
-        );
-        if done(&now, &log) {
-            break (now, log);
-        }
-        if Instant::now() > deadline {
-            panic!("ntpd-rs never got there:\n{now}\n{log}");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    seen
-}
-
-/// Whether ntpd-rs's status shows a measurement from its source: it accepted a reply. Before
-/// one, the source is listed with placeholders (an uncertainty of 2^31 s).
-fn has_offset(status: &str) -> bool {
-    let source = status.split("Sources:").nth(1).unwrap_or("");
-    source.contains("Offset:") && !source.contains("2147483648")
 }
 
 /// ntpd-rs as shipped asks to upgrade, sees chimed echo the mark, and moves to v5.

@@ -102,49 +102,14 @@ fn ntpd_rs_gets_authenticated_time_from_chimed() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = certificate(dir.path(), "chimed");
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
-    let conf = dir.path().join("ntp.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "[observability]\nlog-level = \"info\"\nobservation-path = \"{d}/observe\"\n\n\
-             [synchronization]\nminimum-agreeing-sources = 3\n\n\
-             [[source]]\nmode = \"nts\"\naddress = \"localhost:{ke_port}\"\n\
-             certificate-authority = \"{}\"\n",
-            cert.display(),
-            d = dir.path().display()
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.path().join("ntpd.log")).unwrap();
-    let mut daemon = Command::new(peer("NTP_DAEMON", common::NTP_DAEMON))
-        .arg("-c")
-        .arg(&conf)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let status = || {
-        let out = run(Command::new(peer("NTP_CTL", common::NTP_CTL))
-            .args(["status", "-c"])
-            .arg(&conf));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let source = format!(
+        "mode = \"nts\"\naddress = \"localhost:{ke_port}\"\n\
+         certificate-authority = \"{}\"\n",
+        cert.display()
+    );
     // Its first poll follows NTS-KE within seconds; the status shows the offset from then on.
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
-    let seen = loop {
-        let now = status();
-        let source = now.split("Sources:").nth(1).unwrap_or("");
-        if source.contains("[NTS]") && source.contains("Offset:") {
-            break now;
-        }
-        if std::time::Instant::now() > deadline {
-            let log = std::fs::read_to_string(dir.path().join("ntpd.log")).unwrap_or_default();
-            panic!("ntpd-rs never reached chimed over NTS:\n{now}\n{log}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    let synced = |s: &str, _: &str| common::has_offset(s) && s.contains("[NTS]");
+    let (seen, _) = common::ntpd_rs(dir.path(), &source, synced);
     assert!(seen.contains("NTS cookies:\t\t8/8"), "{seen}");
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));

@@ -40,6 +40,13 @@ fn request(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8> {
     for _ in 0..placeholders {
         field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
     }
+    authenticate(&mut p, c2s);
+    p
+}
+
+/// Appends an authenticator over all of `p` under `c2s`, with no encrypted fields, as chronyd
+/// and ntpd-rs make them (AES-SIV, the tag first).
+fn authenticate(p: &mut Vec<u8>, c2s: &[u8; KEY_LEN]) {
     let nonce = [0x44u8; NONCE_LEN];
     let mut siv = Aes128Siv::new(c2s.into());
     let tag = siv
@@ -50,8 +57,7 @@ fn request(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8> {
     body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
     body.extend_from_slice(&nonce);
     body.extend_from_slice(&tag);
-    field(&mut p, ef::AUTHENTICATOR, &body);
-    p
+    field(p, ef::AUTHENTICATOR, &body);
 }
 
 /// What a client makes of the reply: the identifier must match, the authenticator verify
@@ -1013,17 +1019,7 @@ fn request_v5(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8
     for _ in 0..placeholders {
         field(&mut p, ef::COOKIE_PLACEHOLDER, &vec![0; cookie.len()]);
     }
-    let nonce = [0x44u8; NONCE_LEN];
-    let mut siv = Aes128Siv::new(c2s.into());
-    let tag = siv
-        .encrypt_in_place_detached([&p[..], &nonce[..]], &mut [])
-        .unwrap();
-    let mut body = Vec::new();
-    body.extend_from_slice(&(NONCE_LEN as u16).to_be_bytes());
-    body.extend_from_slice(&(TAG_LEN as u16).to_be_bytes());
-    body.extend_from_slice(&nonce);
-    body.extend_from_slice(&tag);
-    field(&mut p, ef::AUTHENTICATOR, &body);
+    authenticate(&mut p, c2s);
     p
 }
 

@@ -194,32 +194,37 @@ struct Notes {
     upgrade: bool,
 }
 
+/// One request in hand: where it came from, its bytes, and when it arrived (T2).
+struct Incoming<'r> {
+    meta: &'r chime_udp::RecvMeta,
+    bytes: &'r [u8],
+    t2: chime_ntp::NtpTimestamp,
+}
+
 /// Writes the reply to one request into `buf`: the responder's header, then rate limiting,
 /// interleaved mode and NTS, each if on. Returns the reply's length or why there is none.
 fn answer(
     b: &Batch<'_>,
-    meta: &chime_udp::RecvMeta,
-    request: &[u8],
-    t2: chime_ntp::NtpTimestamp,
+    req: &Incoming<'_>,
     coin: &mut Coin,
     buf: &mut [u8],
     notes: &mut Notes,
 ) -> Result<usize, NtpDrop> {
-    if b.v5.is_some() && v5::is_v5(request) {
-        return answer_v5(b, meta, request, t2, coin, buf, notes);
+    if b.v5.is_some() && v5::is_v5(req.bytes) {
+        return answer_v5(b, req, coin, buf, notes);
     }
-    let len = chime_ntp::respond(request, meta.src.port(), t2, b.served, buf)
+    let len = chime_ntp::respond(req.bytes, req.meta.src.port(), req.t2, b.served, buf)
         .map_err(NtpDrop::Request)?;
     if b.v5.is_some() {
-        notes.upgrade = v5::mark_upgrade(request, buf);
+        notes.upgrade = v5::mark_upgrade(req.bytes, buf);
     }
-    limit(b, meta, coin, buf, notes, chime_ntp::kiss_of_death)?;
+    limit(b, req, coin, buf, notes, chime_ntp::kiss_of_death)?;
     if !notes.kissed
         && let Some(log) = b.txlog
-        && let Some(origin) = chime_ntp::interleaved_origin(request)
+        && let Some(origin) = chime_ntp::interleaved_origin(req.bytes)
     {
         if let Some(previous_tx) = log.take(origin) {
-            chime_ntp::make_interleaved(buf, request, previous_tx);
+            chime_ntp::make_interleaved(buf, req.bytes, previous_tx);
             notes.interleaved = true;
             notes.keep_transmit = true;
         }
@@ -228,23 +233,23 @@ fn answer(
     let Some(keys) = b.cookie_keys else {
         return Ok(len);
     };
-    if request.len() <= chime_ntp::Header::LEN {
+    if req.bytes.len() <= chime_ntp::Header::LEN {
         return Ok(len);
     }
-    match nts::check_request(request, keys) {
+    match nts::check_request(req.bytes, keys) {
         nts::Check::NotNts => Ok(len),
         nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
         nts::Check::Nak(uid) => {
             notes.nts = Some(false);
             notes.save_transmit = false;
             notes.interleaved = false;
-            nts::write_nak(buf, request, uid).ok_or(NtpDrop::NtsInvalid)
+            nts::write_nak(buf, req.bytes, uid).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
             stamp_now(b, buf, notes);
             notes.nts = Some(true);
             let seal = || keys.seal(&v.keys, rand::random());
-            nts::write_response(buf, request, &v, rand::random(), seal).ok_or(NtpDrop::NtsInvalid)
+            nts::write_response(buf, req.bytes, &v, rand::random(), seal).ok_or(NtpDrop::NtsInvalid)
         }
     }
 }
@@ -266,9 +271,7 @@ fn stamp_now(b: &Batch<'_>, buf: &mut [u8], notes: &mut Notes) {
 /// it is not). No interleaved mode.
 fn answer_v5(
     b: &Batch<'_>,
-    meta: &chime_udp::RecvMeta,
-    request: &[u8],
-    t2: chime_ntp::NtpTimestamp,
+    req: &Incoming<'_>,
     coin: &mut Coin,
     buf: &mut [u8],
     notes: &mut Notes,
@@ -276,34 +279,34 @@ fn answer_v5(
     let Some((filter, era)) = b.v5 else {
         return Err(NtpDrop::Request(DropReason::BadVersion(v5::VERSION)));
     };
-    let accepted = v5::accept(request).map_err(NtpDrop::Request)?;
+    let accepted = v5::accept(req.bytes).map_err(NtpDrop::Request)?;
     let keys = match (accepted.nts, b.cookie_keys) {
         (false, _) => None,
         (true, Some(keys)) => Some(keys),
         (true, None) => return Err(NtpDrop::Request(DropReason::BadExtension)),
     };
     let Some(keys) = keys else {
-        let reply = v5::respond(request, t2, b.served, filter, era, buf);
+        let reply = v5::respond(req.bytes, req.t2, b.served, filter, era, buf);
         let len = reply.map_err(NtpDrop::Request)?.len;
-        limit(b, meta, coin, buf, notes, v5::kiss_of_death)?;
+        limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
         notes.v5 = true;
         return Ok(len);
     };
-    v5::write_header(request, t2, b.served, era, buf).map_err(NtpDrop::Request)?;
-    limit(b, meta, coin, buf, notes, v5::kiss_of_death)?;
+    v5::write_header(req.bytes, req.t2, b.served, era, buf).map_err(NtpDrop::Request)?;
+    limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
     notes.v5 = true;
-    match nts::check_request_v5(request, keys) {
+    match nts::check_request_v5(req.bytes, keys) {
         nts::Check::NotNts | nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
         nts::Check::Nak(uid) => {
             notes.nts = Some(false);
-            nts::write_nak_v5(buf, request, uid, accepted.draft).ok_or(NtpDrop::NtsInvalid)
+            nts::write_nak_v5(buf, req.bytes, uid, accepted.draft).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
             stamp_now(b, buf, notes);
             notes.nts = Some(true);
             let seal = || keys.seal(&v.keys, rand::random());
             let nonce = rand::random();
-            nts::write_response_v5(buf, request, &v, accepted.draft, nonce, seal)
+            nts::write_response_v5(buf, req.bytes, &v, accepted.draft, nonce, seal)
                 .ok_or(NtpDrop::NtsInvalid)
         }
     }
@@ -314,14 +317,14 @@ fn answer_v5(
 /// costs its sender: a malformed one is dropped before it reaches the table.
 fn limit(
     b: &Batch<'_>,
-    meta: &chime_udp::RecvMeta,
+    req: &Incoming<'_>,
     coin: &mut Coin,
     buf: &mut [u8],
     notes: &mut Notes,
     kiss: fn(&mut [u8], [u8; 4]),
 ) -> Result<(), NtpDrop> {
     if let Some((table, mono, interval)) = b.limiter {
-        match table.check(meta.src.ip(), mono, coin) {
+        match table.check(req.meta.src.ip(), mono, coin) {
             Verdict::Answer => {}
             Verdict::Kod => {
                 kiss(buf, *b"RATE");
@@ -385,8 +388,13 @@ impl BatchHandler for NtpWorker {
             }
             let coin = &mut self.coin;
             let mut notes = Notes::default();
+            let req = Incoming {
+                meta,
+                bytes: request,
+                t2,
+            };
             let queued = reply::queue(tx, meta, request, |buf| {
-                answer(&batch, meta, request, t2, coin, buf, &mut notes)
+                answer(&batch, &req, coin, buf, &mut notes)
             });
             if queued.is_ok() {
                 let p = &mut self.stats.counts;
