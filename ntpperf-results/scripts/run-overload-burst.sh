@@ -9,12 +9,14 @@
 # within the client interval), however much is offered (the mean of its three best steps). Then,
 # each of ROUNDS rounds, a shorter ladder around it finds each build's capacity again (this shared
 # machine drifts by tens of percent from minute to minute), and a burst of DURATION seconds
-# follows at each of MULTIPLES times the first build's capacity in that round (default 3), in an
-# order that turns from round to round, each build in turn within it (also turning), so that
-# builds meet the same moment of the machine. After each burst the short ladder runs again, and a
-# burst is judged against the mean of the capacities measured just before and just after it.
-# Reported: the accepted replies per second (answered within the client interval) against that
-# capacity, and from chimed's metrics the requests it received and of those the ones it shed
+# follows at each of MULTIPLES times the build's own capacity measured just before it (default
+# 3), in an order that turns from round to round, each build in turn within it (also turning), so
+# that builds meet the same moment of the machine. After each burst the short ladder runs again,
+# and a burst is judged against the mean of the capacities measured just before and just after
+# it. Reported: the accepted replies per second (answered within the client interval) against
+# that capacity; the load the burst met, offered against that capacity (drift can make a "1.1x"
+# burst meet less than the capacity, when no server can accept more than was offered); and from
+# chimed's metrics the requests it received and of those the ones it shed
 # (received only to go unanswered), and the kernel's drops, and its resident memory after the
 # burst. summary.txt has the table and, with two builds or more, each build's accepted replies
 # against the first's, burst by burst.
@@ -197,14 +199,15 @@ for r in $(seq "$rounds"); do
     latest[$n]=$(probe "$n" "$out/probe-$n-round$r.json")
     echo "$n $r ${latest[$n]}" >>"$out/round-capacity.txt"
   done
-  base=$(awk -v n="${names[0]}" -v r="$r" '$1 == n && $2 == r {print $3}' "$out/round-capacity.txt")
-  ((base > 0)) || base=${capacity[${names[0]}]}
   for i in $(seq 0 $((nm - 1))); do
     # The order turns: round r starts at the r-th multiple and the r-th build.
     m=${mults[$(( (i + r - 1) % nm ))]}
-    rate=$(python3 -c "print(round($m * $base))")
     for j in $(seq 0 $((nb - 1))); do
       n=${names[$(( (j + r - 1) % nb ))]}
+      # A multiple of what this build accepted just before: of itself, at this moment.
+      base=${latest[$n]}
+      ((base > 0)) || base=${capacity[$n]}
+      rate=$(python3 -c "print(round($m * $base))")
       before=$(counters "${metrics_port[$n]}")
       taskset -c 1 "$chime" "${perf[@]}" --target "127.0.0.1:${port[$n]}" --rate "$rate" \
         --duration "$duration" --warmup 0 --server-pid "${pid[$n]}" \
@@ -240,11 +243,12 @@ for line in open(f"{out}/counters.txt"):
     counts[(n, m, int(r))] = [y - x for x, y in zip(b, a)]
     rss[(n, m, int(r))] = int(v[6]) / 1024
 print("Each round measures each build's capacity again (the mean of the three best steps of a "
-      f"ladder around its first); each burst offers a multiple of {names[0]}'s in its round, and "
-      "is judged against the build's capacity just before and just after it (their mean).")
-print("build    multiple round  before/s   after/s  offered/s  accepted/s  % of capacity"
+      "ladder around its first); each burst offers a multiple of the build's capacity measured "
+      "just before it, and is judged against the build's capacity just before and just after it "
+      "(their mean). 'met' is the load the burst met: offered over that capacity.")
+print("build    multiple round  before/s   after/s  offered/s   met  accepted/s  % of capacity"
       "  received/s  shed/s  kernel drops/s  p99 µs  RSS MiB")
-acc, worst = {}, {}
+acc, worst, met_all = {}, {}, {}
 def pct(x, c):
     return 100 * x / c if c else float("nan")
 for n in names:
@@ -255,13 +259,16 @@ for n in names:
             rec, shed, drops = (c / s["duration"] for c in counts[(n, m, r)])
             before, after = around[(n, m, r)]
             p = pct(s["accepted_rate"], (before + after) / 2)
+            met = s["sent_rate"] / ((before + after) / 2)
             worst[(n, m)] = min(worst.get((n, m), p), p)
+            met_all.setdefault((n, m), []).append(met)
             print(f"{n:<8} {m:>8} {r:>5} {before:>9} {after:>9} {s['sent_rate']:>10.0f} "
-                  f"{s['accepted_rate']:>11.0f} {p:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
+                  f"{met:>5.2f} {s['accepted_rate']:>11.0f} {p:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
                   f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f} {rss[(n, m, r)]:>8.1f}")
 print("\nLeast accepted, as a share of the capacity around the burst, over the rounds:")
 for (n, m), p in worst.items():
-    print(f"  {n} x{m}: {p:.1f}%")
+    met = met_all[(n, m)]
+    print(f"  {n} x{m}: {p:.1f}% (the load met: {min(met):.2f}-{max(met):.2f} times the capacity)")
 for n in names[1:]:
     print(f"\n{n} / {names[0]}, accepted replies, burst by burst (the two a few seconds apart):")
     for m in mults:

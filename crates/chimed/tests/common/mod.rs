@@ -1091,13 +1091,16 @@ pub fn ntpd_rs(
     .unwrap();
     let log_path = dir.join("ntpd.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut daemon = Command::new(peer("NTP_DAEMON", NTP_DAEMON))
-        .arg("-c")
-        .arg(&conf)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    // Ended when this returns or panics: a daemon left behind would poll on after the test.
+    let _daemon = Killed(
+        Command::new(peer("NTP_DAEMON", NTP_DAEMON))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
     let status = || {
         let out = run(Command::new(peer("NTP_CTL", NTP_CTL))
             .args(["status", "-c"])
@@ -1105,7 +1108,7 @@ pub fn ntpd_rs(
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let deadline = Instant::now() + Duration::from_secs(40);
-    let seen = loop {
+    loop {
         let (now, log) = (
             status(),
             std::fs::read_to_string(&log_path).unwrap_or_default(),
@@ -1117,10 +1120,17 @@ pub fn ntpd_rs(
             panic!("ntpd-rs never got there:\n{now}\n{log}");
         }
         std::thread::sleep(Duration::from_millis(250));
-    };
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    seen
+    }
+}
+
+/// A child process killed and reaped when this drops.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Whether ntpd-rs's status shows a measurement from its source: it accepted a reply. Before
