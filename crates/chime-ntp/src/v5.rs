@@ -610,5 +610,95 @@ pub fn parse_response(
     })
 }
 
+/// A client's gathering of a server's reference-ID Bloom filter over v5, a slice a poll: the
+/// filter chimed serves holds its upstream's as well as its own identity, so that a client that
+/// is the upstream's source sees the loop.
+///
+/// Sans-IO: [`FilterFetch::request`] writes the next request (asking for the next missing
+/// quarter), [`FilterFetch::on_reply`] takes what came back and returns the whole filter once all
+/// four quarters are in, then starts over, so that a changed filter is seen within four polls.
+/// An upstream that answers no v5 (chronyd drops it unanswered) is asked again only every
+/// [`FilterFetch::RETRY_EVERY`] polls after [`FilterFetch::TRIES`] unanswered ones.
+#[derive(Clone, Debug)]
+pub struct FilterFetch {
+    draft: Draft,
+    pending: Option<([u8; 8], usize)>,
+    bytes: [u8; BloomFilter::BYTES],
+    got: [bool; 4],
+    unanswered: u32,
+    skipped: u32,
+}
+
+impl FilterFetch {
+    /// Unanswered requests after which the upstream is taken not to speak v5.
+    pub const TRIES: u32 = 4;
+    /// How often an upstream taken not to speak v5 is asked again, in calls to
+    /// [`FilterFetch::request`].
+    pub const RETRY_EVERY: u32 = 64;
+    const SLICE: usize = BloomFilter::BYTES / 4;
+
+    /// A fetch in `draft`, nothing gathered yet.
+    pub fn new(draft: Draft) -> Self {
+        Self {
+            draft,
+            pending: None,
+            bytes: [0; BloomFilter::BYTES],
+            got: [false; 4],
+            unanswered: 0,
+            skipped: 0,
+        }
+    }
+
+    /// Whether the upstream has answered in v5 lately.
+    pub fn speaks_v5(&self) -> bool {
+        self.unanswered < Self::TRIES
+    }
+
+    /// The next request, into `buf` (at least 48 + 132 + 28 bytes), with the random
+    /// `client_cookie`: its length, or `None` when this poll asks nothing (an upstream taken not
+    /// to speak v5, between retries).
+    pub fn request(&mut self, buf: &mut [u8], client_cookie: [u8; 8]) -> Option<usize> {
+        if self.pending.take().is_some() {
+            self.unanswered = self.unanswered.saturating_add(1);
+        }
+        if !self.speaks_v5() {
+            self.skipped += 1;
+            if self.skipped < Self::RETRY_EVERY {
+                return None;
+            }
+            self.skipped = 0;
+        }
+        let quarter = self.got.iter().position(|g| !g).unwrap_or(0);
+        let offset = (quarter * Self::SLICE) as u16;
+        let len = write_request(
+            buf,
+            self.draft,
+            0,
+            client_cookie,
+            Some((offset, Self::SLICE as u16)),
+        )?;
+        self.pending = Some((client_cookie, quarter));
+        Some(len)
+    }
+
+    /// Takes a datagram from the upstream: if it answers the request outstanding with its slice,
+    /// the slice is kept, and once all four are in the whole filter is returned.
+    pub fn on_reply(&mut self, reply: &[u8]) -> Option<BloomFilter> {
+        let (cookie, quarter) = self.pending?;
+        let response = parse_response(reply, cookie, self.draft).ok()?;
+        self.pending = None;
+        self.unanswered = 0;
+        let slice = response.reference.filter(|s| s.len() == Self::SLICE)?;
+        let at = quarter * Self::SLICE;
+        self.bytes[at..at + Self::SLICE].copy_from_slice(slice);
+        self.got[quarter] = true;
+        if self.got.iter().all(|&g| g) {
+            self.got = [false; 4];
+            return Some(BloomFilter::from_bytes(self.bytes));
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -151,3 +151,75 @@ fn ntpd_rs_syncs_from_chimed_over_nts_and_ntpv5() {
         assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
     }
 }
+
+/// The bit numbers a chimed logged as its own identity ("server ID bits [...]").
+fn server_id_bits(chimed: &mut Chimed) -> Vec<usize> {
+    let line = chimed.wait_for("server ID bits", Duration::from_secs(1));
+    let list = line.split("server ID bits [").nth(1).unwrap();
+    let list = list.split(']').next().unwrap();
+    list.split(", ").map(|b| b.parse().unwrap()).collect()
+}
+
+/// A chimed's served reference-ID filter, read over v5 as a client reads it, a quarter a request.
+fn served_filter(addr: std::net::SocketAddr) -> chime_ntp::v5::BloomFilter {
+    use chime_ntp::v5::{self, BloomFilter, Draft};
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let mut bytes = [0u8; BloomFilter::BYTES];
+    for quarter in 0..4u16 {
+        let mut request = [0u8; 256];
+        let cookie = [quarter as u8 + 1; 8];
+        let len = v5::write_request(
+            &mut request,
+            Draft::D09,
+            0,
+            cookie,
+            Some((quarter * 128, 128)),
+        )
+        .unwrap();
+        socket.send_to(&request[..len], addr).unwrap();
+        let mut reply = [0u8; 512];
+        let (n, _) = socket.recv_from(&mut reply).unwrap();
+        let r = v5::parse_response(&reply[..n], cookie, Draft::D09).unwrap();
+        let at = usize::from(quarter) * 128;
+        bytes[at..at + 128].copy_from_slice(r.reference.unwrap());
+    }
+    BloomFilter::from_bytes(bytes)
+}
+
+/// A chimed mirroring another over v5 serves the upstream's identity in its filter beside its own,
+/// as a chain of v5 servers must for a client to see a loop; one mirroring chronyd (no v5) serves
+/// its own alone.
+#[test]
+fn a_chimed_serves_its_upstreams_filter_with_its_own() {
+    let chronyd = Chronyd::start();
+    let mut upstream = chimed(&chronyd, &["--ntpv5"]);
+    let upstream_bits = server_id_bits(&mut upstream);
+    let mut downstream = Chimed::mirroring(&upstream.addr.to_string(), &["--ntpv5"]);
+    downstream.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let own_bits = server_id_bits(&mut downstream);
+    let gathered = downstream.wait_for("speaks NTPv5", Duration::from_secs(10));
+    assert!(gathered.contains("(10 bits set)"), "{gathered}");
+    let has = |filter: &chime_ntp::v5::BloomFilter, bits: &[usize]| {
+        bits.iter()
+            .all(|&b| filter.as_bytes()[b / 8] & (1 << (b % 8)) != 0)
+    };
+    let count = |filter: &chime_ntp::v5::BloomFilter| {
+        filter
+            .as_bytes()
+            .iter()
+            .map(|b| b.count_ones())
+            .sum::<u32>()
+    };
+    let served = served_filter(downstream.addr);
+    assert!(has(&served, &own_bits) && has(&served, &upstream_bits));
+    let union: std::collections::BTreeSet<_> = own_bits.iter().chain(&upstream_bits).collect();
+    assert_eq!(count(&served) as usize, union.len());
+    let alone = served_filter(upstream.addr);
+    assert!(has(&alone, &upstream_bits));
+    assert_eq!(count(&alone), 10, "chronyd adds nothing");
+    assert!(upstream.terminate().success());
+    assert!(!upstream.log().contains("speaks NTPv5"));
+}

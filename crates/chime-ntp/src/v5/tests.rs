@@ -278,6 +278,51 @@ fn the_filter_holds_the_ids_added_and_its_sources() {
     assert!(filter.contains(&theirs) && filter.contains(&own));
 }
 
+/// A fetch gathers a server's whole filter in four polls answered by the responder, then starts
+/// over; it ignores replies to other requests; and an upstream that never answers in v5 is asked
+/// only now and then.
+#[test]
+fn a_fetch_gathers_the_upstreams_filter_a_quarter_a_poll() {
+    let mut fetch = FilterFetch::new(Draft::D08);
+    let served = served();
+    let mut buf = [0u8; 256];
+    let mut poll = |fetch: &mut FilterFetch, cookie: u8, answer: bool| {
+        let len = fetch.request(&mut buf, [cookie; 8])?;
+        assert_eq!(len, 48 + 132 + 28);
+        let mut reply = vec![0u8; len];
+        respond(&buf[..len], RX, &served, &filter(), 0, &mut reply).unwrap();
+        // A stray reply to another request first: ignored.
+        let mut stray = reply.clone();
+        stray[24] ^= 1;
+        assert_eq!(fetch.on_reply(&stray), None);
+        Some(if answer { fetch.on_reply(&reply) } else { None })
+    };
+    for cookie in 1..4 {
+        assert_eq!(poll(&mut fetch, cookie, true), Some(None));
+    }
+    assert_eq!(poll(&mut fetch, 4, true), Some(Some(filter())));
+    // Again from the first quarter.
+    assert_eq!(poll(&mut fetch, 5, true), Some(None));
+    assert!(fetch.speaks_v5());
+
+    let mut silent = FilterFetch::new(Draft::D08);
+    for cookie in 0..FilterFetch::TRIES as u8 {
+        assert_eq!(poll(&mut silent, cookie, false), Some(None));
+    }
+    assert!(silent.speaks_v5(), "the last request may still be answered");
+    assert_eq!(silent.request(&mut [0u8; 256], [9; 8]), None);
+    assert!(!silent.speaks_v5());
+    let asked = (1..FilterFetch::RETRY_EVERY * 2)
+        .filter(|_| poll(&mut silent, 9, false).is_some())
+        .count();
+    assert_eq!(
+        asked,
+        2,
+        "asked once every {} polls",
+        FilterFetch::RETRY_EVERY
+    );
+}
+
 proptest! {
     /// Whatever the bytes, a reply is exactly as long as its request, or there is none.
     #[test]

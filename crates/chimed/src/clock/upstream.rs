@@ -12,6 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use chime_ntp::v5::{BloomFilter, Draft, FilterFetch};
 use chime_ntp::{Leap, Mirror, ServerState};
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -40,6 +41,12 @@ pub(crate) async fn run(
     shared: Arc<Shared>,
 ) -> Result<(), ServiceError> {
     let mut mirror = Mirror::new(upstream);
+    // With v5 on, the upstream's reference-ID filter, a quarter a poll, if it speaks v5.
+    let mut fetch = shared.v5.as_ref().map(|_| Filters {
+        fetch: FilterFetch::new(Draft::D08),
+        gathered: None,
+        last: None,
+    });
     let mut socket: Option<UdpSocket> = None;
     let mut health = Health::Unknown;
     let mut ticks = time::interval(interval);
@@ -52,7 +59,19 @@ pub(crate) async fn run(
         // A poll waits at most one interval (and never more than a second, like rsntp) so that a
         // slow upstream cannot stretch the schedule.
         let deadline = Instant::now() + interval.min(Duration::from_secs(1));
-        let result = poll_once(&mut mirror, &mut socket, upstream, deadline).await;
+        let result = poll_once(&mut mirror, &mut socket, upstream, deadline, &mut fetch).await;
+        if let (Some(f), Some(v5)) = (&mut fetch, &shared.v5)
+            && let Some(filter) = f.gathered.take()
+            && f.last != Some(filter)
+        {
+            let bits = crate::ntp::bits_set(&filter).count();
+            info!(
+                "upstream {upstream} speaks NTPv5: its reference-ID filter ({bits} bits set) is \
+                 served with chimed's own"
+            );
+            v5.with_upstream(&filter);
+            f.last = Some(filter);
+        }
         let state = mirror.state();
         let now_health = match &result {
             Ok(()) if is_synchronised(&state) => Health::Synchronised,
@@ -67,6 +86,14 @@ pub(crate) async fn run(
             health = now_health;
         }
     }
+}
+
+/// The upstream's reference-ID filter over NTPv5: the fetch, a filter it has just gathered, and
+/// the one served now.
+struct Filters {
+    fetch: FilterFetch,
+    gathered: Option<BloomFilter>,
+    last: Option<BloomFilter>,
 }
 
 /// Why a poll got no state from the upstream; logged once when it starts failing.
@@ -84,11 +111,16 @@ enum PollError {
     Receive(io::Error),
 }
 
+/// One poll: the v4 request whose reply the mirror takes and, with v5 on, first a v5 request for
+/// a quarter of the upstream's reference-ID filter (an upstream that does not speak v5 drops it;
+/// it is asked again only now and then). A v5 reply that comes in before the v4 one is taken
+/// too; one that comes later is left for the next poll, which ignores it.
 async fn poll_once(
     mirror: &mut Mirror,
     socket: &mut Option<UdpSocket>,
     upstream: SocketAddr,
     deadline: Instant,
+    filters: &mut Option<Filters>,
 ) -> Result<(), PollError> {
     if socket.is_none() {
         let local: SocketAddr = match upstream {
@@ -101,6 +133,14 @@ async fn poll_once(
     let Some(sock) = socket.as_ref() else {
         unreachable!("opened above")
     };
+    let mut v5_request = [0u8; 256];
+    let v5_len = filters
+        .as_mut()
+        .and_then(|f| f.fetch.request(&mut v5_request, rand::random()));
+    if let Some(len) = v5_len {
+        // Best effort: the v4 poll below reports a broken socket.
+        let _ = sock.send_to(&v5_request[..len], upstream).await;
+    }
     let request = mirror.request(clock::now(), rand::random());
     if let Err(e) = sock.send_to(&request, upstream).await {
         // Start afresh next time: the socket may be what is broken.
@@ -121,6 +161,15 @@ async fn poll_once(
             }
             Ok(Ok(got)) => got,
         };
+        if let Some(f) = filters.as_mut()
+            && from == upstream
+            && chime_ntp::v5::is_v5(&buf[..len])
+        {
+            if let Some(filter) = f.fetch.on_reply(&buf[..len]) {
+                f.gathered = Some(filter);
+            }
+            continue;
+        }
         // Anything that is not the answer to this poll (a stray or late datagram) is skipped and
         // the wait goes on until the deadline.
         match mirror.on_reply(from, &buf[..len], clock::now()) {

@@ -89,8 +89,36 @@ pub(crate) struct Shared {
     pub(crate) txlog: Option<TxLog>,
     /// The NTS cookie master keys (NTS-KE seals, the workers open); `None` when NTS is off.
     pub(crate) nts: Option<Arc<ArcSwap<CookieKeys>>>,
-    /// NTPv5's reference-ID Bloom filter (chimed's own ID); `None` when v5 is off.
-    pub(crate) v5: Option<Box<BloomFilter>>,
+    /// NTPv5, if on: the reference-ID Bloom filter.
+    pub(crate) v5: Option<V5>,
+}
+
+/// NTPv5's reference-ID Bloom filter: chimed's own identity, and the one served, which adds the
+/// upstream's filter when the upstream speaks v5 (the upstream poller gathers it).
+#[derive(Debug)]
+pub(crate) struct V5 {
+    pub(crate) own: BloomFilter,
+    pub(crate) served: ArcSwap<BloomFilter>,
+}
+
+impl V5 {
+    /// chimed's own identity, drawn from `random`, alone in the filter served until the
+    /// upstream's is known.
+    pub(crate) fn new(random: impl FnMut() -> u16) -> Self {
+        let mut own = BloomFilter::new();
+        own.add_id(&v5::ServerId::new(random));
+        Self {
+            own,
+            served: ArcSwap::from_pointee(own),
+        }
+    }
+
+    /// Serves our own identity with the upstream's `filter`.
+    pub(crate) fn with_upstream(&self, filter: &BloomFilter) {
+        let mut both = self.own;
+        both.add(filter);
+        self.served.store(Arc::new(both));
+    }
 }
 
 /// Per-reply marks for interleaved mode, by index in the batch being sent (batches hold at most
@@ -356,6 +384,7 @@ impl BatchHandler for NtpWorker {
         }
         let txlog = self.shared.txlog.as_ref().filter(|_| self.interleaved);
         let cookie_keys = self.shared.nts.as_ref().map(|k| k.load());
+        let filter = self.shared.v5.as_ref().map(|v5| v5.served.load());
         let zone = self.zone.clone();
         let limiter = self.shared.ratelimit.as_ref().map(|table| {
             let mono = self.shared.epoch.elapsed().as_nanos() as u64;
@@ -368,7 +397,7 @@ impl BatchHandler for NtpWorker {
             cookie_keys: cookie_keys.as_ref().map(|k| &***k),
             zone: zone.as_deref(),
             now_unix,
-            v5: (self.shared.v5.as_deref()).map(|f| (f, v5::era(now_unix))),
+            v5: filter.as_deref().map(|f| (&**f, v5::era(now_unix))),
         };
         for (meta, request) in rx.iter() {
             self.stats.counts.received += 1;
@@ -566,9 +595,7 @@ mod tests {
         assert_eq!(off.stats.counts.dropped(bad_version), 1);
 
         let mut on = shared(synchronised(), &[]);
-        let mut filter = BloomFilter::new();
-        filter.add_id(&v5::ServerId::new(rand::random));
-        Arc::get_mut(&mut on).unwrap().v5 = Some(Box::new(filter));
+        Arc::get_mut(&mut on).unwrap().v5 = Some(V5::new(rand::random));
         let mut worker = NtpWorker::new(on, "ipv4", 0);
         let replies = exchange(
             &mut worker,
