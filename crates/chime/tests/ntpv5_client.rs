@@ -1,5 +1,6 @@
-//! chime as an NTPv5 client (as drafted, -08 and -09): `chime ntp --ntp-version 5` against the
-//! real chimed with `--ntpv5` mirroring a real chronyd, counted against chimed's own totals; against chimed without `--ntpv5`, which drops v5; and
+//! chime as an NTPv5 client (as drafted, -08 and -09): `chime ntp --ntp-version 5` and `chime
+//! perf ntp --ntp-version 5` against the real chimed with `--ntpv5` mirroring a real chronyd,
+//! counted against chimed's own totals; against chimed without `--ntpv5`, which drops v5; and
 //! against a responder in the test whose replies, written byte by byte there, carry another
 //! request's cookie, name another draft, or kiss.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use common::{Chronyd, count_in};
 use serde_json::Value;
-use servers::{Policy, Responder, V5Reply, start_chimed, start_chimed_with};
+use servers::{Policy, Responder, V5Reply, chime_perf, start_chimed, start_chimed_with};
 
 const DRAFTS: [(&str, &str); 2] = [
     ("08", "draft-ietf-ntp-ntpv5-08"),
@@ -227,5 +228,124 @@ fn chime_ntp_refuses_v5_with_flags_that_do_not_apply() {
             "{flags:?}: {err}"
         );
         assert!(!err.contains("panicked"), "{flags:?}: {err}");
+    }
+}
+
+/// `chime perf ntp --ntp-version 5` at a few hundred requests per second against chimed with
+/// `--ntpv5`, each draft in turn: replies accepted and none invalid; and chimed's own count of v5
+/// replies is what chime perf counted back, in time or late.
+#[test]
+fn chime_perf_loads_chimed_over_ntpv5() {
+    let chronyd = Chronyd::start();
+    let mut chimed = start_chimed_with(&chronyd, &["--ntpv5"]);
+    let target = chimed.addr.to_string();
+    let mut counted = 0;
+    for (flag, id) in DRAFTS {
+        let (code, err, json) = chime_perf(&[
+            "--target",
+            &target,
+            "--ntp-version",
+            "5",
+            "--ntpv5-draft",
+            flag,
+            "--rate",
+            "300",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let json = json.unwrap();
+        assert_eq!(json["request"]["ntp_version"], 5, "{json:#}");
+        assert_eq!(json["request"]["ntpv5_draft"], id, "{json:#}");
+        let step = &json["steps"][0];
+        let n = |k: &str| step[k].as_u64().unwrap_or_else(|| panic!("{k}: {step:#}"));
+        assert!(n("answered") > 0, "{step:#}");
+        assert_eq!(n("invalid"), 0, "{step:#}");
+        assert_eq!(n("refused"), 0, "{step:#}");
+        assert_eq!(n("t2_before_t1"), 0, "{step:#}");
+        counted += n("answered") + n("late");
+    }
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "ntpv5"), counted, "{totals}");
+    assert_eq!(count_in(&totals, "answered"), counted, "{totals}");
+}
+
+/// Replies that echo another cookie, or name another draft, are every one invalid and none
+/// answered; the same responder's faithful replies are all answered.
+#[test]
+fn chime_perf_counts_replies_with_another_cookie_or_draft_invalid() {
+    for how in [V5Reply::Faithful, V5Reply::WrongCookie, V5Reply::OtherDraft] {
+        let responder = Responder::start(Policy::V5(how));
+        let (code, err, json) = chime_perf(&[
+            "--target",
+            &responder.addr.to_string(),
+            "--ntp-version",
+            "5",
+            "--rate",
+            "300",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--timeout",
+            "0.3",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let json = json.unwrap();
+        let step = &json["steps"][0];
+        let n = |k: &str| step[k].as_u64().unwrap_or_else(|| panic!("{k}: {step:#}"));
+        let replied = responder.replied();
+        assert!(replied > 0, "{how:?}: {step:#}");
+        let (answered, invalid) = match how {
+            V5Reply::Faithful => (replied, 0),
+            _ => (0, replied),
+        };
+        assert_eq!(
+            (n("answered"), n("invalid")),
+            (answered, invalid),
+            "{how:?}: {step:#}"
+        );
+    }
+}
+
+/// `--mode 1` and `--nts` are v4's, `--ntpv5-draft` needs `--ntp-version 5`, and there is no
+/// version 6: exit 2, the flag named.
+#[test]
+fn chime_perf_refuses_v5_with_flags_that_do_not_apply() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--ntp-version", "5", "--mode", "1"],
+            "--mode: NTPv5 has client mode (3) only",
+        ),
+        (
+            &["--ntp-version", "5", "--nts", "127.0.0.1"],
+            "--nts: NTS is NTPv4 client mode only",
+        ),
+        (
+            &["--ntpv5-draft", "09"],
+            "--ntpv5-draft: only with --ntp-version 5",
+        ),
+        (
+            &["--ntp-version", "5", "--ntpv5-draft", "7"],
+            "--ntpv5-draft",
+        ),
+        (&["--ntp-version", "6"], "--ntp-version"),
+    ];
+    for (flags, says) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_chime"))
+            .args(["perf", "ntp", "--target", "127.0.0.1:9", "--rate", "100"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {err}");
+        assert!(
+            err.starts_with("error:") && err.contains(says),
+            "{flags:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{flags:?}");
     }
 }
