@@ -514,6 +514,16 @@ pub fn write_request(
     Some(len)
 }
 
+/// The client cookie of a v5 packet, or `None` if it is shorter than a header: what a client
+/// sending many requests at once (`chime perf`) finds its request by before it checks the reply
+/// with [`parse_response`] and that request's cookie. Nothing else is checked here.
+pub fn client_cookie(packet: &[u8]) -> Option<[u8; 8]> {
+    let head = packet.first_chunk::<{ Header::LEN }>()?;
+    let mut cookie = [0; 8];
+    cookie.copy_from_slice(&head[at::CLIENT_COOKIE..at::RECEIVE_TS]);
+    Some(cookie)
+}
+
 /// A server's v5 reply as a client reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Response<'a> {

@@ -14,6 +14,12 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// The unit tests count allocations (`chime perf`'s hot path makes none); the tool itself uses the
+/// system allocator.
+#[cfg(test)]
+#[global_allocator]
+static GLOBAL: chime_udp::counting_alloc::CountingAlloc = chime_udp::counting_alloc::CountingAlloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "chime",

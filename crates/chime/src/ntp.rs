@@ -1,5 +1,8 @@
 //! `chime ntp HOST[:PORT]`: one client-mode request, the four timestamps, and the server's header
-//! printed the way chrony's `ntpdata` does, or as JSON for scripts.
+//! printed the way chrony's `ntpdata` does, or as JSON for scripts. NTPv5 (`--ntp-version 5`) is
+//! in `v5`.
+
+pub(crate) mod v5;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,9 +18,17 @@ pub(crate) struct Args {
     /// Seconds to wait for the reply
     #[arg(long, default_value_t = 2.0, value_name = "SECS")]
     timeout: f64,
-    /// NTP version to send (1-4)
-    #[arg(long = "ntp-version", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=4))]
+    /// NTP version to send (1-5). 5 is NTPv5 as drafted (draft-ietf-ntp-ntpv5): the request
+    /// carries a random client cookie and names the draft, and the reply must echo both
+    #[arg(long = "ntp-version", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=5))]
     ntp_version: u8,
+    /// With --ntp-version 5: the draft the request names, 08 (ntpd-rs 1.9's) or 09 [default: 08]
+    #[arg(long = "ntpv5-draft", value_name = "DRAFT")]
+    ntpv5_draft: Option<v5::DraftArg>,
+    /// With --ntp-version 5: also read the server's reference-ID Bloom filter (512 bytes, in four
+    /// more requests of 128 bytes) and report how many of its bits are set
+    #[arg(long = "ntpv5-reference")]
+    ntpv5_reference: bool,
     /// Print the result as one JSON object
     #[arg(long)]
     json: bool,
@@ -96,6 +107,9 @@ struct Report {
     /// With `--nts`: what the authentication showed.
     #[serde(skip_serializing_if = "Option::is_none")]
     nts: Option<NtsReport>,
+    /// With `--ntp-version 5`: what the v5 header adds (`reference_id` is then empty: v5 has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ntpv5: Option<v5::V5Report>,
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
@@ -116,6 +130,17 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             "--interleaved: interleaved mode is NTPv4 only, not --ntp-version {}",
             args.ntp_version
         );
+    }
+    for (given, flag) in [
+        (args.ntpv5_draft.is_some(), "--ntpv5-draft"),
+        (args.ntpv5_reference, "--ntpv5-reference"),
+    ] {
+        if given && args.ntp_version != 5 {
+            bail!(
+                "{flag}: only with --ntp-version 5, not {}",
+                args.ntp_version
+            );
+        }
     }
     if !(args.interval.is_finite() && (0.0..=60.0).contains(&args.interval)) {
         bail!(
@@ -146,6 +171,9 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             Duration::from_secs_f64(args.interval),
             timeout,
         )?
+    } else if args.ntp_version == 5 {
+        let draft = args.ntpv5_draft.unwrap_or(v5::DraftArg::D08).draft();
+        v5::query(server, draft, args.ntpv5_reference, timeout)?
     } else {
         query(server, args.ntp_version, timeout)?
     };
@@ -390,15 +418,10 @@ fn check(server: SocketAddr, reply: &Header, version: u8) -> Result<()> {
         );
     }
     if let Some(code) = kiss_code(reply) {
-        let advice = match &code[..] {
-            "RATE" => format!(
-                ": asks this client to poll less often (suggested poll interval 2^{} s)",
-                reply.poll
-            ),
-            "DENY" | "RSTR" => ": refuses to serve this client".into(),
-            _ => String::new(),
-        };
-        bail!("{server}: Kiss-o'-Death {code}{advice}");
+        bail!(
+            "{server}: Kiss-o'-Death {code}{}",
+            kiss_advice(&code, reply.poll)
+        );
     }
     if reply.stratum != 0
         && (reply.receive_ts == NtpTimestamp::ZERO || reply.transmit_ts == NtpTimestamp::ZERO)
@@ -406,6 +429,17 @@ fn check(server: SocketAddr, reply: &Header, version: u8) -> Result<()> {
         bail!("{server}: bad reply: zero receive or transmit timestamp");
     }
     Ok(())
+}
+
+/// What a kiss code asks of the client, for the error that reports it.
+fn kiss_advice(code: &str, poll: i8) -> String {
+    match code {
+        "RATE" => {
+            format!(": asks this client to poll less often (suggested poll interval 2^{poll} s)")
+        }
+        "DENY" | "RSTR" => ": refuses to serve this client".into(),
+        _ => String::new(),
+    }
 }
 
 /// Offset and round-trip delay from the four timestamps. Differences of NTP timestamps are
@@ -444,6 +478,7 @@ fn report(
         delay,
         exchanges,
         nts: None,
+        ntpv5: None,
     }
 }
 
@@ -493,10 +528,13 @@ fn print(r: &Report) {
     println!("Mode            : {}", r.mode);
     println!("Leap status     : {leap} ({})", r.leap);
     println!("Stratum         : {}", r.stratum);
-    println!(
-        "Reference ID    : {} ({})",
-        r.reference_id_hex, r.reference_id
-    );
+    match &r.ntpv5 {
+        Some(v) => v5::print(v),
+        None => println!(
+            "Reference ID    : {} ({})",
+            r.reference_id_hex, r.reference_id
+        ),
+    }
     println!(
         "Precision       : {} ({:.9} s)",
         r.precision,

@@ -383,7 +383,7 @@ fn bad_arguments_get_one_line_naming_the_flag_and_exit_2() {
         (with(&["--max-loss", "101"]), "--max-loss"),
         (with(&["--threads", "0"]), "--threads"),
         (with(&["--threads", "4", "--sockets", "2"]), "--sockets"),
-        (with(&["--ntp-version", "5"]), "--ntp-version"),
+        (with(&["--ntp-version", "6"]), "--ntp-version"),
         (with(&["--mode", "4"]), "--mode"),
         (with(&["--plot", "out.png"]), "--plot"),
         (with(&["--csv", "/nonexistent/dir/out.csv"]), "--csv"),

@@ -245,6 +245,15 @@ fn a_client_rejects_a_reply_to_another_request_or_draft() {
 }
 
 #[test]
+fn the_client_cookie_is_found_in_requests_and_replies() {
+    let req = request(Draft::D09, None);
+    assert_eq!(client_cookie(&req), Some(COOKIE));
+    let (reply, _) = answer(&req).unwrap();
+    assert_eq!(client_cookie(&reply), Some(COOKIE));
+    assert_eq!(client_cookie(&reply[..47]), None);
+}
+
+#[test]
 fn the_filter_holds_the_ids_added_and_its_sources() {
     let mut n = 0u16;
     let own = ServerId::new(|| {

@@ -15,10 +15,10 @@
 //! (ids and send times), `stats` (counts, histograms, per-step results), `procfs`, and
 //! `transport` (the [`transport::Transport`] trait through which the engine sends and receives).
 //! The transports: `udp` (datagrams) and `tcp` (streams), which carry any request/reply protocol
-//! ([`protocol::LoadProtocol`], in `protocol`: `ntp`, `nts` and `roughtime`), and `ke` (NTS-KE
-//! sessions, each run whole on a client thread). The front ends: `load` (`chime perf ntp` and
-//! `chime perf roughtime`, with `report` for the table, CSV and JSON and `plot` for the SVG) and
-//! `ke` (`chime perf nts-ke` and its report); `args` holds the flags they share.
+//! ([`protocol::LoadProtocol`], in `protocol`: `ntp`, `ntpv5`, `nts` and `roughtime`), and `ke`
+//! (NTS-KE sessions, each run whole on a client thread). The front ends: `load` (`chime perf ntp`
+//! and `chime perf roughtime`, with `report` for the table, CSV and JSON and `plot` for the SVG)
+//! and `ke` (`chime perf nts-ke` and its report); `args` holds the flags they share.
 
 mod args;
 mod engine;
@@ -26,6 +26,7 @@ mod inflight;
 mod ke;
 mod load;
 mod ntp;
+mod ntpv5;
 mod nts;
 mod plot;
 mod procfs;
@@ -60,8 +61,19 @@ enum Protocol {
 }
 
 pub(crate) fn run(args: &Args) -> Result<()> {
+    if let Protocol::Ntp(a) = &args.protocol
+        && a.ntpv5_draft.is_some()
+        && a.ntp_version != 5
+    {
+        args::usage(format!(
+            "--ntpv5-draft: only with --ntp-version 5, not {}",
+            a.ntp_version
+        ))
+        .exit();
+    }
     match &args.protocol {
         Protocol::Ntp(a) if a.nts.nts.is_some() => nts::run(a),
+        Protocol::Ntp(a) if a.ntp_version == 5 => run_v5(a),
         Protocol::Ntp(a) => {
             let request = serde_json::json!({
                 "ntp_version": a.ntp_version,
@@ -97,4 +109,22 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             load::run(&a.load, load, request, &label, tcp)
         }
     }
+}
+
+/// `chime perf ntp --ntp-version 5`: client requests naming one draft.
+fn run_v5(a: &ntp::Args) -> Result<()> {
+    if a.mode != ntp::RequestMode::Client {
+        args::usage("--mode: NTPv5 has client mode (3) only").exit();
+    }
+    let draft = a
+        .ntpv5_draft
+        .unwrap_or(crate::ntp::v5::DraftArg::D08)
+        .draft();
+    let request = serde_json::json!({
+        "ntp_version": 5,
+        "mode": 3,
+        "ntpv5_draft": draft.id(),
+    });
+    let label = format!("NTPv5 ({}) mode 3", draft.id());
+    load::run(&a.load, ntpv5::V5Load::new(draft), request, &label, None)
 }

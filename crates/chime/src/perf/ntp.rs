@@ -1,4 +1,5 @@
-//! `chime perf ntp`: NTP requests of a chosen version and mode, matched by origin timestamp.
+//! `chime perf ntp`: NTP requests of a chosen version and mode, matched by origin timestamp
+//! (NTPv5's, matched by client cookie, are `ntpv5`'s).
 //!
 //! The transmit timestamp of each request is its id, not a time: the server copies it into the
 //! reply's origin timestamp, which is how the reply finds its request (chrony's client also sends a
@@ -18,10 +19,16 @@ pub(crate) struct Args {
     #[command(flatten)]
     pub(crate) load: LoadArgs,
 
-    /// NTP version of the requests (1-4)
+    /// NTP version of the requests (1-5). 5 is NTPv5 as drafted (draft-ietf-ntp-ntpv5), client
+    /// mode only: each request's client cookie is its id, and a reply counts only if it echoes
+    /// the cookie and names the request's draft
     #[arg(long = "ntp-version", value_name = "N", default_value_t = 4,
-          value_parser = clap::value_parser!(u8).range(1..=4))]
+          value_parser = clap::value_parser!(u8).range(1..=5))]
     pub(crate) ntp_version: u8,
+
+    /// With --ntp-version 5: the draft the requests name, 08 (ntpd-rs 1.9's) or 09 [default: 08]
+    #[arg(long = "ntpv5-draft", value_name = "DRAFT")]
+    pub(crate) ntpv5_draft: Option<crate::ntp::v5::DraftArg>,
 
     /// Association mode of the requests
     #[arg(long, value_name = "MODE", default_value = "3")]
@@ -62,7 +69,7 @@ impl RequestMode {
 const TRANSMIT_TS: usize = 40;
 
 /// Kiss codes (RFC 5905 §7.4) that refuse service, sent with stratum 0.
-const REFUSALS: [[u8; 4]; 3] = [*b"RATE", *b"DENY", *b"RSTR"];
+pub(super) const REFUSALS: [[u8; 4]; 3] = [*b"RATE", *b"DENY", *b"RSTR"];
 
 /// NTP requests of one version and mode.
 #[derive(Clone, Debug)]
@@ -146,12 +153,27 @@ pub(super) fn server_times(
     verdict: Verdict,
     received_unix_secs: i64,
 ) -> Option<ServerTimes> {
+    times(
+        header.receive_ts,
+        header.transmit_ts,
+        verdict,
+        received_unix_secs,
+    )
+}
+
+/// [`server_times`] from the two timestamps, wherever the version keeps them.
+pub(super) fn times(
+    receive_ts: NtpTimestamp,
+    transmit_ts: NtpTimestamp,
+    verdict: Verdict,
+    received_unix_secs: i64,
+) -> Option<ServerTimes> {
     (verdict == Verdict::Valid
-        && header.receive_ts != NtpTimestamp::ZERO
-        && header.transmit_ts != NtpTimestamp::ZERO)
+        && receive_ts != NtpTimestamp::ZERO
+        && transmit_ts != NtpTimestamp::ZERO)
         .then(|| ServerTimes {
-            receive_ns: unix_nanos(header.receive_ts, received_unix_secs),
-            transmit_ns: unix_nanos(header.transmit_ts, received_unix_secs),
+            receive_ns: unix_nanos(receive_ts, received_unix_secs),
+            transmit_ns: unix_nanos(transmit_ts, received_unix_secs),
         })
 }
 
@@ -267,6 +289,21 @@ pub(super) mod tests {
             }
         ));
         assert_eq!(p.match_reply(&good[..47], NOW), ReplyMatch::Unmatched);
+    }
+
+    #[test]
+    fn requests_and_replies_allocate_nothing() {
+        let mut p = NtpLoad::new(4, RequestMode::Client);
+        let mut req = [0u8; 48];
+        p.fill_request(1, &mut req);
+        let reply = reply_to(&req, |_| {});
+        let (_, allocations) = chime_udp::counting_alloc::allocations_in(|| {
+            for id in 1..1000 {
+                std::hint::black_box(p.fill_request(id, &mut req));
+                std::hint::black_box(p.match_reply(&reply, NOW));
+            }
+        });
+        assert_eq!(allocations, 0);
     }
 
     #[test]

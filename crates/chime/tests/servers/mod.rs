@@ -1,6 +1,7 @@
 //! What `chime perf`'s tests need beyond chimed's shared test support (real chronyd and chimed,
-//! included from crates/chimed/tests/common): a tiny NTP responder in the test itself whose
-//! answers are chosen (every other request, wrong mode) and counted, and a runner for the tool.
+//! included from crates/chimed/tests/common): tiny NTP responders in the test itself whose
+//! answers are chosen (every other request, wrong mode; for NTPv5 another cookie or draft) and
+//! counted, and a runner for the tool.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -18,12 +19,16 @@ use crate::common::{Chimed, Chronyd};
 /// chimed with two IPv4 threads on 127.0.0.1 port 0 mirroring `chronyd`, once it serves
 /// chronyd's state.
 pub fn start_chimed(chronyd: &Chronyd) -> Chimed {
+    start_chimed_with(chronyd, &[])
+}
+
+/// [`start_chimed`] with `extra` flags (such as `--ntpv5`).
+pub fn start_chimed_with(chronyd: &Chronyd, extra: &[&str]) -> Chimed {
     // A 4 MiB receive buffer: a loaded test machine can stall chimed for a few hundred ms, longer
     // than the kernel's default buffer holds requests at 2000/s.
-    let mut chimed = Chimed::mirroring(
-        &chronyd.addr().to_string(),
-        &["-4", "2", "--recv-buffer", "4194304"],
-    );
+    let mut args = vec!["-4", "2", "--recv-buffer", "4194304"];
+    args.extend_from_slice(extra);
+    let mut chimed = Chimed::mirroring(&chronyd.addr().to_string(), &args);
     chimed.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     chimed
 }
@@ -35,6 +40,22 @@ pub enum Policy {
     EveryOther,
     /// A reply to every request, in symmetric passive mode where server mode is due.
     WrongMode,
+    /// NTPv5 requests only: a reply to each, made here byte by byte (not by chime-ntp), as
+    /// [`V5Reply`] says.
+    V5(V5Reply),
+}
+
+/// How the responder answers an NTPv5 request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum V5Reply {
+    /// As a synchronised stratum-2 server should: the request's cookie and draft echoed.
+    Faithful,
+    /// With the client cookie's first byte changed: the answer to another request.
+    WrongCookie,
+    /// Naming the other draft (-08 for -09 and the other way round).
+    OtherDraft,
+    /// A Kiss-o'-Death RATE, its code in the server cookie.
+    Kiss,
 }
 
 /// A minimal NTP server in the test process: answers as its policy says and counts what it sent,
@@ -77,6 +98,13 @@ impl Responder {
                         Policy::EveryOther if count % 2 == 1 => continue,
                         Policy::EveryOther => Mode::Server,
                         Policy::WrongMode => Mode::SymmetricPassive,
+                        Policy::V5(how) => {
+                            let reply = v5_reply(&buf[..n], t2, how);
+                            if sock.send_to(&reply, from).is_ok() {
+                                replied.fetch_add(1, Ordering::Relaxed);
+                            }
+                            continue;
+                        }
                     };
                     let reply = Header {
                         mode,
@@ -121,6 +149,38 @@ impl Drop for Responder {
             let _ = t.join();
         }
     }
+}
+
+/// A reply to an NTPv5 request, written from the draft's layout here rather than by chime-ntp's
+/// responder: the request's bytes (its cookie and Draft Identification) with a server's header.
+fn v5_reply(request: &[u8], t2: NtpTimestamp, how: V5Reply) -> Vec<u8> {
+    let mut r = request.to_vec();
+    if r.len() < 48 {
+        return r;
+    }
+    r[0] = 5 << 3 | 4; // leap 0, version 5, mode 4 (server)
+    (r[1], r[3]) = (2, -20i8 as u8); // stratum, precision
+    r[4..16].fill(0); // root delay and dispersion, timescale UTC, era 0, flags
+    r[15] = 0x01; // synchronised
+    r[16..24].copy_from_slice(&t2.0.to_be_bytes()); // the server cookie
+    r[32..40].copy_from_slice(&t2.0.to_be_bytes());
+    r[40..48].copy_from_slice(&now().0.to_be_bytes());
+    match how {
+        V5Reply::Faithful => {}
+        V5Reply::WrongCookie => r[24] ^= 0xFF,
+        V5Reply::OtherDraft => {
+            let name = b"draft-ietf-ntp-ntpv5-0";
+            if let Some(at) = r.windows(name.len()).position(|w| w == name) {
+                r[at + name.len()] ^= 1; // '8' <-> '9'
+            }
+        }
+        V5Reply::Kiss => {
+            r[0] = 3 << 6 | 5 << 3 | 4; // leap 3
+            (r[1], r[15]) = (0, 0);
+            r[16..20].copy_from_slice(b"RATE");
+        }
+    }
+    r
 }
 
 fn now() -> NtpTimestamp {
