@@ -521,6 +521,9 @@ impl Worker {
             .map(|cfg| Shedder::new(cfg, self.socket.capabilities().recv_buffer));
         let mut resize_errors = ErrorLog::new("receive buffer resize");
         let mut warned_short = false;
+        // With shedding on: the clocks when the last batch was done, and the time the thread
+        // spent off the CPU while handling it (see `Stalls`).
+        let mut stalls = Stalls::default();
         // Relaxed would do for the flag alone; Acquire pairs with the Release in `spawn` and costs
         // nothing on x86.
         while !self.stop.load(Ordering::Acquire) {
@@ -529,6 +532,7 @@ impl Worker {
                 Ok(0) => {
                     report_drops(&mut handler, &mut shedder);
                     handler.idle();
+                    stalls = Stalls::default();
                     continue;
                 }
                 Ok(n) => {
@@ -547,6 +551,7 @@ impl Worker {
                 Err(e) => {
                     recv_errors.record(1, &e);
                     handler.recv_error(&e);
+                    stalls = Stalls::default();
                     // Without a pause a persistent error would spin this CPU at 100%.
                     thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -555,14 +560,19 @@ impl Worker {
             }
             let received = rx.len();
             // One clock read per batch, and only with shedding on.
-            if let Some(s) = &mut shedder {
+            let taken = shedder.as_ref().map(|_| Clocks::read());
+            if let (Some(s), Some(taken)) = (&mut shedder, taken) {
+                let stalled = stalls.before(taken, rx.get(0).0.timestamp);
                 let resizing = (&mut resize_errors, &mut warned_short);
-                self.shed_batch(s, (&mut rx, full), &mut handler, resizing);
+                self.shed_batch(s, (&mut rx, full, taken, stalled), &mut handler, resizing);
             }
             let started = gatherer.as_ref().map(|_| sys::thread_cpu_time());
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
                 self.send(&mut handler, &mut tx, &mut looped, &mut recv_errors);
+            }
+            if let Some(taken) = taken {
+                stalls.handled(taken, Clocks::read());
             }
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
                 let took = sys::thread_cpu_time().saturating_sub(started);
@@ -625,11 +635,11 @@ impl Worker {
     fn shed_batch<H: BatchHandler>(
         &self,
         s: &mut Shedder,
-        (rx, full): (&mut RxBatch, bool),
+        (rx, full, taken, stalled): (&mut RxBatch, bool, Clocks, Duration),
         handler: &mut H,
         (resize_errors, warned_short): (&mut ErrorLog, &mut bool),
     ) {
-        let decision = s.decide(Timestamp::now(), rx.get(0).0.timestamp, full);
+        let decision = s.decide(taken.wall, rx.get(0).0.timestamp, full, stalled);
         if let Some(bytes) = decision.recv_buffer {
             match self.socket.resize_recv_buffer(bytes) {
                 Ok(granted) => {
@@ -653,6 +663,58 @@ impl Worker {
                 handler.shed(shed);
             }
         }
+    }
+}
+
+/// The wall clock and this thread's CPU clock, read together.
+#[derive(Clone, Copy, Debug)]
+struct Clocks {
+    wall: Timestamp,
+    cpu: Duration,
+}
+
+impl Clocks {
+    fn read() -> Self {
+        Self {
+            wall: Timestamp::now(),
+            cpu: sys::thread_cpu_time(),
+        }
+    }
+}
+
+/// Time the thread spent off the CPU while it had work: what a CPU quota's throttling or a
+/// preempted vCPU costs every datagram queued meanwhile, and the shedder takes out of their waits
+/// ([`Shedder::decide`]). Wall time that passed without this thread's CPU time passing with it,
+/// counted while handling a batch, and while receiving the next from when there was something to
+/// receive (its oldest datagram's arrival, or the receive's start if that was earlier): time
+/// blocked on an empty queue is idleness, not a stall.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stalls {
+    /// The clocks when the last batch was done, and the stall while handling it.
+    done: Option<Clocks>,
+    handling: Duration,
+}
+
+impl Stalls {
+    /// The stall since the last batch was done, for a batch taken at `taken` whose oldest
+    /// datagram arrived at `oldest`.
+    fn before(&self, taken: Clocks, oldest: Option<Timestamp>) -> Duration {
+        let Some(done) = self.done else {
+            return Duration::ZERO;
+        };
+        let from = oldest.map_or(done.wall, |o| o.max(done.wall));
+        let waited = taken.wall.as_nanos() - from.as_nanos();
+        let ran = taken.cpu.saturating_sub(done.cpu).as_nanos() as i128;
+        let receiving = u64::try_from(waited - ran).unwrap_or(0);
+        self.handling + Duration::from_nanos(receiving)
+    }
+
+    /// Notes a batch taken at `taken` and done at `done`.
+    fn handled(&mut self, taken: Clocks, done: Clocks) {
+        let wall = done.wall.as_nanos() - taken.wall.as_nanos();
+        let ran = done.cpu.saturating_sub(taken.cpu).as_nanos() as i128;
+        self.handling = Duration::from_nanos(u64::try_from(wall - ran).unwrap_or(0));
+        self.done = Some(done);
     }
 }
 
@@ -720,6 +782,40 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
+
+    #[test]
+    fn a_stall_is_wall_time_without_the_threads_cpu_time_while_it_had_work() {
+        let ms = |n: i128| Timestamp::from_nanos(n * 1_000_000);
+        let at = |wall: i128, cpu: u64| Clocks {
+            wall: ms(wall),
+            cpu: Duration::from_millis(cpu),
+        };
+        let mut stalls = Stalls::default();
+        assert_eq!(
+            stalls.before(at(10, 1), Some(ms(5))),
+            Duration::ZERO,
+            "no batch yet"
+        );
+        // Handled without a stall, done at 100 ms; the next batch's oldest arrived at 105 ms and was taken at 120 ms,
+        // with 2 ms of CPU between: 13 ms off the CPU with work to do. Blocked on an empty queue
+        // from 100 to 105 ms was not a stall.
+        stalls.handled(at(90, 9), at(100, 19));
+        assert_eq!(
+            stalls.before(at(120, 21), Some(ms(105))),
+            Duration::from_millis(13)
+        );
+        // An oldest datagram from before the last batch was done: counted from then.
+        assert_eq!(
+            stalls.before(at(120, 21), Some(ms(50))),
+            Duration::from_millis(18)
+        );
+        // Handling took 5 ms of wall time and 1 ms of CPU: 4 ms more, added to the next.
+        stalls.handled(at(120, 21), at(125, 22));
+        assert_eq!(
+            stalls.before(at(126, 23), Some(ms(125))),
+            Duration::from_millis(4)
+        );
+    }
 
     fn cfg(threads: usize) -> WorkerConfig {
         WorkerConfig::new("t", (Ipv4Addr::LOCALHOST, 0).into(), threads)

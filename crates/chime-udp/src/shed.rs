@@ -37,6 +37,16 @@
 //! target, as CoDel resumes dropping when it stopped recently, rather than after another
 //! interval of a standing queue whose every reply would come late.
 //!
+//! A wait is the queue's only while the thread could have served it. A thread kept off its CPU (a
+//! container's CPU quota, enforced at the scheduler's tick, throttles it for 12 ms at a time at a
+//! quarter of a core under a 250 Hz tick; a hypervisor preempts a vCPU) finds every datagram
+//! queued meanwhile older than the target, though not one waited behind another. Charged to the
+//! queue, that stall shrank the buffer to its floor and shed what the thread would have answered
+//! in time for its client. So the worker tells [`Shedder::decide`] how long it was off the CPU
+//! while it had work (wall time that passed without its CPU time), and the shedder takes the
+//! stalls a datagram waited through out of its wait: the target bounds the queue, not the
+//! scheduler.
+//!
 //! CoDel drops one packet at a time, at a rate that grows until the senders slow down; datagram
 //! clients do not slow down, and a request that waited past the target has already lost most of
 //! its worth, so every old one goes at once. Sans-IO: the caller reads the clock, passes the
@@ -114,7 +124,15 @@ pub struct Shedder {
     /// buffer was last sized.
     drops_total: u32,
     dropped: bool,
+    /// The last stalls (times the thread spent off the CPU while the queue held work), as
+    /// (start, end): a datagram queued through one is not charged for it.
+    stalls: [(i128, i128); STALLS],
+    next_stall: usize,
 }
+
+/// Stalls remembered: at 4 ms of CPU per 16 (a quarter of a core under a 250 Hz tick), those of
+/// the last 60 ms or so, more than a queue worth shedding holds.
+const STALLS: usize = 16;
 
 impl Shedder {
     /// A shedder that has seen nothing yet, for a socket whose receive buffer is `buffer` bytes
@@ -133,6 +151,8 @@ impl Shedder {
             stopped_at: None,
             drops_total: 0,
             dropped: false,
+            stalls: [(0, 0); STALLS],
+            next_stall: 0,
         }
     }
 
@@ -164,15 +184,33 @@ impl Shedder {
     /// Decides for one received batch, taken at `now`, whose oldest (first) datagram the kernel
     /// received at `oldest` (`None` if it has no receive timestamp: then nothing is decided,
     /// since its wait is unknown); `full` says the receive filled the batch, so the queue may
-    /// hold more, while a receive that did not fill it emptied the queue.
-    pub fn decide(&mut self, now: Timestamp, oldest: Option<Timestamp>, full: bool) -> Decision {
+    /// hold more, while a receive that did not fill it emptied the queue. `stalled` is how long
+    /// the thread was off the CPU while it had work since the last batch (see the module docs);
+    /// the last few stalls are taken out of the waits of the datagrams queued through them.
+    pub fn decide(
+        &mut self,
+        now: Timestamp,
+        oldest: Option<Timestamp>,
+        full: bool,
+        stalled: Duration,
+    ) -> Decision {
         let Some(oldest) = oldest else {
             return Decision::default();
         };
         let now_ns = now.as_nanos();
-        let waited = now_ns - oldest.as_nanos();
-        let cutoff =
-            (waited > self.target_ns).then(|| Timestamp::from_nanos(now_ns - self.target_ns));
+        // Time the thread was kept off the CPU (a CPU quota's throttling, a preempted vCPU) is
+        // not the queue's: the thread would have served it. Every datagram that was queued
+        // before the stall ended waited through it, so the stall is taken out of their waits.
+        let stalled = stalled.as_nanos() as i128;
+        // Shorter ones are a wake-up's latency, not worth a place among the stalls remembered.
+        if stalled > self.target_ns / 10 {
+            self.stalls[self.next_stall % STALLS] = (now_ns - stalled, now_ns);
+            self.next_stall += 1;
+        }
+        let credit = self.stalled_since(oldest.as_nanos());
+        let waited = now_ns - oldest.as_nanos() - credit;
+        let cutoff = (waited > self.target_ns)
+            .then(|| Timestamp::from_nanos(now_ns - credit - self.target_ns));
         if self.shedding {
             self.went_old |= cutoff.is_some();
             self.ran_dry |= !full;
@@ -235,6 +273,14 @@ impl Shedder {
             };
         }
         Decision::default()
+    }
+
+    /// How long the thread was stalled since `since`: the time a datagram that arrived then
+    /// waited for want of the CPU rather than behind other datagrams.
+    fn stalled_since(&self, since: i128) -> i128 {
+        (self.stalls.iter())
+            .map(|&(start, end)| (end - start.max(since)).max(0))
+            .sum()
     }
 
     fn stop(&mut self, cutoff: Option<Timestamp>, now_ns: i128) -> Decision {
@@ -383,9 +429,13 @@ mod tests {
         let mut queue = VecDeque::new();
         let mut now = 0;
         let mut batch = Vec::with_capacity(64);
+        let mut stalled = 0;
         while !(arrivals.is_empty() && queue.is_empty()) {
             if queue.is_empty() {
-                now = after(now.max(arrivals[0]), 0, throttle);
+                // Woken by an arrival, but perhaps throttled: the wait for the CPU is a stall.
+                let woken = now.max(arrivals[0]);
+                now = after(woken, 0, throttle);
+                stalled = now - woken;
             }
             // What arrived while the worker was busy, as the kernel queues it.
             while arrivals.front().is_some_and(|&a| a <= now) {
@@ -404,7 +454,12 @@ mod tests {
                 batch.push(a);
             }
             let full = batch.len() == 64;
-            let d = shedder.decide(Timestamp::from_nanos(now), at(batch[0]), full);
+            let d = shedder.decide(
+                Timestamp::from_nanos(now),
+                at(batch[0]),
+                full,
+                Duration::from_nanos(stalled as u64),
+            );
             if let Some(bytes) = d.recv_buffer {
                 shedder.buffer_granted(bytes);
             }
@@ -415,7 +470,10 @@ mod tests {
             out.answered
                 .extend(batch[shed..].iter().map(|&a| (a, now - a)));
             let work = batch.len() as i128 * recv_ns + (batch.len() - shed) as i128 * reply_ns;
+            let start = now;
             now = after(now, work, throttle);
+            // Throttled meanwhile: the stall the next batch's decision takes out.
+            stalled = now - start - work;
         }
         out.buffer = shedder.buffer();
         out
@@ -544,54 +602,78 @@ mod tests {
         let ts = |ns| Timestamp::from_nanos(ns);
         let none = Decision::default();
         // No receive timestamp: nothing is known, nothing is done.
-        assert_eq!(s.decide(ts(1000 * MS), None, true), none);
+        assert_eq!(s.decide(ts(1000 * MS), None, true, Duration::ZERO), none);
         // Above the target in full batches, but for less than the interval.
-        assert_eq!(s.decide(ts(1000 * MS), at(990 * MS), true), none);
-        assert_eq!(s.decide(ts(1099 * MS), at(1090 * MS), true), none);
+        assert_eq!(
+            s.decide(ts(1000 * MS), at(990 * MS), true, Duration::ZERO),
+            none
+        );
+        assert_eq!(
+            s.decide(ts(1099 * MS), at(1090 * MS), true, Duration::ZERO),
+            none
+        );
         assert!(!s.is_shedding());
         // A young batch in between starts the interval over.
-        assert_eq!(s.decide(ts(1100 * MS), at(1099 * MS), true), none);
-        assert_eq!(s.decide(ts(1150 * MS), at(1140 * MS), true), none);
-        assert_eq!(s.decide(ts(1249 * MS), at(1240 * MS), true), none);
+        assert_eq!(
+            s.decide(ts(1100 * MS), at(1099 * MS), true, Duration::ZERO),
+            none
+        );
+        assert_eq!(
+            s.decide(ts(1150 * MS), at(1140 * MS), true, Duration::ZERO),
+            none
+        );
+        assert_eq!(
+            s.decide(ts(1249 * MS), at(1240 * MS), true, Duration::ZERO),
+            none
+        );
         // A whole interval above it: the old go, and the buffer shrinks so that a full queue
         // waits half the target: 10 ms waited, so to a quarter.
-        let d = s.decide(ts(1250 * MS), at(1240 * MS), true);
+        let d = s.decide(ts(1250 * MS), at(1240 * MS), true, Duration::ZERO);
         assert_eq!(d.cutoff, Some(ts(1245 * MS)));
         assert_eq!(d.recv_buffer, Some(full / 4));
         s.buffer_granted(full / 4);
         assert!(s.is_shedding());
         // The backlog queued before goes at once; within the interval the buffer stays, and a
         // young batch does not end shedding.
-        let d = s.decide(ts(1255 * MS), at(1243 * MS), true);
+        let d = s.decide(ts(1255 * MS), at(1243 * MS), true, Duration::ZERO);
         assert_eq!((d.cutoff, d.recv_buffer), (Some(ts(1250 * MS)), None));
-        assert_eq!(s.decide(ts(1260 * MS), at(1257 * MS), true), none);
+        assert_eq!(
+            s.decide(ts(1260 * MS), at(1257 * MS), true, Duration::ZERO),
+            none
+        );
         // An interval on, with the kernel dropping: datagrams went old in it, so a tenth off.
         s.kernel_drops(100);
-        let d = s.decide(ts(1350 * MS), at(1346 * MS), true);
+        let d = s.decide(ts(1350 * MS), at(1346 * MS), true, Duration::ZERO);
         let smaller = (full / 4 * 9 / 10) & !1023;
         assert_eq!((d.cutoff, d.recv_buffer), (None, Some(smaller)));
         s.buffer_granted(smaller);
         // The next interval the queue runs dry while the kernel drops (arrivals in bursts
         // longer than the buffer): that does not end shedding, and the buffer grows by half.
-        assert_eq!(s.decide(ts(1400 * MS), at(1399 * MS), false), none);
+        assert_eq!(
+            s.decide(ts(1400 * MS), at(1399 * MS), false, Duration::ZERO),
+            none
+        );
         assert!(s.is_shedding());
         s.kernel_drops(200);
-        let d = s.decide(ts(1450 * MS), at(1448 * MS), true);
+        let d = s.decide(ts(1450 * MS), at(1448 * MS), true, Duration::ZERO);
         let larger = (smaller * 3 / 2) & !1023;
         assert_eq!((d.cutoff, d.recv_buffer), (None, Some(larger)));
         s.buffer_granted(larger);
         // Neither: it stays.
         s.kernel_drops(300);
-        assert_eq!(s.decide(ts(1550 * MS), at(1548 * MS), true), none);
+        assert_eq!(
+            s.decide(ts(1550 * MS), at(1548 * MS), true, Duration::ZERO),
+            none
+        );
         // An interval in which the kernel dropped nothing: the load fits and shedding ends (this
         // batch's old ones still go); the buffer stays as it is, to grow back step by step.
-        let d = s.decide(ts(1650 * MS), at(1640 * MS), true);
+        let d = s.decide(ts(1650 * MS), at(1640 * MS), true, Duration::ZERO);
         assert_eq!((d.cutoff, d.recv_buffer), (Some(ts(1645 * MS)), None));
         assert!(!s.is_shedding());
         // The overload back within RESUME_WITHIN intervals is the same one: a full batch over the
         // target sheds at once, without an interval's standing queue first, and the buffer is
         // sized from its wait (10 ms: to a quarter).
-        let d = s.decide(ts(1660 * MS), at(1650 * MS), true);
+        let d = s.decide(ts(1660 * MS), at(1650 * MS), true, Duration::ZERO);
         let quarter = (larger / 4) & !1023;
         assert_eq!(
             (d.cutoff, d.recv_buffer),
@@ -607,17 +689,26 @@ mod tests {
         let ts = |ns| Timestamp::from_nanos(ns);
         let none = Decision::default();
         s.buffer_granted(full / 4);
-        let d = s.decide(ts(1000 * MS), at(1000 * MS - 1000), true);
+        let d = s.decide(ts(1000 * MS), at(1000 * MS - 1000), true, Duration::ZERO);
         assert_eq!(d.recv_buffer, Some(full / 2));
         s.buffer_granted(full / 2);
         // A burst that drains (a batch that does not fill) before the interval is absorbed, and
         // does not stop the growth.
-        assert_eq!(s.decide(ts(1050 * MS), at(1040 * MS), true), none);
-        assert_eq!(s.decide(ts(1090 * MS), at(1085 * MS), false), none);
-        let d = s.decide(ts(1100 * MS), at(1100 * MS - 1000), true);
+        assert_eq!(
+            s.decide(ts(1050 * MS), at(1040 * MS), true, Duration::ZERO),
+            none
+        );
+        assert_eq!(
+            s.decide(ts(1090 * MS), at(1085 * MS), false, Duration::ZERO),
+            none
+        );
+        let d = s.decide(ts(1100 * MS), at(1100 * MS - 1000), true, Duration::ZERO);
         assert_eq!(d.recv_buffer, Some(full));
         s.buffer_granted(full);
-        assert_eq!(s.decide(ts(1200 * MS), at(1200 * MS - 1000), false), none);
+        assert_eq!(
+            s.decide(ts(1200 * MS), at(1200 * MS - 1000), false, Duration::ZERO),
+            none
+        );
         assert!(!s.is_shedding());
     }
 
@@ -631,7 +722,12 @@ mod tests {
         let mut s = Shedder::new(cfg, full);
         // A zero interval sheds at the first full batch over the target. 100 ms waited calls
         // for a buffer 1/100 the size: the floor, which is more.
-        let d = s.decide(Timestamp::from_nanos(150 * MS), at(50 * MS), true);
+        let d = s.decide(
+            Timestamp::from_nanos(150 * MS),
+            at(50 * MS),
+            true,
+            Duration::ZERO,
+        );
         assert_eq!(d.cutoff, Some(Timestamp::from_nanos(148 * MS)));
         assert_eq!(d.recv_buffer, Some(MIN_SHED_BUFFER));
         s.buffer_granted(MIN_SHED_BUFFER);
@@ -641,7 +737,12 @@ mod tests {
         for step in 1..=7 {
             s.kernel_drops(step);
             let now = (150 + i128::from(step)) * MS;
-            let d = s.decide(Timestamp::from_nanos(now), at(now - 1000), false);
+            let d = s.decide(
+                Timestamp::from_nanos(now),
+                at(now - 1000),
+                false,
+                Duration::ZERO,
+            );
             let grown = (buffer * 3 / 2).min(full) & !1023;
             assert_eq!(d.recv_buffer, Some(grown), "step {step}");
             buffer = grown;
@@ -649,7 +750,12 @@ mod tests {
         }
         assert_eq!(buffer, full);
         assert!(s.is_shedding());
-        let d = s.decide(Timestamp::from_nanos(160 * MS), at(160 * MS - 1000), false);
+        let d = s.decide(
+            Timestamp::from_nanos(160 * MS),
+            at(160 * MS - 1000),
+            false,
+            Duration::ZERO,
+        );
         assert_eq!(d, Decision::default());
         assert!(!s.is_shedding());
     }
@@ -662,11 +768,21 @@ mod tests {
         };
         let mut s = Shedder::new(cfg, 1 << 20);
         s.buffer_granted(MIN_SHED_BUFFER * 3 / 2);
-        let d = s.decide(Timestamp::from_nanos(150 * MS), at(50 * MS), true);
+        let d = s.decide(
+            Timestamp::from_nanos(150 * MS),
+            at(50 * MS),
+            true,
+            Duration::ZERO,
+        );
         assert_eq!(d.recv_buffer, Some(MIN_SHED_BUFFER));
         s.buffer_granted(MIN_SHED_BUFFER);
         s.kernel_drops(1);
-        let d = s.decide(Timestamp::from_nanos(151 * MS), at(140 * MS), true);
+        let d = s.decide(
+            Timestamp::from_nanos(151 * MS),
+            at(140 * MS),
+            true,
+            Duration::ZERO,
+        );
         assert_eq!((d.cutoff.is_some(), d.recv_buffer), (true, None));
     }
 
@@ -702,7 +818,8 @@ mod tests {
     /// Sized at once to what its wait says, the buffer sheds that backlog and nothing after it;
     /// with the first step capped at an eighth, as before, it took 1.1 s of small steps to come
     /// down, and 43,046 requests were received only to be shed (10,432 of them after the first
-    /// half second) against 7,984.
+    /// half second) against 7,984. A request may wait the target plus the 3 ms the thread is
+    /// throttled: that wait is the CPU's, not the queue's.
     #[test]
     fn a_throttled_thread_three_times_over_is_sized_at_once() {
         // 400k/s while it runs, so 100k/s; 300k/s offered for 3 s.
@@ -716,14 +833,57 @@ mod tests {
             throttle,
         );
         let after_start = |&&(a, _): &&(i128, i128)| a > 500 * MS;
-        let in_time = |&&(_, w): &&(i128, i128)| w <= 5 * MS + MS / 5;
+        let in_time = |&&(_, w): &&(i128, i128)| w <= 8 * MS + MS / 5;
         let answered = out.answered.iter().filter(after_start);
         let (timely, late): (Vec<&(i128, i128)>, Vec<_>) = answered.partition(in_time);
-        assert_eq!(late.len(), 0, "answered after waiting past the target");
+        assert_eq!(
+            late.len(),
+            0,
+            "answered after waiting past the target and a stall"
+        );
         // The thread's whole capacity in the last 2.5 s: 250k.
         assert!(timely.len() > 248_000, "{} answered in time", timely.len());
         let shed_late = out.shed.iter().filter(|&&a| a > 500 * MS).count();
         assert!(shed_late < 1_000, "{shed_late} shed after the first 0.5 s");
         assert!(out.shed.len() < 12_000, "{} shed in all", out.shed.len());
+    }
+
+    /// Outcomes of [`run_on`] as a client counts them: answered within its 100 ms interval, of
+    /// the thread's capacity (`capacity` per second), for arrivals after the first 0.5 s; and
+    /// received only to be shed then.
+    fn accepted_share(out: &Outcome, capacity: f64) -> (f64, usize) {
+        let after_start = |&&(a, _): &&(i128, i128)| a > 500 * MS;
+        let accepted = (out.answered.iter().filter(after_start))
+            .filter(|&&(_, w)| w <= 100 * MS)
+            .count();
+        let shed = out.shed.iter().filter(|&&a| a > 500 * MS).count();
+        (accepted as f64 / (capacity * 2.5), shed)
+    }
+
+    /// A CPU quota enforced at a 250 Hz tick: the thread runs 4 ms and is then throttled 12 ms
+    /// to pay it back (a quarter of a core, as a container's CPU limit gives it). The oldest
+    /// request waits out each 12 ms throttle, far over the 5 ms target, yet the thread would have
+    /// served it: the wait is the CPU's, not the queue's. Charged to the queue, as before, the
+    /// buffer shrank to its floor and the thread sat idle behind it, and at 1.1 times its capacity
+    /// clients got 27.5% of it (at 1.5 times 37.4%, at 3 times 74.8%); with the stalls taken out
+    /// of the waits they get all of it.
+    #[test]
+    fn a_thread_throttled_for_longer_than_the_target_is_not_shed_for_it() {
+        for multiple in [1.1, 1.5, 3.0] {
+            let rate = (100_000.0 * multiple) as i128;
+            let gap = 1_000_000_000 / rate;
+            let arrivals = (0..3_000_000_000 / gap).map(|i| i * gap).collect();
+            let throttle = Some((4 * MS, 16 * MS));
+            let out = run_on(
+                ShedConfig::default(),
+                8000 * DATAGRAM,
+                arrivals,
+                (700, 1_800),
+                throttle,
+            );
+            let (share, shed) = accepted_share(&out, 100_000.0);
+            assert!(share > 0.99, "x{multiple}: {:.1}% accepted", share * 100.0);
+            assert!(shed < 1_000, "x{multiple}: {shed} received only to be shed");
+        }
     }
 }
