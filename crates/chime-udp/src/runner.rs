@@ -505,34 +505,27 @@ impl Worker {
         let mut recv_errors = ErrorLog::new("receive");
         let mut backoff = MIN_BACKOFF;
         let mut batches_since_drops = 0u32;
-        let report_drops = |handler: &mut H, shedder: &mut Option<Shedder>| {
+        let report_drops = |handler: &mut H, shedding: &mut Option<Shedding>| {
             if let Ok(total) = self.socket.receive_drops() {
                 handler.receive_drops(total);
-                if let Some(s) = shedder {
-                    s.kernel_drops(total);
+                if let Some(s) = shedding {
+                    s.shedder.kernel_drops(total);
                 }
             }
         };
         let mut gatherer = self
             .gather
             .map(|wait| Gatherer::new(wait, gather_below(rx.capacity()), Instant::now()));
-        let mut shedder = self
-            .shed
-            .map(|cfg| Shedder::new(cfg, self.socket.capabilities().recv_buffer));
-        let mut resize_errors = ErrorLog::new("receive buffer resize");
-        let mut warned_short = false;
-        // With shedding on: the clocks when the last batch was done, and the time the thread
-        // spent off the CPU while handling it (see `Stalls`).
-        let mut stalls = Stalls::default();
+        let mut shedding = (self.shed).map(|cfg| Shedding::new(cfg, &self.socket));
         // Relaxed would do for the flag alone; Acquire pairs with the Release in `spawn` and costs
         // nothing on x86.
         while !self.stop.load(Ordering::Acquire) {
             let full;
             match self.socket.recv_batch(&mut rx) {
                 Ok(0) => {
-                    report_drops(&mut handler, &mut shedder);
+                    report_drops(&mut handler, &mut shedding);
                     handler.idle();
-                    stalls = Stalls::default();
+                    shedding.as_mut().map(Shedding::idle);
                     continue;
                 }
                 Ok(n) => {
@@ -551,7 +544,7 @@ impl Worker {
                 Err(e) => {
                     recv_errors.record(1, &e);
                     handler.recv_error(&e);
-                    stalls = Stalls::default();
+                    shedding.as_mut().map(Shedding::idle);
                     // Without a pause a persistent error would spin this CPU at 100%.
                     thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -559,20 +552,15 @@ impl Worker {
                 }
             }
             let received = rx.len();
-            // One clock read per batch, and only with shedding on.
-            let taken = shedder.as_ref().map(|_| Clocks::read());
-            if let (Some(s), Some(taken)) = (&mut shedder, taken) {
-                let stalled = stalls.before(taken, rx.get(0).0.timestamp);
-                let resizing = (&mut resize_errors, &mut warned_short);
-                self.shed_batch(s, (&mut rx, full, taken, stalled), &mut handler, resizing);
-            }
+            let taken =
+                (shedding.as_mut()).map(|s| self.shed_batch(s, (&mut rx, full), &mut handler));
             let started = gatherer.as_ref().map(|_| sys::thread_cpu_time());
             handler.handle(&rx, &mut tx);
             if !tx.is_empty() {
                 self.send(&mut handler, &mut tx, &mut looped, &mut recv_errors);
             }
-            if let Some(taken) = taken {
-                stalls.handled(taken, Clocks::read());
+            if let (Some(s), Some(taken)) = (&mut shedding, taken) {
+                s.stalls.handled(taken, Clocks::read());
             }
             if let (Some(g), Some(started)) = (&mut gatherer, started) {
                 let took = sys::thread_cpu_time().saturating_sub(started);
@@ -582,16 +570,18 @@ impl Worker {
             // While shedding, every batch: the shedder ends when an interval passes without a
             // drop, and 64 batches of 256 Roughtime requests can take longer than an interval.
             if batches_since_drops >= DROPS_EVERY
-                || shedder.as_ref().is_some_and(Shedder::is_shedding)
+                || shedding.as_ref().is_some_and(|s| s.shedder.is_shedding())
             {
                 batches_since_drops = 0;
-                report_drops(&mut handler, &mut shedder);
+                report_drops(&mut handler, &mut shedding);
             }
         }
-        report_drops(&mut handler, &mut shedder);
+        report_drops(&mut handler, &mut shedding);
         handler.finish();
         recv_errors.flush();
-        resize_errors.flush();
+        if let Some(s) = &mut shedding {
+            s.resize_errors.flush();
+        }
         tracing::debug!("worker stopped");
     }
 
@@ -630,21 +620,24 @@ impl Worker {
         }
     }
 
-    /// Shedding's decision for one received batch (`full`: it filled `rx`): the receive buffer
-    /// resized as it says, and the requests that waited too long shed from `rx`.
+    /// Shedding's decision for one received batch (`full`: it filled `rx`), taken now: the
+    /// receive buffer resized as it says, and the requests that waited too long shed from `rx`.
+    /// Returns the clocks as the batch was taken, for [`Stalls::handled`].
     fn shed_batch<H: BatchHandler>(
         &self,
-        s: &mut Shedder,
-        (rx, full, taken, stalled): (&mut RxBatch, bool, Clocks, Duration),
+        shedding: &mut Shedding,
+        (rx, full): (&mut RxBatch, bool),
         handler: &mut H,
-        (resize_errors, warned_short): (&mut ErrorLog, &mut bool),
-    ) {
+    ) -> Clocks {
+        let taken = Clocks::read();
+        let stalled = shedding.stalls.before(taken, rx.get(0).0.timestamp);
+        let s = &mut shedding.shedder;
         let decision = s.decide(taken.wall, rx.get(0).0.timestamp, full, stalled);
         if let Some(bytes) = decision.recv_buffer {
             match self.socket.resize_recv_buffer(bytes) {
                 Ok(granted) => {
-                    if granted < bytes && !*warned_short {
-                        *warned_short = true;
+                    if granted < bytes && !shedding.warned_short {
+                        shedding.warned_short = true;
                         tracing::warn!(
                             asked = bytes,
                             granted,
@@ -654,7 +647,7 @@ impl Worker {
                     }
                     s.buffer_granted(granted);
                 }
-                Err(e) => resize_errors.record(1, &e),
+                Err(e) => shedding.resize_errors.record(1, &e),
             }
         }
         if let Some(cutoff) = decision.cutoff {
@@ -663,6 +656,33 @@ impl Worker {
                 handler.shed(shed);
             }
         }
+        taken
+    }
+}
+
+/// A worker's shedding (with [`WorkerConfig::shed`]): the decisions, the stalls they take out
+/// of the waits, and the receive buffer's resizes.
+struct Shedding {
+    shedder: Shedder,
+    stalls: Stalls,
+    resize_errors: ErrorLog,
+    /// Whether the kernel's cap on the buffer has been warned about.
+    warned_short: bool,
+}
+
+impl Shedding {
+    fn new(cfg: ShedConfig, socket: &UdpSocket) -> Self {
+        Self {
+            shedder: Shedder::new(cfg, socket.capabilities().recv_buffer),
+            stalls: Stalls::default(),
+            resize_errors: ErrorLog::new("receive buffer resize"),
+            warned_short: false,
+        }
+    }
+
+    /// The queue emptied (or the receive failed): the next wait starts afresh.
+    fn idle(&mut self) {
+        self.stalls = Stalls::default();
     }
 }
 
