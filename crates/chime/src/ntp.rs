@@ -417,15 +417,23 @@ fn check(server: SocketAddr, reply: &Header, version: u8) -> Result<()> {
             reply.version
         );
     }
-    if let Some(code) = kiss_code(reply) {
-        bail!(
-            "{server}: Kiss-o'-Death {code}{}",
-            kiss_advice(&code, reply.poll)
-        );
+    let stamps = (reply.receive_ts, reply.transmit_ts);
+    refuse_kiss_or_blank(server, kiss_code(reply), reply.poll, reply.stratum, stamps)
+}
+
+/// Refuses a Kiss-o'-Death (`kiss`, with the reply's `poll`), or a reply that is not one and
+/// lacks a receive or transmit timestamp: for v4 and v5 replies alike.
+fn refuse_kiss_or_blank(
+    server: SocketAddr,
+    kiss: Option<String>,
+    poll: i8,
+    stratum: u8,
+    (receive, transmit): (NtpTimestamp, NtpTimestamp),
+) -> Result<()> {
+    if let Some(code) = kiss {
+        bail!("{server}: Kiss-o'-Death {code}{}", kiss_advice(&code, poll));
     }
-    if reply.stratum != 0
-        && (reply.receive_ts == NtpTimestamp::ZERO || reply.transmit_ts == NtpTimestamp::ZERO)
-    {
+    if stratum != 0 && (receive == NtpTimestamp::ZERO || transmit == NtpTimestamp::ZERO) {
         bail!("{server}: bad reply: zero receive or transmit timestamp");
     }
     Ok(())

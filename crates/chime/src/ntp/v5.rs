@@ -14,7 +14,7 @@ use chime_ntp::v5::{self, BloomFilter, Draft, Response, ResponseError};
 use chime_ntp::{Leap, NtpTimestamp};
 use serde::Serialize;
 
-use super::{Report, connect, kiss_advice};
+use super::{Report, connect, refuse_kiss_or_blank};
 
 /// `--ntpv5-draft`: the revision a v5 request names, and its reply must name too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -154,17 +154,8 @@ fn check<'r>(
         }
         Err(e) => bail!("{server}: bad reply ({} bytes): {e}", bytes.len()),
     };
-    if let Some(code) = kiss_code(&reply) {
-        bail!(
-            "{server}: Kiss-o'-Death {code}{}",
-            kiss_advice(&code, reply.poll)
-        );
-    }
-    if reply.stratum != 0
-        && (reply.receive_ts == NtpTimestamp::ZERO || reply.transmit_ts == NtpTimestamp::ZERO)
-    {
-        bail!("{server}: bad reply: zero receive or transmit timestamp");
-    }
+    let stamps = (reply.receive_ts, reply.transmit_ts);
+    refuse_kiss_or_blank(server, kiss_code(&reply), reply.poll, reply.stratum, stamps)?;
     Ok(reply)
 }
 

@@ -578,10 +578,7 @@ mod tests {
     }
 
     fn verdict(m: ReplyMatch) -> (u64, Verdict) {
-        match m {
-            ReplyMatch::Matched { id, verdict, .. } => (id, verdict),
-            ReplyMatch::Unmatched => (0, Verdict::Invalid),
-        }
+        m.id_and_verdict()
     }
 
     #[test]

@@ -48,6 +48,18 @@ pub(crate) enum ReplyMatch {
     },
 }
 
+impl ReplyMatch {
+    /// The request named and the verdict, an unmatched reply as request 0 judged invalid: what the
+    /// protocols' tests compare.
+    #[cfg(test)]
+    pub(crate) fn id_and_verdict(self) -> (u64, Verdict) {
+        match self {
+            Self::Matched { id, verdict, .. } => (id, verdict),
+            Self::Unmatched => (0, Verdict::Invalid),
+        }
+    }
+}
+
 /// The judgement of a reply that names one of our requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
