@@ -337,6 +337,11 @@ mod tests {
         Some(Timestamp::from_nanos(ns))
     }
 
+    /// `s`'s decision for a batch taken at `now` (ns) by a thread that never stalled.
+    fn decide(s: &mut Shedder, now: i128, oldest: Option<Timestamp>, full: bool) -> Decision {
+        s.decide(Timestamp::from_nanos(now), oldest, full, Duration::ZERO)
+    }
+
     /// What a simulated worker did with each request, by arrival time.
     #[derive(Default)]
     struct Outcome {
@@ -602,78 +607,54 @@ mod tests {
         let ts = |ns| Timestamp::from_nanos(ns);
         let none = Decision::default();
         // No receive timestamp: nothing is known, nothing is done.
-        assert_eq!(s.decide(ts(1000 * MS), None, true, Duration::ZERO), none);
+        assert_eq!(decide(&mut s, 1000 * MS, None, true), none);
         // Above the target in full batches, but for less than the interval.
-        assert_eq!(
-            s.decide(ts(1000 * MS), at(990 * MS), true, Duration::ZERO),
-            none
-        );
-        assert_eq!(
-            s.decide(ts(1099 * MS), at(1090 * MS), true, Duration::ZERO),
-            none
-        );
+        assert_eq!(decide(&mut s, 1000 * MS, at(990 * MS), true), none);
+        assert_eq!(decide(&mut s, 1099 * MS, at(1090 * MS), true), none);
         assert!(!s.is_shedding());
         // A young batch in between starts the interval over.
-        assert_eq!(
-            s.decide(ts(1100 * MS), at(1099 * MS), true, Duration::ZERO),
-            none
-        );
-        assert_eq!(
-            s.decide(ts(1150 * MS), at(1140 * MS), true, Duration::ZERO),
-            none
-        );
-        assert_eq!(
-            s.decide(ts(1249 * MS), at(1240 * MS), true, Duration::ZERO),
-            none
-        );
+        assert_eq!(decide(&mut s, 1100 * MS, at(1099 * MS), true), none);
+        assert_eq!(decide(&mut s, 1150 * MS, at(1140 * MS), true), none);
+        assert_eq!(decide(&mut s, 1249 * MS, at(1240 * MS), true), none);
         // A whole interval above it: the old go, and the buffer shrinks so that a full queue
         // waits half the target: 10 ms waited, so to a quarter.
-        let d = s.decide(ts(1250 * MS), at(1240 * MS), true, Duration::ZERO);
+        let d = decide(&mut s, 1250 * MS, at(1240 * MS), true);
         assert_eq!(d.cutoff, Some(ts(1245 * MS)));
         assert_eq!(d.recv_buffer, Some(full / 4));
         s.buffer_granted(full / 4);
         assert!(s.is_shedding());
         // The backlog queued before goes at once; within the interval the buffer stays, and a
         // young batch does not end shedding.
-        let d = s.decide(ts(1255 * MS), at(1243 * MS), true, Duration::ZERO);
+        let d = decide(&mut s, 1255 * MS, at(1243 * MS), true);
         assert_eq!((d.cutoff, d.recv_buffer), (Some(ts(1250 * MS)), None));
-        assert_eq!(
-            s.decide(ts(1260 * MS), at(1257 * MS), true, Duration::ZERO),
-            none
-        );
+        assert_eq!(decide(&mut s, 1260 * MS, at(1257 * MS), true), none);
         // An interval on, with the kernel dropping: datagrams went old in it, so a tenth off.
         s.kernel_drops(100);
-        let d = s.decide(ts(1350 * MS), at(1346 * MS), true, Duration::ZERO);
+        let d = decide(&mut s, 1350 * MS, at(1346 * MS), true);
         let smaller = (full / 4 * 9 / 10) & !1023;
         assert_eq!((d.cutoff, d.recv_buffer), (None, Some(smaller)));
         s.buffer_granted(smaller);
         // The next interval the queue runs dry while the kernel drops (arrivals in bursts
         // longer than the buffer): that does not end shedding, and the buffer grows by half.
-        assert_eq!(
-            s.decide(ts(1400 * MS), at(1399 * MS), false, Duration::ZERO),
-            none
-        );
+        assert_eq!(decide(&mut s, 1400 * MS, at(1399 * MS), false), none);
         assert!(s.is_shedding());
         s.kernel_drops(200);
-        let d = s.decide(ts(1450 * MS), at(1448 * MS), true, Duration::ZERO);
+        let d = decide(&mut s, 1450 * MS, at(1448 * MS), true);
         let larger = (smaller * 3 / 2) & !1023;
         assert_eq!((d.cutoff, d.recv_buffer), (None, Some(larger)));
         s.buffer_granted(larger);
         // Neither: it stays.
         s.kernel_drops(300);
-        assert_eq!(
-            s.decide(ts(1550 * MS), at(1548 * MS), true, Duration::ZERO),
-            none
-        );
+        assert_eq!(decide(&mut s, 1550 * MS, at(1548 * MS), true), none);
         // An interval in which the kernel dropped nothing: the load fits and shedding ends (this
         // batch's old ones still go); the buffer stays as it is, to grow back step by step.
-        let d = s.decide(ts(1650 * MS), at(1640 * MS), true, Duration::ZERO);
+        let d = decide(&mut s, 1650 * MS, at(1640 * MS), true);
         assert_eq!((d.cutoff, d.recv_buffer), (Some(ts(1645 * MS)), None));
         assert!(!s.is_shedding());
         // The overload back within RESUME_WITHIN intervals is the same one: a full batch over the
         // target sheds at once, without an interval's standing queue first, and the buffer is
         // sized from its wait (10 ms: to a quarter).
-        let d = s.decide(ts(1660 * MS), at(1650 * MS), true, Duration::ZERO);
+        let d = decide(&mut s, 1660 * MS, at(1650 * MS), true);
         let quarter = (larger / 4) & !1023;
         assert_eq!(
             (d.cutoff, d.recv_buffer),
@@ -686,29 +667,19 @@ mod tests {
     fn after_an_overload_the_buffer_doubles_each_interval_the_queue_does_not_stand() {
         let full = 8 << 20;
         let mut s = Shedder::new(ShedConfig::default(), full);
-        let ts = |ns| Timestamp::from_nanos(ns);
         let none = Decision::default();
         s.buffer_granted(full / 4);
-        let d = s.decide(ts(1000 * MS), at(1000 * MS - 1000), true, Duration::ZERO);
+        let d = decide(&mut s, 1000 * MS, at(1000 * MS - 1000), true);
         assert_eq!(d.recv_buffer, Some(full / 2));
         s.buffer_granted(full / 2);
         // A burst that drains (a batch that does not fill) before the interval is absorbed, and
         // does not stop the growth.
-        assert_eq!(
-            s.decide(ts(1050 * MS), at(1040 * MS), true, Duration::ZERO),
-            none
-        );
-        assert_eq!(
-            s.decide(ts(1090 * MS), at(1085 * MS), false, Duration::ZERO),
-            none
-        );
-        let d = s.decide(ts(1100 * MS), at(1100 * MS - 1000), true, Duration::ZERO);
+        assert_eq!(decide(&mut s, 1050 * MS, at(1040 * MS), true), none);
+        assert_eq!(decide(&mut s, 1090 * MS, at(1085 * MS), false), none);
+        let d = decide(&mut s, 1100 * MS, at(1100 * MS - 1000), true);
         assert_eq!(d.recv_buffer, Some(full));
         s.buffer_granted(full);
-        assert_eq!(
-            s.decide(ts(1200 * MS), at(1200 * MS - 1000), false, Duration::ZERO),
-            none
-        );
+        assert_eq!(decide(&mut s, 1200 * MS, at(1200 * MS - 1000), false), none);
         assert!(!s.is_shedding());
     }
 
@@ -722,12 +693,7 @@ mod tests {
         let mut s = Shedder::new(cfg, full);
         // A zero interval sheds at the first full batch over the target. 100 ms waited calls
         // for a buffer 1/100 the size: the floor, which is more.
-        let d = s.decide(
-            Timestamp::from_nanos(150 * MS),
-            at(50 * MS),
-            true,
-            Duration::ZERO,
-        );
+        let d = decide(&mut s, 150 * MS, at(50 * MS), true);
         assert_eq!(d.cutoff, Some(Timestamp::from_nanos(148 * MS)));
         assert_eq!(d.recv_buffer, Some(MIN_SHED_BUFFER));
         s.buffer_granted(MIN_SHED_BUFFER);
@@ -737,12 +703,7 @@ mod tests {
         for step in 1..=7 {
             s.kernel_drops(step);
             let now = (150 + i128::from(step)) * MS;
-            let d = s.decide(
-                Timestamp::from_nanos(now),
-                at(now - 1000),
-                false,
-                Duration::ZERO,
-            );
+            let d = decide(&mut s, now, at(now - 1000), false);
             let grown = (buffer * 3 / 2).min(full) & !1023;
             assert_eq!(d.recv_buffer, Some(grown), "step {step}");
             buffer = grown;
@@ -750,12 +711,7 @@ mod tests {
         }
         assert_eq!(buffer, full);
         assert!(s.is_shedding());
-        let d = s.decide(
-            Timestamp::from_nanos(160 * MS),
-            at(160 * MS - 1000),
-            false,
-            Duration::ZERO,
-        );
+        let d = decide(&mut s, 160 * MS, at(160 * MS - 1000), false);
         assert_eq!(d, Decision::default());
         assert!(!s.is_shedding());
     }
@@ -768,21 +724,11 @@ mod tests {
         };
         let mut s = Shedder::new(cfg, 1 << 20);
         s.buffer_granted(MIN_SHED_BUFFER * 3 / 2);
-        let d = s.decide(
-            Timestamp::from_nanos(150 * MS),
-            at(50 * MS),
-            true,
-            Duration::ZERO,
-        );
+        let d = decide(&mut s, 150 * MS, at(50 * MS), true);
         assert_eq!(d.recv_buffer, Some(MIN_SHED_BUFFER));
         s.buffer_granted(MIN_SHED_BUFFER);
         s.kernel_drops(1);
-        let d = s.decide(
-            Timestamp::from_nanos(151 * MS),
-            at(140 * MS),
-            true,
-            Duration::ZERO,
-        );
+        let d = decide(&mut s, 151 * MS, at(140 * MS), true);
         assert_eq!((d.cutoff.is_some(), d.recv_buffer), (true, None));
     }
 
