@@ -680,9 +680,13 @@ impl Shedding {
         }
     }
 
-    /// The queue emptied (or the receive failed): the next wait starts afresh.
+    /// A receive found nothing (or failed): the thread is running now, and a stall is counted
+    /// from here, or from the arrival of what it receives next.
     fn idle(&mut self) {
-        self.stalls = Stalls::default();
+        self.stalls = Stalls {
+            done: Some(Clocks::read()),
+            handling: Duration::ZERO,
+        };
     }
 }
 

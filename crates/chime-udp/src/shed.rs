@@ -44,8 +44,9 @@
 //! queue, that stall shrank the buffer to its floor and shed what the thread would have answered
 //! in time for its client. So the worker tells [`Shedder::decide`] how long it was off the CPU
 //! while it had work (wall time that passed without its CPU time), and the shedder takes the
-//! stalls a datagram waited through out of its wait: the target bounds the queue, not the
-//! scheduler.
+//! stalls a datagram waited through out of its wait, up to an interval (a longer stall, a paused
+//! VM or a stopped process, is an outage, and what queued through it is shed as before): the
+//! target bounds the queue, not the scheduler.
 //!
 //! CoDel drops one packet at a time, at a rate that grows until the senders slow down; datagram
 //! clients do not slow down, and a request that waited past the target has already lost most of
@@ -186,7 +187,8 @@ impl Shedder {
     /// since its wait is unknown); `full` says the receive filled the batch, so the queue may
     /// hold more, while a receive that did not fill it emptied the queue. `stalled` is how long
     /// the thread was off the CPU while it had work since the last batch (see the module docs);
-    /// the last few stalls are taken out of the waits of the datagrams queued through them.
+    /// the last few stalls are taken out of the waits of the datagrams queued through them, up to
+    /// the interval.
     pub fn decide(
         &mut self,
         now: Timestamp,
@@ -207,7 +209,10 @@ impl Shedder {
             self.stalls[self.next_stall % STALLS] = (now_ns - stalled, now_ns);
             self.next_stall += 1;
         }
-        let credit = self.stalled_since(oldest.as_nanos());
+        // A stall longer than the interval is an outage rather than a scheduler's: as a standing
+        // queue must last an interval before it is shed, a stall is the CPU's up to an interval
+        // and the queue's beyond it.
+        let credit = self.stalled_since(oldest.as_nanos()).min(self.interval_ns);
         let waited = now_ns - oldest.as_nanos() - credit;
         let cutoff = (waited > self.target_ns)
             .then(|| Timestamp::from_nanos(now_ns - credit - self.target_ns));
@@ -792,6 +797,52 @@ mod tests {
         let shed_late = out.shed.iter().filter(|&&a| a > 500 * MS).count();
         assert!(shed_late < 1_000, "{shed_late} shed after the first 0.5 s");
         assert!(out.shed.len() < 12_000, "{} shed in all", out.shed.len());
+    }
+
+    /// A stall is taken out of the waits of what queued through it, up to the interval: past it,
+    /// the queue's wait again.
+    #[test]
+    fn a_stall_is_forgiven_up_to_the_interval() {
+        let ts = Timestamp::from_nanos;
+        let mut s = Shedder::new(ShedConfig::default(), 8 << 20);
+        // Queued through a 12 ms stall: 13 ms waited, 1 ms of it the queue's. Nothing shed, and
+        // no standing queue begins.
+        let d = s.decide(
+            ts(1013 * MS),
+            at(1000 * MS),
+            true,
+            Duration::from_millis(12),
+        );
+        assert_eq!(d, Decision::default());
+        // A 300 ms stall (a stopped process): forgiven 100 ms of it, the interval; what waited
+        // longer than that and the target is shed once the queue has stood an interval.
+        let mut s = Shedder::new(
+            ShedConfig {
+                interval: Duration::ZERO,
+                ..ShedConfig::default()
+            },
+            8 << 20,
+        );
+        let d = s.decide(
+            ts(2300 * MS),
+            at(2000 * MS),
+            true,
+            Duration::from_millis(300),
+        );
+        assert_eq!(
+            d.cutoff,
+            Some(ts(2295 * MS)),
+            "an interval of zero forgives nothing"
+        );
+        let mut s = Shedder::new(ShedConfig::default(), 8 << 20);
+        for at_ms in [2300, 2401] {
+            let stall = Duration::from_millis(if at_ms == 2300 { 300 } else { 0 });
+            let _ = s.decide(ts(at_ms * MS), at(2000 * MS), true, stall);
+        }
+        assert!(
+            s.is_shedding(),
+            "old past the forgiven 100 ms, for an interval: shed"
+        );
     }
 
     /// Outcomes of [`run_on`] as a client counts them: answered within its 100 ms interval, of
