@@ -22,7 +22,7 @@
 //! allocates, reads a clock or panics on any input.
 
 use crate::interleave::RX_MARK;
-use crate::packet::{Header, Leap};
+use crate::packet::{Header, Leap, Mode, first_byte, version_of};
 use crate::responder::DropReason;
 use crate::state::ServedHeader;
 use crate::time::NtpTimestamp;
@@ -116,13 +116,9 @@ mod at {
     pub(super) const TRANSMIT_TS: usize = 40;
 }
 
-/// The mode of a request (3) and of its reply (4).
-const CLIENT: u8 = 3;
-const SERVER: u8 = 4;
-
 /// Whether a datagram says it is NTPv5 (version bits 5), before any other check.
 pub fn is_v5(packet: &[u8]) -> bool {
-    packet.first().is_some_and(|b| (b >> 3) & 0x07 == VERSION)
+    packet.first().is_some_and(|&b| version_of(b) == VERSION)
 }
 
 /// One extension field: its type, its value and where it starts.
@@ -258,6 +254,13 @@ impl BloomFilter {
     pub const fn as_bytes(&self) -> &[u8; Self::BYTES] {
         &self.0
     }
+
+    /// The numbers of the bits set, in order: ten per identity the filter holds, less any that
+    /// two identities share.
+    pub fn bits(&self) -> impl Iterator<Item = u16> + '_ {
+        (0..Self::BYTES as u16 * 8)
+            .filter(|&bit| self.0[usize::from(bit / 8)] & (1 << (bit % 8)) != 0)
+    }
 }
 
 impl Default for BloomFilter {
@@ -298,14 +301,13 @@ pub fn accept(request: &[u8]) -> Result<Accepted, DropReason> {
     if !request.len().is_multiple_of(4) {
         return Err(DropReason::BadLength);
     }
-    let version = (head[at::LVM] >> 3) & 0x07;
+    let version = version_of(head[at::LVM]);
     if version != VERSION {
         return Err(DropReason::BadVersion(version));
     }
-    if head[at::LVM] & 0x07 != CLIENT {
-        return Err(DropReason::UnsupportedMode(
-            crate::packet::Mode::from_first_byte(head[at::LVM]),
-        ));
+    match Mode::from_first_byte(head[at::LVM]) {
+        Mode::Client => {}
+        mode => return Err(DropReason::UnsupportedMode(mode)),
     }
     let (mut draft, mut nts) = (None, false);
     for f in fields(request).ok_or(DropReason::BadExtension)? {
@@ -343,7 +345,7 @@ pub fn write_header(
     } else {
         Leap::Unsynchronised
     };
-    out[at::LVM] = (leap as u8) << 6 | VERSION << 3 | SERVER;
+    out[at::LVM] = first_byte(leap, VERSION, Mode::Server);
     out[at::STRATUM] = served.stratum;
     out[at::POLL] = head[at::POLL];
     out[at::PRECISION] = served.precision as u8;
@@ -476,7 +478,7 @@ pub fn nts_nak(reply: &mut [u8]) {
 /// For a v4 request that asks to upgrade (its reference timestamp is [`UPGRADE`]), writes
 /// [`UPGRADE`] as the reference timestamp of its v4 reply, made by [`crate::respond`], and says so.
 pub fn mark_upgrade(request: &[u8], reply: &mut [u8]) -> bool {
-    let asks = request.get(16..24) == Some(&UPGRADE[..]) && (request[0] >> 3) & 0x07 == 4;
+    let asks = request.get(16..24) == Some(&UPGRADE[..]) && version_of(request[0]) == 4;
     if let (true, Some(slot)) = (asks, reply.get_mut(16..24)) {
         slot.copy_from_slice(&UPGRADE);
         return true;
@@ -497,7 +499,7 @@ pub fn write_request(
 ) -> Option<usize> {
     let head = buf.first_chunk_mut::<{ Header::LEN }>()?;
     head.fill(0);
-    head[at::LVM] = VERSION << 3 | CLIENT;
+    head[at::LVM] = first_byte(Leap::NoWarning, VERSION, Mode::Client);
     head[at::POLL] = poll as u8;
     head[at::CLIENT_COOKIE..at::RECEIVE_TS].copy_from_slice(&client_cookie);
     let mut len = Header::LEN;
@@ -580,7 +582,7 @@ pub fn parse_response(
     let head = reply
         .first_chunk::<{ Header::LEN }>()
         .ok_or(ResponseError::Malformed)?;
-    if (head[0] >> 3) & 0x07 != VERSION || head[0] & 0x07 != SERVER {
+    if version_of(head[0]) != VERSION || Mode::from_first_byte(head[0]) != Mode::Server {
         return Err(ResponseError::Malformed);
     }
     if head[at::CLIENT_COOKIE..at::RECEIVE_TS] != client_cookie {
@@ -645,7 +647,9 @@ impl FilterFetch {
     /// How often an upstream taken not to speak v5 is asked again, in calls to
     /// [`FilterFetch::request`].
     pub const RETRY_EVERY: u32 = 64;
-    const SLICE: usize = BloomFilter::BYTES / 4;
+    /// The bytes of the filter one request asks for: a quarter, so that a request (48 + 132 +
+    /// 28 bytes) and its reply stay small.
+    pub const SLICE: usize = BloomFilter::BYTES / 4;
 
     /// A fetch in `draft`, nothing gathered yet.
     pub fn new(draft: Draft) -> Self {

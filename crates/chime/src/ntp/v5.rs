@@ -56,9 +56,9 @@ pub(super) struct V5Report {
     reference_filter_hex: Option<String>,
 }
 
-/// The bytes of the filter each Reference ID Request asks for: four requests of 208 bytes read the
-/// whole 512, and no datagram is larger than that.
-const SLICE: usize = 128;
+/// The bytes of the filter each Reference ID Request asks for, as chimed's upstream poller asks:
+/// four requests of 208 bytes read the whole 512, and no datagram is larger than that.
+const SLICE: usize = v5::FilterFetch::SLICE;
 
 /// One v5 query of `server` naming `draft`; with `reference`, four more exchanges read the
 /// server's reference-ID filter.
@@ -279,7 +279,7 @@ fn report(
             timescale: reply.timescale,
             era: reply.era,
             flags: reply.flags,
-            reference_bits_set: filter.map(|f| f.as_bytes().iter().map(|b| b.count_ones()).sum()),
+            reference_bits_set: filter.map(|f| f.bits().count() as u32),
             reference_filter_hex: filter.map(|f| hex::encode(f.as_bytes())),
         }),
     }

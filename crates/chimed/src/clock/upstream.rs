@@ -64,7 +64,7 @@ pub(crate) async fn run(
             && let Some(filter) = f.gathered.take()
             && f.last != Some(filter)
         {
-            let bits = crate::ntp::bits_set(&filter).count();
+            let bits = filter.bits().count();
             info!(
                 "upstream {upstream} speaks NTPv5: its reference-ID filter ({bits} bits set) is \
                  served with chimed's own"

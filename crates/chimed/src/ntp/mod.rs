@@ -13,12 +13,6 @@ use tracing::info;
 
 use crate::config::Settings;
 
-/// The numbers of the bits set in a reference-ID filter, for the log.
-pub(crate) fn bits_set(filter: &chime_ntp::v5::BloomFilter) -> impl Iterator<Item = usize> + '_ {
-    (0..chime_ntp::v5::BloomFilter::BYTES * 8)
-        .filter(|&i| filter.as_bytes()[i / 8] & (1 << (i % 8)) != 0)
-}
-
 /// The state the NTP workers share, unsynchronised until the upstream poller's first reply:
 /// access rules, rate limiting, the interleaved-mode log, and NTS's cookie keys if any.
 pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<worker::Shared> {
@@ -55,7 +49,7 @@ pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<w
         }),
         v5: settings.ntp.v5.then(|| {
             let v5 = worker::V5::new(rand::random);
-            let bits: Vec<usize> = bits_set(&v5.own).collect();
+            let bits: Vec<u16> = v5.own.bits().collect();
             info!(
                 "ntp: NTPv5 on (drafts {}), server ID bits {bits:?}",
                 chime_ntp::v5::Draft::ALL.map(|d| d.label()).join(" and "),

@@ -238,8 +238,10 @@ fn answer(
     buf: &mut [u8],
     notes: &mut Notes,
 ) -> Result<usize, NtpDrop> {
-    if b.v5.is_some() && v5::is_v5(req.bytes) {
-        return answer_v5(b, req, coin, buf, notes);
+    if let Some(v5_on) = b.v5
+        && v5::is_v5(req.bytes)
+    {
+        return answer_v5(b, req, coin, buf, notes, v5_on);
     }
     let len = chime_ntp::respond(req.bytes, req.meta.src.port(), req.t2, b.served, buf)
         .map_err(NtpDrop::Request)?;
@@ -303,10 +305,8 @@ fn answer_v5(
     coin: &mut Coin,
     buf: &mut [u8],
     notes: &mut Notes,
+    (filter, era): (&BloomFilter, u8),
 ) -> Result<usize, NtpDrop> {
-    let Some((filter, era)) = b.v5 else {
-        return Err(NtpDrop::Request(DropReason::BadVersion(v5::VERSION)));
-    };
     let accepted = v5::accept(req.bytes).map_err(NtpDrop::Request)?;
     let keys = match (accepted.nts, b.cookie_keys) {
         (false, _) => None,
