@@ -95,7 +95,7 @@ enum From {
     Flag(String),
     File {
         path: PathBuf,
-        line: Option<usize>,
+        line: usize,
     },
     /// Neither: the built-in default.
     Default,
@@ -106,11 +106,9 @@ impl fmt::Display for Input {
         let key = self.key;
         match &self.from {
             From::Flag(long) => write!(f, "--{long}"),
-            From::File { path, line: None } => write!(f, "config file {}: {key}", path.display()),
-            From::File {
-                path,
-                line: Some(n),
-            } => write!(f, "config file {}, line {n}: {key}", path.display()),
+            From::File { path, line } => {
+                write!(f, "config file {}, line {line}: {key}", path.display())
+            }
             From::Default => write!(f, "{key} (not set, its default)"),
         }
     }

@@ -1,9 +1,9 @@
 //! From the command line and the config file to checked settings, reading nothing but the file.
 //!
-//! Three layers, merged by figment: the defaults, the file's values over them, then the flags
-//! that were given (the flag layer holds only those, so an unset flag hides nothing). figment
-//! keeps each value's provenance, so an error is reported against the flag that gave the value,
-//! the file and line, or the default. Each value was checked as it was parsed (`values`); here
+//! Three layers, merged by figment: the defaults, the file as written over them, then the flags
+//! that were given (the flag layer holds only those, so an unset flag hides nothing). The keys
+//! each layer set are kept, so an error is reported against the flag that gave the value, the
+//! file and line, or the default. Each value was checked as it was parsed (`values`); here
 //! only the rules between keys are. A key that only takes effect with another is refused without
 //! it, rather than ignored, and a key of a service that is off is checked all the same, so that a
 //! bad value is found when the file is written, not the day the service is turned on.
@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
-use figment::value::{Dict, Map, Value};
-use figment::{Figment, Metadata, Profile, Provider};
+use figment::Figment;
+use figment::providers::Serialized;
+use figment::value::Value;
 
 use super::schema::{Args, Config};
 use super::{ConfigError, From, Input, Settings};
@@ -22,25 +23,24 @@ use crate::access::acl::Acl;
 /// Where each value came from.
 #[derive(Debug)]
 pub(crate) struct Sources {
-    figment: Figment,
+    /// The settings resolved, and as no file and no flag sets them.
+    resolved: Value,
     defaults: Value,
     file: Option<PathBuf>,
     /// Each key's line in the file, by dotted path.
     lines: HashMap<String, usize>,
+    /// The keys the command line set, by dotted path.
+    flags: Vec<String>,
 }
-
-const DEFAULTS: &str = "defaults";
-const FILE: &str = "config file";
-const FLAGS: &str = "flags";
 
 impl Sources {
     /// The input that set `key` (its dotted path), or its default if none did.
     pub(crate) fn input(&self, key: &'static str) -> Input {
-        let from = match (self.figment.find_metadata(key), &self.file) {
-            (Some(m), _) if m.name == FLAGS => From::Flag(flag_of(key)),
-            (Some(m), Some(path)) if m.name == FILE => From::File {
+        let from = match (&self.file, self.lines.get(key)) {
+            _ if self.flags.iter().any(|k| k == key) => From::Flag(flag_of(key)),
+            (Some(path), Some(&line)) => From::File {
                 path: path.clone(),
-                line: self.lines.get(key).copied(),
+                line,
             },
             _ => From::Default,
         };
@@ -57,15 +57,12 @@ impl Sources {
 
     /// Whether the file or a flag gave `key`.
     fn given(&self, key: &str) -> bool {
-        self.figment
-            .find_metadata(key)
-            .is_some_and(|m| m.name != DEFAULTS)
+        self.lines.contains_key(key) || self.flags.iter().any(|k| k == key)
     }
 
     /// Whether the file or a flag gave `key` a value other than its default.
     fn changed(&self, key: &str) -> bool {
-        let default = self.defaults.find_ref(key);
-        self.given(key) && self.figment.find_value(key).ok().as_ref() != default
+        self.given(key) && self.resolved.find_ref(key) != self.defaults.find_ref(key)
     }
 
     /// `other` as the operator writes it where `at` was given: `--flag` on the command line, the
@@ -85,38 +82,6 @@ fn flag_of(key: &str) -> String {
     arg.and_then(|a| a.get_long()).unwrap_or(key).to_owned()
 }
 
-/// One layer for figment: a name for provenance and the values it gave.
-struct Layer(&'static str, Dict);
-
-impl Layer {
-    /// The values of `config` at `keys` (dotted paths), or all of them.
-    fn of(
-        name: &'static str,
-        config: &Config,
-        keys: Option<&[String]>,
-    ) -> Result<Self, ConfigError> {
-        let value = Value::serialize(config).map_err(|e| ConfigError::Merge(e.to_string()))?;
-        let mut dict = Dict::new();
-        for key in keys.map_or_else(|| value_keys(&value), <[String]>::to_vec) {
-            let leaf = |v: &&Value| !matches!(v, Value::Empty(..) | Value::Dict(..));
-            if let Some(v) = value.find_ref(&key).filter(leaf) {
-                nest(&mut dict, &key, v.clone());
-            }
-        }
-        Ok(Self(name, dict))
-    }
-}
-
-impl Provider for Layer {
-    fn metadata(&self) -> Metadata {
-        Metadata::named(self.0)
-    }
-
-    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        Ok(Profile::Default.collect(self.1.clone()))
-    }
-}
-
 /// The dotted path of every value under `value`, a table.
 pub(super) fn value_keys(value: &Value) -> Vec<String> {
     let Value::Dict(_, dict) = value else {
@@ -132,45 +97,31 @@ pub(super) fn value_keys(value: &Value) -> Vec<String> {
     keys
 }
 
-/// Puts `value` at the dotted path `key` in `dict`, making the tables on the way.
-fn nest(dict: &mut Dict, key: &str, value: Value) {
-    match key.split_once('.') {
-        None => {
-            dict.insert(key.to_owned(), value);
-        }
-        Some((head, rest)) => {
-            let inner = dict
-                .entry(head.to_owned())
-                .or_insert_with(|| Value::from(Dict::new()));
-            if let Value::Dict(_, inner) = inner {
-                nest(inner, rest, value);
-            }
+/// Merges the defaults, the file as written and the flags that were given (each a layer holding
+/// only what it set, so that an unset flag hides nothing), then checks the rules between keys.
+pub(super) fn resolve(args: &Args) -> Result<Settings, ConfigError> {
+    let (table, lines) = match &args.config {
+        Some(path) => read(path)?,
+        None => (toml::Table::new(), HashMap::new()),
+    };
+    let merge_error = |e: figment::Error| ConfigError::Merge(e.to_string());
+    let defaults = Value::serialize(Config::default()).map_err(merge_error)?;
+    let flags = Value::serialize(&args.values).map_err(merge_error)?;
+    let mut figment =
+        Figment::from(Serialized::defaults(Config::default())).merge(Serialized::defaults(table));
+    for key in &args.given {
+        if let Some(value) = flags.find_ref(key) {
+            figment = figment.merge(Serialized::default(key, value.clone()));
         }
     }
-}
-
-/// Merges the defaults, the file and the flags, then checks the rules between keys.
-pub(super) fn resolve(args: &Args) -> Result<Settings, ConfigError> {
-    let (file, lines) = match &args.config {
-        Some(path) => read(path)?,
-        None => (Config::default(), HashMap::new()),
-    };
-    let in_file: Vec<String> = lines.keys().cloned().collect();
-    let defaults =
-        Value::serialize(Config::default()).map_err(|e| ConfigError::Merge(e.to_string()))?;
-    let figment = Figment::new()
-        .merge(Layer::of(DEFAULTS, &Config::default(), None)?)
-        .merge(Layer::of(FILE, &file, Some(&in_file))?)
-        .merge(Layer::of(FLAGS, &args.values, Some(&args.given))?);
-    // Every layer holds the schema's own values already, so this cannot find a wrong type.
-    let config: Config = figment
-        .extract()
-        .map_err(|e| ConfigError::Merge(e.to_string()))?;
+    // Every layer holds values the schema has read already, so this cannot find a wrong type.
+    let config: Config = figment.extract().map_err(merge_error)?;
     let sources = Sources {
-        figment,
+        resolved: Value::serialize(&config).map_err(merge_error)?,
         defaults,
         file: args.config.clone(),
         lines,
+        flags: args.given.clone(),
     };
     rules(&config, &sources)?;
     let access = &config.access;
@@ -188,7 +139,7 @@ pub(super) fn resolve(args: &Args) -> Result<Settings, ConfigError> {
 /// Keys that only take effect with another on (a switch that is true, a path that is given): each
 /// of the second list is refused when given a value other than its default while every key of the
 /// first is off.
-const NEEDS: [(&[&str], &[&str]); 8] = [
+const NEEDS: [(&[&str], &[&str]); 7] = [
     (
         &["ratelimit.enabled"],
         &[
@@ -196,9 +147,9 @@ const NEEDS: [(&[&str], &[&str]); 8] = [
             "ratelimit.burst",
             "ratelimit.leak",
             "ratelimit.kod",
+            "ratelimit.clients",
         ],
     ),
-    (&["ratelimit.enabled"], &["ratelimit.clients"]),
     (
         &["nts.ratelimit.enabled"],
         &[
@@ -243,7 +194,10 @@ const EXCLUDES: [(&str, &str, &str); 2] = [
 /// The rules between keys.
 fn rules(c: &Config, s: &Sources) -> Result<(), ConfigError> {
     // On: a switch that is true, a value that is given.
-    let on = |key: &str| (s.figment.find_value(key)).is_ok_and(|v| v.to_bool() != Some(false));
+    let on = |key: &str| {
+        let off = |v: &Value| matches!(v, Value::Empty(..)) || v.to_bool() == Some(false);
+        s.resolved.find_ref(key).is_some_and(|v| !off(v))
+    };
     let (cert, key) = ("nts.certificate", "nts.private-key");
     for (given, missing) in [(cert, key), (key, cert)] {
         if s.given(given) && !s.given(missing) {
@@ -329,7 +283,7 @@ fn missing_at(s: &Sources, key: &'static str, given: &'static str, reason: Strin
 
 /// Reads and parses the config file, keeping each key's line. An unknown key that was a key of
 /// the flat file before sections is named with its new place.
-fn read(path: &Path) -> Result<(Config, HashMap<String, usize>), ConfigError> {
+fn read(path: &Path) -> Result<(toml::Table, HashMap<String, usize>), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -364,8 +318,10 @@ fn read(path: &Path) -> Result<(Config, HashMap<String, usize>), ConfigError> {
         }
     }
     index("", table.get_ref(), &line_at, &mut lines);
-    let config: Config = toml::from_str(&text).map_err(|e| one_line(e, &lines))?;
-    Ok((config, lines))
+    // Read as the schema first, for its checks and their lines; the layer is the file as written.
+    toml::from_str::<Config>(&text).map_err(|e| one_line(e, &lines))?;
+    let written = toml::from_str(&text).map_err(|e| one_line(e, &lines))?;
+    Ok((written, lines))
 }
 
 /// `ipv4-threads is now [ntp] ipv4-threads`, if `key` was a key of the flat file, whose keys were

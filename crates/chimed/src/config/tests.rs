@@ -138,6 +138,13 @@ fn a_key_that_takes_effect_only_with_another_is_refused_alone() {
             "ratelimit.clients: only takes effect",
         ),
         ("", &["--roughtime-tcp-connections", "0"], ""),
+        // Its default, written as an integer: the value, not how it is written, is compared.
+        ("[nts]\nrotation = 86400\n", &[], ""),
+        (
+            "[nts]\nrotation = 3600\n",
+            &[],
+            "nts.rotation: only takes effect",
+        ),
     ] {
         match resolve_with(file, flags) {
             Err(e) => assert!(!says.is_empty() && e.to_string().contains(says), "{e}"),
