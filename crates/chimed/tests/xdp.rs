@@ -273,6 +273,7 @@ fn serve_through_xdp() -> Served {
             "0.0.0.0:4460",
             "--metrics-address",
             "127.0.0.1:9123",
+            "--ntpv5",
         ],
     );
     let line = server.wait_for("xdp on xs0:", Duration::from_secs(1));
@@ -324,6 +325,27 @@ fn check_ntp_and_roughtime_answered(s: &Served) {
     )
     .expect("chime ntp over IPv6 through XDP");
     assert_eq!(r["stratum"], 3, "{r}");
+    // NTPv5 (the draft) through the same path, with the server's Bloom filter.
+    let r = chime(
+        pair,
+        &[
+            "ntp",
+            "--json",
+            "--timeout",
+            "2",
+            "--ntp-version",
+            "5",
+            "--ntpv5-reference",
+            &format!("{SERVER_V4}:123"),
+        ],
+    )
+    .expect("chime ntp --ntp-version 5 through XDP");
+    assert_eq!(
+        (r["version"].as_u64(), r["stratum"].as_u64()),
+        (Some(5), Some(3)),
+        "{r}"
+    );
+    assert_eq!(r["ntpv5"]["reference_bits_set"], 10, "{r}");
     let r = chime(
         pair,
         &[
@@ -475,8 +497,10 @@ fn check_exit_totals(s: &mut Served) {
         .filter(|l| l.contains("worker{thread=ntp-ipv") && l.contains("stats at exit"))
         .map(|l| count_in(l, "received"))
         .sum();
-    // chronyd -Q (up to 4), chime over IPv6 and the last one, and chronyd over NTS (5 or more).
-    assert!(count_in(xdp_ntp, "answered") >= 8, "{xdp_ntp}");
+    // chronyd -Q (up to 4), chime over IPv6 and the last one, chime over NTPv5 (a time request
+    // and four for the filter), and chronyd over NTS (5 or more).
+    assert!(count_in(xdp_ntp, "answered") >= 13, "{xdp_ntp}");
+    assert_eq!(count_in(xdp_ntp, "ntpv5"), 5, "{xdp_ntp}");
     assert!(count_in(xdp_ntp, "nts") >= 5, "{xdp_ntp}");
     assert_eq!(count_in(xdp_rt, "answered"), 2, "{xdp_rt}");
     assert_eq!(socket_ntp, 0, "NTP reached the sockets, not XDP:\n{log}");
