@@ -18,7 +18,9 @@
 # burst meet less than the capacity, when no server can accept more than was offered); and from
 # chimed's metrics the requests it received and of those the ones it shed
 # (received only to go unanswered), and the kernel's drops, and its resident memory after the
-# burst. summary.txt has the table and, with two builds or more, each build's accepted replies
+# burst; and from `chime perf` the server's CPU (per cent of a core, and per reply: on a shared
+# machine the cost of a reply drifts from one burst to the next, and the capacity with it).
+# summary.txt has the table and, with two builds or more, each build's accepted replies
 # against the first's, burst by burst.
 #
 # Usage: run-overload-burst.sh [--service ntp|roughtime-tcp] [--share PCT] [--rounds N]
@@ -247,8 +249,8 @@ print("Each round measures each build's capacity again (the mean of the three be
       "just before it, and is judged against the build's capacity just before and just after it "
       "(their mean). 'met' is the load the burst met: offered over that capacity.")
 print("build    multiple round  before/s   after/s  offered/s   met  accepted/s  % of capacity"
-      "  received/s  shed/s  kernel drops/s  p99 µs  RSS MiB")
-acc, worst, met_all = {}, {}, {}
+      "  received/s  shed/s  kernel drops/s  p99 µs  RSS MiB  CPU %  µs/reply")
+acc, worst, met_all, cost = {}, {}, {}, {}
 def pct(x, c):
     return 100 * x / c if c else float("nan")
 for n in names:
@@ -262,13 +264,18 @@ for n in names:
             met = s["sent_rate"] / ((before + after) / 2)
             worst[(n, m)] = min(worst.get((n, m), p), p)
             met_all.setdefault((n, m), []).append(met)
+            cpu = s.get("server_cpu") or {}
+            cost[(n, m)] = cost.get((n, m), []) + [cpu.get("us_per_reply", float("nan"))]
             print(f"{n:<8} {m:>8} {r:>5} {before:>9} {after:>9} {s['sent_rate']:>10.0f} "
                   f"{met:>5.2f} {s['accepted_rate']:>11.0f} {p:>13.1f}% {rec:>11.0f} {shed:>7.0f} "
-                  f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f} {rss[(n, m, r)]:>8.1f}")
+                  f"{drops:>15.0f} {s['rtt_us']['p99']:>7.0f} {rss[(n, m, r)]:>8.1f} "
+                  f"{cpu.get('percent', float('nan')):>6.1f} {cost[(n, m)][-1]:>9.2f}")
 print("\nLeast accepted, as a share of the capacity around the burst, over the rounds:")
 for (n, m), p in worst.items():
     met = met_all[(n, m)]
-    print(f"  {n} x{m}: {p:.1f}% (the load met: {min(met):.2f}-{max(met):.2f} times the capacity)")
+    c = cost[(n, m)]
+    print(f"  {n} x{m}: {p:.1f}% (the load met: {min(met):.2f}-{max(met):.2f} times the capacity; "
+          f"the server's CPU per reply {min(c):.2f}-{max(c):.2f} µs)")
 for n in names[1:]:
     print(f"\n{n} / {names[0]}, accepted replies, burst by burst (the two a few seconds apart):")
     for m in mults:
