@@ -1,5 +1,5 @@
-//! Network Time Security for NTPv4 (RFC 8915), sans-IO: the server's part, and the client's for
-//! `chime ntp --nts`.
+//! Network Time Security (RFC 8915) for NTPv4 and the NTPv5 draft, sans-IO: the server's part,
+//! and the client's for `chime ntp --nts` (NTPv4).
 //!
 //! NTS has two halves. In NTS-KE a client opens TLS 1.3 to the key-establishment port, both sides
 //! export two keys from the session (client-to-server and server-to-client), and the server hands
@@ -19,7 +19,8 @@
 //! client to run NTS-KE again.
 //!
 //! A server may also be a member of NTS pools (`pool`): a pool's key-exchange front end, holding a
-//! token the member accepts, asks it for cookies sealing keys it gives ([`KeOutcome::PoolKeys`]).
+//! token the member accepts, asks it for cookies sealing keys it gives ([`KeOutcome::PoolKeys`]),
+//! for whichever protocol the member serves that the pool agreed on with its client.
 //!
 //! In six parts: the AEAD algorithms (`aead`), the cookies and the keys they seal (`cookies`), a
 //! fleet's shared secret and the keys derived from it (`fleet`), the server's checks of requests

@@ -27,6 +27,7 @@ use super::aead::Aead;
 use super::client::KeAnswerError;
 use super::cookies::Keys;
 use super::record::{self, put};
+use super::records::Protocol;
 
 /// The Authentication Tokens a member accepts from its pools, compared in constant time.
 #[derive(Default)]
@@ -102,9 +103,14 @@ pub fn pool_support_request(token: &[u8], keep_alive: bool) -> Vec<u8> {
     out
 }
 
-/// The pool's Fixed Key Request to a member: its token, the client's `keys`, NTPv4, their
-/// algorithm, Keep Alive if `keep_alive`, End of Message.
-pub fn pool_fixed_key_request(token: &[u8], keys: &Keys, keep_alive: bool) -> Vec<u8> {
+/// The pool's Fixed Key Request to a member: its token, the client's `keys`, the `protocol` they
+/// were exported for, their algorithm, Keep Alive if `keep_alive`, End of Message.
+pub fn pool_fixed_key_request(
+    token: &[u8],
+    keys: &Keys,
+    protocol: Protocol,
+    keep_alive: bool,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + token.len() + 2 * keys.c2s().len());
     put(&mut out, record::AUTHENTICATION_TOKEN, token);
     let mut both = Zeroizing::new(keys.c2s().to_vec());
@@ -114,7 +120,12 @@ pub fn pool_fixed_key_request(token: &[u8], keys: &Keys, keep_alive: bool) -> Ve
         record::CRITICAL | record::FIXED_KEY_REQUEST,
         &both,
     );
-    put(&mut out, record::CRITICAL | record::NEXT_PROTOCOL, &[0, 0]);
+    let protocol = protocol.id().to_be_bytes();
+    put(
+        &mut out,
+        record::CRITICAL | record::NEXT_PROTOCOL,
+        &protocol,
+    );
     let id = keys.aead().id().to_be_bytes();
     put(&mut out, record::CRITICAL | record::AEAD_ALGORITHM, &id);
     if keep_alive {
@@ -129,7 +140,7 @@ pub fn pool_fixed_key_request(token: &[u8], keys: &Keys, keep_alive: bool) -> Ve
 pub struct PoolSupport {
     /// The algorithms served, each with its key length in bytes.
     pub algorithms: Vec<(u16, u16)>,
-    /// The next protocols served (0: NTPv4).
+    /// The next protocols served (0: NTPv4, 0x8001: the NTPv5 draft).
     pub protocols: Vec<u16>,
     /// Whether the member keeps the session open for another request.
     pub keep_alive: bool,

@@ -109,8 +109,10 @@ pub enum KeOutcome {
     /// failing until its token or this server's list is put right.
     PoolRefused,
     /// A pool, its token accepted, asks what is served: the algorithms with their key lengths,
-    /// and NTPv4 (see `pool`).
+    /// and the protocols (see `pool`).
     PoolSupport {
+        /// Whether the NTPv5 draft is served, and so listed beside NTPv4.
+        ntpv5: bool,
         /// Keep the session open for the pool's next request.
         keep_alive: bool,
     },
@@ -119,6 +121,8 @@ pub enum KeOutcome {
     PoolKeys {
         /// The client's keys, and their algorithm.
         keys: Keys,
+        /// The protocol the pool agreed on with its client, which the keys were exported for.
+        protocol: Protocol,
         /// Keep the session open for the pool's next request.
         keep_alive: bool,
     },
@@ -129,11 +133,13 @@ impl KeOutcome {
     pub fn keep_alive(&self) -> bool {
         matches!(
             self,
-            Self::PoolSupport { keep_alive: true }
-                | Self::PoolKeys {
-                    keep_alive: true,
-                    ..
-                }
+            Self::PoolSupport {
+                keep_alive: true,
+                ..
+            } | Self::PoolKeys {
+                keep_alive: true,
+                ..
+            }
         )
     }
 }
@@ -141,9 +147,7 @@ impl KeOutcome {
 /// What one request's records said, as [`ke_check`] reads them.
 #[derive(Default)]
 struct Seen<'a> {
-    /// Whether the protocols offered include NTPv4, which is all a pool's request may name.
-    ntpv4: bool,
-    /// The client's first offered protocol that is served.
+    /// The client's first offered protocol that is served (a pool names one).
     protocol: Option<Protocol>,
     /// Whether NTPv5 is served.
     ntpv5: bool,
@@ -163,8 +167,8 @@ struct Seen<'a> {
 /// Reads a whole NTS-KE request (as [`ke_message_len`] found it) and decides. The protocol is the
 /// client's first that is served (NTPv4, and the NTPv5 draft if `ntpv5`), and the algorithm the
 /// client's first that is served. A pool's requests (a Fixed Key Request, a support request)
-/// are served only with a token in `pool` ([`KeOutcome::PoolRefused`] without one), for NTPv4
-/// only; a pool's request that is not well formed is a bad request.
+/// are served only with a token in `pool` ([`KeOutcome::PoolRefused`] without one), for the
+/// same protocols; a pool's request that is not well formed is a bad request.
 pub fn ke_check(request: &[u8], pool: &PoolTokens, ntpv5: bool) -> KeOutcome {
     let mut seen = Seen {
         ntpv5,
@@ -216,7 +220,6 @@ impl<'a> Seen<'a> {
             record::NEXT_PROTOCOL => {
                 self.protocols += 1;
                 if body.len().is_multiple_of(2) {
-                    self.ntpv4 |= ids().any(|p| p == 0);
                     let served = |id| match id {
                         0 => Some(Protocol::NtpV4),
                         0x8001 if self.ntpv5 => Some(Protocol::NtpV5Draft),
@@ -249,7 +252,7 @@ impl<'a> Seen<'a> {
     }
 
     /// A pool's request: refused without an accepted token, then a support request, or keys for
-    /// NTPv4 under exactly one algorithm, each key its length.
+    /// a protocol served under exactly one algorithm, each key its length.
     fn pool(&self, pool: &PoolTokens) -> KeOutcome {
         if !self.token.is_some_and(|t| pool.accepts(t)) {
             return KeOutcome::PoolRefused;
@@ -257,18 +260,23 @@ impl<'a> Seen<'a> {
         let bad = KeOutcome::Error(ERROR_BAD_REQUEST);
         let keep_alive = self.keep_alive;
         let Some(both) = self.fixed_keys else {
-            return KeOutcome::PoolSupport { keep_alive };
+            let ntpv5 = self.ntpv5;
+            return KeOutcome::PoolSupport { ntpv5, keep_alive };
         };
         if self.support || self.protocols != 1 || self.aeads != 1 || self.aead_ids != 1 {
             return bad;
         }
-        match (self.ntpv4, self.aead) {
-            (false, _) => KeOutcome::NoProtocol,
-            (true, None) => KeOutcome::NoAead(Protocol::NtpV4),
-            (true, Some(aead)) => {
+        match (self.protocol, self.aead) {
+            (None, _) => KeOutcome::NoProtocol,
+            (Some(protocol), None) => KeOutcome::NoAead(protocol),
+            (Some(protocol), Some(aead)) => {
                 let (c2s, s2c) = both.split_at(both.len() / 2);
                 match Keys::new(aead, c2s, s2c) {
-                    Some(keys) => KeOutcome::PoolKeys { keys, keep_alive },
+                    Some(keys) => KeOutcome::PoolKeys {
+                        keys,
+                        protocol,
+                        keep_alive,
+                    },
                     None => bad,
                 }
             }
@@ -308,8 +316,8 @@ pub fn valid_ntp_server(name: &str) -> bool {
         })
 }
 
-/// Writes the NTS-KE response for [`KeOutcome::Agreed`] and [`KeOutcome::PoolKeys`]: NTPv4, the
-/// algorithm (and record 1024 where a client asked for it and AEAD_AES_128_GCM_SIV was agreed),
+/// Writes the NTS-KE response for [`KeOutcome::Agreed`] and [`KeOutcome::PoolKeys`]: the
+/// protocol, the algorithm (and record 1024 where a client asked for it and AEAD_AES_128_GCM_SIV was agreed),
 /// the NTP server and port if given, up to eight of `cookies`, Keep Alive where kept, End of
 /// Message. For the others, what each says and End of Message.
 pub fn ke_response(
@@ -319,7 +327,6 @@ pub fn ke_response(
     out: &mut Vec<u8>,
 ) {
     let mut put = |ty: u16, body: &[u8]| record::put(out, ty, body);
-    const NTPV4: [u8; 2] = 0u16.to_be_bytes();
     let aead = match outcome {
         KeOutcome::Error(code) => {
             put(record::CRITICAL | record::ERROR, &code.to_be_bytes());
@@ -344,10 +351,20 @@ pub fn ke_response(
             put(record::CRITICAL | record::AEAD_ALGORITHM, &[]);
             None
         }
-        KeOutcome::PoolSupport { .. } => {
+        KeOutcome::PoolSupport { ntpv5, .. } => {
             let algorithms: Vec<u8> = supported_algorithms().collect();
             put(record::CRITICAL | record::SUPPORTED_ALGORITHMS, &algorithms);
-            put(record::CRITICAL | record::SUPPORTED_PROTOCOLS, &NTPV4);
+            let v5 = Protocol::NtpV5Draft.id().to_be_bytes();
+            let protocols = [Protocol::NtpV4.id().to_be_bytes(), v5];
+            let served = if *ntpv5 {
+                &protocols[..]
+            } else {
+                &protocols[..1]
+            };
+            put(
+                record::CRITICAL | record::SUPPORTED_PROTOCOLS,
+                served.as_flattened(),
+            );
             None
         }
         KeOutcome::Agreed(agreement) => {
@@ -356,7 +373,7 @@ pub fn ke_response(
             let echo = agreement.aead == Aead::Aes128GcmSiv && agreement.compliant_export;
             Some((agreement.protocol, agreement.aead, echo))
         }
-        KeOutcome::PoolKeys { keys, .. } => Some((Protocol::NtpV4, keys.aead(), false)),
+        KeOutcome::PoolKeys { keys, protocol, .. } => Some((*protocol, keys.aead(), false)),
     };
     if let Some((protocol, aead, echo_compliant)) = aead {
         put(

@@ -804,7 +804,7 @@ fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
         let len = aead.key_len();
         let keys = Keys::new(aead, &vec![0x31; len], &vec![0x32; len]).unwrap();
         for keep_alive in [false, true] {
-            let req = pool_fixed_key_request(TOKEN, &keys, keep_alive);
+            let req = pool_fixed_key_request(TOKEN, &keys, Protocol::NtpV4, keep_alive);
             assert_eq!(ke_message_len(&req), Some(req.len()));
             let outcome = ke_check(&req, &pool, false);
             let KeOutcome::PoolKeys { keys: got, .. } = &outcome else {
@@ -843,20 +843,65 @@ fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
 #[test]
 fn a_pool_support_request_is_answered_with_each_algorithm_and_its_key_length() {
     let pool = PoolTokens::new([TOKEN]);
-    let outcome = ke_check(&pool_support_request(TOKEN, true), &pool, false);
-    assert_eq!(outcome, KeOutcome::PoolSupport { keep_alive: true });
-    let mut out = Vec::new();
-    ke_response(&outcome, &NtpNegotiation::default(), [], &mut out);
-    let support = parse_pool_support(&out).unwrap();
-    assert_eq!(support.algorithms, [(15, 32), (17, 64)]);
-    assert_eq!(support.protocols, [0]);
-    assert!(support.keep_alive);
+    for (ntpv5, protocols) in [(false, &[0][..]), (true, &[0, 0x8001])] {
+        let outcome = ke_check(&pool_support_request(TOKEN, true), &pool, ntpv5);
+        let keep_alive = true;
+        assert_eq!(outcome, KeOutcome::PoolSupport { ntpv5, keep_alive });
+        let mut out = Vec::new();
+        ke_response(&outcome, &NtpNegotiation::default(), [], &mut out);
+        let support = parse_pool_support(&out).unwrap();
+        assert_eq!(support.algorithms, [(15, 32), (17, 64)]);
+        assert_eq!(support.protocols, protocols);
+        assert!(support.keep_alive);
+    }
     let once = ke_check(&pool_support_request(TOKEN, false), &pool, false);
     assert!(!once.keep_alive());
 }
 
+/// nts-pool asks a member for keys of the protocol it agreed on with its client, the NTPv5 draft
+/// when both speak it: a member serving v5 seals them and says v5, and its cookies open to keys
+/// that authenticate the client's v5 requests; a member that does not says no protocol.
+#[test]
+fn a_pool_gets_cookies_for_ntpv5_from_a_member_that_serves_it() {
+    let pool = PoolTokens::new([TOKEN]);
+    let req = pool_fixed_key_request(TOKEN, &keys(), Protocol::NtpV5Draft, false);
+    assert_eq!(ke_check(&req, &pool, false), KeOutcome::NoProtocol);
+    let outcome = ke_check(&req, &pool, true);
+    let KeOutcome::PoolKeys {
+        keys: got,
+        protocol,
+        ..
+    } = &outcome
+    else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!((got, *protocol), (&keys(), Protocol::NtpV5Draft));
+    let m = master();
+    let mut out = Vec::new();
+    let mut nonce = 0;
+    let cookies = std::iter::repeat_with(|| {
+        nonce += 1;
+        m.seal(got, [nonce; NONCE_LEN])
+    });
+    ke_response(&outcome, &NtpNegotiation::default(), cookies, &mut out);
+    let records: Vec<_> = record::records(&out).map(Result::unwrap).collect();
+    let next = records
+        .iter()
+        .find(|r| r.ty == record::NEXT_PROTOCOL)
+        .unwrap();
+    assert_eq!(next.body, [0x80, 0x01], "the v5 draft's id");
+    let cookie = records.iter().find(|r| r.ty == record::NEW_COOKIE).unwrap();
+    // The pool's client sends one in a v5 request under the client-to-server key it exported.
+    let v5_request = request_v5(cookie.body, 0, &C2S);
+    assert!(matches!(
+        check_request_v5(&v5_request, &m),
+        Check::Verified(_)
+    ));
+}
+
 #[test]
 fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
+    const V4: Protocol = Protocol::NtpV4;
     let keys = keys();
     let pool = PoolTokens::new([TOKEN]);
     let mut wrong = TOKEN.to_vec();
@@ -864,7 +909,7 @@ fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
     for token in [&wrong[..], &TOKEN[..63], b"", TOKEN] {
         let for_pool = |p: &PoolTokens| {
             (
-                ke_check(&pool_fixed_key_request(token, &keys, false), p, false),
+                ke_check(&pool_fixed_key_request(token, &keys, V4, false), p, false),
                 ke_check(&pool_support_request(token, false), p, false),
             )
         };
@@ -876,7 +921,7 @@ fn a_pool_request_without_an_accepted_token_is_a_bad_request() {
         }
     }
     // Without a token record at all.
-    let mut req = pool_fixed_key_request(TOKEN, &keys, false);
+    let mut req = pool_fixed_key_request(TOKEN, &keys, Protocol::NtpV4, false);
     req.drain(..4 + TOKEN.len());
     assert_eq!(ke_check(&req, &pool, false), KeOutcome::PoolRefused);
     let mut out = Vec::new();
@@ -967,7 +1012,7 @@ fn a_malformed_pool_request_is_a_bad_request() {
         (
             &[token, fixed, (0x8001, &[0, 1]), siv, eom],
             KeOutcome::NoProtocol,
-            "not NTPv4",
+            "a protocol not served",
         ),
         (
             &[token, fixed, ntpv4, (0x8004, &[0, 16]), eom],

@@ -805,7 +805,7 @@ async fn session(
             kept = KeptAlive::take(&shared.kept_alive);
         }
         let keep = outcome.keep_alive() && kept.is_some();
-        if let KeOutcome::PoolSupport { keep_alive } | KeOutcome::PoolKeys { keep_alive, .. } =
+        if let KeOutcome::PoolSupport { keep_alive, .. } | KeOutcome::PoolKeys { keep_alive, .. } =
             &mut outcome
         {
             *keep_alive = keep;
