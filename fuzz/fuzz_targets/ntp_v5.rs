@@ -24,7 +24,10 @@ fuzz_target!(|input: (u64, [u8; 16], &[u8])| {
         cookie.copy_from_slice(&request[24..32]);
         let parsed = v5::parse_response(&reply, cookie, r.draft).expect("our own reply parses");
         if let Some(slice) = parsed.reference {
-            let at = filter.as_bytes().windows(slice.len().max(1)).any(|w| w == slice);
+            let at = filter
+                .as_bytes()
+                .windows(slice.len().max(1))
+                .any(|w| w == slice);
             assert!(slice.is_empty() || at, "a slice of the filter");
         }
     }

@@ -39,7 +39,11 @@ fuzz_target!(|input: (Vec<u8>, Vec<u8>)| {
                 }
             }
         }
-        assert!(reader.buffered() <= 12 + MAX_MESSAGE + 256, "buffered {}", reader.buffered());
+        assert!(
+            reader.buffered() <= 12 + MAX_MESSAGE + 256,
+            "buffered {}",
+            reader.buffered()
+        );
     }
     // The packets are the stream's first bytes, in order.
     let joined: Vec<u8> = packets.concat();
