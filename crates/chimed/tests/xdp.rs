@@ -168,16 +168,15 @@ fn chime(pair: &Pair, args: &[&str]) -> Result<serde_json::Value, String> {
 
 /// `chime ntp` from the client to the server's IPv4 address.
 fn ntp_v4(pair: &Pair) -> Result<serde_json::Value, String> {
-    chime(
-        pair,
-        &[
-            "ntp",
-            "--json",
-            "--timeout",
-            "2",
-            &format!("{SERVER_V4}:123"),
-        ],
-    )
+    chime_ntp(pair, &format!("{SERVER_V4}:123"), &[])
+}
+
+/// `chime ntp --json ...` with `flags`, from the client to `server`.
+fn chime_ntp(pair: &Pair, server: &str, flags: &[&str]) -> Result<serde_json::Value, String> {
+    let mut args = vec!["ntp", "--json", "--timeout", "2"];
+    args.extend_from_slice(flags);
+    args.push(server);
+    chime(pair, &args)
 }
 
 /// Sends raw Ethernet frames out of the client's veth (a Python AF_PACKET socket, as a capture
@@ -313,33 +312,13 @@ fn check_ntp_and_roughtime_answered(s: &Served) {
         "chronyd -Q through XDP: {text}"
     );
     // NTP over IPv6, and Roughtime, with chime.
-    let r = chime(
-        pair,
-        &[
-            "ntp",
-            "--json",
-            "--timeout",
-            "2",
-            &format!("[{SERVER_V6}]:123"),
-        ],
-    )
-    .expect("chime ntp over IPv6 through XDP");
+    let r = chime_ntp(pair, &format!("[{SERVER_V6}]:123"), &[])
+        .expect("chime ntp over IPv6 through XDP");
     assert_eq!(r["stratum"], 3, "{r}");
     // NTPv5 (the draft) through the same path, with the server's Bloom filter.
-    let r = chime(
-        pair,
-        &[
-            "ntp",
-            "--json",
-            "--timeout",
-            "2",
-            "--ntp-version",
-            "5",
-            "--ntpv5-reference",
-            &format!("{SERVER_V4}:123"),
-        ],
-    )
-    .expect("chime ntp --ntp-version 5 through XDP");
+    let v5 = ["--ntp-version", "5", "--ntpv5-reference"];
+    let r = chime_ntp(pair, &format!("{SERVER_V4}:123"), &v5)
+        .expect("chime ntp --ntp-version 5 through XDP");
     assert_eq!(
         (r["version"].as_u64(), r["stratum"].as_u64()),
         (Some(5), Some(3)),
