@@ -150,6 +150,11 @@ fn ntpd_rs_syncs_from_chimed_over_nts_and_ntpv5() {
             "{totals}"
         );
         assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
+        let log = chimed.log();
+        let ke = log.lines().find(|l| l.contains("nts-ke totals at exit"));
+        let ke = ke.unwrap_or_else(|| panic!("no NTS-KE totals: {log}"));
+        assert!(count_in(ke, "keys.ntpv5-draft") >= 1, "{ke}");
+        assert_eq!(count_in(ke, "keys.ntpv4"), 0, "{ke}");
     }
 }
 

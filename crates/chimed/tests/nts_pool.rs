@@ -243,11 +243,10 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
         let totals = member
             .chimed
             .wait_for("nts-ke totals at exit", Duration::from_secs(1));
-        assert_eq!(
-            count_in(&totals, "pool.keys"),
-            u64::from(!flags.is_empty()),
-            "{totals}"
-        );
+        let v5_keys = u64::from(!flags.is_empty());
+        assert_eq!(count_in(&totals, "pool.keys"), v5_keys, "{totals}");
+        assert_eq!(count_in(&totals, "keys.ntpv5-draft"), v5_keys, "{totals}");
+        assert_eq!(count_in(&totals, "keys.ntpv4"), 0, "{totals}");
     }
 }
 

@@ -84,8 +84,17 @@ pub(crate) struct KeCounts {
     pub(crate) pool_keys: AtomicU64,
     pub(crate) pool_support: AtomicU64,
     pub(crate) pool_refused: AtomicU64,
+    /// Answers with cookies (a client's agreed session, a pool's key request) by the protocol
+    /// their keys are for, in [`PROTOCOLS`]' order.
+    pub(crate) keys_protocol: [AtomicU64; PROTOCOLS.len()],
     pub(crate) certificate_not_after: AtomicI64,
 }
+
+/// The protocols NTS-KE hands out keys for, as the metrics and the log label them.
+const PROTOCOLS: [(nts::Protocol, &str); 2] = [
+    (nts::Protocol::NtpV4, "ntpv4"),
+    (nts::Protocol::NtpV5Draft, "ntpv5-draft"),
+];
 
 impl Default for KeCounts {
     fn default() -> Self {
@@ -106,6 +115,7 @@ impl Default for KeCounts {
             pool_keys: AtomicU64::new(0),
             pool_support: AtomicU64::new(0),
             pool_refused: AtomicU64::new(0),
+            keys_protocol: std::array::from_fn(|_| AtomicU64::new(0)),
             certificate_not_after: AtomicI64::new(i64::MIN),
         }
     }
@@ -134,7 +144,15 @@ impl KeCounts {
         for (request, n) in self.pool_requests() {
             line.push_str(&format!(" pool.{request}={n}"));
         }
+        for (protocol, n) in self.by_protocol() {
+            line.push_str(&format!(" keys.{protocol}={n}"));
+        }
         line
+    }
+
+    /// Answers with cookies by the protocol their keys are for, as the metrics label them.
+    pub(crate) fn by_protocol(&self) -> [(&'static str, u64); PROTOCOLS.len()] {
+        std::array::from_fn(|i| (PROTOCOLS[i].1, self.keys_protocol[i].load(Relaxed)))
     }
 
     /// Pools' requests by kind, as the metrics label them.
@@ -653,14 +671,20 @@ impl KeShared {
         self.lock_slots().enter(id, step, std::time::Instant::now());
     }
 
-    /// Counts a pool's request by kind.
+    /// Counts an answer with cookies by the protocol of their keys, and a pool's request by kind.
     fn count_request(&self, answer: Answer) {
         let counts = &self.counts;
+        if let Answer::Agreed(_, protocol) | Answer::PoolKeys(protocol) = answer {
+            let i = PROTOCOLS.iter().position(|&(p, _)| p == protocol);
+            if let Some(n) = i.and_then(|i| counts.keys_protocol.get(i)) {
+                n.fetch_add(1, Relaxed);
+            }
+        }
         let n = match answer {
-            Answer::PoolKeys => &counts.pool_keys,
+            Answer::PoolKeys(_) => &counts.pool_keys,
             Answer::PoolSupport => &counts.pool_support,
             Answer::PoolRefused => &counts.pool_refused,
-            Answer::Agreed(_) | Answer::Refused => return,
+            Answer::Agreed(..) | Answer::Refused => return,
         };
         n.fetch_add(1, Relaxed);
     }
@@ -740,9 +764,9 @@ enum Served {
 /// What one request was answered with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
-    Agreed(nts::Aead),
+    Agreed(nts::Aead, nts::Protocol),
     Refused,
-    PoolKeys,
+    PoolKeys(nts::Protocol),
     PoolSupport,
     PoolRefused,
 }
@@ -812,7 +836,7 @@ async fn session(
         }
         let (response, answer) = respond(&outcome, &tls, shared)?;
         shared.count_request(answer);
-        if matches!(answer, Answer::PoolKeys | Answer::PoolSupport) {
+        if matches!(answer, Answer::PoolKeys(_) | Answer::PoolSupport) {
             drop(place.take());
         }
         let io = |e: std::io::Error| Failure::Io(e.to_string());
@@ -826,8 +850,8 @@ async fn session(
         .await?;
         if !keep {
             return Ok(match answer {
-                Answer::Agreed(aead) => Served::Agreed(aead),
-                Answer::PoolKeys | Answer::PoolSupport => Served::Pool,
+                Answer::Agreed(aead, _) => Served::Agreed(aead),
+                Answer::PoolKeys(_) | Answer::PoolSupport => Served::Pool,
                 Answer::Refused | Answer::PoolRefused if kept.is_some() => Served::Pool,
                 Answer::Refused | Answer::PoolRefused => Served::Refused,
             });
@@ -877,9 +901,14 @@ fn respond(
                         .map(drop)
                 })
                 .map_err(|e| Failure::Io(format!("key export: {e}")))?;
-            (Some(keys), Answer::Agreed(agreement.aead))
+            (
+                Some(keys),
+                Answer::Agreed(agreement.aead, agreement.protocol),
+            )
         }
-        KeOutcome::PoolKeys { keys, .. } => (Some(keys.clone()), Answer::PoolKeys),
+        KeOutcome::PoolKeys { keys, protocol, .. } => {
+            (Some(keys.clone()), Answer::PoolKeys(*protocol))
+        }
         KeOutcome::PoolSupport { .. } => (None, Answer::PoolSupport),
         KeOutcome::PoolRefused => (None, Answer::PoolRefused),
         KeOutcome::NoProtocol | KeOutcome::NoAead(_) | KeOutcome::Error(_) => {
@@ -926,6 +955,15 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ke: &KeCounts) -> std::fmt::Re
          (AEAD_AES_SIV_CMAC_256), 17 (AEAD_AES_SIV_CMAC_512), 30 (AEAD_AES_128_GCM_SIV).",
         ke.by_aead()
             .map(|(aead, n)| (vec![("aead", aead.to_string())], n)),
+    )?;
+    counters(
+        enc,
+        "chimed_nts_ke_keys_total",
+        "NTS-KE answers with cookies (a client's agreed session, an NTS pool's key request) by \
+         the protocol their keys are for: ntpv4, ntpv5-draft (the NTPv5 draft, 0x8001, with \
+         --ntpv5).",
+        ke.by_protocol()
+            .map(|(protocol, n)| (vec![("protocol", protocol.to_string())], n)),
     )?;
     counters(
         enc,
