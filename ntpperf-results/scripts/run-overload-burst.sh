@@ -120,7 +120,8 @@ esac
 {
   echo "date: $(date -u '+%F %T UTC')"
   echo "command: $command_line"
-  echo "repository HEAD: $(git -C "$repo" rev-parse --short HEAD)"
+  echo "repository HEAD: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null ||
+    echo "none (the scripts were run from a copy; each build's commit is below)")"
   echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
   echo "service: $service; chimed given ${share}% of CPU 0 (quota ${quota} µs per ${period} µs); chime perf on CPU 1"
 } >"$out/setup.txt"
