@@ -221,10 +221,10 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
             &nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, v5, false),
         );
         let (mut next, mut cookies) = (None, Vec::new());
-        for r in ke_records(&answer) {
-            match r.0 & 0x7FFF {
-                1 => next = Some(r.1),
-                5 => cookies.push(r.1),
+        for (ty, body) in ke_records(&answer) {
+            match ty & !CRITICAL {
+                NEXT_PROTOCOL => next = Some(body),
+                NEW_COOKIE => cookies.push(body),
                 _ => {}
             }
         }
@@ -249,6 +249,11 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
         assert_eq!(count_in(&totals, "keys.ntpv4"), 0, "{totals}");
     }
 }
+
+/// NTS-KE record types (RFC 8915 §4) and the critical bit.
+const NEXT_PROTOCOL: u16 = 1;
+const NEW_COOKIE: u16 = 5;
+const CRITICAL: u16 = 0x8000;
 
 /// The records of an NTS-KE message, each as its type (with the critical bit) and its body.
 fn ke_records(message: &[u8]) -> Vec<(u16, Vec<u8>)> {

@@ -317,9 +317,9 @@ pub fn valid_ntp_server(name: &str) -> bool {
 }
 
 /// Writes the NTS-KE response for [`KeOutcome::Agreed`] and [`KeOutcome::PoolKeys`]: the
-/// protocol, the algorithm (and record 1024 where a client asked for it and AEAD_AES_128_GCM_SIV was agreed),
-/// the NTP server and port if given, up to eight of `cookies`, Keep Alive where kept, End of
-/// Message. For the others, what each says and End of Message.
+/// protocol, the algorithm (and record 1024 where a client asked for it and AEAD_AES_128_GCM_SIV
+/// was agreed), the NTP server and port if given, up to eight of `cookies`, Keep Alive where kept,
+/// End of Message. For the others, what each says and End of Message.
 pub fn ke_response(
     outcome: &KeOutcome,
     ntp: &NtpNegotiation,
