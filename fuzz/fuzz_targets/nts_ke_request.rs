@@ -57,7 +57,7 @@ fuzz_target!(|input: (u8, Vec<u8>)| {
         0,
     ) = (&outcome, choice >> 6)
     {
-        let answer = nts::parse_ke_response(&out, &nts::Aead::ALL).unwrap();
+        let answer = nts::parse_ke_response(&out, Protocol::NtpV4, &nts::Aead::ALL).unwrap();
         assert_eq!(master.open(&answer.cookies[0]).as_ref(), Some(keys));
     }
 });

@@ -47,7 +47,8 @@ pub(crate) struct Args {
     interval: f64,
     /// Authenticate with NTS (RFC 8915): run NTS-KE over TLS 1.3 with the server (then its port
     /// is the NTS-KE port, default 4460), and query the NTP server and port NTS-KE names with a
-    /// cookie; the reply must carry our identifier and verify. NTPv4 only
+    /// cookie; the reply must carry our identifier and verify. With --ntp-version 5, NTS-KE asks
+    /// for the NTPv5 draft and the query is v5
     #[arg(long, conflicts_with = "interleaved")]
     nts: bool,
     /// With --nts: trust the certificates in this PEM file [default: the system's store]
@@ -71,6 +72,9 @@ struct NtsReport {
     ke_server: String,
     /// The AEAD algorithm agreed, by IANA number.
     aead: u16,
+    /// The protocol NTS-KE agreed on, which the keys were exported for: `ntpv4`, or
+    /// `ntpv5-draft` with `--ntp-version 5`.
+    protocol: &'static str,
     /// New cookies the authenticated reply carried.
     cookies: usize,
 }
@@ -119,11 +123,14 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             args.timeout
         );
     }
-    if args.nts && args.ntp_version != 4 {
+    if args.nts && !matches!(args.ntp_version, 4 | 5) {
         bail!(
-            "--nts: NTS is NTPv4 only, not --ntp-version {}",
+            "--nts: NTS is for NTPv4 and NTPv5 (--ntp-version 4 or 5), not --ntp-version {}",
             args.ntp_version
         );
+    }
+    if args.nts && args.ntpv5_reference {
+        bail!("--ntpv5-reference: not with --nts (the filter is read unauthenticated)");
     }
     if args.interleaved && args.ntp_version != 4 {
         bail!(
@@ -149,11 +156,14 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         );
     }
     let timeout = Duration::from_secs_f64(args.timeout);
+    let draft = args.ntpv5_draft.unwrap_or(v5::DraftArg::D08).draft();
     if args.nts {
+        let ntpv5 = (args.ntp_version == 5).then_some(draft);
         let report = query_nts(
             &args.server,
             args.nts_ca.as_deref(),
             &args.nts_aead.0,
+            ntpv5,
             timeout,
         )?;
         if args.json {
@@ -172,7 +182,6 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             timeout,
         )?
     } else if args.ntp_version == 5 {
-        let draft = args.ntpv5_draft.unwrap_or(v5::DraftArg::D08).draft();
         v5::query(server, draft, args.ntpv5_reference, timeout)?
     } else {
         query(server, args.ntp_version, timeout)?
@@ -226,16 +235,39 @@ fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {
     Ok(report(server, &reply, offset, delay, None))
 }
 
-/// One query authenticated with NTS: NTS-KE with `spec` (`HOST[:KE-PORT]`), then one exchange
-/// with the NTP server it named, carrying a cookie and two placeholders.
+/// One query authenticated with NTS: NTS-KE with `spec` (`HOST[:KE-PORT]`) offering `aeads` and
+/// NTPv4, or the NTPv5 draft if `ntpv5` names one, then one exchange with the NTP server it
+/// named, carrying a cookie and two placeholders.
 fn query_nts(
     spec: &str,
     ca: Option<&std::path::Path>,
     aeads: &[chime_ntp::nts::Aead],
+    ntpv5: Option<chime_ntp::v5::Draft>,
     timeout: Duration,
 ) -> Result<Report> {
+    use chime_ntp::nts::Protocol;
     let (host, ke_port) = crate::nts::split_host(spec, crate::nts::KE_PORT)?;
-    let est = crate::nts::establish(&host, ke_port, ca, aeads, timeout)?;
+    let protocol = ntpv5.map_or(Protocol::NtpV4, |_| Protocol::NtpV5Draft);
+    let est = crate::nts::establish(&host, ke_port, ca, protocol, aeads, timeout)?;
+    let (mut r, cookies) = match ntpv5 {
+        Some(draft) => v5::query_nts(&est, draft, timeout)?,
+        None => exchange_nts_v4(&est, timeout)?,
+    };
+    r.nts = Some(NtsReport {
+        ke_server: format!("{host}:{ke_port}"),
+        aead: est.keys.aead().id(),
+        protocol: match est.answer.agreement.protocol {
+            Protocol::NtpV4 => "ntpv4",
+            Protocol::NtpV5Draft => "ntpv5-draft",
+        },
+        cookies,
+    });
+    Ok(r)
+}
+
+/// One NTPv4 exchange authenticated with NTS `est` established: the report, and how many new
+/// cookies the reply carried.
+fn exchange_nts_v4(est: &crate::nts::Established, timeout: Duration) -> Result<(Report, usize)> {
     let server = est.ntp;
     let sock = connect(server, timeout)?;
     let nonce = NtpTimestamp(rand::random());
@@ -260,13 +292,7 @@ fn query_nts(
     };
     check(server, &reply, 4)?;
     let (offset, delay) = measure(t1, reply.receive_ts, reply.transmit_ts, t4);
-    let mut r = report(server, &reply, offset, delay, None);
-    r.nts = Some(NtsReport {
-        ke_server: format!("{host}:{ke_port}"),
-        aead: est.keys.aead().id(),
-        cookies,
-    });
-    Ok(r)
+    Ok((report(server, &reply, offset, delay, None), cookies))
 }
 
 /// What an interleaved series keeps of the exchange before: our send and receive times and the
@@ -570,8 +596,8 @@ fn print(r: &Report) {
     if let Some(n) = &r.nts {
         let aead = chime_ntp::nts::Aead::from_id(n.aead).map_or("?", |a| a.name());
         println!(
-            "Authenticated   : NTS ({aead}), keys from NTS-KE at {}, {} new cookies",
-            n.ke_server, n.cookies
+            "Authenticated   : NTS ({aead}), keys for {} from NTS-KE at {}, {} new cookies",
+            n.protocol, n.ke_server, n.cookies
         );
     }
     match &r.exchanges {

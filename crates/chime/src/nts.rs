@@ -78,10 +78,11 @@ pub(crate) fn establish(
     host: &str,
     port: u16,
     ca: Option<&Path>,
+    protocol: nts::Protocol,
     aeads: &[nts::Aead],
     timeout: Duration,
 ) -> Result<Established> {
-    establish_with(&client_config(ca)?, host, port, aeads, timeout)
+    establish_with(&client_config(ca)?, host, port, protocol, aeads, timeout)
 }
 
 /// The TLS 1.3 client configuration of NTS-KE (ALPN `ntske/1`), trusting the certificates in `ca`
@@ -160,11 +161,13 @@ fn tls_error(e: &std::io::Error, addr: std::net::SocketAddr) -> anyhow::Error {
     )
 }
 
-/// [`establish`] with a configuration made once by [`client_config`], offering `aeads`.
+/// [`establish`] with a configuration made once by [`client_config`], offering `protocol` and
+/// `aeads`.
 pub(crate) fn establish_with(
     config: &Arc<ClientConfig>,
     host: &str,
     port: u16,
+    protocol: nts::Protocol,
     aeads: &[nts::Aead],
     timeout: Duration,
 ) -> Result<Established> {
@@ -181,7 +184,7 @@ pub(crate) fn establish_with(
     tcp.set_write_timeout(Some(timeout))?;
     let conn = ClientConnection::new(config.clone(), name)?;
     let mut tls = StreamOwned::new(conn, tcp);
-    tls.write_all(&nts::ke_request(aeads))
+    tls.write_all(&nts::ke_request(protocol, aeads))
         .map_err(|e| tls_error(&e, ke_addr))?;
     let mut response = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -201,7 +204,7 @@ pub(crate) fn establish_with(
         }
         response.extend_from_slice(&chunk[..n]);
     };
-    let answer = nts::parse_ke_response(&response[..len], aeads)
+    let answer = nts::parse_ke_response(&response[..len], protocol, aeads)
         .with_context(|| format!("NTS-KE {ke_addr}"))?;
     let keys =
         export_keys(&tls.conn, &answer).with_context(|| format!("NTS-KE {ke_addr}: key export"))?;

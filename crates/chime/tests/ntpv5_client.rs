@@ -188,14 +188,19 @@ fn chime_ntp_refuses_another_cookie_another_draft_and_a_kiss() {
     }
 }
 
-/// `--nts` and `--interleaved` are NTPv4's; the v5 flags need `--ntp-version 5`: one line naming
-/// the flag, and a non-zero exit, before anything is sent.
+/// `--nts` is NTPv4's and NTPv5's, `--interleaved` NTPv4's; the v5 flags need `--ntp-version 5`,
+/// and the filter is not read over NTS: one line naming the flag, and a non-zero exit, before
+/// anything is sent.
 #[test]
 fn chime_ntp_refuses_v5_with_flags_that_do_not_apply() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
-            &["--ntp-version", "5", "--nts"],
-            "--nts: NTS is NTPv4 only, not --ntp-version 5",
+            &["--ntp-version", "3", "--nts"],
+            "--nts: NTS is for NTPv4 and NTPv5 (--ntp-version 4 or 5), not --ntp-version 3",
+        ),
+        (
+            &["--ntp-version", "5", "--nts", "--ntpv5-reference"],
+            "--ntpv5-reference: not with --nts",
         ),
         (
             &["--ntp-version", "5", "--interleaved"],

@@ -158,6 +158,126 @@ fn ntpd_rs_syncs_from_chimed_over_nts_and_ntpv5() {
     }
 }
 
+/// chime's own NTS client over v5 (`chime ntp --nts --ntp-version 5`), in both drafts: NTS-KE
+/// agrees on the v5 draft, the reply is v5, names the draft, authenticates and carries the
+/// cookie spent and the two asked for; chimed counts v5 keys, v5 replies and NTS replies alike.
+/// Against a chimed without `--ntpv5`, NTS-KE offers no protocol in common: one line, exit 1.
+#[test]
+fn chime_ntp_gets_authenticated_ntpv5_time_from_chimed() {
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = common::certificate(dir.path(), "chimed");
+    let query = |ke_port: u16, draft: &str| {
+        run(Command::new(common::workspace_bin("chime"))
+            .args(["ntp", "--nts", "--ntp-version", "5", "--ntpv5-draft", draft])
+            .args(["--json", "--timeout", "2", "--nts-ca"])
+            .arg(&cert)
+            .arg(format!("127.0.0.1:{ke_port}")))
+    };
+    let (mut chimed, ke_port) = common::chimed_nts(&chronyd, &cert, &key, &["--ntpv5"]);
+    for (draft, id) in [
+        ("08", "draft-ietf-ntp-ntpv5-08"),
+        ("09", "draft-ietf-ntp-ntpv5-09"),
+    ] {
+        let out = query(ke_port, draft);
+        assert!(out.status.success(), "{out:?}");
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (r["version"].as_u64(), r["stratum"].as_u64()),
+            (Some(5), Some(3)),
+            "{r}"
+        );
+        assert_eq!(r["ntpv5"]["draft"], id, "{r}");
+        assert_eq!(
+            r["nts"]["cookies"], 3,
+            "the spent one and two placeholders: {r}"
+        );
+        assert_eq!(r["nts"]["protocol"], "ntpv5-draft", "{r}");
+        assert_eq!(r["synchronised"], true, "{r}");
+    }
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    for counter in ["ntpv5", "nts", "answered"] {
+        assert_eq!(count_in(&totals, counter), 2, "{counter}: {totals}");
+    }
+    assert_eq!(count_in(&totals, "nts_nak"), 0, "{totals}");
+    let log = chimed.log();
+    let ke = log
+        .lines()
+        .find(|l| l.contains("nts-ke totals at exit"))
+        .unwrap();
+    assert_eq!(count_in(ke, "keys.ntpv5-draft"), 2, "{ke}");
+
+    let (_plain, ke_port) = common::chimed_nts(&chronyd, &cert, &key, &[]);
+    let out = query(ke_port, "08");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no protocol offered"),
+        "{out:?}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// chime's NTS client over v5 against an independent server: ntpd-rs 1.9 serving NTS with NTPv5
+/// accepted (`accept-ntp-versions`, `[4, 5]` for NTS-KE and `[3, 4, 5]` for NTP). NTS-KE agrees
+/// on the v5 draft, and the v5 reply (draft -08, ntpd-rs's) authenticates under both algorithms
+/// ntpd-rs serves, with the spent cookie and two more.
+#[test]
+fn chime_ntp_gets_authenticated_ntpv5_time_from_ntpd_rs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = common::certificate(dir.path(), "ntpd-rs");
+    let ntp_port = common::free_udp_port();
+    let ke_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let conf = dir.path().join("ntp.toml");
+    let text = format!(
+        "[[server]]\nlisten = \"127.0.0.1:{ntp_port}\"\naccept-ntp-versions = [3, 4, 5]\n\n\
+         [[nts-ke-server]]\nlisten = \"127.0.0.1:{ke_port}\"\ncertificate-chain-path = \"{}\"\n\
+         private-key-path = \"{}\"\nntp-server = \"127.0.0.1\"\nntp-port = {ntp_port}\n\
+         accept-ntp-versions = [4, 5]\n",
+        cert.display(),
+        key.display()
+    );
+    std::fs::write(&conf, text).unwrap();
+    let _server = common::Killed(
+        Command::new(peer("NTP_DAEMON", common::NTP_DAEMON))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for aead in ["15", "17"] {
+        let query = || {
+            run(Command::new(common::workspace_bin("chime"))
+                .args(["ntp", "--nts", "--ntp-version", "5", "--nts-aead", aead])
+                .args(["--json", "--timeout", "1", "--nts-ca"])
+                .arg(&cert)
+                .arg(format!("127.0.0.1:{ke_port}")))
+        };
+        // ntpd-rs takes a moment to listen.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut out = query();
+        while !out.status.success() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            out = query();
+        }
+        assert!(out.status.success(), "{out:?}");
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["version"], 5, "{r}");
+        assert_eq!(r["ntpv5"]["draft"], "draft-ietf-ntp-ntpv5-08", "{r}");
+        assert_eq!(r["nts"]["aead"].to_string(), aead, "{r}");
+        assert_eq!(r["nts"]["cookies"], 3, "{r}");
+        assert_eq!(
+            r["nts"]["protocol"], "ntpv5-draft",
+            "keys exported for v5: {r}"
+        );
+    }
+}
+
 /// The bit numbers a chimed logged as its own identity ("server ID bits [...]").
 fn server_id_bits(chimed: &mut Chimed) -> Vec<u16> {
     let line = chimed.wait_for("server ID bits", Duration::from_secs(1));

@@ -138,7 +138,9 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
         let last = i + 1 == Aead::ALL.len();
         let v4 = nts::Protocol::NtpV4;
         let request = nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, v4, !last);
-        let answer = nts::parse_ke_response(&ask(&mut pool, &request), &[aead]).unwrap();
+        let answer =
+            nts::parse_ke_response(&ask(&mut pool, &request), nts::Protocol::NtpV4, &[aead])
+                .unwrap();
         assert_eq!(answer.agreement.aead, aead);
         assert_eq!(answer.cookies.len(), 8, "{aead}");
         assert!(
@@ -159,16 +161,19 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
         &nts::pool_support_request(wrong.as_bytes(), true),
     );
     assert_eq!(
-        nts::parse_ke_response(&refused, &Aead::ALL),
+        nts::parse_ke_response(&refused, nts::Protocol::NtpV4, &Aead::ALL),
         Err(nts::KeAnswerError::Refused(1)),
         "Bad Request"
     );
     assert!(closed(&mut guess), "a refused pool is not kept");
 
     let mut client = member.session(ke);
-    let answer = ask(&mut client, &nts::ke_request(&[Aead::AesSivCmac256]));
+    let answer = ask(
+        &mut client,
+        &nts::ke_request(nts::Protocol::NtpV4, &[Aead::AesSivCmac256]),
+    );
     assert_eq!(
-        nts::parse_ke_response(&answer, &Aead::ALL)
+        nts::parse_ke_response(&answer, nts::Protocol::NtpV4, &Aead::ALL)
             .unwrap()
             .cookies
             .len(),
@@ -362,7 +367,9 @@ fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
     )
     .unwrap();
     let request = nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, nts::Protocol::NtpV4, false);
-    let answer = nts::parse_ke_response(&ask(&mut pool, &request), &Aead::ALL).unwrap();
+    let answer =
+        nts::parse_ke_response(&ask(&mut pool, &request), nts::Protocol::NtpV4, &Aead::ALL)
+            .unwrap();
     assert!(authenticated_time(
         asked.chimed.addr,
         &keys,

@@ -9,14 +9,20 @@ use super::records::{Agreement, Protocol};
 use super::server::{Field, Unopened, fields, open_authenticator};
 use super::{NONCE_LEN, TAG_LEN, ef, record};
 use crate::packet::Header;
+use crate::v5::{self, Draft};
 
-/// The NTS-KE request a client sends: NTPv4, the algorithms `aeads` in its order of preference
-/// (with record 1024 if AEAD_AES_128_GCM_SIV is among them, asking for its keys to be exported
-/// as RFC 8915 says), End of Message.
-pub fn ke_request(aeads: &[Aead]) -> Vec<u8> {
+/// The NTS-KE request a client sends: `protocol`, the algorithms `aeads` in its order of
+/// preference (with record 1024 if AEAD_AES_128_GCM_SIV is among them, asking for its keys to be
+/// exported as RFC 8915 says), End of Message.
+pub fn ke_request(protocol: Protocol, aeads: &[Aead]) -> Vec<u8> {
     let ids: Vec<u8> = aeads.iter().flat_map(|a| a.id().to_be_bytes()).collect();
     let mut out = Vec::with_capacity(32);
-    record::put(&mut out, record::CRITICAL | record::NEXT_PROTOCOL, &[0, 0]);
+    let protocol = protocol.id().to_be_bytes();
+    record::put(
+        &mut out,
+        record::CRITICAL | record::NEXT_PROTOCOL,
+        &protocol,
+    );
     record::put(&mut out, record::CRITICAL | record::AEAD_ALGORITHM, &ids);
     if aeads.contains(&Aead::Aes128GcmSiv) {
         record::put(&mut out, record::COMPLIANT_GCM_SIV_EXPORT, &[]);
@@ -48,17 +54,22 @@ pub enum KeAnswerError {
     #[error("bad NTS-KE response: {0}")]
     Bad(&'static str),
     /// The server serves none of the protocols offered (an empty Next Protocol record).
-    #[error("the server serves no protocol offered (NTPv4)")]
+    #[error("the server serves no protocol offered")]
     NoProtocol,
     /// The server serves none of the AEAD algorithms offered (an empty AEAD Algorithm record).
     #[error("the server serves none of the AEAD algorithms offered")]
     NoAead,
 }
 
-/// Reads an NTS-KE response (up to End of Message) to a request that offered `offered`.
-pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeAnswerError> {
+/// Reads an NTS-KE response (up to End of Message) to a request that offered `protocol` and the
+/// algorithms `offered`.
+pub fn parse_ke_response(
+    bytes: &[u8],
+    protocol: Protocol,
+    offered: &[Aead],
+) -> Result<KeAnswer, KeAnswerError> {
     let (mut cookies, mut server, mut port) = (Vec::new(), None, None);
-    let (mut ntpv4, mut aead, mut compliant, mut ended) = (false, None, false, false);
+    let (mut named, mut aead, mut compliant, mut ended) = (None, None, false, false);
     for r in record::records(bytes) {
         let r = r.map_err(|()| KeAnswerError::Bad("a record runs past the end"))?;
         let body = r.body;
@@ -70,7 +81,7 @@ pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeA
         match r.ty {
             record::END_OF_MESSAGE => ended = true,
             record::NEXT_PROTOCOL if body.is_empty() => return Err(KeAnswerError::NoProtocol),
-            record::NEXT_PROTOCOL => ntpv4 = u16_body()? == 0,
+            record::NEXT_PROTOCOL => named = Some(u16_body()?),
             record::AEAD_ALGORITHM if body.is_empty() => return Err(KeAnswerError::NoAead),
             record::AEAD_ALGORITHM => aead = Aead::from_id(u16_body()?),
             record::COMPLIANT_GCM_SIV_EXPORT => compliant = true,
@@ -90,8 +101,10 @@ pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeA
         return Err(KeAnswerError::Bad("no End of Message"));
     }
     let aead = aead.filter(|a| offered.contains(a));
-    let (true, Some(aead)) = (ntpv4, aead) else {
-        return Err(KeAnswerError::Bad("not NTPv4 with an algorithm offered"));
+    let (true, Some(aead)) = (named == Some(protocol.id()), aead) else {
+        return Err(KeAnswerError::Bad(
+            "not the protocol offered with an algorithm offered",
+        ));
     };
     if cookies.is_empty() {
         return Err(KeAnswerError::Bad("no cookies"));
@@ -101,7 +114,7 @@ pub fn parse_ke_response(bytes: &[u8], offered: &[Aead]) -> Result<KeAnswer, KeA
     let compliant_export = aead != Aead::Aes128GcmSiv || compliant;
     Ok(KeAnswer {
         agreement: Agreement {
-            protocol: Protocol::NtpV4,
+            protocol,
             aead,
             compliant_export,
         },
@@ -149,8 +162,51 @@ pub fn client_request_into(
     keys: &Keys,
     nonce: [u8; NONCE_LEN],
 ) -> usize {
-    let mut at = Header::LEN;
-    out[..at].copy_from_slice(header);
+    out[..Header::LEN].copy_from_slice(header);
+    append_nts(
+        out,
+        Header::LEN,
+        unique_id,
+        cookie,
+        placeholders,
+        keys,
+        nonce,
+    )
+}
+
+/// [`client_request`] for the NTPv5 draft `draft`: a v5 request with `client_cookie` and its
+/// Draft Identification (which the authenticator covers, as the server's), then the same NTS
+/// fields.
+pub fn client_request_v5(
+    draft: Draft,
+    client_cookie: [u8; 8],
+    unique_id: &[u8; 32],
+    cookie: &[u8],
+    placeholders: usize,
+    keys: &Keys,
+    nonce: [u8; NONCE_LEN],
+) -> Vec<u8> {
+    let draft_field = v5::draft_field(draft).len();
+    let mut p = vec![0; draft_field + client_request_len(cookie.len(), placeholders)];
+    let head = v5::write_request(&mut p, draft, 0, client_cookie, None)
+        .expect("room for the header and the draft's name");
+    let len = append_nts(&mut p, head, unique_id, cookie, placeholders, keys, nonce);
+    p.truncate(len);
+    p
+}
+
+/// Writes the NTS fields after the first `at` bytes of `out` (the request's header and any
+/// fields of its own): the unique identifier, the cookie, the placeholders and the authenticator
+/// over everything before it. Returns the length of the whole.
+fn append_nts(
+    out: &mut [u8],
+    mut at: usize,
+    unique_id: &[u8; 32],
+    cookie: &[u8],
+    placeholders: usize,
+    keys: &Keys,
+    nonce: [u8; NONCE_LEN],
+) -> usize {
     let field = |out: &mut [u8], at: &mut usize, ty: u16, body: Option<&[u8]>, len: usize| {
         out[*at..*at + 2].copy_from_slice(&ty.to_be_bytes());
         out[*at + 2..*at + 4].copy_from_slice(&((4 + len) as u16).to_be_bytes());
@@ -221,13 +277,45 @@ pub fn client_check_reply(
     keys: &Keys,
 ) -> Result<ClientReply, ClientReplyError> {
     let fs: Vec<Field> = fields(reply).collect();
+    let is_nak = reply.len() >= Header::LEN && reply[1] == 0 && reply[offset_refid()] == *b"NTSN";
+    check_fields(reply, &fs, is_nak, unique_id, keys)
+}
+
+/// [`client_check_reply`] for a reply to [`client_request_v5`]: its fields as v5 frames them, and
+/// a NAK as a v5 Kiss-o'-Death with the NTS NAK flag.
+pub fn client_check_reply_v5(
+    reply: &[u8],
+    unique_id: &[u8; 32],
+    keys: &Keys,
+) -> Result<ClientReply, ClientReplyError> {
+    let fs: Vec<Field> = (v5::fields(reply).into_iter().flatten())
+        .map(|f| Field {
+            ty: f.ty,
+            start: f.start,
+            body: f.start + 4..f.start + 4 + f.value.len(),
+        })
+        .collect();
+    // The v5 header's flags are its byte 15.
+    let flags = reply.get(15).copied().unwrap_or(0);
+    let is_nak = reply.get(1) == Some(&0) && flags & v5::flags::AUTH_NAK != 0;
+    check_fields(reply, &fs, is_nak, unique_id, keys)
+}
+
+/// The checks of [`client_check_reply`] over the reply's fields `fs`, `is_nak` saying whether it is
+/// an NTS NAK as its version writes one.
+fn check_fields(
+    reply: &[u8],
+    fs: &[Field],
+    is_nak: bool,
+    unique_id: &[u8; 32],
+    keys: &Keys,
+) -> Result<ClientReply, ClientReplyError> {
     let ours = fs
         .iter()
         .any(|f| f.ty == ef::UNIQUE_IDENTIFIER && reply[f.body.clone()] == unique_id[..]);
     if !ours {
         return Err(ClientReplyError::WrongIdentifier);
     }
-    let is_nak = reply.len() >= Header::LEN && reply[1] == 0 && reply[offset_refid()] == *b"NTSN";
     let Some(auth) = fs.iter().find(|f| f.ty == ef::AUTHENTICATOR) else {
         return if is_nak {
             Ok(ClientReply::Nak)

@@ -42,8 +42,9 @@ mod tests;
 pub use aead::{Aead, MAX_KEY_LEN};
 pub use chime_keyfile::KeyFileError;
 pub use client::{
-    ClientReply, ClientReplyError, KeAnswer, KeAnswerError, client_check_reply, client_request,
-    client_request_into, client_request_len, ke_request, parse_ke_response, reply_unique_id,
+    ClientReply, ClientReplyError, KeAnswer, KeAnswerError, client_check_reply,
+    client_check_reply_v5, client_request, client_request_into, client_request_len,
+    client_request_v5, ke_request, parse_ke_response, reply_unique_id,
 };
 pub use cookies::{Cookie, CookieKeys, Keys, MAX_COOKIE_LEN, cookie_len};
 pub use fleet::{FLEET_SECRET_LEN, FleetSecret, encode_fleet_file, fleet_key, parse_fleet_file};

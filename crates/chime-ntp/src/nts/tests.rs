@@ -538,14 +538,14 @@ fn ke_says_no_common_protocol_or_aead_with_an_empty_record() {
     );
     assert_eq!(none, [0x80, 1, 0, 2, 0, 0, 0x80, 4, 0, 0, 0x80, 0, 0, 0]);
     assert_eq!(
-        parse_ke_response(&none, &Aead::ALL),
+        parse_ke_response(&none, Protocol::NtpV4, &Aead::ALL),
         Err(KeAnswerError::NoAead)
     );
     none.clear();
     ke_response(&KeOutcome::NoProtocol, &port_only, [cookie], &mut none);
     assert_eq!(none, [0x80, 1, 0, 0, 0x80, 0, 0, 0]);
     assert_eq!(
-        parse_ke_response(&none, &Aead::ALL),
+        parse_ke_response(&none, Protocol::NtpV4, &Aead::ALL),
         Err(KeAnswerError::NoProtocol)
     );
 }
@@ -615,7 +615,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
         (vec![Aead::Aes128GcmSiv], true),
         (vec![Aead::AesSivCmac512], true),
     ] {
-        let req = ke_request(&offered);
+        let req = ke_request(Protocol::NtpV4, &offered);
         let KeOutcome::Agreed(agreement) = ke_check(&req, &PoolTokens::none(), false) else {
             panic!("{offered:?}");
         };
@@ -630,7 +630,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
             [sealed],
             &mut out,
         );
-        let answer = parse_ke_response(&out, &offered).unwrap();
+        let answer = parse_ke_response(&out, Protocol::NtpV4, &offered).unwrap();
         assert_eq!(answer.agreement, agreement);
         assert_eq!(answer.cookies, vec![sealed.to_vec()]);
     }
@@ -642,8 +642,15 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
         [master().seal(&keys(), [3; NONCE_LEN])],
         &mut out,
     );
-    assert!(parse_ke_response(&out, &[Aead::AesSivCmac512]).is_err());
-    assert!(parse_ke_response(&out, &[Aead::AesSivCmac512, Aead::AesSivCmac256]).is_ok());
+    assert!(parse_ke_response(&out, Protocol::NtpV4, &[Aead::AesSivCmac512]).is_err());
+    assert!(
+        parse_ke_response(
+            &out,
+            Protocol::NtpV4,
+            &[Aead::AesSivCmac512, Aead::AesSivCmac256]
+        )
+        .is_ok()
+    );
 }
 
 #[test]
@@ -685,7 +692,7 @@ fn the_client_side_round_trips_with_the_server_side() {
     let nowhere = NtpNegotiation::default();
     ke_response(&KeOutcome::Error(1), &nowhere, [], &mut err);
     assert_eq!(
-        parse_ke_response(&err, &Aead::ALL),
+        parse_ke_response(&err, Protocol::NtpV4, &Aead::ALL),
         Err(KeAnswerError::Refused(1))
     );
 }
@@ -701,10 +708,14 @@ fn round_trip(aead: Aead) {
         server: Some("ntp.example.net".to_owned()),
         port: Some(4123),
     };
-    let outcome = ke_check(&ke_request(&[aead]), &PoolTokens::none(), false);
+    let outcome = ke_check(
+        &ke_request(Protocol::NtpV4, &[aead]),
+        &PoolTokens::none(),
+        false,
+    );
     let cookies = std::iter::repeat_with(|| m.seal(&keys, [1; 16]));
     ke_response(&outcome, &elsewhere, cookies, &mut ke);
-    let answer = parse_ke_response(&ke, &[aead]).unwrap();
+    let answer = parse_ke_response(&ke, Protocol::NtpV4, &[aead]).unwrap();
     assert_eq!(answer.agreement.aead, aead);
     assert_eq!(
         (answer.cookies.len(), answer.server.as_deref(), answer.port),
@@ -822,7 +833,7 @@ fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
             ke_response(&outcome, &member, cookies, &mut out);
             // What the pool reads, as a client of this server would: NTPv4, the algorithm, the
             // member's NTP server, eight cookies that open to the pool's keys.
-            let answer = parse_ke_response(&out, &[aead]).unwrap();
+            let answer = parse_ke_response(&out, Protocol::NtpV4, &[aead]).unwrap();
             assert_eq!(answer.agreement.aead, aead);
             assert_eq!(answer.server.as_deref(), Some("time-a.example"));
             assert_eq!(answer.cookies.len(), 8);
@@ -1137,5 +1148,62 @@ fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
         let resp = v5::parse_response(&nak[..nak_len], bad[24..32].try_into().unwrap(), Draft::D08)
             .unwrap();
         assert_eq!((resp.stratum, resp.flags), (0, v5::flags::AUTH_NAK));
+    }
+}
+
+/// The client's side over v5: its request is the server's to verify (the Draft Identification
+/// inside what the authenticator covers), and it reads the server's reply (the fresh cookies),
+/// its NAK, a reply for another identifier, and a forged one, as over v4.
+#[test]
+fn a_v5_client_request_round_trips_and_its_reply_is_checked() {
+    use crate::v5::{self, Draft};
+    let m = master();
+    let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+    let uid = [0x5A; 32];
+    for draft in Draft::ALL {
+        let req = client_request_v5(draft, [7; 8], &uid, cookie.as_bytes(), 1, &keys(), [3; 16]);
+        assert_eq!(v5::accept(&req), Ok(v5::Accepted { draft, nts: true }));
+        let Check::Verified(v) = check_request_v5(&req, &m) else {
+            panic!("{draft:?}: not verified");
+        };
+        let served = crate::responder::tests::served();
+        let mut reply = vec![0; req.len()];
+        v5::write_header(&req, NtpTimestamp(0x1234 << 32), &served, 0, &mut reply).unwrap();
+        let mut n = 0u8;
+        let len = write_response_v5(&mut reply, &req, &v, draft, [0x55; NONCE_LEN], || {
+            n += 1;
+            m.seal(&keys(), [n; NONCE_LEN])
+        })
+        .unwrap();
+        let reply = &reply[..len];
+        assert!(v5::parse_response(reply, [7; 8], draft).is_ok());
+        let Ok(ClientReply::Authentic(cookies)) = client_check_reply_v5(reply, &uid, &keys())
+        else {
+            panic!("{draft:?}: not authentic");
+        };
+        assert_eq!(cookies.len(), 2, "the spent cookie and one placeholder");
+        assert!(cookies.iter().all(|c| m.open(c) == Some(keys())));
+        assert_eq!(
+            client_check_reply_v5(reply, &[0; 32], &keys()),
+            Err(ClientReplyError::WrongIdentifier)
+        );
+        let mut forged = reply.to_vec();
+        forged[40] ^= 1;
+        assert_eq!(
+            client_check_reply_v5(&forged, &uid, &keys()),
+            Err(ClientReplyError::Forged)
+        );
+        // A cookie the server cannot open: its NAK, which the client reads as one.
+        let stale = client_request_v5(draft, [7; 8], &uid, &[9; 104], 0, &keys(), [3; 16]);
+        let Check::Nak(at) = check_request_v5(&stale, &m) else {
+            panic!("{draft:?}: not a NAK");
+        };
+        let mut nak = vec![0; stale.len()];
+        v5::write_header(&stale, NtpTimestamp(9), &served, 0, &mut nak).unwrap();
+        let nak_len = write_nak_v5(&mut nak, &stale, at, draft).unwrap();
+        assert_eq!(
+            client_check_reply_v5(&nak[..nak_len], &uid, &keys()),
+            Ok(ClientReply::Nak)
+        );
     }
 }

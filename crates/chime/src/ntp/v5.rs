@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
+use chime_ntp::nts;
 use chime_ntp::v5::{self, BloomFilter, Draft, Response, ResponseError};
 use chime_ntp::{Leap, NtpTimestamp};
 use serde::Serialize;
@@ -97,13 +98,53 @@ fn exchange(
     reference: Option<(u16, u16)>,
     timeout: Duration,
 ) -> Result<Sent> {
-    let sock = connect(server, timeout)?;
     let mut request = [0u8; 256];
     // A 128-byte slice and the draft's name take 48 + 132 + 28 bytes: it fits.
     let len = v5::write_request(&mut request, draft, 0, cookie, reference)
         .context("an NTPv5 request that does not fit its buffer")?;
+    send(server, &request[..len], draft, timeout)
+}
+
+/// One v5 query authenticated with NTS, with what NTS-KE established (keys exported for the
+/// NTPv5 draft): a cookie and two placeholders. The reply must carry our identifier and verify
+/// before it is read as [`query`] reads one. Returns the report and how many new cookies came.
+pub(super) fn query_nts(
+    est: &crate::nts::Established,
+    draft: Draft,
+    timeout: Duration,
+) -> Result<(Report, usize)> {
+    let server = est.ntp;
+    let cookie = rand::random();
+    let unique_id: [u8; 32] = rand::random();
+    let nts_cookie = &est.answer.cookies[0];
+    let request = nts::client_request_v5(
+        draft,
+        cookie,
+        &unique_id,
+        nts_cookie,
+        2,
+        &est.keys,
+        rand::random(),
+    );
+    let sent = send(server, &request, draft, timeout)?;
+    let cookies = match nts::client_check_reply_v5(&sent.reply, &unique_id, &est.keys) {
+        Ok(nts::ClientReply::Authentic(cookies)) => cookies.len(),
+        Ok(nts::ClientReply::Nak) => {
+            bail!("{server}: NTS NAK: the server refused the cookie NTS-KE gave a moment ago")
+        }
+        Err(e) => bail!("{server}: {e}"),
+    };
+    let reply = check(server, &sent.reply, cookie, draft)?;
+    let (offset, delay) = measure(&sent, &reply);
+    Ok((report(server, &reply, offset, delay, None), cookies))
+}
+
+/// Sends `request` (naming `draft`) from a socket of its own and returns the first datagram the
+/// server sends back, with our send and receive times.
+fn send(server: SocketAddr, request: &[u8], draft: Draft, timeout: Duration) -> Result<Sent> {
+    let sock = connect(server, timeout)?;
     let (t1, era) = now_with_era();
-    sock.send(&request[..len])
+    sock.send(request)
         .with_context(|| format!("{server}: send failed"))?;
     let mut buf = [0u8; 1024];
     let n = match sock.recv(&mut buf) {

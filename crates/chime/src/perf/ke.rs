@@ -548,7 +548,7 @@ fn session(
     tls.sock
         .set_write_timeout(Some(left()?))
         .map_err(|e| classify(&e))?;
-    tls.write_all(&nts::ke_request(aeads))
+    tls.write_all(&nts::ke_request(nts::Protocol::NtpV4, aeads))
         .map_err(|e| classify(&e))?;
     let mut response = Vec::with_capacity(1500);
     let mut chunk = [0u8; 4096];
@@ -568,12 +568,14 @@ fn session(
             Err(e) => return Err(classify(&e)),
         }
     };
-    let answer = nts::parse_ke_response(&response[..len], aeads).map_err(|e| match e {
-        KeAnswerError::Refused(_) | KeAnswerError::NoProtocol | KeAnswerError::NoAead => {
-            (Failure::KeError, e.to_string())
-        }
-        KeAnswerError::Bad(_) => (Failure::BadRecords, e.to_string()),
-    })?;
+    let answer = nts::parse_ke_response(&response[..len], nts::Protocol::NtpV4, aeads).map_err(
+        |e| match e {
+            KeAnswerError::Refused(_) | KeAnswerError::NoProtocol | KeAnswerError::NoAead => {
+                (Failure::KeError, e.to_string())
+            }
+            KeAnswerError::Bad(_) => (Failure::BadRecords, e.to_string()),
+        },
+    )?;
     crate::nts::export_keys(&tls.conn, &answer)
         .map_err(|e| (Failure::Tls, format!("key export: {e}")))?;
     Ok(())

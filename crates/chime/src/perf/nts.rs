@@ -134,7 +134,14 @@ impl KeServer {
 
     fn establish(&self) -> Result<crate::nts::Established> {
         let (host, port) = (&self.host, self.port);
-        crate::nts::establish_with(&self.config, host, port, &self.aeads, self.timeout)
+        crate::nts::establish_with(
+            &self.config,
+            host,
+            port,
+            chime_ntp::nts::Protocol::NtpV4,
+            &self.aeads,
+            self.timeout,
+        )
     }
 }
 
