@@ -225,22 +225,15 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
             &mut pool,
             &nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, v5, false),
         );
-        let (mut next, mut cookies) = (None, Vec::new());
-        for (ty, body) in ke_records(&answer) {
-            match ty & !CRITICAL {
-                NEXT_PROTOCOL => next = Some(body),
-                NEW_COOKIE => cookies.push(body),
-                _ => {}
-            }
-        }
+        let answer = nts::parse_ke_response(&answer, v5, &[Aead::AesSivCmac256]);
         if flags.is_empty() {
-            assert_eq!(next.as_deref(), Some(&[][..]), "no protocol served");
-            assert!(cookies.is_empty());
+            assert_eq!(answer, Err(nts::KeAnswerError::NoProtocol));
         } else {
-            assert_eq!(next.as_deref(), Some(&[0x80, 0x01][..]), "the v5 draft");
-            assert_eq!(cookies.len(), 8);
+            let answer = answer.unwrap();
+            assert_eq!(answer.agreement.protocol, v5, "the v5 draft");
+            assert_eq!(answer.cookies.len(), 8);
             assert!(
-                authenticated_time(member.chimed.addr, &keys, &cookies[0]),
+                authenticated_time(member.chimed.addr, &keys, &answer.cookies[0]),
                 "no authentic reply under the pool's keys"
             );
         }
@@ -253,24 +246,6 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
         assert_eq!(count_in(&totals, "keys.ntpv5-draft"), v5_keys, "{totals}");
         assert_eq!(count_in(&totals, "keys.ntpv4"), 0, "{totals}");
     }
-}
-
-/// NTS-KE record types (RFC 8915 §4) and the critical bit.
-const NEXT_PROTOCOL: u16 = 1;
-const NEW_COOKIE: u16 = 5;
-const CRITICAL: u16 = 0x8000;
-
-/// The records of an NTS-KE message, each as its type (with the critical bit) and its body.
-fn ke_records(message: &[u8]) -> Vec<(u16, Vec<u8>)> {
-    let mut records = Vec::new();
-    let mut rest = message;
-    while let [t0, t1, l0, l1, tail @ ..] = rest {
-        let len = usize::from(u16::from_be_bytes([*l0, *l1]));
-        let (body, after) = tail.split_at(len);
-        records.push((u16::from_be_bytes([*t0, *t1]), body.to_vec()));
-        rest = after;
-    }
-    records
 }
 
 /// The token file is a secret: one readable by others, or that does not parse, stops chimed at
