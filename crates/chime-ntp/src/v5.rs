@@ -45,7 +45,7 @@ pub mod ef {
     /// Names the draft the sender speaks.
     pub const DRAFT_ID: u16 = 0xF5FF;
     /// NTS's Unique Identifier (RFC 8915), echoed in v5 as in v4.
-    pub const UNIQUE_IDENTIFIER: u16 = 0x0104;
+    pub const UNIQUE_IDENTIFIER: u16 = crate::nts::ef::UNIQUE_IDENTIFIER;
 }
 
 /// A revision of the draft, each with the identification it must be named by exactly.
@@ -289,7 +289,10 @@ pub struct Accepted {
 }
 
 /// NTS's field types, which a plain v5 reply never answers.
-const NTS_FIELDS: [u16; 3] = [0x0204, 0x0304, 0x0404];
+const NTS_FIELDS: [u16; 3] = {
+    use crate::nts::ef;
+    [ef::COOKIE, ef::COOKIE_PLACEHOLDER, ef::AUTHENTICATOR]
+};
 
 /// Checks an NTPv5 request: at least the header and a multiple of 4 bytes, version 5, mode 3,
 /// well-formed fields, and a Draft Identification naming a draft in [`Draft::ALL`] exactly

@@ -289,11 +289,7 @@ pub fn client_check_reply_v5(
     keys: &Keys,
 ) -> Result<ClientReply, ClientReplyError> {
     let fs: Vec<Field> = (v5::fields(reply).into_iter().flatten())
-        .map(|f| Field {
-            ty: f.ty,
-            start: f.start,
-            body: f.start + 4..f.start + 4 + f.value.len(),
-        })
+        .map(Field::from)
         .collect();
     // The v5 header's flags are its byte 15.
     let flags = reply.get(15).copied().unwrap_or(0);

@@ -74,11 +74,11 @@ pub const EXPORTER_LABEL: &[u8] = b"EXPORTER-network-time-security";
 pub const ALPN: &[u8] = b"ntske/1";
 
 /// NTS extension field types (RFC 8915 §5.3–5.6).
-mod ef {
-    pub(super) const UNIQUE_IDENTIFIER: u16 = 0x0104;
-    pub(super) const COOKIE: u16 = 0x0204;
-    pub(super) const COOKIE_PLACEHOLDER: u16 = 0x0304;
-    pub(super) const AUTHENTICATOR: u16 = 0x0404;
+pub(crate) mod ef {
+    pub(crate) const UNIQUE_IDENTIFIER: u16 = 0x0104;
+    pub(crate) const COOKIE: u16 = 0x0204;
+    pub(crate) const COOKIE_PLACEHOLDER: u16 = 0x0304;
+    pub(crate) const AUTHENTICATOR: u16 = 0x0404;
 }
 
 /// The most cookies one reply carries, as chronyd.

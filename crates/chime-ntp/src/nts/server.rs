@@ -18,6 +18,17 @@ pub(super) struct Field {
     pub(super) body: Range<usize>,
 }
 
+impl From<crate::v5::Field<'_>> for Field {
+    /// A v5 field, its body without the padding v5 leaves out of its length.
+    fn from(f: crate::v5::Field<'_>) -> Self {
+        Self {
+            ty: f.ty,
+            start: f.start,
+            body: f.start + 4..f.start + 4 + f.value.len(),
+        }
+    }
+}
+
 /// The extension fields after the header, as `check_extensions` accepted them: a remainder of 20
 /// or 24 bytes is a MAC, not a field.
 pub(super) fn fields(packet: &[u8]) -> impl Iterator<Item = Field> + '_ {
@@ -79,12 +90,7 @@ pub fn check_request_v5(request: &[u8], cookie_keys: &CookieKeys) -> Check {
     let Some(v5_fields) = crate::v5::fields(request) else {
         return Check::Malformed;
     };
-    let as_field = |f: crate::v5::Field<'_>| Field {
-        ty: f.ty,
-        start: f.start,
-        body: f.start + 4..f.start + 4 + f.value.len(),
-    };
-    check_fields(request, cookie_keys, v5_fields.map(as_field))
+    check_fields(request, cookie_keys, v5_fields.map(Field::from))
 }
 
 /// The checks of [`check_request`] over a request's `fields`, however they are framed.
@@ -278,9 +284,7 @@ fn seal_reply(
     let plain_len = cookies * cookie_field;
     let auth_len = target - auth_start;
 
-    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
-    reply[Header::LEN + 4..Header::LEN + uid_field].copy_from_slice(uid);
-    reply[Header::LEN + uid_field..extra_at].fill(0);
+    put_unique_id(reply, uid);
     reply[extra_at..auth_start].copy_from_slice(extra);
 
     put_field_header(reply, auth_start, ef::AUTHENTICATOR, auth_len);
@@ -344,11 +348,18 @@ pub fn write_nak_v5(
         return None;
     }
     crate::v5::nts_nak(reply);
-    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, uid_field);
-    reply[Header::LEN + 4..Header::LEN + uid_field].copy_from_slice(uid);
-    reply[Header::LEN + uid_field..draft_at].fill(0);
+    put_unique_id(reply, uid);
     reply[draft_at..len].copy_from_slice(&draft);
     Some(len)
+}
+
+/// The reply's first field after the header, the request's unique identifier `uid`, zero-padded
+/// to 4 bytes as v5 frames it (a v4 identifier needs none); the caller checked that it fits.
+fn put_unique_id(reply: &mut [u8], uid: &[u8]) {
+    let end = Header::LEN + 4 + uid.len();
+    put_field_header(reply, Header::LEN, ef::UNIQUE_IDENTIFIER, 4 + uid.len());
+    reply[Header::LEN + 4..end].copy_from_slice(uid);
+    reply[end..end.next_multiple_of(4)].fill(0);
 }
 
 pub(super) fn put_field_header(buf: &mut [u8], at: usize, ty: u16, len: usize) {

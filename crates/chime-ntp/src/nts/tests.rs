@@ -1118,11 +1118,7 @@ fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
     assert_eq!((resp.stratum, resp.flags), (2, v5::flags::SYNCHRONISED));
     // The authenticator verifies under the server-to-client key over everything before it.
     let auth = v5::fields(&reply).unwrap().last().unwrap();
-    let auth = server::Field {
-        ty: auth.ty,
-        start: auth.start,
-        body: auth.start + 4..auth.start + 4 + auth.value.len(),
-    };
+    let auth = server::Field::from(auth);
     let mut plain = [0u8; 1024];
     let opened = server::open_authenticator(
         &reply,
