@@ -565,7 +565,10 @@ pub struct Response<'a> {
 /// Why a v5 reply was not accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ResponseError {
-    /// Not a well-formed v5 server reply (length, version, mode or fields).
+    /// Another version than 5 (a server that answered in v4, say).
+    #[error("version {0}, not 5")]
+    Version(u8),
+    /// Not a well-formed v5 server reply (length, mode or fields).
     #[error("not a well-formed NTPv5 server reply")]
     Malformed,
     /// The client cookie is not the request's.
@@ -585,7 +588,11 @@ pub fn parse_response(
     let head = reply
         .first_chunk::<{ Header::LEN }>()
         .ok_or(ResponseError::Malformed)?;
-    if version_of(head[0]) != VERSION || Mode::from_first_byte(head[0]) != Mode::Server {
+    match version_of(head[0]) {
+        VERSION => {}
+        other => return Err(ResponseError::Version(other)),
+    }
+    if Mode::from_first_byte(head[0]) != Mode::Server {
         return Err(ResponseError::Malformed);
     }
     if head[at::CLIENT_COOKIE..at::RECEIVE_TS] != client_cookie {

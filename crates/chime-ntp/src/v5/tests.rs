@@ -242,6 +242,12 @@ fn a_client_rejects_a_reply_to_another_request_or_draft() {
         parse_response(&request(Draft::D08, None), COOKIE, Draft::D08),
         Err(ResponseError::Malformed)
     );
+    let mut v4 = reply.clone();
+    v4[0] = (v4[0] & 0xC7) | 4 << 3;
+    assert_eq!(
+        parse_response(&v4, COOKIE, Draft::D08),
+        Err(ResponseError::Version(4))
+    );
 }
 
 #[test]

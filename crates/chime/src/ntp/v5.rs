@@ -181,15 +181,11 @@ fn check<'r>(
     cookie: [u8; 8],
     draft: Draft,
 ) -> Result<Response<'r>> {
-    let version = bytes.first().map(|b| (b >> 3) & 0x07);
-    if bytes.len() >= chime_ntp::Header::LEN && version != Some(v5::VERSION) {
-        bail!(
-            "{server}: bad reply: version {} to a version 5 request",
-            version.unwrap_or_default()
-        );
-    }
     let reply = match v5::parse_response(bytes, cookie, draft) {
         Ok(r) => r,
+        Err(ResponseError::Version(v)) => {
+            bail!("{server}: bad reply: version {v} to a version 5 request")
+        }
         Err(ResponseError::WrongDraft) => {
             bail!("{server}: bad reply: {}", named_draft(bytes, draft))
         }
