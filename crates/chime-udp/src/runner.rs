@@ -525,7 +525,9 @@ impl Worker {
                 Ok(0) => {
                     report_drops(&mut handler, &mut shedding);
                     handler.idle();
-                    shedding.as_mut().map(Shedding::idle);
+                    if let Some(s) = &mut shedding {
+                        s.idle();
+                    }
                     continue;
                 }
                 Ok(n) => {
@@ -544,7 +546,9 @@ impl Worker {
                 Err(e) => {
                     recv_errors.record(1, &e);
                     handler.recv_error(&e);
-                    shedding.as_mut().map(Shedding::idle);
+                    if let Some(s) = &mut shedding {
+                        s.idle();
+                    }
                     // Without a pause a persistent error would spin this CPU at 100%.
                     thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -820,9 +824,9 @@ mod tests {
             Duration::ZERO,
             "no batch yet"
         );
-        // Handled without a stall, done at 100 ms; the next batch's oldest arrived at 105 ms and was taken at 120 ms,
-        // with 2 ms of CPU between: 13 ms off the CPU with work to do. Blocked on an empty queue
-        // from 100 to 105 ms was not a stall.
+        // Handled without a stall, done at 100 ms; the next batch's oldest arrived at 105 ms and
+        // was taken at 120 ms, with 2 ms of CPU between: 13 ms off the CPU with work to do.
+        // Blocked on an empty queue from 100 to 105 ms was not a stall.
         stalls.handled(at(90, 9), at(100, 19));
         assert_eq!(
             stalls.before(at(120, 21), Some(ms(105))),

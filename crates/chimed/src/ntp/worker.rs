@@ -309,16 +309,15 @@ fn answer_v5(
 ) -> Result<usize, NtpDrop> {
     let accepted = v5::accept(req.bytes).map_err(NtpDrop::Request)?;
     let keys = match (accepted.nts, b.cookie_keys) {
-        (false, _) => None,
-        (true, Some(keys)) => Some(keys),
+        (false, _) => {
+            let reply = v5::respond(req.bytes, req.t2, b.served, filter, era, buf);
+            let len = reply.map_err(NtpDrop::Request)?.len;
+            limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
+            notes.v5 = true;
+            return Ok(len);
+        }
+        (true, Some(keys)) => keys,
         (true, None) => return Err(NtpDrop::Request(DropReason::BadExtension)),
-    };
-    let Some(keys) = keys else {
-        let reply = v5::respond(req.bytes, req.t2, b.served, filter, era, buf);
-        let len = reply.map_err(NtpDrop::Request)?.len;
-        limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
-        notes.v5 = true;
-        return Ok(len);
     };
     v5::write_header(req.bytes, req.t2, b.served, era, buf).map_err(NtpDrop::Request)?;
     limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
