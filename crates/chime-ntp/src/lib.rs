@@ -19,6 +19,10 @@
 //!    saves this reply's once it is known ([`reply_receive_timestamp`]).
 //!
 //! The `chime ntp` client uses the same [`Header`] codec and [`NtpTimestamp`] conversions.
+//!
+//! Everything else is at this root but for two protocols, each a module of its own with its whole
+//! API at its top: [`nts`], Network Time Security (NTS-KE's records, cookies, the server's checks
+//! and replies, a pool member's answers, and a client's side), and [`v5`], the NTPv5 draft.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

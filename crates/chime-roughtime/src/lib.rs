@@ -31,6 +31,12 @@
 //! [`build_request`] writes a request for any versions; [`verify_reply`] checks a reply fully;
 //! [`next_nonce`] chains requests and [`verify_chain`] checks a chain and reports servers that
 //! contradict each other.
+//!
+//! # Modules
+//!
+//! Everything above is at this root. Two parts are modules of their own: [`merkle`], the batch's
+//! tree, its paths and the hash each version builds it with, for a client that checks a path on
+//! its own; and, with the `mldsa` feature, `mldsa`, the experimental post-quantum suite.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,5 +1,5 @@
 //! Network Time Security (RFC 8915) for NTPv4 and the NTPv5 draft, sans-IO: the server's part,
-//! and the client's for `chime ntp --nts` (NTPv4).
+//! and the client's for `chime ntp --nts` (NTPv4 and the NTPv5 draft).
 //!
 //! NTS has two halves. In NTS-KE a client opens TLS 1.3 to the key-establishment port, both sides
 //! export two keys from the session (client-to-server and server-to-client), and the server hands
