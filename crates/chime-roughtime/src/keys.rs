@@ -385,10 +385,7 @@ mod tests {
     ];
 
     fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        hex::decode(s).unwrap()
     }
 
     #[test]

@@ -499,11 +499,7 @@ fn report(
         synchronised: reply.leap != Leap::Unsynchronised && reply.stratum != 0,
         stratum: reply.stratum,
         reference_id: refid_text(reply.stratum, reply.reference_id),
-        reference_id_hex: reply
-            .reference_id
-            .iter()
-            .map(|b| format!("{b:02X}"))
-            .collect(),
+        reference_id_hex: hex::encode_upper(reply.reference_id),
         precision: reply.precision,
         poll: reply.poll,
         root_delay: reply.root_delay.seconds(),
