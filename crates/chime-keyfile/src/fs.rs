@@ -51,6 +51,12 @@ pub enum ReadError {
         /// The file.
         path: PathBuf,
     },
+    /// Its bytes are not text (UTF-8), as a key file's are.
+    #[error("{}: not a key file: not text (UTF-8)", path.display())]
+    NotText {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 /// The text of the key file at `path` (`holds` says what it holds, for the error), or `None` if
@@ -79,8 +85,16 @@ pub fn read(path: &Path, holds: &'static str) -> Result<Option<Zeroizing<String>
         holds,
     )?;
     // Read at once into a buffer of the file's size: no reallocation leaves a copy behind.
-    let text = std::fs::read_to_string(path).map_err(io)?;
-    Ok(Some(Zeroizing::new(text)))
+    // Bytes that are not text are wiped all the same.
+    match String::from_utf8(std::fs::read(path).map_err(io)?) {
+        Ok(text) => Ok(Some(Zeroizing::new(text))),
+        Err(e) => {
+            drop(Zeroizing::new(e.into_bytes()));
+            Err(ReadError::NotText {
+                path: path.to_owned(),
+            })
+        }
+    }
 }
 
 /// [`read`], for a file that must exist.
@@ -215,5 +229,12 @@ mod tests {
         );
         let e = read(dir.path(), "a key").unwrap_err().to_string();
         assert!(e.ends_with(": not a regular file"), "{e}");
+        std::fs::write(&path, [0x9f, 0x00, 0xff, 0x10]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = read(&path, "a key").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("{}: not a key file: not text (UTF-8)", path.display())
+        );
     }
 }

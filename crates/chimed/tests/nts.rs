@@ -155,6 +155,10 @@ struct BadNtsFiles {
     cert: String,
     key: String,
     garbage: String,
+    /// A PEM certificate block whose bytes are not X.509, mode 0600.
+    not_x509: String,
+    /// The private key of another certificate.
+    other_key: String,
     open_key: String,
     open_dump: String,
     open_fleet: String,
@@ -167,6 +171,11 @@ fn bad_nts_files() -> BadNtsFiles {
     let (cert, key) = certificate(dir.path(), "server");
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let not_x509 = dir.path().join("not-x509.pem");
+    let armoured = "-----BEGIN CERTIFICATE-----\nMIIBzz==\n-----END CERTIFICATE-----\n";
+    std::fs::write(&not_x509, armoured).unwrap();
+    std::fs::set_permissions(&not_x509, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, other_key) = certificate(dir.path(), "other");
     let open_key = dir.path().join("open.key");
     std::fs::copy(&key, &open_key).unwrap();
     std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -189,6 +198,8 @@ fn bad_nts_files() -> BadNtsFiles {
         cert: s(&cert),
         key: s(&key),
         garbage: s(&garbage),
+        not_x509: s(&not_x509),
+        other_key: s(&other_key),
         open_key: s(&open_key),
         open_dump: s(&open_dump),
         open_fleet: s(&open_fleet),
@@ -275,6 +286,13 @@ fn bad_nts_cases(f: &BadNtsFiles) -> Vec<(Vec<&str>, String)> {
         f.garbage.as_str(),
         f.open_key.as_str(),
     );
+    let (x, k2) = (f.not_x509.as_str(), f.other_key.as_str());
+    // Each names the setting whose file is at fault, the file, and the problem.
+    let open = format!("--nts-private-key: {o}: readable by everyone");
+    let not_x509 = format!("--nts-certificate: {x}: certificate 1 of the chain is not X.509");
+    let no_key = format!("--nts-private-key: {x}: no private key in it");
+    let mismatch =
+        format!("--nts-private-key: {k2}: the private key is not the certificate's ({c})");
     let (od, nd) = (f.open_dump.as_str(), f.garbage.as_str());
     [
         (vec!["--nts-certificate", c], "--nts-private-key: missing"),
@@ -283,9 +301,18 @@ fn bad_nts_cases(f: &BadNtsFiles) -> Vec<(Vec<&str>, String)> {
             vec!["--nts-certificate", g, "--nts-private-key", k],
             "garbage.pem: no certificate",
         ),
+        (vec!["--nts-certificate", c, "--nts-private-key", o], &open),
         (
-            vec!["--nts-certificate", c, "--nts-private-key", o],
-            "open.key: readable by everyone",
+            vec!["--nts-certificate", x, "--nts-private-key", k],
+            &not_x509,
+        ),
+        (
+            vec!["--nts-certificate", c, "--nts-private-key", x],
+            &no_key,
+        ),
+        (
+            vec!["--nts-certificate", c, "--nts-private-key", k2],
+            &mismatch,
         ),
         (
             vec!["--nts-ke-address", "127.0.0.1:4460"],

@@ -60,7 +60,7 @@ pub(crate) fn load(s: &Settings) -> Result<Secrets, ConfigError> {
     let tls = match s.nts_ke() {
         None => None,
         Some((certificate, key)) => {
-            let loaded = nts_ke::load(certificate, key).map_err(|r| s.bad("nts.certificate", r))?;
+            let loaded = nts_ke::load(certificate, key).map_err(|r| s.bad(r.setting(key), r))?;
             Some((loaded.config, loaded.not_after))
         }
     };

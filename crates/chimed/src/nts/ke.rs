@@ -205,12 +205,38 @@ pub(crate) enum TlsError {
     },
     #[error("{}: no certificate in it", path.display())]
     NoCertificate { path: PathBuf },
+    #[error("{}: certificate {number} of the chain is not X.509: {reason}", path.display())]
+    NotX509 {
+        path: PathBuf,
+        number: usize,
+        reason: x509_cert::der::Error,
+    },
+    #[error("{}: no private key in it", path.display())]
+    NoKey { path: PathBuf },
+    #[error("{}: the private key is not the certificate's ({})", key.display(), certificate.display())]
+    KeyMismatch { certificate: PathBuf, key: PathBuf },
     #[error("{} and {}: {source}", certificate.display(), key.display())]
     Rustls {
         certificate: PathBuf,
         key: PathBuf,
         source: rustls::Error,
     },
+}
+
+impl TlsError {
+    /// The setting whose file is at fault: `nts.private-key` for the key file's own errors,
+    /// `nts.certificate` otherwise.
+    pub(crate) fn setting(&self, private_key: &Path) -> &'static str {
+        match self {
+            Self::Io { path, .. } | Self::Readable { path, .. } | Self::Pem { path, .. }
+                if path == private_key =>
+            {
+                "nts.private-key"
+            }
+            Self::NoKey { .. } | Self::KeyMismatch { .. } => "nts.private-key",
+            _ => "nts.certificate",
+        }
+    }
 }
 
 /// [`tls_config`], with the leaf certificate's expiry.
@@ -291,11 +317,32 @@ pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<Serve
             path: certificate.to_owned(),
         });
     }
-    let key = PrivateKeyDer::from_pem_file(private_key).map_err(pem(private_key))?;
-    let rustls = |source| TlsError::Rustls {
-        certificate: certificate.to_owned(),
-        key: private_key.to_owned(),
-        source,
+    // rustls takes the chain's bytes as they are; a certificate that is not X.509 would only
+    // show in a client's handshake, so each is parsed here to be refused by name.
+    for (i, der) in chain.iter().enumerate() {
+        use x509_cert::der::Decode as _;
+        x509_cert::Certificate::from_der(der).map_err(|reason| TlsError::NotX509 {
+            path: certificate.to_owned(),
+            number: i + 1,
+            reason,
+        })?;
+    }
+    let key = PrivateKeyDer::from_pem_file(private_key).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoKey {
+            path: private_key.to_owned(),
+        },
+        e => pem(private_key)(e),
+    })?;
+    let rustls = |source| match source {
+        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+            certificate: certificate.to_owned(),
+            key: private_key.to_owned(),
+        },
+        source => TlsError::Rustls {
+            certificate: certificate.to_owned(),
+            key: private_key.to_owned(),
+            source,
+        },
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
