@@ -317,8 +317,9 @@ pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<Serve
             path: certificate.to_owned(),
         });
     }
-    // rustls takes the chain's bytes as they are; a certificate that is not X.509 would only
-    // show in a client's handshake, so each is parsed here to be refused by name.
+    // rustls parses only the leaf (to match it with the key; a bad one is "invalid peer
+    // certificate: BadEncoding") and sends the rest as they are: each is parsed here, to be
+    // refused by its place in the chain rather than by a client's failed handshake.
     for (i, der) in chain.iter().enumerate() {
         use x509_cert::der::Decode as _;
         x509_cert::Certificate::from_der(der).map_err(|reason| TlsError::NotX509 {
