@@ -525,9 +525,7 @@ impl Worker {
                 Ok(0) => {
                     report_drops(&mut handler, &mut shedding);
                     handler.idle();
-                    if let Some(s) = &mut shedding {
-                        s.idle();
-                    }
+                    Shedding::idle_if_any(&mut shedding);
                     continue;
                 }
                 Ok(n) => {
@@ -546,9 +544,7 @@ impl Worker {
                 Err(e) => {
                     recv_errors.record(1, &e);
                     handler.recv_error(&e);
-                    if let Some(s) = &mut shedding {
-                        s.idle();
-                    }
+                    Shedding::idle_if_any(&mut shedding);
                     // Without a pause a persistent error would spin this CPU at 100%.
                     thread::sleep(backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -691,6 +687,13 @@ impl Shedding {
             done: Some(Clocks::read()),
             handling: Duration::ZERO,
         };
+    }
+
+    /// [`Shedding::idle`], for a worker that may not shed at all.
+    fn idle_if_any(shedding: &mut Option<Self>) {
+        if let Some(s) = shedding {
+            s.idle();
+        }
     }
 }
 
