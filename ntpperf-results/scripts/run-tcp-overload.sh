@@ -98,7 +98,7 @@ run_one() {
     sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\).*/\1/p' "/proc/$pid/status" >"$out/tcp-$label-$round.hwm"
     kill -TERM "$pid"
     wait "$pid" || true
-    grep 'roughtime tcp totals at exit' "$work/$label-$round.log" >"$out/tcp-$label-$round.totals" || true
+    grep 'roughtime-tcp totals at exit' "$work/$label-$round.log" >"$out/tcp-$label-$round.totals" || true
 }
 
 for round in $(seq "$rounds"); do

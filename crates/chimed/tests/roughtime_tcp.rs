@@ -55,7 +55,7 @@ impl Server {
     fn stop(mut self) -> String {
         assert!(self.chimed.terminate().success());
         self.chimed
-            .wait_for("roughtime tcp totals at exit", Duration::from_secs(2))
+            .wait_for("roughtime-tcp totals at exit", Duration::from_secs(2))
     }
 }
 
@@ -511,7 +511,7 @@ fn a_standing_queue_is_shed_by_age() {
         .collect();
     let replies: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
     assert!(chimed.terminate().success());
-    let totals = chimed.wait_for("roughtime tcp totals at exit", Duration::from_secs(2));
+    let totals = chimed.wait_for("roughtime-tcp totals at exit", Duration::from_secs(2));
     assert!(count_in(&totals, "shed") > 0, "{totals}");
     assert!(count_in(&totals, "closed_ageing") > 0, "{totals}");
     assert_eq!(count_in(&totals, "answered") as usize, replies, "{totals}");

@@ -265,7 +265,7 @@ fn log_totals(running: &Running) {
     }
     if let Some((counts, workers)) = &running.tcp {
         info!(
-            "roughtime tcp totals at exit: {} | connections: {}",
+            "roughtime-tcp totals at exit: {} | connections: {}",
             workers.total().display_all(),
             counts.line()
         );

@@ -261,7 +261,7 @@ fn tcp(
     Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
 )> {
     info!(
-        "roughtime tcp: at most {} connections, {} per address, closed after {} s idle or {} s \
+        "roughtime-tcp: at most {} connections, {} per address, closed after {} s idle or {} s \
          in all",
         limits.connections,
         limits.per_address,

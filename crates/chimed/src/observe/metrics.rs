@@ -139,7 +139,7 @@ pub(crate) async fn serve(
             Err(e) => {
                 // Out of file descriptors and the like: say so now and then, and let it pass.
                 if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    warn!("metrics endpoint: accept failed: {e}");
+                    warn!("metrics: accept failed: {e}");
                     last_error = Some(std::time::Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -28,7 +28,7 @@ pub(crate) enum Error {
     #[error("cannot delegate an online key: {0}")]
     Delegate(#[from] chime_roughtime::DelegationError),
     /// Roughtime over TCP could not be set up on this address.
-    #[error("roughtime tcp {addr}: cannot {what}: {source}")]
+    #[error("roughtime-tcp {addr}: cannot {what}: {source}")]
     Tcp {
         addr: std::net::SocketAddr,
         what: &'static str,

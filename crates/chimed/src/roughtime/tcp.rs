@@ -305,7 +305,7 @@ pub(crate) fn spawn(
                             counts.clone(),
                             addresses.clone(),
                         ))),
-                        Err(e) => warn!("roughtime tcp: cannot use a listener: {e}"),
+                        Err(e) => warn!("roughtime-tcp: cannot use a listener: {e}"),
                     }
                 }
                 drop(jobs);
@@ -313,7 +313,7 @@ pub(crate) fn spawn(
                     () = stopped.cancelled() => {}
                     // An accept loop never ends by itself: if one did, the service is over and
                     // the supervisor, seeing this thread end, stops the daemon.
-                    _ = accepting.join_next() => error!("roughtime tcp: an accept loop ended"),
+                    _ = accepting.join_next() => error!("roughtime-tcp: an accept loop ended"),
                 }
                 // The accept loops hold the connections' tasks' senders only through them:
                 // ending them and the connections lets the signer see its queue close.
@@ -356,7 +356,7 @@ async fn accept(
                 Ok(a) => a,
                 Err(e) => {
                     // Out of descriptors and the like: pause rather than spin.
-                    warn!("roughtime tcp: accept failed: {e}");
+                    warn!("roughtime-tcp: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -446,7 +446,7 @@ async fn serve_connection(
     _slot: Slot,
 ) {
     let end = converse(stream, peer, (&jobs, &counts), limits).await;
-    debug!(%peer, "roughtime tcp: connection closed: {}", end.label());
+    debug!(%peer, "roughtime-tcp: connection closed: {}", end.label());
     let counter = match end {
         End::ByClient => &counts.closed_by_client,
         End::Idle => &counts.closed_idle,
