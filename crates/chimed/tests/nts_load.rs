@@ -89,8 +89,15 @@ fn perf_ntp_nts_verifies_every_reply() {
     assert_eq!(step["refused"], 0, "{step:#}");
     assert_eq!(report["request"]["nts"]["cookie_len"], 104, "{report:#}");
     assert_eq!(nts_summary(&out, "NAKs"), 0, "{out}");
-    // Cookies come back with each reply: a session never runs out at this loss.
-    assert_eq!(nts_summary(&out, "requests reused"), 0, "{out}");
+    // Cookies come back with each reply. A session of 8 sent at ~330/s runs out only if its
+    // replies lag by 24 ms (a stall of this shared machine can do that, and then the next
+    // requests ask for more), so a few reused are allowed; a generator that kept no cookie from
+    // the replies would reuse all but the first 48.
+    let reused = nts_summary(&out, "requests reused");
+    assert!(
+        reused * 50 <= sent,
+        "{reused} of {sent} reused a cookie: {out}"
+    );
     assert!(chimed.terminate().success());
     let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     // The warm-up's replies and any late ones count at chimed, not in the step.
