@@ -154,7 +154,13 @@ fn nts(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
     let master = chime_ntp::nts::CookieKeys::new(1, [7; 32]);
     for aead in chime_ntp::nts::Aead::ALL {
         let len = aead.key_len();
-        let keys = chime_ntp::nts::Keys::new(aead, &vec![1; len], &vec![2; len]).unwrap();
+        let keys = chime_ntp::nts::Keys::new(
+            chime_ntp::nts::Protocol::NtpV4,
+            aead,
+            &vec![1; len],
+            &vec![2; len],
+        )
+        .unwrap();
         // As chronyd sends it in steady state: a unique identifier, one cookie, no placeholder.
         let cookie = master.seal(&keys, [3; 16]);
         let nts_request = chime_ntp::nts::client_request(req, &[9; 32], &cookie, 0, &keys, [4; 16]);

@@ -16,7 +16,7 @@ fuzz_target!(|input: (u8, Vec<u8>)| {
     let pool = PoolTokens::new([TOKEN]);
     let aead = nts::Aead::ALL[usize::from(choice % 3)];
     let len = aead.key_len();
-    let keys = Keys::new(aead, &vec![1; len], &vec![2; len]).unwrap();
+    let keys = Keys::new(Protocol::NtpV4, aead, &vec![1; len], &vec![2; len]).unwrap();
     let protocol = [Protocol::NtpV4, Protocol::NtpV5Draft][usize::from(choice & 16 != 0)];
     let ntpv5 = choice & 32 != 0;
     let request = match choice >> 6 {
@@ -37,6 +37,7 @@ fuzz_target!(|input: (u8, Vec<u8>)| {
     let master = CookieKeys::new(1, [7; 32]);
     let sealed = match &outcome {
         KeOutcome::Agreed(a) => Keys::new(
+            a.protocol,
             a.aead,
             &vec![3; a.aead.key_len()],
             &vec![4; a.aead.key_len()],

@@ -12,7 +12,7 @@ fuzz_target!(|input: (bool, u8, Vec<u8>)| {
     let master = CookieKeys::new(1, [7; 32]);
     let aead = nts::Aead::ALL[usize::from(choice / 16) % nts::Aead::ALL.len()];
     let len = aead.key_len();
-    let keys = Keys::new(aead, &vec![1; len], &vec![2; len]).unwrap();
+    let keys = Keys::new(nts::Protocol::NtpV4, aead, &vec![1; len], &vec![2; len]).unwrap();
     if genuine {
         request.resize(48, 0);
         request[0] = 0x23;

@@ -80,21 +80,38 @@ impl Member {
 /// An NTS request under `keys` with `cookie` to chimed's NTP port: whether the reply is
 /// authentic under them, with fresh cookies.
 fn authenticated_time(ntp: std::net::SocketAddr, keys: &Keys, cookie: &[u8]) -> bool {
-    let mut header = [0u8; 48];
-    Header::request(4, Mode::Client, NtpTimestamp(1)).encode(&mut header);
+    matches!(
+        nts_exchange(ntp, keys, cookie, false),
+        Some(Ok(ClientReply::Authentic(cookies))) if !cookies.is_empty()
+    )
+}
+
+/// Spends `cookie` in one NTS request under `keys`, NTPv4's or (`v5`) the NTPv5 draft -08's:
+/// what the client makes of chimed's reply, if one came. No reply is longer than its request.
+fn nts_exchange(
+    ntp: std::net::SocketAddr,
+    keys: &Keys,
+    cookie: &[u8],
+    v5: bool,
+) -> Option<Result<ClientReply, nts::ClientReplyError>> {
     let uid: [u8; 32] = rand_bytes();
-    let request = nts::client_request(&header, &uid, cookie, 0, keys, rand_bytes());
-    let Some(reply) = exchange(ntp, &request, Duration::from_secs(2)) else {
-        return false;
+    let request = if v5 {
+        let draft = chime_ntp::v5::Draft::D08;
+        nts::client_request_v5(draft, rand_bytes(), &uid, cookie, 0, keys, rand_bytes())
+    } else {
+        let mut header = [0u8; 48];
+        Header::request(4, Mode::Client, NtpTimestamp(1)).encode(&mut header);
+        nts::client_request(&header, &uid, cookie, 0, keys, rand_bytes())
     };
+    let reply = exchange(ntp, &request, Duration::from_secs(2))?;
     assert!(
         reply.len() <= request.len(),
         "a reply longer than its request"
     );
-    matches!(
-        nts::client_check_reply(&reply, &uid, keys),
-        Ok(ClientReply::Authentic(cookies)) if !cookies.is_empty()
-    )
+    Some(match v5 {
+        true => nts::client_check_reply_v5(&reply, &uid, keys),
+        false => nts::client_check_reply(&reply, &uid, keys),
+    })
 }
 
 fn rand_bytes<const N: usize>() -> [u8; N] {
@@ -134,7 +151,13 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
     );
     for (i, aead) in Aead::ALL.into_iter().enumerate() {
         let len = aead.key_len();
-        let keys = Keys::new(aead, &rand_bytes::<64>()[..len], &rand_bytes::<64>()[..len]).unwrap();
+        let keys = Keys::new(
+            nts::Protocol::NtpV4,
+            aead,
+            &rand_bytes::<64>()[..len],
+            &rand_bytes::<64>()[..len],
+        )
+        .unwrap();
         let last = i + 1 == Aead::ALL.len();
         let v4 = nts::Protocol::NtpV4;
         let request = nts::pool_fixed_key_request(TOKEN.as_bytes(), &keys, v4, !last);
@@ -198,15 +221,16 @@ fn a_pool_with_its_token_gets_cookies_chimed_opens() {
 
 /// A member serving NTPv5 (`--ntpv5`) says so to its pool, and seals the keys of a pool's client
 /// that agreed on v5 with the pool: the response names the v5 draft (0x8001) and carries eight
-/// cookies, which chimed opens (one gets authenticated time). Without `--ntpv5` it lists NTPv4
-/// alone and answers a v5 key request with no protocol. (That a cookie's keys authenticate v5
-/// requests is chime-ntp's test; ntpd-rs over v5 through nts-pool-ke, by hand, in docs/NTS.adoc.)
+/// cookies, which get authenticated time over v5 and a NAK over v4 (their keys are v5's). Without
+/// `--ntpv5` it lists NTPv4 alone and answers a v5 key request with no protocol. (ntpd-rs over v5
+/// through nts-pool-ke, by hand, in docs/NTS.adoc.)
 #[test]
 fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(dir.path(), &format!("token {TOKEN}\n"));
     let v5 = nts::Protocol::NtpV5Draft;
     let keys = Keys::new(
+        v5,
         Aead::AesSivCmac256,
         &rand_bytes::<32>(),
         &rand_bytes::<32>(),
@@ -232,9 +256,19 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
             let answer = answer.unwrap();
             assert_eq!(answer.agreement.protocol, v5, "the v5 draft");
             assert_eq!(answer.cookies.len(), 8);
+            // A v5 client's cookies get authenticated time over v5, and a NAK over v4: their
+            // keys were exported for v5.
+            let addr = member.chimed.addr;
+            let over_v5 = nts_exchange(addr, &keys, &answer.cookies[0], true);
             assert!(
-                authenticated_time(member.chimed.addr, &keys, &answer.cookies[0]),
-                "no authentic reply under the pool's keys"
+                matches!(&over_v5, Some(Ok(ClientReply::Authentic(c))) if !c.is_empty()),
+                "no authentic v5 reply under the pool's keys: {over_v5:?}"
+            );
+            let over_v4 = nts_exchange(addr, &keys, &answer.cookies[1], false);
+            assert_eq!(
+                over_v4,
+                Some(Ok(ClientReply::Nak)),
+                "a v5 cookie spent over v4"
             );
         }
         assert!(member.chimed.terminate().success());
@@ -336,6 +370,7 @@ fn a_fleet_member_opens_the_cookies_another_made_for_a_pool() {
     other.wait_for("synchronised: stratum 3", Duration::from_secs(10));
     let mut pool = asked.session(ke);
     let keys = Keys::new(
+        nts::Protocol::NtpV4,
         Aead::AesSivCmac512,
         &rand_bytes::<64>(),
         &rand_bytes::<64>(),

@@ -7,11 +7,14 @@ use zeroize::Zeroize;
 
 use super::aead::{Aead, MAX_KEY_LEN};
 use super::fleet::{FleetSecret, fleet_key};
+use super::records::Protocol;
 use super::{KEY_LEN, NONCE_LEN, TAG_LEN};
 
-/// The two keys of one client's NTS association, and the algorithm they are for.
+/// The two keys of one client's NTS association, the protocol they were exported for, and the
+/// algorithm they are for.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Keys {
+    protocol: Protocol,
     aead: Aead,
     /// Client to server (the requests' authenticators), in its first `aead.key_len()` bytes.
     c2s: [u8; MAX_KEY_LEN],
@@ -20,14 +23,15 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// The keys of an association under `aead`, as the TLS exporter gave them; `None` if either
-    /// is not the algorithm's key length.
-    pub fn new(aead: Aead, c2s: &[u8], s2c: &[u8]) -> Option<Self> {
+    /// The keys of an association for `protocol` under `aead`, as the TLS exporter gave them;
+    /// `None` if either is not the algorithm's key length.
+    pub fn new(protocol: Protocol, aead: Aead, c2s: &[u8], s2c: &[u8]) -> Option<Self> {
         let len = aead.key_len();
         if c2s.len() != len || s2c.len() != len {
             return None;
         }
         let mut keys = Self {
+            protocol,
             aead,
             c2s: [0; MAX_KEY_LEN],
             s2c: [0; MAX_KEY_LEN],
@@ -35,6 +39,12 @@ impl Keys {
         keys.c2s[..len].copy_from_slice(c2s);
         keys.s2c[..len].copy_from_slice(s2c);
         Some(keys)
+    }
+
+    /// The protocol the keys were exported for (RFC 8915 §5.1): a request of the other one is
+    /// not theirs to authenticate.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
     }
 
     /// The algorithm the keys are for.
@@ -62,12 +72,17 @@ impl Drop for Keys {
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Keys {{ aead: {}, .. }}", self.aead)
+        write!(
+            f,
+            "Keys {{ protocol: {:?}, aead: {}, .. }}",
+            self.protocol, self.aead
+        )
     }
 }
 
 /// The length of a cookie sealing keys for `aead`: key id (4), nonce (16), tag (16), then the
-/// sealed algorithm (2), padding (2) and the two keys; a multiple of 4, as clients require.
+/// sealed algorithm (2), protocol (2) and the two keys; a multiple of 4, as clients require. (The
+/// protocol's two bytes were zero padding before NTPv5: a cookie of then opens as NTPv4's.)
 /// 104 bytes for AEAD_AES_SIV_CMAC_256, 168 for _512, 72 for AEAD_AES_128_GCM_SIV.
 pub const fn cookie_len(aead: Aead) -> usize {
     HEAD + 4 + 2 * aead.key_len()
@@ -216,6 +231,7 @@ impl CookieKeys {
         head[..4].copy_from_slice(&id.to_be_bytes());
         head[4..4 + NONCE_LEN].copy_from_slice(&nonce);
         body[..2].copy_from_slice(&aead.id().to_be_bytes());
+        body[2..4].copy_from_slice(&keys.protocol.id().to_be_bytes());
         body[4..4 + len].copy_from_slice(keys.c2s());
         body[4 + len..].copy_from_slice(keys.s2c());
         let mut siv = Aes128Siv::new(master.into());
@@ -226,8 +242,8 @@ impl CookieKeys {
         cookie
     }
 
-    /// The keys in `cookie`, if one of our master keys sealed it, nobody changed it since, and
-    /// the algorithm it names is the one its length is for.
+    /// The keys in `cookie`, if one of our master keys sealed it, nobody changed it since, the
+    /// algorithm it names is the one its length is for, and the protocol it names is one we know.
     pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
         let aead = Aead::ALL
             .into_iter()
@@ -245,9 +261,13 @@ impl CookieKeys {
         let opened = siv.decrypt_in_place_detached([&cookie[..4], nonce], body, &tag);
         let len = aead.key_len();
         let named = u16::from_be_bytes([body[0], body[1]]);
-        let keys = (opened.is_ok() && named == aead.id())
-            .then(|| Keys::new(aead, &body[4..4 + len], &body[4 + len..]))
-            .flatten();
+        let protocol = Protocol::from_id(u16::from_be_bytes([body[2], body[3]]));
+        let keys = match protocol {
+            Some(p) if opened.is_ok() && named == aead.id() => {
+                Keys::new(p, aead, &body[4..4 + len], &body[4 + len..])
+            }
+            _ => None,
+        };
         body.zeroize();
         keys
     }

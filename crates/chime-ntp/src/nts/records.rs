@@ -42,6 +42,15 @@ impl Protocol {
             Self::NtpV5Draft => 0x8001,
         }
     }
+
+    /// The protocol of Next Protocol id `id`, if it is one of these.
+    pub const fn from_id(id: u16) -> Option<Self> {
+        match id {
+            0 => Some(Self::NtpV4),
+            0x8001 => Some(Self::NtpV5Draft),
+            _ => None,
+        }
+    }
 }
 
 /// What the two sides of NTS-KE agreed on: the protocol, the AEAD algorithm, and how its keys are
@@ -86,7 +95,8 @@ impl Agreement {
         );
         export(&self.exporter_context(false), &mut c2s[..len])?;
         export(&self.exporter_context(true), &mut s2c[..len])?;
-        Ok(Keys::new(self.aead, &c2s[..len], &s2c[..len]).expect("the algorithm's own key length"))
+        let keys = Keys::new(self.protocol, self.aead, &c2s[..len], &s2c[..len]);
+        Ok(keys.expect("the algorithm's own key length"))
     }
 }
 
@@ -271,7 +281,7 @@ impl<'a> Seen<'a> {
             (Some(protocol), None) => KeOutcome::NoAead(protocol),
             (Some(protocol), Some(aead)) => {
                 let (c2s, s2c) = both.split_at(both.len() / 2);
-                match Keys::new(aead, c2s, s2c) {
+                match Keys::new(protocol, aead, c2s, s2c) {
                     Some(keys) => KeOutcome::PoolKeys {
                         keys,
                         protocol,

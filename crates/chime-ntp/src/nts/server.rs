@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use super::aead::Aead;
 use super::cookies::{Cookie, CookieKeys, Keys, cookie_len};
+use super::records::Protocol;
 use super::{MAX_COOKIES, MIN_UNIQUE_ID, NONCE_LEN, TAG_LEN, ef};
 use crate::packet::Header;
 use crate::responder::kiss_of_death;
@@ -81,7 +82,7 @@ pub enum Check {
 
 /// Checks the NTS fields of an NTPv4 client request that [`crate::respond`] accepted.
 pub fn check_request(request: &[u8], cookie_keys: &CookieKeys) -> Check {
-    check_fields(request, cookie_keys, fields(request))
+    check_fields(request, cookie_keys, Protocol::NtpV4, fields(request))
 }
 
 /// Checks the NTS fields of an NTPv5 request that [`crate::v5::accept`] accepted: the same rules
@@ -90,13 +91,21 @@ pub fn check_request_v5(request: &[u8], cookie_keys: &CookieKeys) -> Check {
     let Some(v5_fields) = crate::v5::fields(request) else {
         return Check::Malformed;
     };
-    check_fields(request, cookie_keys, v5_fields.map(Field::from))
+    check_fields(
+        request,
+        cookie_keys,
+        Protocol::NtpV5Draft,
+        v5_fields.map(Field::from),
+    )
 }
 
-/// The checks of [`check_request`] over a request's `fields`, however they are framed.
+/// The checks of [`check_request`] over a request of `protocol`'s `fields`, however they are
+/// framed. A cookie of keys exported for the other protocol gets a NAK, as one that does not open:
+/// RFC 8915 §5.1 keeps each protocol's keys apart.
 fn check_fields(
     request: &[u8],
     cookie_keys: &CookieKeys,
+    protocol: Protocol,
     fields: impl Iterator<Item = Field>,
 ) -> Check {
     let mut unique_id = None;
@@ -147,6 +156,9 @@ fn check_fields(
     let Some(keys) = cookie_keys.open(&request[cookie]) else {
         return Check::Nak(unique_id);
     };
+    if keys.protocol() != protocol {
+        return Check::Nak(unique_id);
+    }
     if !authentic(request, &auth, &keys) {
         return Check::Nak(unique_id);
     }

@@ -16,7 +16,12 @@ const S2C: [u8; KEY_LEN] = [0x22; KEY_LEN];
 const COOKIE_LEN: usize = cookie_len(Aead::AesSivCmac256);
 
 fn keys() -> Keys {
-    Keys::new(Aead::AesSivCmac256, &C2S, &S2C).unwrap()
+    Keys::new(Protocol::NtpV4, Aead::AesSivCmac256, &C2S, &S2C).unwrap()
+}
+
+/// [`keys`], exported for the NTPv5 draft.
+fn keys_v5() -> Keys {
+    Keys::new(Protocol::NtpV5Draft, Aead::AesSivCmac256, &C2S, &S2C).unwrap()
 }
 
 fn master() -> CookieKeys {
@@ -91,6 +96,47 @@ fn reply_to(req: &[u8], m: &CookieKeys) -> (Vec<u8>, usize) {
     })
     .unwrap();
     (reply, len)
+}
+
+/// A cookie under `master()` as [`CookieKeys::seal`] lays one out, naming `protocol_id` in the
+/// two bytes after the algorithm (zero, padding, in cookies made before NTPv5).
+fn cookie_naming(protocol_id: u16) -> Vec<u8> {
+    let (id, nonce) = (7u32.to_be_bytes(), [9u8; NONCE_LEN]);
+    let mut body = Vec::new();
+    body.extend_from_slice(&Aead::AesSivCmac256.id().to_be_bytes());
+    body.extend_from_slice(&protocol_id.to_be_bytes());
+    body.extend_from_slice(&C2S);
+    body.extend_from_slice(&S2C);
+    let mut siv = Aes128Siv::new((&[0x33; KEY_LEN]).into());
+    let tag = siv
+        .encrypt_in_place_detached([&id[..], &nonce[..]], &mut body)
+        .unwrap();
+    [&id[..], &nonce, &tag, &body].concat()
+}
+
+/// A cookie carries the protocol its keys were exported for (RFC 8915 §5.1 keeps them apart): a
+/// request of the other protocol gets a NAK, as if the cookie had not opened. A cookie of before
+/// NTPv5 (those bytes zero) opens as NTPv4's; one naming a protocol unknown here does not open.
+#[test]
+fn a_cookie_serves_only_the_protocol_its_keys_were_exported_for() {
+    let m = master();
+    let v4 = m.seal(&keys(), [1; NONCE_LEN]);
+    let v5 = m.seal(&keys_v5(), [2; NONCE_LEN]);
+    assert_eq!(m.open(&v4), Some(keys()));
+    assert_eq!(m.open(&v5), Some(keys_v5()));
+    assert_eq!(
+        m.open(&cookie_naming(0)),
+        Some(keys()),
+        "a cookie of before"
+    );
+    assert_eq!(m.open(&cookie_naming(0x8001)), Some(keys_v5()));
+    assert_eq!(m.open(&cookie_naming(1)), None, "no protocol 1 here");
+    let verified = |c: &Check| matches!(c, Check::Verified(_));
+    let nak = |c: &Check| matches!(c, Check::Nak(_));
+    assert!(verified(&check_request(&request(&v4, 0, &C2S), &m)));
+    assert!(nak(&check_request(&request(&v5, 0, &C2S), &m)));
+    assert!(verified(&check_request_v5(&request_v5(&v5, 0, &C2S), &m)));
+    assert!(nak(&check_request_v5(&request_v5(&v4, 0, &C2S), &m)));
 }
 
 #[test]
@@ -594,7 +640,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
 
     let response = |agreement: Agreement| {
         let mut out = Vec::new();
-        let keys = Keys::new(agreement.aead, &[1; 16], &[2; 16]);
+        let keys = Keys::new(Protocol::NtpV4, agreement.aead, &[1; 16], &[2; 16]);
         let cookies = keys.map(|k| master().seal(&k, [3; NONCE_LEN]));
         ke_response(
             &KeOutcome::Agreed(agreement),
@@ -622,7 +668,13 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
         assert_eq!(agreement.compliant_export, compliant);
         let mut out = Vec::new();
         let len = agreement.aead.key_len();
-        let keys = Keys::new(agreement.aead, &vec![1; len], &vec![2; len]).unwrap();
+        let keys = Keys::new(
+            Protocol::NtpV4,
+            agreement.aead,
+            &vec![1; len],
+            &vec![2; len],
+        )
+        .unwrap();
         let sealed = master().seal(&keys, [3; NONCE_LEN]);
         ke_response(
             &KeOutcome::Agreed(agreement),
@@ -700,9 +752,9 @@ fn the_client_side_round_trips_with_the_server_side() {
 fn round_trip(aead: Aead) {
     let m = master();
     let len = aead.key_len();
-    let keys = Keys::new(aead, &vec![0x11; len], &vec![0x22; len]).unwrap();
+    let keys = Keys::new(Protocol::NtpV4, aead, &vec![0x11; len], &vec![0x22; len]).unwrap();
     // The other direction's key in the place of each: what a reflected packet would be under.
-    let swapped = Keys::new(aead, keys.s2c(), keys.c2s()).unwrap();
+    let swapped = Keys::new(Protocol::NtpV4, aead, keys.s2c(), keys.c2s()).unwrap();
     let mut ke = Vec::new();
     let elsewhere = NtpNegotiation {
         server: Some("ntp.example.net".to_owned()),
@@ -813,7 +865,7 @@ fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
     let pool = PoolTokens::new(["another-pool", std::str::from_utf8(TOKEN).unwrap()]);
     for aead in Aead::ALL {
         let len = aead.key_len();
-        let keys = Keys::new(aead, &vec![0x31; len], &vec![0x32; len]).unwrap();
+        let keys = Keys::new(Protocol::NtpV4, aead, &vec![0x31; len], &vec![0x32; len]).unwrap();
         for keep_alive in [false, true] {
             let req = pool_fixed_key_request(TOKEN, &keys, Protocol::NtpV4, keep_alive);
             assert_eq!(ke_message_len(&req), Some(req.len()));
@@ -875,7 +927,7 @@ fn a_pool_support_request_is_answered_with_each_algorithm_and_its_key_length() {
 #[test]
 fn a_pool_gets_cookies_for_ntpv5_from_a_member_that_serves_it() {
     let pool = PoolTokens::new([TOKEN]);
-    let req = pool_fixed_key_request(TOKEN, &keys(), Protocol::NtpV5Draft, false);
+    let req = pool_fixed_key_request(TOKEN, &keys_v5(), Protocol::NtpV5Draft, false);
     assert_eq!(ke_check(&req, &pool, false), KeOutcome::NoProtocol);
     let outcome = ke_check(&req, &pool, true);
     let KeOutcome::PoolKeys {
@@ -886,7 +938,7 @@ fn a_pool_gets_cookies_for_ntpv5_from_a_member_that_serves_it() {
     else {
         panic!("{outcome:?}")
     };
-    assert_eq!((got, *protocol), (&keys(), Protocol::NtpV5Draft));
+    assert_eq!((got, *protocol), (&keys_v5(), Protocol::NtpV5Draft));
     let m = master();
     let mut out = Vec::new();
     let mut nonce = 0;
@@ -1083,7 +1135,7 @@ fn request_v5(cookie: &[u8], placeholders: usize, c2s: &[u8; KEY_LEN]) -> Vec<u8
 fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
     use crate::v5::{self, Draft};
     let m = master();
-    let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+    let cookie = m.seal(&keys_v5(), [1; NONCE_LEN]);
     let req = request_v5(cookie.as_bytes(), 2, &C2S);
     assert_eq!(
         v5::accept(&req),
@@ -1101,7 +1153,7 @@ fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
     let mut n = 0u8;
     let len = write_response_v5(&mut reply, &req, &v, Draft::D08, [0x55; NONCE_LEN], || {
         n += 1;
-        m.seal(&keys(), [n; NONCE_LEN])
+        m.seal(&keys_v5(), [n; NONCE_LEN])
     })
     .unwrap();
     assert_eq!(
@@ -1154,10 +1206,18 @@ fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
 fn a_v5_client_request_round_trips_and_its_reply_is_checked() {
     use crate::v5::{self, Draft};
     let m = master();
-    let cookie = m.seal(&keys(), [1; NONCE_LEN]);
+    let cookie = m.seal(&keys_v5(), [1; NONCE_LEN]);
     let uid = [0x5A; 32];
     for draft in Draft::ALL {
-        let req = client_request_v5(draft, [7; 8], &uid, cookie.as_bytes(), 1, &keys(), [3; 16]);
+        let req = client_request_v5(
+            draft,
+            [7; 8],
+            &uid,
+            cookie.as_bytes(),
+            1,
+            &keys_v5(),
+            [3; 16],
+        );
         assert_eq!(v5::accept(&req), Ok(v5::Accepted { draft, nts: true }));
         let Check::Verified(v) = check_request_v5(&req, &m) else {
             panic!("{draft:?}: not verified");
@@ -1168,29 +1228,29 @@ fn a_v5_client_request_round_trips_and_its_reply_is_checked() {
         let mut n = 0u8;
         let len = write_response_v5(&mut reply, &req, &v, draft, [0x55; NONCE_LEN], || {
             n += 1;
-            m.seal(&keys(), [n; NONCE_LEN])
+            m.seal(&keys_v5(), [n; NONCE_LEN])
         })
         .unwrap();
         let reply = &reply[..len];
         assert!(v5::parse_response(reply, [7; 8], draft).is_ok());
-        let Ok(ClientReply::Authentic(cookies)) = client_check_reply_v5(reply, &uid, &keys())
+        let Ok(ClientReply::Authentic(cookies)) = client_check_reply_v5(reply, &uid, &keys_v5())
         else {
             panic!("{draft:?}: not authentic");
         };
         assert_eq!(cookies.len(), 2, "the spent cookie and one placeholder");
-        assert!(cookies.iter().all(|c| m.open(c) == Some(keys())));
+        assert!(cookies.iter().all(|c| m.open(c) == Some(keys_v5())));
         assert_eq!(
-            client_check_reply_v5(reply, &[0; 32], &keys()),
+            client_check_reply_v5(reply, &[0; 32], &keys_v5()),
             Err(ClientReplyError::WrongIdentifier)
         );
         let mut forged = reply.to_vec();
         forged[40] ^= 1;
         assert_eq!(
-            client_check_reply_v5(&forged, &uid, &keys()),
+            client_check_reply_v5(&forged, &uid, &keys_v5()),
             Err(ClientReplyError::Forged)
         );
         // A cookie the server cannot open: its NAK, which the client reads as one.
-        let stale = client_request_v5(draft, [7; 8], &uid, &[9; 104], 0, &keys(), [3; 16]);
+        let stale = client_request_v5(draft, [7; 8], &uid, &[9; 104], 0, &keys_v5(), [3; 16]);
         let Check::Nak(at) = check_request_v5(&stale, &m) else {
             panic!("{draft:?}: not a NAK");
         };
@@ -1198,7 +1258,7 @@ fn a_v5_client_request_round_trips_and_its_reply_is_checked() {
         v5::write_header(&stale, NtpTimestamp(9), &served, 0, &mut nak).unwrap();
         let nak_len = write_nak_v5(&mut nak, &stale, at, draft).unwrap();
         assert_eq!(
-            client_check_reply_v5(&nak[..nak_len], &uid, &keys()),
+            client_check_reply_v5(&nak[..nak_len], &uid, &keys_v5()),
             Ok(ClientReply::Nak)
         );
     }

@@ -529,7 +529,13 @@ mod tests {
     const COOKIE_LEN: usize = nts::cookie_len(nts::Aead::AesSivCmac256);
 
     fn keys() -> Keys {
-        Keys::new(nts::Aead::AesSivCmac256, &[1; 32], &[2; 32]).unwrap()
+        Keys::new(
+            nts::Protocol::NtpV4,
+            nts::Aead::AesSivCmac256,
+            &[1; 32],
+            &[2; 32],
+        )
+        .unwrap()
     }
 
     /// One thread's load over one session holding `cookies` cookies sealed under `master`, and
@@ -645,7 +651,13 @@ mod tests {
         // still checked with the old keys.
         let fresh = Session {
             id: 10,
-            keys: Keys::new(nts::Aead::AesSivCmac256, &[3; 32], &[4; 32]).unwrap(),
+            keys: Keys::new(
+                nts::Protocol::NtpV4,
+                nts::Aead::AesSivCmac256,
+                &[3; 32],
+                &[4; 32],
+            )
+            .unwrap(),
             cookies: VecDeque::from([vec![0; COOKIE_LEN]]),
             last: Vec::new(),
             rekeying: false,
