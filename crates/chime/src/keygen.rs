@@ -13,6 +13,8 @@ use chime_ntp::nts::{FleetSecret, encode_fleet_file};
 use chime_roughtime::{BundlePlan, LongTermKey, encode_key_file, make_bundle, parse_key_file};
 use zeroize::Zeroizing;
 
+use crate::out::outln;
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Where to write the key; must not exist yet
@@ -31,7 +33,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         use chime_roughtime::mldsa;
         create_secret_file(&args.file, &mldsa::encode_key_file(&seed))?;
         let public = mldsa::PqLongTermKey::from_seed(&seed).public_key();
-        println!(
+        outln!(
             "ML-DSA-44 public key (base64, {} bytes): {}",
             public.len(),
             BASE64.encode(&public)
@@ -40,8 +42,8 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     }
     create_secret_file(&args.file, &encode_key_file(&seed))?;
     let public = LongTermKey::from_seed(&seed).public_key();
-    println!("public key (base64): {}", BASE64.encode(public));
-    println!("public key (hex): {}", hex::encode(public));
+    outln!("public key (base64): {}", BASE64.encode(public));
+    outln!("public key (hex): {}", hex::encode(public));
     Ok(())
 }
 
@@ -98,14 +100,14 @@ pub(crate) fn run_delegate(args: &DelegateArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--window-hours {}: {e}", args.window_hours))?;
     create_secret_file(&args.out, &bundle.encode())?;
     let last = bundle.windows().last().map_or(0, |d| d.maxt_unix_s());
-    println!(
+    outln!(
         "{} online keys written to {}, covering Unix seconds {} .. {last}; the server needs \
          only this file (chimed --roughtime-delegation), never the long-term key",
         bundle.windows().len(),
         args.out.display(),
         plan.start_unix_s
     );
-    println!("public key (base64): {}", BASE64.encode(key.public_key()));
+    outln!("public key (base64): {}", BASE64.encode(key.public_key()));
     if last <= now {
         eprintln!(
             "warning: every window of {} closed before now: a server given it signs nothing",
@@ -125,7 +127,7 @@ pub(crate) struct FleetArgs {
 pub(crate) fn run_fleet(args: &FleetArgs) -> Result<()> {
     let secret = FleetSecret(rand::random());
     create_secret_file(&args.file, &encode_fleet_file(&secret))?;
-    println!(
+    outln!(
         "NTS fleet secret written to {}: give every member of the fleet this same file \
          (chimed --nts-fleet-key)",
         args.file.display()

@@ -6,6 +6,7 @@
 mod keygen;
 mod ntp;
 mod nts;
+mod out;
 mod perf;
 mod roughtime;
 

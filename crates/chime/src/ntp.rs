@@ -11,6 +11,8 @@ use anyhow::{Context, Result, bail};
 use chime_ntp::{Header, Leap, Mode, NtpTimestamp};
 use serde::Serialize;
 
+use crate::out::outln;
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Server to query: HOST, HOST:PORT, or [IPv6]:PORT (port 123 if omitted)
@@ -167,7 +169,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             timeout,
         )?;
         if args.json {
-            println!("{}", serde_json::to_string(&report)?);
+            outln!("{}", serde_json::to_string(&report)?);
         } else {
             print(&report);
         }
@@ -187,7 +189,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         query(server, args.ntp_version, timeout)?
     };
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
         print(&report);
     }
@@ -553,28 +555,29 @@ fn print(r: &Report) {
         2 => "delete second",
         _ => "unsynchronised",
     };
-    println!("Server          : {}", r.server);
-    println!("Version         : {}", r.version);
-    println!("Mode            : {}", r.mode);
-    println!("Leap status     : {leap} ({})", r.leap);
-    println!("Stratum         : {}", r.stratum);
+    outln!("Server          : {}", r.server);
+    outln!("Version         : {}", r.version);
+    outln!("Mode            : {}", r.mode);
+    outln!("Leap status     : {leap} ({})", r.leap);
+    outln!("Stratum         : {}", r.stratum);
     match &r.ntpv5 {
         Some(v) => v5::print(v),
-        None => println!(
+        None => outln!(
             "Reference ID    : {} ({})",
-            r.reference_id_hex, r.reference_id
+            r.reference_id_hex,
+            r.reference_id
         ),
     }
-    println!(
+    outln!(
         "Precision       : {} ({:.9} s)",
         r.precision,
         2f64.powi(r.precision.into())
     );
-    println!("Root delay      : {:.6} s", r.root_delay);
-    println!("Root dispersion : {:.6} s", r.root_dispersion);
+    outln!("Root delay      : {:.6} s", r.root_delay);
+    outln!("Root dispersion : {:.6} s", r.root_dispersion);
     if let Some(exchanges) = &r.exchanges {
         for (i, e) in exchanges.iter().enumerate() {
-            println!(
+            outln!(
                 "Exchange {:<2}     : {:<11} offset {:+.9} s, delay {:.9} s",
                 i + 1,
                 if e.interleaved {
@@ -587,24 +590,26 @@ fn print(r: &Report) {
             );
         }
     }
-    println!("Offset          : {:+.9} s", r.offset);
-    println!("Delay           : {:.9} s", r.delay);
+    outln!("Offset          : {:+.9} s", r.offset);
+    outln!("Delay           : {:.9} s", r.delay);
     if let Some(n) = &r.nts {
         let aead = chime_ntp::nts::Aead::from_id(n.aead).map_or("?", |a| a.name());
-        println!(
+        outln!(
             "Authenticated   : NTS ({aead}), keys for {} from NTS-KE at {}, {} new cookies",
-            n.protocol, n.ke_server, n.cookies
+            n.protocol,
+            n.ke_server,
+            n.cookies
         );
     }
     match &r.exchanges {
         Some(e) if e.last().is_some_and(|e| e.interleaved) => {
-            println!("The server answers in interleaved mode (RFC 9769).");
+            outln!("The server answers in interleaved mode (RFC 9769).");
         }
-        Some(_) => println!("The server answered in basic mode only: no interleaved mode."),
+        Some(_) => outln!("The server answered in basic mode only: no interleaved mode."),
         None => {}
     }
     if !r.synchronised {
-        println!("The server says it is unsynchronised: its time must not be trusted.");
+        outln!("The server says it is unsynchronised: its time must not be trusted.");
     }
 }
 

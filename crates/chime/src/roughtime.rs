@@ -8,9 +8,8 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
@@ -22,6 +21,8 @@ use chime_roughtime::{
     srv_value, verify_chain, verify_reply,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::out::outln;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -174,7 +175,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     if targets.len() == 1 {
         let r = &reports[0];
         if args.json {
-            println!("{}", serde_json::to_string(r)?);
+            outln!("{}", serde_json::to_string(r)?);
         } else {
             print_one(r);
         }
@@ -392,23 +393,24 @@ fn print_chain(reports: Vec<ServerReport>, chain: &ChainReport, json: bool) -> R
         servers: reports,
     };
     if json {
-        println!("{}", serde_json::to_string(&out)?);
+        outln!("{}", serde_json::to_string(&out)?);
     } else {
         for (i, r) in out.servers.iter().enumerate() {
-            println!("[{i}]");
+            outln!("[{i}]");
             print_one(r);
         }
         if out.consistent {
-            println!(
+            outln!(
                 "Chain: {} replies, all signed, no server contradicted another",
                 out.servers.len()
             );
         }
         for c in &chain.contradictions {
-            println!(
+            outln!(
                 "Chain: CONTRADICTION: server [{}] signed a time after server [{}]'s latest, \
                  though it answered first",
-                c.earlier, c.later
+                c.earlier,
+                c.later
             );
         }
     }
@@ -520,34 +522,35 @@ fn report(
 
 fn print_one(r: &ServerReport) {
     match r.server {
-        Some(server) => println!("Server      : {server}"),
-        None => println!("Public key  : {}", r.public_key),
+        Some(server) => outln!("Server      : {server}"),
+        None => outln!("Public key  : {}", r.public_key),
     }
-    println!("Version     : {}", r.version);
-    println!(
+    outln!("Version     : {}", r.version);
+    outln!(
         "Midpoint    : {} ({} µs since 1970)",
-        r.midpoint, r.midpoint_unix_us
+        r.midpoint,
+        r.midpoint_unix_us
     );
-    println!("Radius      : {:.6} s", r.radius_us as f64 / 1e6);
-    println!(
+    outln!("Radius      : {:.6} s", r.radius_us as f64 / 1e6);
+    outln!(
         "Valid       : {} .. {}",
         rfc3339(r.mint_unix_us),
         rfc3339(r.maxt_unix_us)
     );
-    println!("Online key  : {}", r.online_key);
+    outln!("Online key  : {}", r.online_key);
     if let (Some(rtt), Some(offset)) = (r.round_trip_us, r.local_offset_us) {
-        println!("Round trip  : {:.6} s", rtt as f64 / 1e6);
-        println!(
+        outln!("Round trip  : {:.6} s", rtt as f64 / 1e6);
+        outln!(
             "Local clock : {:+.6} s from the server's midpoint",
             -(offset as f64) / 1e6
         );
     }
     if !r.spelling_conforms {
-        println!(
+        outln!(
             "Note        : signed with the drafts' \"RoughTime\" context spelling, not RFC 10049's"
         );
     }
-    println!("Verified    : certificate, signature, Merkle path and nonce");
+    outln!("Verified    : certificate, signature, Merkle path and nonce");
 }
 
 fn rfc3339(unix_us: u64) -> String {
@@ -625,22 +628,22 @@ fn query_mldsa(addr: SocketAddr, key: &[u8], args: &Args) -> Result<()> {
             "round_trip_us": rtt.as_micros() as u64,
             "local_offset_us": midpoint_unix_us as i64 - local_mid as i64,
         });
-        println!("{out}");
+        outln!("{out}");
     } else {
-        println!("Server      : {addr} (over TCP)");
-        println!("Version     : 0x90000001, ML-DSA-44 (experimental, part of no draft)");
-        println!(
+        outln!("Server      : {addr} (over TCP)");
+        outln!("Version     : 0x90000001, ML-DSA-44 (experimental, part of no draft)");
+        outln!(
             "Midpoint    : {} ({midpoint_unix_us} µs since 1970)",
             rfc3339(midpoint_unix_us)
         );
-        println!("Radius      : {} s", v.radius_s);
-        println!(
+        outln!("Radius      : {} s", v.radius_s);
+        outln!(
             "Valid       : {} .. {}",
             rfc3339(v.mint_unix_s * 1_000_000),
             rfc3339(v.maxt_unix_s * 1_000_000)
         );
-        println!("Round trip  : {:.3} ms", rtt.as_secs_f64() * 1e3);
-        println!("Verified    : both ML-DSA-44 signatures, the nonce, the path to the root");
+        outln!("Round trip  : {:.3} ms", rtt.as_secs_f64() * 1e3);
+        outln!("Verified    : both ML-DSA-44 signatures, the nonce, the path to the root");
     }
     Ok(())
 }

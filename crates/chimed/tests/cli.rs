@@ -401,3 +401,21 @@ fn mldsa_is_refused_where_it_is_not_built_in() {
         "{err}"
     );
 }
+
+/// chime's report into a pipe whose reader has gone (`chime ... | head -1` once head is done)
+/// ends chime with the status of a process SIGPIPE ends (141), saying nothing: not a panic.
+#[test]
+fn a_report_into_a_closed_pipe_ends_chime_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(common::workspace_bin("chime"))
+        .arg("keygen")
+        .arg(dir.path().join("key"))
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}

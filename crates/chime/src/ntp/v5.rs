@@ -16,6 +16,7 @@ use chime_ntp::{Leap, NtpTimestamp};
 use serde::Serialize;
 
 use super::{Report, connect, refuse_kiss_or_blank};
+use crate::out::outln;
 
 /// `--ntpv5-draft`: the revision a v5 request names, and its reply must name too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -340,12 +341,12 @@ pub(super) fn print(v: &V5Report) {
     .filter(|(bit, _)| v.flags & bit != 0)
     .map(|(_, name)| name)
     .collect();
-    println!("Draft           : {}", v.draft);
-    println!("Timescale       : {timescale} ({})", v.timescale);
-    println!("Era             : {}", v.era);
-    println!("Flags           : 0x{:02x} ({})", v.flags, flags.join(", "));
+    outln!("Draft           : {}", v.draft);
+    outln!("Timescale       : {timescale} ({})", v.timescale);
+    outln!("Era             : {}", v.era);
+    outln!("Flags           : 0x{:02x} ({})", v.flags, flags.join(", "));
     if let Some(bits) = v.reference_bits_set {
-        println!("Reference IDs   : {bits} of 4096 bits set in the server's filter");
+        outln!("Reference IDs   : {bits} of 4096 bits set in the server's filter");
     }
 }
 

@@ -33,6 +33,7 @@ use super::protocol::{ReplyMatch, Verdict};
 use super::stats::{self, ServerCpu, StepReport};
 use super::transport::{Began, Event, Reply, Request, Sent, Transport, realtime_ns};
 use super::worker::Worker;
+use crate::out::outln;
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("load").required(true).args(["rate", "steps"])))]
@@ -225,10 +226,13 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     };
     let sessions = Sessions::start(client, args.connections, args.sources)?;
 
-    println!(
+    outln!(
         "chime perf nts-ke: cold NTS-KE sessions (TCP, TLS 1.3, request, response) to {addr} as \
          {host}, {} client threads, {} source address(es), {} s per step, timeout {} s",
-        args.connections, args.sources, args.duration, args.timeout
+        args.connections,
+        args.sources,
+        args.duration,
+        args.timeout
     );
     let setup = Setup {
         plan,
@@ -470,14 +474,14 @@ impl Client {
 /// `--max-failures`.
 fn print_summary(args: &Args, reports: &[KeStep<'_>], stopped_early: Option<&str>) {
     if let Some(why) = stopped_early {
-        println!("stopped early: {why}");
+        outln!("stopped early: {why}");
     }
     if let Some(best) = reports
         .iter()
         .filter(|r| r.failed_pct <= args.max_failures)
         .max_by(|a, b| a.completed_rate.total_cmp(&b.completed_rate))
     {
-        println!(
+        outln!(
             "best step within {}% failures: {:.0} sessions/s completed, p99 {:.2} ms{}",
             args.max_failures,
             best.completed_rate,
@@ -511,7 +515,7 @@ fn print_step(r: &KeStep<'_>) {
             c.busiest_thread_percent
         )
     });
-    println!(
+    outln!(
         "step {}: {:.0}/s offered, {:.1}/s completed ({} of {}), failed {:.2}% ({failures}), \
          latency p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms{cpu}",
         r.step,

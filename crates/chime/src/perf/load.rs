@@ -19,6 +19,7 @@ use super::stats::StepReport;
 use super::tcp::Streams;
 use super::udp::{Datagrams, bind_sockets};
 use super::worker::Worker;
+use crate::out::outln;
 
 /// Runs the load with `protocol`'s requests. `request` describes the requests for the JSON
 /// output and `label` for people. With `tcp`, the requests go over TCP: that many connections
@@ -139,7 +140,7 @@ fn print_banner<P: LoadProtocol>(
         Some(0) => "TCP, a new connection per request".to_owned(),
         Some(n) => format!("TCP, {n} connection(s) per thread, reused"),
     };
-    println!(
+    outln!(
         "chime perf {}: {label} to {}, {} thread(s), {links}, {} s per step, timeout {} s, {}",
         P::NAME,
         load.target(),

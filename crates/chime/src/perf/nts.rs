@@ -32,6 +32,7 @@ use rustls::ClientConfig;
 use super::args::usage;
 use super::ntp::{NtpLoad, RequestMode, server_times};
 use super::protocol::{LoadProtocol, ReplyMatch, Verdict};
+use crate::out::outln;
 
 /// The cookies a session holds at most, as clients keep them (RFC 8915 §5.7).
 const COOKIES: usize = 8;
@@ -71,7 +72,7 @@ pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
     let ke = KeServer::new(n, spec, timeout)?;
     let started = std::time::Instant::now();
     let shared = Shared::establish(&ke, n.nts_sessions as usize, a.load.threads)?;
-    println!(
+    outln!(
         "NTS-KE with {spec}: {} sessions in {:.2} s, cookies of {} bytes, NTP at {}",
         n.nts_sessions,
         started.elapsed().as_secs_f64(),
@@ -98,7 +99,7 @@ pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
         "NTPv4 mode 3 with NTS",
         None,
     )?;
-    println!(
+    outln!(
         "NTS: {} NAKs (counted as refused), {} sessions made again after one, {} NTS-KE failures \
          doing so, {} requests reused a cookie (their session was out of them)",
         shared.naks.load(Relaxed),
