@@ -316,8 +316,8 @@ fn chime_perf_counts_replies_with_another_cookie_or_draft_invalid() {
     }
 }
 
-/// `--mode 1` and `--nts` are v4's, `--ntpv5-draft` needs `--ntp-version 5`, and there is no
-/// version 6: exit 2, the flag named.
+/// `--mode 1` is v4's, `--nts` v4's and v5's, `--ntpv5-draft` needs `--ntp-version 5`, and there
+/// is no version 6: exit 2, the flag named.
 #[test]
 fn chime_perf_refuses_v5_with_flags_that_do_not_apply() {
     let cases: [(&[&str], &str); 5] = [
@@ -326,8 +326,8 @@ fn chime_perf_refuses_v5_with_flags_that_do_not_apply() {
             "--mode: NTPv5 has client mode (3) only",
         ),
         (
-            &["--ntp-version", "5", "--nts", "127.0.0.1"],
-            "--nts: NTS is NTPv4 client mode only",
+            &["--ntp-version", "3", "--nts", "127.0.0.1"],
+            "--nts: NTS is client mode of NTPv4 or NTPv5 only",
         ),
         (
             &["--ntpv5-draft", "09"],

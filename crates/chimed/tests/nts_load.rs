@@ -107,6 +107,69 @@ fn perf_ntp_nts_verifies_every_reply() {
     assert_eq!(count_in(&ke_totals, "agreed"), 6, "{ke_totals}");
 }
 
+/// `chime perf ntp --nts --ntp-version 5` against chimed with `--ntpv5`, each draft: NTS-KE agrees
+/// on the NTPv5 draft for every session, every reply is a v5 one that verifies (the client cookie
+/// echoed, the draft named, the authenticator), and chimed counts as many authenticated v5 replies
+/// and no NAK.
+#[test]
+fn perf_ntp_nts_over_ntpv5_verifies_every_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &["--ntpv5"]);
+    let ke = format!("127.0.0.1:{ke_port}");
+    let mut counted = 0;
+    for (draft, id) in [
+        ("08", "draft-ietf-ntp-ntpv5-08"),
+        ("09", "draft-ietf-ntp-ntpv5-09"),
+    ] {
+        let json = dir.path().join(format!("nts-v5-{draft}.json"));
+        let (ok, out, report) = perf(
+            &[
+                "ntp",
+                "--nts",
+                &ke,
+                "--nts-ca",
+                cert.to_str().unwrap(),
+                "--ntp-version",
+                "5",
+                "--ntpv5-draft",
+                draft,
+                "--nts-sessions",
+                "3",
+                "--rate",
+                "500",
+                "--duration",
+                "1",
+                "--warmup",
+                "0",
+            ],
+            &json,
+        );
+        assert!(ok, "{out}");
+        assert_eq!(report["request"]["ntp_version"], 5, "{report:#}");
+        assert_eq!(report["request"]["ntpv5_draft"], id, "{report:#}");
+        let step = &report["steps"][0];
+        let n = |k: &str| step[k].as_u64().unwrap_or_else(|| panic!("{k}: {step:#}"));
+        assert!(n("sent") >= 450, "{step:#}");
+        assert!(n("answered") * 100 >= n("sent") * 99, "{step:#}");
+        assert_eq!((n("invalid"), n("refused")), (0, 0), "{step:#}");
+        assert_eq!(nts_summary(&out, "NAKs"), 0, "{out}");
+        counted += n("answered") + n("late");
+    }
+    assert!(chimed.terminate().success());
+    let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    // Every reply chimed sent was an authenticated v5 one; those too late for chime perf count
+    // at chimed alone.
+    assert!(count_in(&ntp, "ntpv5") >= counted, "{counted}: {ntp}");
+    assert_eq!(count_in(&ntp, "nts"), count_in(&ntp, "ntpv5"), "{ntp}");
+    assert_eq!(count_in(&ntp, "answered"), count_in(&ntp, "ntpv5"), "{ntp}");
+    assert_eq!(count_in(&ntp, "nts_nak"), 0, "{ntp}");
+    let ke_totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&ke_totals, "agreed"), 6, "{ke_totals}");
+    assert_eq!(count_in(&ke_totals, "keys.ntpv5-draft"), 6, "{ke_totals}");
+}
+
 /// The server's keys change under the load (a new fleet secret, no `previous`, and SIGHUP): the
 /// cookies the load generator holds no longer open, chimed answers NAKs, the generator counts
 /// them as refusals, runs NTS-KE again for each refused session, and is answered again.

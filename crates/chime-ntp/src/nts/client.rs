@@ -186,13 +186,34 @@ pub fn client_request_v5(
     keys: &Keys,
     nonce: [u8; NONCE_LEN],
 ) -> Vec<u8> {
-    let draft_field = v5::draft_field(draft).len();
-    let mut p = vec![0; draft_field + client_request_len(cookie.len(), placeholders)];
-    let head = v5::write_request(&mut p, draft, 0, client_cookie, None)
-        .expect("room for the header and the draft's name");
-    let len = append_nts(&mut p, head, unique_id, cookie, placeholders, keys, nonce);
+    let mut p = vec![0; client_request_v5_len(draft, cookie.len(), placeholders)];
+    let nts = (unique_id, cookie, placeholders, keys, nonce);
+    let len = client_request_v5_into(&mut p, draft, client_cookie, nts);
     p.truncate(len);
     p
+}
+
+/// The length of a [`client_request_v5`] naming `draft`, at most (as [`client_request_len`]).
+pub fn client_request_v5_len(draft: Draft, cookie_len: usize, placeholders: usize) -> usize {
+    v5::draft_field(draft).len() + client_request_len(cookie_len, placeholders)
+}
+
+/// [`client_request_v5`] written into `out` (at least [`client_request_v5_len`] bytes) without
+/// allocating; `nts` is its unique identifier, cookie, placeholders, keys and nonce. Returns the
+/// length written.
+///
+/// # Panics
+/// If `out` is shorter than [`client_request_v5_len`].
+pub fn client_request_v5_into(
+    out: &mut [u8],
+    draft: Draft,
+    client_cookie: [u8; 8],
+    nts: (&[u8; 32], &[u8], usize, &Keys, [u8; NONCE_LEN]),
+) -> usize {
+    let (unique_id, cookie, placeholders, keys, nonce) = nts;
+    let head = v5::write_request(out, draft, 0, client_cookie, None)
+        .expect("room for the header and the draft's name");
+    append_nts(out, head, unique_id, cookie, placeholders, keys, nonce)
 }
 
 /// Writes the NTS fields after the first `at` bytes of `out` (the request's header and any
@@ -243,6 +264,13 @@ pub fn reply_unique_id(reply: &[u8]) -> Option<&[u8]> {
     fields(reply)
         .find(|f| f.ty == ef::UNIQUE_IDENTIFIER)
         .map(|f| &reply[f.body])
+}
+
+/// [`reply_unique_id`] of a reply to [`client_request_v5`], its fields as v5 frames them.
+pub fn reply_unique_id_v5(reply: &[u8]) -> Option<&[u8]> {
+    v5::fields(reply)?
+        .find(|f| f.ty == ef::UNIQUE_IDENTIFIER)
+        .map(|f| f.value)
 }
 
 /// What the client makes of a reply to an NTS request.

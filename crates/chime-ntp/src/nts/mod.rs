@@ -44,7 +44,8 @@ pub use chime_keyfile::KeyFileError;
 pub use client::{
     ClientReply, ClientReplyError, KeAnswer, KeAnswerError, client_check_reply,
     client_check_reply_v5, client_request, client_request_into, client_request_len,
-    client_request_v5, ke_request, parse_ke_response, reply_unique_id,
+    client_request_v5, client_request_v5_into, client_request_v5_len, ke_request,
+    parse_ke_response, reply_unique_id, reply_unique_id_v5,
 };
 pub use cookies::{Cookie, CookieKeys, Keys, MAX_COOKIE_LEN, cookie_len};
 pub use fleet::{FLEET_SECRET_LEN, FleetSecret, encode_fleet_file, fleet_key, parse_fleet_file};

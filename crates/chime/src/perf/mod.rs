@@ -116,10 +116,7 @@ fn run_v5(a: &ntp::Args) -> Result<()> {
     if a.mode != ntp::RequestMode::Client {
         args::usage("--mode: NTPv5 has client mode (3) only").exit();
     }
-    let draft = a
-        .ntpv5_draft
-        .unwrap_or(crate::ntp::v5::DraftArg::D08)
-        .draft();
+    let draft = a.draft();
     let request = serde_json::json!({
         "ntp_version": 5,
         "mode": 3,

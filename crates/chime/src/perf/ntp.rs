@@ -38,6 +38,15 @@ pub(crate) struct Args {
     pub(crate) nts: super::nts::NtsArgs,
 }
 
+impl Args {
+    /// The NTPv5 draft requests name: `--ntpv5-draft`, or 08.
+    pub(crate) fn draft(&self) -> chime_ntp::v5::Draft {
+        self.ntpv5_draft
+            .unwrap_or(crate::ntp::v5::DraftArg::D08)
+            .draft()
+    }
+}
+
 /// The request modes a server answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum RequestMode {

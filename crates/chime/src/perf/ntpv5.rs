@@ -32,7 +32,7 @@ impl V5Load {
 
     /// What a client makes of a reply it has read: a refusal (a kiss code in the server cookie),
     /// or an answer, whose timestamps a synchronised server must set.
-    fn judge(reply: &v5::Response<'_>) -> Verdict {
+    pub(super) fn judge(reply: &v5::Response<'_>) -> Verdict {
         let code = &reply.server_cookie[..4];
         if reply.stratum == 0 && REFUSALS.iter().any(|r| r == code) {
             return Verdict::Refused;

@@ -1,4 +1,6 @@
-//! `chime perf ntp --nts`: authenticated NTP (RFC 8915) under load.
+//! `chime perf ntp --nts`: authenticated NTP (RFC 8915) under load, NTPv4's or (with
+//! `--ntp-version 5`) the NTPv5 draft's, whose NTS-KE agrees on the draft (next protocol 0x8001)
+//! and whose requests carry their id in the client cookie, as `ntpv5`'s do.
 //!
 //! Before the run, NTS-KE gives a pool of sessions (`--nts-sessions`), each with its two keys and
 //! the eight cookies the server handed out. The pool is shared out among the sending threads.
@@ -24,14 +26,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use chime_ntp::nts::{self, ClientReply, Keys};
+use chime_ntp::v5::{self, Draft};
 use chime_ntp::{Header, Mode, NtpTimestamp};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rustls::ClientConfig;
 
 use super::args::usage;
-use super::ntp::{NtpLoad, RequestMode, server_times};
-use super::protocol::{LoadProtocol, ReplyMatch, Verdict};
+use super::ntp::{NtpLoad, RequestMode, server_times, times};
+use super::ntpv5::V5Load;
+use super::protocol::{LoadProtocol, ReplyMatch, ServerTimes, Verdict};
 use crate::out::outln;
 
 /// The cookies a session holds at most, as clients keep them (RFC 8915 §5.7).
@@ -58,9 +62,10 @@ const TRANSMIT_TS: usize = 40;
 pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
     let n = &a.nts;
     let spec = n.nts.as_deref().unwrap_or_default();
-    if a.ntp_version != 4 || a.mode != RequestMode::Client {
-        usage("--nts: NTS is NTPv4 client mode only").exit();
+    if !matches!(a.ntp_version, 4 | 5) || a.mode != RequestMode::Client {
+        usage("--nts: NTS is client mode of NTPv4 or NTPv5 only").exit();
     }
+    let v5 = (a.ntp_version == 5).then(|| a.draft());
     if (n.nts_sessions as usize) < a.load.threads {
         usage(format!(
             "--nts-sessions {} is fewer than --threads {}: every thread needs one",
@@ -69,7 +74,11 @@ pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
         .exit();
     }
     let timeout = std::time::Duration::from_secs_f64(a.load.timeout.max(2.0));
-    let ke = KeServer::new(n, spec, timeout)?;
+    let protocol = match v5 {
+        Some(_) => nts::Protocol::NtpV5Draft,
+        None => nts::Protocol::NtpV4,
+    };
+    let ke = KeServer::new(n, spec, protocol, timeout)?;
     let started = std::time::Instant::now();
     let shared = Shared::establish(&ke, n.nts_sessions as usize, a.load.threads)?;
     outln!(
@@ -83,7 +92,8 @@ pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
     load.target.get_or_insert(shared.ntp);
     let placeholders = n.nts_placeholders.map(usize::from);
     let request = serde_json::json!({
-        "ntp_version": 4,
+        "ntp_version": a.ntp_version,
+        "ntpv5_draft": v5.map(Draft::id),
         "mode": 3,
         "nts": {
             "ke_server": spec,
@@ -92,13 +102,12 @@ pub(crate) fn run(a: &super::ntp::Args) -> Result<()> {
             "cookie_len": shared.cookie_len,
         },
     });
-    super::load::run(
-        &load,
-        NtsLoad::new(shared.clone(), placeholders),
-        request,
-        "NTPv4 mode 3 with NTS",
-        None,
-    )?;
+    let label = match v5 {
+        Some(d) => format!("NTPv5 ({}) mode 3 with NTS", d.id()),
+        None => "NTPv4 mode 3 with NTS".to_owned(),
+    };
+    let nts_load = NtsLoad::new(shared.clone(), placeholders, v5);
+    super::load::run(&load, nts_load, request, &label, None)?;
     outln!(
         "NTS: {} NAKs (counted as refused), {} sessions made again after one, {} NTS-KE failures \
          doing so, {} requests reused a cookie (their session was out of them)",
@@ -116,18 +125,26 @@ pub(crate) struct KeServer {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) config: Arc<ClientConfig>,
+    /// The protocol asked for.
+    pub(crate) protocol: nts::Protocol,
     /// The AEAD algorithms offered, in order of preference.
     pub(crate) aeads: Vec<nts::Aead>,
     pub(crate) timeout: Duration,
 }
 
 impl KeServer {
-    pub(crate) fn new(args: &NtsArgs, spec: &str, timeout: Duration) -> Result<Self> {
+    pub(crate) fn new(
+        args: &NtsArgs,
+        spec: &str,
+        protocol: nts::Protocol,
+        timeout: Duration,
+    ) -> Result<Self> {
         let (host, port) = crate::nts::split_host(spec, crate::nts::KE_PORT)?;
         Ok(Self {
             host,
             port,
             config: crate::nts::client_config(args.nts_ca.as_deref())?,
+            protocol,
             aeads: args.nts_aead.0.clone(),
             timeout,
         })
@@ -139,7 +156,7 @@ impl KeServer {
             &self.config,
             host,
             port,
-            chime_ntp::nts::Protocol::NtpV4,
+            self.protocol,
             &self.aeads,
             self.timeout,
         )
@@ -293,12 +310,14 @@ fn session(ke: &KeServer, id: u32) -> Result<(Session, std::net::SocketAddr)> {
     ))
 }
 
-/// Authenticated NTPv4 client requests; one clone per sending thread, each with its own share of
-/// the sessions, claimed at its first request.
+/// Authenticated client requests, NTPv4's or the NTPv5 draft's; one clone per sending thread,
+/// each with its own share of the sessions, claimed at its first request.
 #[derive(Clone)]
 pub(crate) struct NtsLoad {
     shared: Arc<Shared>,
     ntp: NtpLoad,
+    /// The draft of NTPv5 requests, or `None` for NTPv4's.
+    v5: Option<Draft>,
     /// Fixed placeholders per request, or (`None`) as many as the session is short of eight.
     placeholders: Option<usize>,
     sessions: Vec<Session>,
@@ -311,12 +330,13 @@ pub(crate) struct NtsLoad {
 }
 
 impl NtsLoad {
-    pub(crate) fn new(shared: Arc<Shared>, placeholders: Option<usize>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, placeholders: Option<usize>, v5: Option<Draft>) -> Self {
         let mut header = [0; Header::LEN];
         Header::request(4, Mode::Client, NtpTimestamp::ZERO).encode(&mut header);
         Self {
             shared,
             ntp: NtpLoad::new(4, RequestMode::Client),
+            v5,
             placeholders,
             sessions: Vec::new(),
             retired: VecDeque::new(),
@@ -374,9 +394,33 @@ impl NtsLoad {
         self.next % n
     }
 
+    /// What a client makes of an authentic reply to request `id` as NTP: its verdict and the
+    /// server's times, or `None` if it does not answer that request (v4's origin timestamp, v5's
+    /// client cookie and draft).
+    fn judge(
+        &self,
+        reply: &[u8],
+        id: u64,
+        received_unix_secs: i64,
+    ) -> Option<(Verdict, Option<ServerTimes>)> {
+        if let Some(draft) = self.v5 {
+            let r = v5::parse_response(reply, id.to_be_bytes(), draft).ok()?;
+            let verdict = V5Load::judge(&r);
+            let server = times(r.receive_ts, r.transmit_ts, verdict, received_unix_secs);
+            return Some((verdict, server));
+        }
+        let header = Header::parse(reply).ok().filter(|h| h.origin_ts.0 == id)?;
+        let verdict = self.ntp.judge(&header);
+        Some((verdict, server_times(&header, verdict, received_unix_secs)))
+    }
+
     /// The maximum request length with `placeholders` placeholders.
     fn request_len(&self, placeholders: usize) -> usize {
-        nts::client_request_len(self.shared.cookie_len.max(MAX_COOKIE), placeholders)
+        let cookie_len = self.shared.cookie_len.max(MAX_COOKIE);
+        match self.v5 {
+            Some(draft) => nts::client_request_v5_len(draft, cookie_len, placeholders),
+            None => nts::client_request_len(cookie_len, placeholders),
+        }
     }
 }
 
@@ -412,20 +456,23 @@ impl LoadProtocol for NtsLoad {
         uid[..8].copy_from_slice(&id.to_be_bytes());
         uid[8..12].copy_from_slice(&s.id.to_be_bytes());
         uid[12..].copy_from_slice(&self.shared.tag);
+        let nonce: [u8; 16] = self.rng.random();
+        if let Some(draft) = self.v5 {
+            // The id as the client cookie, which the reply echoes.
+            let nts = (&uid, &s.last[..], placeholders, &s.keys, nonce);
+            return nts::client_request_v5_into(buf, draft, id.to_be_bytes(), nts);
+        }
         let mut header = self.header;
         header[TRANSMIT_TS..].copy_from_slice(&id.to_be_bytes());
-        let nonce: [u8; 16] = self.rng.random();
         nts::client_request_into(buf, &header, &uid, &s.last, placeholders, &s.keys, nonce)
     }
 
     fn match_reply(&mut self, reply: &[u8], received_unix_secs: i64) -> ReplyMatch {
-        let Ok(header) = Header::parse(reply) else {
-            return ReplyMatch::Unmatched;
+        let uid = match self.v5 {
+            Some(_) => nts::reply_unique_id_v5(reply),
+            None => Header::parse(reply).ok().and(nts::reply_unique_id(reply)),
         };
-        let Some(uid) = nts::reply_unique_id(reply) else {
-            return ReplyMatch::Unmatched;
-        };
-        let Ok(uid) = <[u8; 32]>::try_from(uid) else {
+        let Some(Ok(uid)) = uid.map(<[u8; 32]>::try_from) else {
             return ReplyMatch::Unmatched;
         };
         if uid[12..] != self.shared.tag {
@@ -439,6 +486,7 @@ impl LoadProtocol for NtsLoad {
             server: None,
             signed: None,
         };
+        let judged = self.judge(reply, id, received_unix_secs);
         // A reply for a session replaced since (after a NAK) is checked with its keys, kept for
         // that; its cookies are of no more use.
         let (s, current) = match self.sessions.iter_mut().find(|s| s.id == session) {
@@ -448,21 +496,24 @@ impl LoadProtocol for NtsLoad {
                 None => return invalid,
             },
         };
-        match nts::client_check_reply(reply, &uid, &s.keys) {
+        let checked = match self.v5 {
+            Some(_) => nts::client_check_reply_v5(reply, &uid, &s.keys),
+            None => nts::client_check_reply(reply, &uid, &s.keys),
+        };
+        match checked {
             Ok(ClientReply::Authentic(cookies)) => {
-                if header.origin_ts.0 != id {
+                let Some((verdict, server)) = judged else {
                     return invalid;
-                }
+                };
                 for c in cookies {
                     if current && s.cookies.len() < COOKIES && c.len() <= MAX_COOKIE {
                         s.cookies.push_back(c);
                     }
                 }
-                let verdict = self.ntp.judge(&header);
                 ReplyMatch::Matched {
                     id,
                     verdict,
-                    server: server_times(&header, verdict, received_unix_secs),
+                    server,
                     signed: None,
                 }
             }
@@ -530,24 +581,35 @@ mod tests {
     const COOKIE_LEN: usize = nts::cookie_len(nts::Aead::AesSivCmac256);
 
     fn keys() -> Keys {
-        Keys::new(
-            nts::Protocol::NtpV4,
-            nts::Aead::AesSivCmac256,
-            &[1; 32],
-            &[2; 32],
-        )
-        .unwrap()
+        keys_for(nts::Protocol::NtpV4)
+    }
+
+    fn keys_for(protocol: nts::Protocol) -> Keys {
+        Keys::new(protocol, nts::Aead::AesSivCmac256, &[1; 32], &[2; 32]).unwrap()
     }
 
     /// One thread's load over one session holding `cookies` cookies sealed under `master`, and
     /// the helper's end of the re-key channel.
     fn load_with(master: &CookieKeys, cookies: u8) -> (NtsLoad, mpsc::Receiver<Rekey>) {
+        load_of(master, cookies, None)
+    }
+
+    /// [`load_with`], of NTPv5 requests naming `v5`'s draft, if given.
+    fn load_of(
+        master: &CookieKeys,
+        cookies: u8,
+        v5: Option<Draft>,
+    ) -> (NtsLoad, mpsc::Receiver<Rekey>) {
+        let protocol = match v5 {
+            Some(_) => nts::Protocol::NtpV5Draft,
+            None => nts::Protocol::NtpV4,
+        };
         let cookies: VecDeque<Vec<u8>> = (0..cookies)
-            .map(|i| master.seal(&keys(), [i; 16]).to_vec())
+            .map(|i| master.seal(&keys_for(protocol), [i; 16]).to_vec())
             .collect();
         let session = Session {
             id: 9,
-            keys: keys(),
+            keys: keys_for(protocol),
             last: cookies[0].clone(),
             cookies,
             rekeying: false,
@@ -566,7 +628,7 @@ mod tests {
             ntp: ([127, 0, 0, 1], 123).into(),
             cookie_len: COOKIE_LEN,
         });
-        (NtsLoad::new(shared, None), rx)
+        (NtsLoad::new(shared, None, v5), rx)
     }
 
     /// What chimed answers: the header of a synchronised server echoing the request's transmit
@@ -667,5 +729,69 @@ mod tests {
         load.fill_request(4, &mut buf);
         assert_eq!(load.sessions[0].id, 10);
         assert_eq!(verdict(load.match_reply(&nak, NOW)).1, Verdict::Refused);
+    }
+
+    /// What chimed answers a v5 request: a synchronised stratum-2 header echoing its client
+    /// cookie, then the NTS fields (or a v5 NAK).
+    fn answer_v5(request: &[u8], master: &CookieKeys, draft: Draft) -> Vec<u8> {
+        let mut served = chime_ntp::ServedHeader::unsynchronised(-20);
+        (served.leap, served.stratum) = (chime_ntp::Leap::NoWarning, 2);
+        let rx = NtpTimestamp::from_unix(NOW, 1_000);
+        let mut reply = vec![0u8; request.len()];
+        v5::write_header(request, rx, &served, 0, &mut reply).unwrap();
+        let n = match nts::check_request_v5(request, master) {
+            Check::Verified(v) => {
+                nts::write_response_v5(&mut reply, request, &v, draft, [3; 16], || {
+                    master.seal(&keys_for(nts::Protocol::NtpV5Draft), [4; 16])
+                })
+            }
+            Check::Nak(uid) => nts::write_nak_v5(&mut reply, request, uid, draft),
+            other => panic!("{other:?}"),
+        };
+        reply.truncate(n.unwrap());
+        reply
+    }
+
+    /// Over the NTPv5 draft: the request carries its id as the client cookie and its draft among
+    /// what the authenticator covers; the reply is checked as a v5 client checks it (the cookie
+    /// echoed, the draft named, the authenticator), and its new cookie goes back to the session.
+    /// A NAK is a refusal and sends the session to NTS-KE again.
+    #[test]
+    fn an_ntpv5_request_opens_at_the_server_and_its_reply_is_checked_as_a_client_would() {
+        let master = CookieKeys::new(5, [7; 32]);
+        for draft in Draft::ALL {
+            let (mut load, rx) = load_of(&master, 8, Some(draft));
+            let mut buf = vec![0u8; load.max_request_len()];
+            let n = load.fill_request(42, &mut buf);
+            assert_eq!(n, nts::client_request_v5_len(draft, COOKIE_LEN, 0));
+            assert_eq!(v5::client_cookie(&buf[..n]), Some(42u64.to_be_bytes()));
+            let reply = answer_v5(&buf[..n], &master, draft);
+            assert_eq!(verdict(load.match_reply(&reply, NOW)), (42, Verdict::Valid));
+            assert_eq!(load.sessions[0].cookies.len(), 8);
+
+            // A changed byte under the authenticator, another request's cookie, another draft.
+            let mut forged = reply.clone();
+            forged[40] ^= 1;
+            assert_eq!(verdict(load.match_reply(&forged, NOW)).1, Verdict::Invalid);
+            let mut other_cookie = reply.clone();
+            other_cookie[24] ^= 1;
+            assert_eq!(
+                verdict(load.match_reply(&other_cookie, NOW)).1,
+                Verdict::Invalid
+            );
+            let other = Draft::ALL.into_iter().find(|&d| d != draft).unwrap();
+            let (mut other_load, _rx) = load_of(&master, 8, Some(other));
+            assert_eq!(
+                verdict(other_load.match_reply(&reply, NOW)).1,
+                Verdict::Invalid,
+                "a reply naming {draft:?} to requests naming {other:?}"
+            );
+
+            // The server's key changes: a v5 NAK.
+            let n = load.fill_request(43, &mut buf);
+            let nak = answer_v5(&buf[..n], &CookieKeys::new(6, [8; 32]), draft);
+            assert_eq!(verdict(load.match_reply(&nak, NOW)), (43, Verdict::Refused));
+            assert_eq!(rx.try_recv().map(|r| r.old).ok(), Some(9));
+        }
     }
 }
