@@ -74,20 +74,9 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
         .into_iter()
         .flat_map(|aead| {
             let len = aead.key_len();
-            let keys = Keys::new(
-                chime_ntp::nts::Protocol::NtpV4,
-                aead,
-                &vec![1; len],
-                &vec![2; len],
-            )
-            .unwrap();
-            let other = Keys::new(
-                chime_ntp::nts::Protocol::NtpV4,
-                aead,
-                &vec![5; len],
-                &vec![5; len],
-            )
-            .unwrap();
+            let v4 = nts::Protocol::NtpV4;
+            let keys = Keys::new(v4, aead, &vec![1; len], &vec![2; len]).unwrap();
+            let other = Keys::new(v4, aead, &vec![5; len], &vec![5; len]).unwrap();
             let cookie = master.seal(&keys, [3; 16]);
             let foreign = vec![0; nts::cookie_len(aead)];
             [

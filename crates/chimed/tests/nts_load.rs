@@ -28,6 +28,17 @@ fn perf(args: &[&str], json: &Path) -> (bool, String, serde_json::Value) {
     (out.status.success(), format!("{stdout}\n{stderr}"), report)
 }
 
+/// `chime perf ntp --nts KE --nts-ca CERT` with `args`, as [`perf`].
+fn perf_nts(
+    ke: &str,
+    cert: &Path,
+    args: &[&str],
+    json: &Path,
+) -> (bool, String, serde_json::Value) {
+    let nts = ["ntp", "--nts", ke, "--nts-ca", cert.to_str().unwrap()];
+    perf(&[&nts[..], args].concat(), json)
+}
+
 /// The number after `label` in `chime perf ntp --nts`'s closing line ("NTS: 3 NAKs ...").
 fn nts_summary(out: &str, label: &str) -> u64 {
     let line = out
@@ -55,13 +66,10 @@ fn perf_ntp_nts_verifies_every_reply() {
     let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &[]);
     let json = dir.path().join("nts.json");
     let ke = format!("127.0.0.1:{ke_port}");
-    let (ok, out, report) = perf(
+    let (ok, out, report) = perf_nts(
+        &ke,
+        &cert,
         &[
-            "ntp",
-            "--nts",
-            &ke,
-            "--nts-ca",
-            cert.to_str().unwrap(),
             "--nts-sessions",
             "6",
             "--threads",
@@ -124,13 +132,10 @@ fn perf_ntp_nts_over_ntpv5_verifies_every_reply() {
         ("09", "draft-ietf-ntp-ntpv5-09"),
     ] {
         let json = dir.path().join(format!("nts-v5-{draft}.json"));
-        let (ok, out, report) = perf(
+        let (ok, out, report) = perf_nts(
+            &ke,
+            &cert,
             &[
-                "ntp",
-                "--nts",
-                &ke,
-                "--nts-ca",
-                cert.to_str().unwrap(),
                 "--ntp-version",
                 "5",
                 "--ntpv5-draft",
@@ -202,13 +207,10 @@ fn perf_ntp_nts_counts_naks_when_the_keys_change() {
     let load = std::thread::spawn({
         let (json, cert) = (json.clone(), cert.clone());
         move || {
-            perf(
+            perf_nts(
+                &ke,
+                &cert,
                 &[
-                    "ntp",
-                    "--nts",
-                    &ke,
-                    "--nts-ca",
-                    cert.to_str().unwrap(),
                     "--nts-sessions",
                     "4",
                     "--rate",
@@ -405,13 +407,10 @@ fn nts_ke_on_four_threads_keeps_one_set_of_limits_and_keys() {
     assert!(busy >= 2, "one thread did it all: {before:?} -> {after:?}");
 
     // Key rotation, alike for every thread's sessions.
-    let (ok, out, report) = perf(
+    let (ok, out, report) = perf_nts(
+        &ke.to_string(),
+        &cert,
         &[
-            "ntp",
-            "--nts",
-            &ke.to_string(),
-            "--nts-ca",
-            cert.to_str().unwrap(),
             "--nts-sessions",
             "16",
             "--rate",

@@ -19,6 +19,12 @@ fn keys() -> Keys {
     Keys::new(Protocol::NtpV4, Aead::AesSivCmac256, &C2S, &S2C).unwrap()
 }
 
+/// NTPv4 keys under `aead`, every byte of the client-to-server key `c2s` and of the other `s2c`.
+fn filled(aead: Aead, c2s: u8, s2c: u8) -> Keys {
+    let len = aead.key_len();
+    Keys::new(Protocol::NtpV4, aead, &vec![c2s; len], &vec![s2c; len]).unwrap()
+}
+
 /// [`keys`], exported for the NTPv5 draft.
 fn keys_v5() -> Keys {
     Keys::new(Protocol::NtpV5Draft, Aead::AesSivCmac256, &C2S, &S2C).unwrap()
@@ -667,15 +673,7 @@ fn ke_takes_the_clients_first_algorithm_and_chronys_record_1024() {
         };
         assert_eq!(agreement.compliant_export, compliant);
         let mut out = Vec::new();
-        let len = agreement.aead.key_len();
-        let keys = Keys::new(
-            Protocol::NtpV4,
-            agreement.aead,
-            &vec![1; len],
-            &vec![2; len],
-        )
-        .unwrap();
-        let sealed = master().seal(&keys, [3; NONCE_LEN]);
+        let sealed = master().seal(&filled(agreement.aead, 1, 2), [3; NONCE_LEN]);
         ke_response(
             &KeOutcome::Agreed(agreement),
             &NtpNegotiation::default(),
@@ -751,8 +749,7 @@ fn the_client_side_round_trips_with_the_server_side() {
 
 fn round_trip(aead: Aead) {
     let m = master();
-    let len = aead.key_len();
-    let keys = Keys::new(Protocol::NtpV4, aead, &vec![0x11; len], &vec![0x22; len]).unwrap();
+    let keys = filled(aead, 0x11, 0x22);
     // The other direction's key in the place of each: what a reflected packet would be under.
     let swapped = Keys::new(Protocol::NtpV4, aead, keys.s2c(), keys.c2s()).unwrap();
     let mut ke = Vec::new();
@@ -864,8 +861,7 @@ const TOKEN: &[u8] = b"c680e5f1c4f161968dd9b72f271ca5e7d17b0fe2e71e20b7ba4002b92
 fn a_pool_with_an_accepted_token_gets_cookies_sealing_the_keys_it_gives() {
     let pool = PoolTokens::new(["another-pool", std::str::from_utf8(TOKEN).unwrap()]);
     for aead in Aead::ALL {
-        let len = aead.key_len();
-        let keys = Keys::new(Protocol::NtpV4, aead, &vec![0x31; len], &vec![0x32; len]).unwrap();
+        let keys = filled(aead, 0x31, 0x32);
         for keep_alive in [false, true] {
             let req = pool_fixed_key_request(TOKEN, &keys, Protocol::NtpV4, keep_alive);
             assert_eq!(ke_message_len(&req), Some(req.len()));
