@@ -3,6 +3,7 @@
 # thread, CPU 0) with --ntpv5 and NTS, chime perf ntp --nts on CPU 1, six rounds alternating.
 set -euo pipefail
 BIN=${BIN:?release binaries}
+REPO=${REPO:?the repository BIN was built from}
 OUT=${OUT:?output dir}
 ROUNDS=${ROUNDS:-6}
 RATE=${RATE:-80000}
@@ -34,7 +35,7 @@ for _ in $(seq 100); do grep -q "synchronised: stratum" "$work/chimed.log" && br
 grep -q "synchronised: stratum" "$work/chimed.log" || { echo "chimed not synchronised" >&2; cat "$work/chimed.log" >&2; exit 1; }
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-  echo "commit: $(git -C /work/main rev-parse --short HEAD)"
+  echo "commit: $(git -C "${REPO:?the repository the binaries were built from}" rev-parse --short HEAD)"
   echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), kernel $(uname -r)"
   echo "chimed: taskset -c 0 chimed -s 127.0.0.1:CHRONY -4 1 -6 0 -a 127.0.0.1:NTP --ntpv5 --nts-certificate cert.pem --nts-private-key key.pem --nts-ke-address 127.0.0.1:KE --nts-ke-threads 1"
   echo "each run: taskset -c 1 chime perf ntp --nts 127.0.0.1:KE --nts-ca cert.pem --rate $RATE --duration 3 --warmup 0.5 --server-pid PID [--ntp-version 5] --json FILE"
