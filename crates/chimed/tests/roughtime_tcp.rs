@@ -472,6 +472,9 @@ fn the_experimental_mldsa_suite_is_served_over_tcp() {
     let totals = s.stop();
     assert_eq!(count_in(&totals, "answered"), 2, "{totals}");
     assert_eq!(count_in(&totals, "dropped.unknown_server"), 1, "{totals}");
+    // Each reply counted by its version: the suite's, and the Ed25519 one's.
+    assert_eq!(count_in(&totals, "version.0x90000001"), 1, "{totals}");
+    assert_eq!(count_in(&totals, "version.1"), 1, "{totals}");
 
     let out = Command::new(workspace_bin("chimed"))
         .args(["--check-config", "--roughtime-tcp-connections", "0"])

@@ -31,11 +31,15 @@ pub(crate) enum Note {
     /// A Roughtime reply made deliberately invalid (`--roughtime-grease`); also counted in its
     /// version.
     Greased,
+    /// A Roughtime reply of the experimental ML-DSA-44 suite (version 0x90000001, over TCP),
+    /// which is no [`Version`] of the protocol crate's.
+    #[cfg(feature = "mldsa")]
+    Mldsa44,
 }
 
 /// The NTP notes, which come first.
 pub(crate) const NTP_NOTES: usize = 7;
-pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1;
+pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1 + cfg!(feature = "mldsa") as usize;
 
 /// Which notes a service's lines carry at exit, zeros too: NTP's, or Roughtime's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,9 +75,13 @@ impl Note {
             all[i] = ntp[i];
             i += 1;
         }
-        while i < NOTES - 1 {
+        while i < NTP_NOTES + Version::COUNT {
             all[i] = Self::Roughtime(Version::ALL[i - NTP_NOTES]);
             i += 1;
+        }
+        #[cfg(feature = "mldsa")]
+        {
+            all[NOTES - 1] = Self::Mldsa44;
         }
         all
     };
@@ -90,6 +98,8 @@ impl Note {
             Self::Upgrade => 6,
             Self::Roughtime(v) => NTP_NOTES + v.index(),
             Self::Greased => NTP_NOTES + Version::COUNT,
+            #[cfg(feature = "mldsa")]
+            Self::Mldsa44 => NTP_NOTES + Version::COUNT + 1,
         }
     }
 
@@ -114,6 +124,8 @@ impl Note {
                 Version::Rfc10049 => "version.1",
             },
             Self::Greased => "greased",
+            #[cfg(feature = "mldsa")]
+            Self::Mldsa44 => "version.0x90000001",
         }
     }
 }

@@ -394,10 +394,10 @@ fn workers(enc: &mut DescriptorEncoder, services: &[Arc<dyn Listed>]) -> fmt::Re
         "chimed_roughtime_replies_total",
         "Roughtime replies by the version they speak: its VER number (1 is RFC 10049), or google.",
         of("roughtime").flat_map(|(w, c)| {
-            Version::ALL.into_iter().map(|v| {
+            reply_versions().map(|(version, note)| {
                 let mut labels = worker_labels(w);
-                labels.push(("version", v.label().to_string()));
-                (labels, c.notes[Note::Roughtime(v).index()])
+                labels.push(("version", version.to_string()));
+                (labels, c.notes[note.index()])
             })
         }),
     )?;
@@ -467,6 +467,17 @@ fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
         .map(|(source, n)| (vec![("source", source.to_string())], n.load(Relaxed))),
     )?;
     Ok(())
+}
+
+/// Every version a Roughtime reply is counted under, as `chimed_roughtime_replies_total` labels
+/// it, with its note: the protocol's, and the experimental ML-DSA-44 suite's where built in.
+fn reply_versions() -> impl Iterator<Item = (&'static str, Note)> {
+    let versions = Version::ALL
+        .into_iter()
+        .map(|v| (v.label(), Note::Roughtime(v)));
+    #[cfg(feature = "mldsa")]
+    let versions = versions.chain([("0x90000001", Note::Mldsa44)]);
+    versions
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use zeroize::Zeroizing;
 
 use crate::daemon::supervisor::{ServiceError, Supervisor};
 
+use crate::observe::counters::Note;
 use crate::observe::stats::WorkerStats;
 use crate::roughtime::serve;
 use crate::roughtime::tcp::{Job, Reply, refuse_all};
@@ -168,6 +169,7 @@ fn answer(
             Ok(replies) => {
                 for (job, reply) in taken.iter().zip(replies) {
                     stats.counts.answered += 1;
+                    stats.counts.note(Note::Mldsa44, true);
                     let _ = job.reply.try_send(Reply::Signed(reply));
                 }
             }
