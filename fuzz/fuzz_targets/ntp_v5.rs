@@ -37,7 +37,7 @@ fuzz_target!(|input: (u64, [u8; 16], &[u8])| {
     if let Ok(accepted) = v5::accept(request) {
         match chime_ntp::nts::check_request_v5(request, &keys) {
             chime_ntp::nts::Check::Verified(_) => panic!("a forged cookie verified"),
-            chime_ntp::nts::Check::Nak(uid) => {
+            chime_ntp::nts::Check::Nak(uid, _) => {
                 let mut nak = vec![0u8; request.len()];
                 if v5::write_header(request, rx, &served, 0, &mut nak).is_ok()
                     && let Some(len) =

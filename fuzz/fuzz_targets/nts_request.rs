@@ -35,7 +35,7 @@ fuzz_target!(|input: (bool, u8, Vec<u8>)| {
                 assert_eq!(len, request.len());
             }
         }
-        Check::Nak(uid) => {
+        Check::Nak(uid, _) => {
             if let Some(len) = nts::write_nak(&mut reply, &request, uid) {
                 assert!(len <= request.len());
             }

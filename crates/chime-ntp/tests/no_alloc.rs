@@ -130,7 +130,7 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
                     });
                     outcomes.1 += usize::from(len == Some(request.len()));
                 }
-                Check::Nak(uid) => {
+                Check::Nak(uid, _) => {
                     outcomes.2 += usize::from(nts::write_nak(&mut reply, request, uid).is_some());
                 }
                 _ => {}

@@ -153,6 +153,9 @@ struct Counts {
     ntp: u64,
     nts: u64,
     naks: u64,
+    /// The NAKs by why: the cookie named a key not held, did not open, served the other
+    /// protocol; the authenticator did not verify.
+    nak_why: [u64; 4],
     ke: u64,
     roughtime: u64,
     outside: u64,
@@ -173,6 +176,8 @@ impl Member {
             ntp: sum(&page, "chimed_replies_sent_total", "service=\"ntp\""),
             nts: sum(&page, "chimed_nts_replies_total", ""),
             naks: sum(&page, "chimed_nts_naks_total", ""),
+            nak_why: ["unknown_key", "bad_cookie", "other_protocol", "forged"]
+                .map(|why| sum(&page, "chimed_nts_nak_reasons_total", &format!("\"{why}\""))),
             ke: sum(&page, "chimed_nts_ke_sessions_total", "outcome=\"agreed\""),
             roughtime: sum(&page, "chimed_roughtime_replies_total", ""),
             outside: sum(
@@ -203,9 +208,9 @@ fn show(phase: &str, members: &[Member], counts: &[Counts]) {
     for (m, c) in members.iter().zip(counts) {
         let _ = writeln!(
             err,
-            "fleet: {phase}: member {}: ntp={} nts={} nts_nak={} nts_ke={} roughtime={} \
-             outside_delegation={}",
-            m.number, c.ntp, c.nts, c.naks, c.ke, c.roughtime, c.outside
+            "fleet: {phase}: member {}: ntp={} nts={} nts_nak={} (unknown_key, bad_cookie, \
+             other_protocol, forged: {:?}) nts_ke={} roughtime={} outside_delegation={}",
+            m.number, c.ntp, c.nts, c.naks, c.nak_why, c.ke, c.roughtime, c.outside
         );
     }
 }
@@ -535,7 +540,8 @@ fn cookies_outlive_a_rotation(f: &Fleet, client: &ChronydClient) {
     );
     assert!(
         rotated.iter().all(|c| c.naks == 0),
-        "NAKs after the rotation"
+        "NAKs after the rotation (nak_why: unknown_key, bad_cookie, other_protocol, forged): \
+         {rotated:?}"
     );
 }
 

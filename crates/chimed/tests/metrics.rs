@@ -167,6 +167,18 @@ fn expected_counters() -> Vec<(&'static str, Labels, f64)> {
         ("chimed_send_errors_total", ntp.to_vec(), 0.0),
         ("chimed_kernel_receive_drops_total", ntp.to_vec(), 0.0),
         ("chimed_requests_shed_total", ntp.to_vec(), 0.0),
+        // No NTS here: the NAK families are there, at zero, each reason its own series.
+        ("chimed_nts_naks_total", ntp.to_vec(), 0.0),
+        (
+            "chimed_nts_nak_reasons_total",
+            with(&ntp, ("reason", "unknown_key")),
+            0.0,
+        ),
+        (
+            "chimed_nts_nak_reasons_total",
+            with(&ntp, ("reason", "forged")),
+            0.0,
+        ),
         ("chimed_requests_received_total", rt.to_vec(), 2.0),
         ("chimed_replies_sent_total", rt.to_vec(), 1.0),
         ("chimed_receive_batches_total", rt.to_vec(), 2.0),

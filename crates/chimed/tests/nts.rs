@@ -436,6 +436,9 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
     assert!(chimed.terminate().success());
     let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert!(count_in(&totals, "nts_nak") > 0, "no NAK: {totals}");
+    // Each for a cookie whose key had rotated out.
+    let unknown_key = count_in(&totals, "nts_nak.unknown_key");
+    assert_eq!(unknown_key, count_in(&totals, "nts_nak"), "{totals}");
     let ke = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     let agreed: u32 = ke
         .split("agreed=")
@@ -809,6 +812,9 @@ fn cookies_outlive_a_restart_with_nts_dump_dir() {
     let (ntp, ke) = exit_totals(&mut chimed);
     drop(client);
     assert!(count_in(&ntp, "nts_nak") >= 1, "{ntp}");
+    // Each for a cookie naming a key this process never had.
+    let unknown_key = count_in(&ntp, "nts_nak.unknown_key");
+    assert_eq!(unknown_key, count_in(&ntp, "nts_nak"), "{ntp}");
     assert_eq!(count_in(&ke, "agreed"), 1, "{ke}");
 }
 

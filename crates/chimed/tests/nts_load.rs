@@ -243,6 +243,8 @@ fn perf_ntp_nts_counts_naks_when_the_keys_change() {
     assert!(chimed.terminate().success());
     let ntp = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
     assert_eq!(count_in(&ntp, "nts_nak"), refused, "{ntp}");
+    // The old secret's keys are gone: every cookie named a key no longer held.
+    assert_eq!(count_in(&ntp, "nts_nak.unknown_key"), refused, "{ntp}");
     let ke_totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert_eq!(count_in(&ke_totals, "agreed"), 8, "{ke_totals}");
 }

@@ -272,10 +272,16 @@ fn a_member_serving_ntpv5_lists_it_and_seals_v5_keys_for_its_pool() {
             );
         }
         assert!(member.chimed.terminate().success());
+        let v5_keys = u64::from(!flags.is_empty());
+        let ntp = member
+            .chimed
+            .wait_for("ntp totals at exit", Duration::from_secs(1));
+        // The v5 cookie spent over v4: one NAK, for its protocol.
+        assert_eq!(count_in(&ntp, "nts_nak.other_protocol"), v5_keys, "{ntp}");
+        assert_eq!(count_in(&ntp, "nts_nak"), v5_keys, "{ntp}");
         let totals = member
             .chimed
             .wait_for("nts-ke totals at exit", Duration::from_secs(1));
-        let v5_keys = u64::from(!flags.is_empty());
         assert_eq!(count_in(&totals, "pool.keys"), v5_keys, "{totals}");
         assert_eq!(count_in(&totals, "keys.ntpv5-draft"), v5_keys, "{totals}");
         assert_eq!(count_in(&totals, "keys.ntpv4"), 0, "{totals}");

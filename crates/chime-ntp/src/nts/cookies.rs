@@ -8,6 +8,7 @@ use zeroize::Zeroize;
 use super::aead::{Aead, MAX_KEY_LEN};
 use super::fleet::{FleetSecret, fleet_key};
 use super::records::Protocol;
+use super::server::NakReason;
 use super::{KEY_LEN, NONCE_LEN, TAG_LEN};
 
 /// The two keys of one client's NTS association, the protocol they were exported for, and the
@@ -245,13 +246,21 @@ impl CookieKeys {
     /// The keys in `cookie`, if one of our master keys sealed it, nobody changed it since, the
     /// algorithm it names is the one its length is for, and the protocol it names is one we know.
     pub fn open(&self, cookie: &[u8]) -> Option<Keys> {
+        self.open_or_why(cookie).ok()
+    }
+
+    /// [`CookieKeys::open`], saying why a cookie does not open: it names a key not held here, or
+    /// it is not a cookie these keys sealed as it is.
+    pub(crate) fn open_or_why(&self, cookie: &[u8]) -> Result<Keys, NakReason> {
         let aead = Aead::ALL
             .into_iter()
-            .find(|&a| cookie_len(a) == cookie.len())?;
-        let id = u32::from_be_bytes(cookie[..4].try_into().ok()?);
+            .find(|&a| cookie_len(a) == cookie.len())
+            .ok_or(NakReason::BadCookie)?;
+        let id = u32::from_be_bytes([cookie[0], cookie[1], cookie[2], cookie[3]]);
         let (_, master) = std::iter::once(&self.current)
             .chain(&self.also_open)
-            .find(|(k, _)| *k == id)?;
+            .find(|(k, _)| *k == id)
+            .ok_or(NakReason::UnknownKey)?;
         let nonce = &cookie[4..4 + NONCE_LEN];
         let tag = aes_siv::Tag::clone_from_slice(&cookie[4 + NONCE_LEN..HEAD]);
         let mut body = [0u8; MAX_COOKIE_LEN - HEAD];
@@ -269,6 +278,6 @@ impl CookieKeys {
             _ => None,
         };
         body.zeroize();
-        keys
+        keys.ok_or(NakReason::BadCookie)
     }
 }

@@ -58,8 +58,8 @@ pub use records::{
     ke_response, valid_ntp_server,
 };
 pub use server::{
-    Check, Verified, check_request, check_request_v5, write_nak, write_nak_v5, write_response,
-    write_response_v5,
+    Check, NakReason, Verified, check_request, check_request_v5, write_nak, write_nak_v5,
+    write_response, write_response_v5,
 };
 
 /// The length of a master key cookies are sealed under (an AEAD_AES_SIV_CMAC_256 key, whatever

@@ -65,6 +65,44 @@ pub struct Verified {
     cookies: usize,
 }
 
+/// Why a request gets an NTS NAK: what an operator needs to tell lost keys from a client's
+/// mistake or an attack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NakReason {
+    /// The cookie names a master key not held here: rotated out long ago, lost at a restart
+    /// without saved keys, or another server's (a fleet member with another secret).
+    UnknownKey,
+    /// The cookie names a key held here but does not open under it (changed, or not sealed
+    /// here), or names an algorithm or protocol it cannot be.
+    BadCookie,
+    /// The cookie's keys were exported for the other protocol (NTPv4's keys in an NTPv5 request,
+    /// or the other way round).
+    OtherProtocol,
+    /// The cookie opened but the authenticator does not verify under its keys: the request was
+    /// changed on its way, or made by someone without the keys.
+    Forged,
+}
+
+impl NakReason {
+    /// Every reason, in [`NakReason::label`]'s order.
+    pub const ALL: [Self; 4] = [
+        Self::UnknownKey,
+        Self::BadCookie,
+        Self::OtherProtocol,
+        Self::Forged,
+    ];
+
+    /// Its name in counters and logs.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::UnknownKey => "unknown_key",
+            Self::BadCookie => "bad_cookie",
+            Self::OtherProtocol => "other_protocol",
+            Self::Forged => "forged",
+        }
+    }
+}
+
 /// What NTS makes of a request.
 #[derive(Debug, Clone)]
 pub enum Check {
@@ -72,9 +110,10 @@ pub enum Check {
     NotNts,
     /// Authentic: answer with [`write_response`].
     Verified(Verified),
-    /// The cookie did not open or the authenticator did not verify: answer with [`write_nak`]
-    /// (the unique identifier's body is at this range).
-    Nak(Range<usize>),
+    /// The cookie did not open, or serves another protocol, or the authenticator did not verify:
+    /// answer with [`write_nak`] (the unique identifier's body is at this range). Why, for the
+    /// server's counts.
+    Nak(Range<usize>, NakReason),
     /// NTS fields that are not a valid request (no identifier, two cookies, the authenticator
     /// not last, ...): drop.
     Malformed,
@@ -153,14 +192,15 @@ fn check_fields(
     let (Some(unique_id), Some(cookie), Some(auth)) = (unique_id, cookie, auth) else {
         return Check::Malformed;
     };
-    let Some(keys) = cookie_keys.open(&request[cookie]) else {
-        return Check::Nak(unique_id);
+    let keys = match cookie_keys.open_or_why(&request[cookie]) {
+        Ok(keys) => keys,
+        Err(why) => return Check::Nak(unique_id, why),
     };
     if keys.protocol() != protocol {
-        return Check::Nak(unique_id);
+        return Check::Nak(unique_id, NakReason::OtherProtocol);
     }
     if !authentic(request, &auth, &keys) {
-        return Check::Nak(unique_id);
+        return Check::Nak(unique_id, NakReason::Forged);
     }
     Check::Verified(Verified {
         keys,

@@ -138,7 +138,7 @@ fn a_cookie_serves_only_the_protocol_its_keys_were_exported_for() {
     assert_eq!(m.open(&cookie_naming(0x8001)), Some(keys_v5()));
     assert_eq!(m.open(&cookie_naming(1)), None, "no protocol 1 here");
     let verified = |c: &Check| matches!(c, Check::Verified(_));
-    let nak = |c: &Check| matches!(c, Check::Nak(_));
+    let nak = |c: &Check| matches!(c, Check::Nak(_, NakReason::OtherProtocol));
     assert!(verified(&check_request(&request(&v4, 0, &C2S), &m)));
     assert!(nak(&check_request(&request(&v5, 0, &C2S), &m)));
     assert!(verified(&check_request_v5(&request_v5(&v5, 0, &C2S), &m)));
@@ -364,7 +364,7 @@ fn bad_cookies_and_forged_authenticators_get_a_nak() {
     let m = master();
     let other = CookieKeys::new(99, [0x99; KEY_LEN]);
     let req = request(&other.seal(&keys(), [2; NONCE_LEN]), 1, &C2S);
-    let Check::Nak(uid) = check_request(&req, &m) else {
+    let Check::Nak(uid, NakReason::UnknownKey) = check_request(&req, &m) else {
         panic!("foreign cookie")
     };
     let mut reply = vec![0u8; req.len()];
@@ -377,7 +377,17 @@ fn bad_cookies_and_forged_authenticators_get_a_nak() {
     assert_eq!(&reply[52..len], &[0xAB; 32]);
 
     let forged = request(&m.seal(&keys(), [2; NONCE_LEN]), 1, &[0x12; KEY_LEN]);
-    assert!(matches!(check_request(&forged, &m), Check::Nak(_)));
+    assert!(matches!(
+        check_request(&forged, &m),
+        Check::Nak(_, NakReason::Forged)
+    ));
+    // A cookie under a key held here, one byte of it changed: not a cookie sealed here.
+    let mut changed = m.seal(&keys(), [2; NONCE_LEN]).to_vec();
+    changed[COOKIE_LEN - 1] ^= 1;
+    assert!(matches!(
+        check_request(&request(&changed, 1, &C2S), &m),
+        Check::Nak(_, NakReason::BadCookie)
+    ));
 }
 
 #[test]
@@ -816,12 +826,15 @@ fn round_trip(aead: Aead) {
     let mut bad_request = req.clone();
     bad_request[40] ^= 1;
     assert!(
-        matches!(check_request(&bad_request, &m), Check::Nak(_)),
+        matches!(
+            check_request(&bad_request, &m),
+            Check::Nak(_, NakReason::Forged)
+        ),
         "{aead}"
     );
 
     let foreign = client_request(&header, &uid, &vec![0; cookie_len(aead)], 0, &keys, [8; 16]);
-    let Check::Nak(range) = check_request(&foreign, &m) else {
+    let Check::Nak(range, NakReason::UnknownKey) = check_request(&foreign, &m) else {
         panic!("{aead}")
     };
     let mut nak = vec![0u8; foreign.len()];
@@ -1182,7 +1195,7 @@ fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
         let mut bad = req.clone();
         bad[at] ^= 0x10;
         let uid = match check_request_v5(&bad, &m) {
-            Check::Nak(uid) => uid,
+            Check::Nak(uid, _) => uid,
             other => panic!("byte {at}: {other:?}"),
         };
         let mut nak = vec![0; bad.len()];
@@ -1247,7 +1260,7 @@ fn a_v5_client_request_round_trips_and_its_reply_is_checked() {
         );
         // A cookie the server cannot open: its NAK, which the client reads as one.
         let stale = client_request_v5(draft, [7; 8], &uid, &[9; 104], 0, &keys_v5(), [3; 16]);
-        let Check::Nak(at) = check_request_v5(&stale, &m) else {
+        let Check::Nak(at, NakReason::UnknownKey) = check_request_v5(&stale, &m) else {
             panic!("{draft:?}: not a NAK");
         };
         let mut nak = vec![0; stale.len()];

@@ -644,7 +644,7 @@ mod tests {
                 .unwrap();
                 reply.truncate(n);
             }
-            Check::Nak(uid) => {
+            Check::Nak(uid, _) => {
                 let n = write_nak(&mut reply, request, uid).unwrap();
                 reply.truncate(n);
             }
@@ -745,7 +745,7 @@ mod tests {
                     master.seal(&keys_for(nts::Protocol::NtpV5Draft), [4; 16])
                 })
             }
-            Check::Nak(uid) => nts::write_nak_v5(&mut reply, request, uid, draft),
+            Check::Nak(uid, _) => nts::write_nak_v5(&mut reply, request, uid, draft),
             other => panic!("{other:?}"),
         };
         reply.truncate(n.unwrap());

@@ -214,8 +214,8 @@ struct Notes {
     keep_transmit: bool,
     /// Its own transmit time is to be saved for the client's next interleaved request.
     save_transmit: bool,
-    /// NTS: `Some(true)` authenticated, `Some(false)` a NAK.
-    nts: Option<bool>,
+    /// NTS: `Some(Ok(()))` authenticated, `Some(Err(why))` a NAK.
+    nts: Option<Result<(), nts::NakReason>>,
     /// An NTPv5 reply.
     v5: bool,
     /// A v4 reply telling its client that v5 is spoken (`NTP5DRFT` echoed).
@@ -269,15 +269,15 @@ fn answer(
     match nts::check_request(req.bytes, keys) {
         nts::Check::NotNts => Ok(len),
         nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
-        nts::Check::Nak(uid) => {
-            notes.nts = Some(false);
+        nts::Check::Nak(uid, why) => {
+            notes.nts = Some(Err(why));
             notes.save_transmit = false;
             notes.interleaved = false;
             nts::write_nak(buf, req.bytes, uid).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
             stamp_now(b, buf, notes);
-            notes.nts = Some(true);
+            notes.nts = Some(Ok(()));
             let seal = || keys.seal(&v.keys, rand::random());
             nts::write_response(buf, req.bytes, &v, rand::random(), seal).ok_or(NtpDrop::NtsInvalid)
         }
@@ -324,13 +324,13 @@ fn answer_v5(
     notes.v5 = true;
     match nts::check_request_v5(req.bytes, keys) {
         nts::Check::NotNts | nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
-        nts::Check::Nak(uid) => {
-            notes.nts = Some(false);
+        nts::Check::Nak(uid, why) => {
+            notes.nts = Some(Err(why));
             nts::write_nak_v5(buf, req.bytes, uid, accepted.draft).ok_or(NtpDrop::NtsInvalid)
         }
         nts::Check::Verified(v) => {
             stamp_now(b, buf, notes);
-            notes.nts = Some(true);
+            notes.nts = Some(Ok(()));
             let seal = || keys.seal(&v.keys, rand::random());
             let nonce = rand::random();
             nts::write_response_v5(buf, req.bytes, &v, accepted.draft, nonce, seal)
@@ -428,8 +428,11 @@ impl BatchHandler for NtpWorker {
                 let p = &mut self.stats.counts;
                 p.note(Note::Kod, notes.kissed);
                 p.note(Note::Interleaved, notes.interleaved);
-                p.note(Note::Nts, notes.nts == Some(true));
-                p.note(Note::NtsNak, notes.nts == Some(false));
+                p.note(Note::Nts, notes.nts == Some(Ok(())));
+                if let Some(Err(why)) = notes.nts {
+                    p.note(Note::NtsNak, true);
+                    p.note(Note::NtsNakWhy(why), true);
+                }
                 p.note(Note::V5, notes.v5);
                 p.note(Note::Upgrade, notes.upgrade);
                 let i = tx.len() - 1;

@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use chime_ntp::nts::NakReason;
 use chime_roughtime::Version;
 
 /// Replies worth counting apart, beside `answered`: NTP's of note, and Roughtime's by the version
@@ -25,6 +26,8 @@ pub(crate) enum Note {
     V5,
     /// A v4 reply echoing the upgrade mark: its client may now speak v5.
     Upgrade,
+    /// An NTS NAK, by why it was sent (also in `NtsNak`).
+    NtsNakWhy(NakReason),
     /// A Roughtime reply in this version: an operator sees which versions clients still speak
     /// before dropping one.
     Roughtime(Version),
@@ -38,7 +41,7 @@ pub(crate) enum Note {
 }
 
 /// The NTP notes, which come first.
-pub(crate) const NTP_NOTES: usize = 7;
+pub(crate) const NTP_NOTES: usize = 7 + NakReason::ALL.len();
 pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1 + cfg!(feature = "mldsa") as usize;
 
 /// Which notes a service's lines carry at exit, zeros too: NTP's, or Roughtime's.
@@ -68,6 +71,10 @@ impl Note {
             Self::NtsNak,
             Self::V5,
             Self::Upgrade,
+            Self::NtsNakWhy(NakReason::ALL[0]),
+            Self::NtsNakWhy(NakReason::ALL[1]),
+            Self::NtsNakWhy(NakReason::ALL[2]),
+            Self::NtsNakWhy(NakReason::ALL[3]),
         ];
         let mut all = [Self::Greased; NOTES];
         let mut i = 0;
@@ -96,6 +103,14 @@ impl Note {
             Self::NtsNak => 4,
             Self::V5 => 5,
             Self::Upgrade => 6,
+            Self::NtsNakWhy(why) => {
+                7 + match why {
+                    NakReason::UnknownKey => 0,
+                    NakReason::BadCookie => 1,
+                    NakReason::OtherProtocol => 2,
+                    NakReason::Forged => 3,
+                }
+            }
             Self::Roughtime(v) => NTP_NOTES + v.index(),
             Self::Greased => NTP_NOTES + Version::COUNT,
             #[cfg(feature = "mldsa")]
@@ -113,6 +128,12 @@ impl Note {
             Self::NtsNak => "nts_nak",
             Self::V5 => "ntpv5",
             Self::Upgrade => "ntpv5_upgrade",
+            Self::NtsNakWhy(why) => match why {
+                NakReason::UnknownKey => "nts_nak.unknown_key",
+                NakReason::BadCookie => "nts_nak.bad_cookie",
+                NakReason::OtherProtocol => "nts_nak.other_protocol",
+                NakReason::Forged => "nts_nak.forged",
+            },
             Self::Roughtime(v) => match v {
                 Version::Google => "version.google",
                 Version::Draft07 => "version.0x80000007",
@@ -350,7 +371,7 @@ pub(crate) mod tests {
             assert_eq!(label, format!("version.{}", v.label()));
         }
         assert_eq!(Note::Roughtime(Version::ALL[0]).index(), NTP_NOTES);
-        assert_eq!(Note::Upgrade.index(), NTP_NOTES - 1);
+        assert_eq!(Note::NtsNakWhy(NakReason::Forged).index(), NTP_NOTES - 1);
     }
 
     #[test]

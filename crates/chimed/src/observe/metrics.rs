@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use chime_ntp::nts::NakReason;
 use chime_roughtime::Version;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -27,7 +28,7 @@ use tokio::sync::Semaphore;
 use tracing::warn;
 
 use crate::daemon::supervisor::ServiceError;
-use crate::observe::counters::{NTP_NOTES, Note, PublishedCounts};
+use crate::observe::counters::{Note, PublishedCounts};
 use crate::observe::stats::{Listed, Published};
 
 /// What the endpoint serves, filled in as the services start: each registers its own collector,
@@ -259,32 +260,40 @@ fn base<'n, M: EncodeMetric>(name: &'n str, metric: &M) -> &'n str {
 
 /// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
 /// `chimed_roughtime_replies_total`, labelled by version.
-const NOTE_METRICS: [(&str, &str); NTP_NOTES] = [
+const NOTE_METRICS: [(Note, &str, &str); 7] = [
     (
+        Note::Kod,
         "chimed_kod_sent_total",
         "Replies made a Kiss-o'-Death RATE by NTP rate limiting (--ratelimit-kod).",
     ),
     (
+        Note::Interleaved,
         "chimed_interleaved_replies_total",
         "NTP replies in interleaved mode (RFC 9769), carrying the previous reply's transmit time.",
     ),
     (
+        Note::KernelTxTimestamp,
         "chimed_kernel_tx_timestamps_total",
         "Kernel transmit timestamps read back for interleaved mode.",
     ),
     (
+        Note::Nts,
         "chimed_nts_replies_total",
         "NTP replies authenticated with NTS.",
     ),
     (
+        Note::NtsNak,
         "chimed_nts_naks_total",
-        "NTS NAKs sent: a cookie that did not open or an authenticator that did not verify.",
+        "NTS NAKs sent: a cookie that did not open or serves the other protocol, or an \
+         authenticator that did not verify (by why in chimed_nts_nak_reasons_total).",
     ),
     (
+        Note::V5,
         "chimed_ntpv5_replies_total",
         "NTPv5 replies (--ntpv5, as drafted).",
     ),
     (
+        Note::Upgrade,
         "chimed_ntpv5_upgrades_total",
         "NTPv4 replies echoing a client's NTPv5 upgrade mark (NTP5DRFT).",
     ),
@@ -381,25 +390,29 @@ fn workers(enc: &mut DescriptorEncoder, services: &[Arc<dyn Listed>]) -> fmt::Re
         )?;
     }
     let of = |service: &'static str| counts.iter().filter(move |(w, _)| w.service == service);
-    for (i, (name, help)) in NOTE_METRICS.iter().enumerate() {
+    for (note, name, help) in NOTE_METRICS {
         counters(
             enc,
             name,
             help,
-            of("ntp").map(|(w, c)| (worker_labels(w), c.notes[i])),
+            of("ntp").map(|(w, c)| (worker_labels(w), c.notes[note.index()])),
         )?;
     }
+    let nak_reasons = NakReason::ALL.map(|why| (why.label(), Note::NtsNakWhy(why)));
+    let versions: Vec<_> = reply_versions().collect();
+    counters(
+        enc,
+        "chimed_nts_nak_reasons_total",
+        "NTS NAKs sent, by why: the cookie names a key not held here (unknown_key), does not open \
+         (bad_cookie) or serves the other protocol (other_protocol), or the authenticator does not \
+         verify (forged).",
+        by_note(of("ntp"), "reason", &nak_reasons),
+    )?;
     counters(
         enc,
         "chimed_roughtime_replies_total",
         "Roughtime replies by the version they speak: its VER number (1 is RFC 10049), or google.",
-        of("roughtime").flat_map(|(w, c)| {
-            reply_versions().map(|(version, note)| {
-                let mut labels = worker_labels(w);
-                labels.push(("version", version.to_string()));
-                (labels, c.notes[note.index()])
-            })
-        }),
+        by_note(of("roughtime"), "version", &versions),
     )?;
     counters(
         enc,
@@ -467,6 +480,21 @@ fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
         .map(|(source, n)| (vec![("source", source.to_string())], n.load(Relaxed))),
     )?;
     Ok(())
+}
+
+/// One series per worker and note in `notes`, labelled `label` with the note's value there.
+fn by_note<'a>(
+    counts: impl Iterator<Item = &'a (&'a Arc<Published>, PublishedCounts)> + 'a,
+    label: &'static str,
+    notes: &'a [(&'static str, Note)],
+) -> impl Iterator<Item = (Labels, u64)> + 'a {
+    counts.flat_map(move |(w, c)| {
+        notes.iter().map(move |(value, note)| {
+            let mut labels = worker_labels(w);
+            labels.push((label, (*value).to_string()));
+            (labels, c.notes[note.index()])
+        })
+    })
 }
 
 /// Every version a Roughtime reply is counted under, as `chimed_roughtime_replies_total` labels
