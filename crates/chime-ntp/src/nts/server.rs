@@ -84,13 +84,24 @@ pub enum NakReason {
 }
 
 impl NakReason {
-    /// Every reason, in [`NakReason::label`]'s order.
+    /// Every reason, in [`NakReason::index`] order.
     pub const ALL: [Self; 4] = [
         Self::UnknownKey,
         Self::BadCookie,
         Self::OtherProtocol,
         Self::Forged,
     ];
+
+    /// A dense index below `NakReason::ALL.len()`, for counter arrays: its place in
+    /// [`NakReason::ALL`].
+    pub const fn index(self) -> usize {
+        match self {
+            Self::UnknownKey => 0,
+            Self::BadCookie => 1,
+            Self::OtherProtocol => 2,
+            Self::Forged => 3,
+        }
+    }
 
     /// Its name in counters and logs.
     pub const fn label(self) -> &'static str {

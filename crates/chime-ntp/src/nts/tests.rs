@@ -360,6 +360,15 @@ fn a_short_request_gets_fewer_cookies_never_a_longer_reply() {
 }
 
 #[test]
+fn every_nak_reason_has_its_index_and_a_label_of_its_own() {
+    for (i, why) in NakReason::ALL.into_iter().enumerate() {
+        assert_eq!(why.index(), i, "{why:?}");
+    }
+    let labels: std::collections::BTreeSet<_> = NakReason::ALL.map(NakReason::label).into();
+    assert_eq!(labels.len(), NakReason::ALL.len());
+}
+
+#[test]
 fn bad_cookies_and_forged_authenticators_get_a_nak() {
     let m = master();
     let other = CookieKeys::new(99, [0x99; KEY_LEN]);

@@ -103,14 +103,7 @@ impl Note {
             Self::NtsNak => 4,
             Self::V5 => 5,
             Self::Upgrade => 6,
-            Self::NtsNakWhy(why) => {
-                7 + match why {
-                    NakReason::UnknownKey => 0,
-                    NakReason::BadCookie => 1,
-                    NakReason::OtherProtocol => 2,
-                    NakReason::Forged => 3,
-                }
-            }
+            Self::NtsNakWhy(why) => 7 + why.index(),
             Self::Roughtime(v) => NTP_NOTES + v.index(),
             Self::Greased => NTP_NOTES + Version::COUNT,
             #[cfg(feature = "mldsa")]
