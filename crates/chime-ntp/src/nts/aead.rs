@@ -31,6 +31,15 @@ impl Aead {
     /// Every algorithm served, in no order of preference: a server takes the client's.
     pub const ALL: [Self; 3] = [Self::AesSivCmac256, Self::AesSivCmac512, Self::Aes128GcmSiv];
 
+    /// A dense index below `Aead::ALL.len()`, for counter arrays: its place in [`Aead::ALL`].
+    pub const fn index(self) -> usize {
+        match self {
+            Self::AesSivCmac256 => 0,
+            Self::AesSivCmac512 => 1,
+            Self::Aes128GcmSiv => 2,
+        }
+    }
+
     /// Its IANA number.
     pub const fn id(self) -> u16 {
         match self {
@@ -164,6 +173,13 @@ mod tests {
     /// RFC 8452 appendix C.1's first AEAD_AES_128_GCM_SIV vectors (no data, a block of
     /// plaintext, and a byte of associated data): the tag comes out as the RFC's last 16 bytes of
     /// the result, the ciphertext as the rest, and both open again.
+    #[test]
+    fn every_algorithm_has_its_index() {
+        for (i, aead) in Aead::ALL.into_iter().enumerate() {
+            assert_eq!(aead.index(), i, "{aead}");
+        }
+    }
+
     #[test]
     fn aes_128_gcm_siv_gives_rfc_8452s_vectors() {
         let key = unhex("01000000000000000000000000000000");

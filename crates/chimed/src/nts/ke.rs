@@ -742,10 +742,7 @@ impl KeShared {
         let counts = &self.counts;
         let kind = match outcome {
             Some(Ok(Served::Agreed(aead))) => {
-                let i = nts::Aead::ALL.iter().position(|&a| a == aead);
-                if let Some(n) = i.and_then(|i| counts.agreed_aead.get(i)) {
-                    n.fetch_add(1, Relaxed);
-                }
+                counts.agreed_aead[aead.index()].fetch_add(1, Relaxed);
                 &counts.agreed
             }
             Some(Ok(Served::Refused)) => &counts.refused,
