@@ -158,7 +158,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         );
     }
     let timeout = Duration::from_secs_f64(args.timeout);
-    let draft = args.ntpv5_draft.unwrap_or(v5::DraftArg::D08).draft();
+    let draft = v5::DraftArg::or_default(args.ntpv5_draft);
     if args.nts {
         let ntpv5 = (args.ntp_version == 5).then_some(draft);
         let report = query_nts(

@@ -36,6 +36,11 @@ impl DraftArg {
             Self::D09 => Draft::D09,
         }
     }
+
+    /// The draft `--ntpv5-draft` names, or 08 (ntpd-rs 1.9's) where it was not given.
+    pub(crate) fn or_default(given: Option<Self>) -> Draft {
+        given.unwrap_or(Self::D08).draft()
+    }
 }
 
 /// What a v5 reply adds to the report.

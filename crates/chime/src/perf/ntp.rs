@@ -41,9 +41,7 @@ pub(crate) struct Args {
 impl Args {
     /// The NTPv5 draft requests name: `--ntpv5-draft`, or 08.
     pub(crate) fn draft(&self) -> chime_ntp::v5::Draft {
-        self.ntpv5_draft
-            .unwrap_or(crate::ntp::v5::DraftArg::D08)
-            .draft()
+        crate::ntp::v5::DraftArg::or_default(self.ntpv5_draft)
     }
 }
 
