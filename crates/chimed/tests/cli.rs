@@ -418,4 +418,33 @@ fn a_report_into_a_closed_pipe_ends_chime_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(141), "{stderr}");
     assert!(stderr.is_empty(), "{stderr}");
+
+    // Its reader gone after the first line (`| head -1`): `chime perf`'s table, written after
+    // the run, ends it the same way (30 requests to a closed loopback port).
+    let port = common::free_udp_port();
+    let mut perf = Command::new(common::workspace_bin("chime"))
+        .args(["perf", "ntp", "--target", &format!("127.0.0.1:{port}")])
+        .args([
+            "--rate",
+            "100",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0",
+            "--timeout",
+            "0.1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut stdout = std::io::BufReader::new(perf.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+    drop(stdout);
+    let out = perf.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(first.starts_with("chime perf ntp:"), "{first}");
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
 }

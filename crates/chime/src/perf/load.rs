@@ -165,16 +165,14 @@ fn print_results(
     verdict: Option<&report::Verdict>,
 ) -> Result<()> {
     let mut stdout = io::stdout().lock();
-    report::table(&mut stdout, reports)?;
-    write!(
-        stdout,
-        "{}",
-        report::summary(reports, max_loss, stopped_early)
-    )?;
+    let mut written = report::table(&mut stdout, reports).and_then(|()| {
+        let summary = report::summary(reports, max_loss, stopped_early);
+        write!(stdout, "{summary}")
+    });
     if let Some(v) = verdict {
-        write!(stdout, "{}", v.text())?;
+        written = written.and_then(|()| write!(stdout, "{}", v.text()));
     }
-    Ok(())
+    Ok(crate::out::closed_ends(written)?)
 }
 
 /// The files named by `--csv`, `--json` and `--plot`, created before the run.
