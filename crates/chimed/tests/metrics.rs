@@ -545,6 +545,24 @@ fn the_example_alert_rules_name_what_chimed_serves() {
     for reason in matched.split('|') {
         assert!(reasons.contains(reason), "{reason} is not a drop reason");
     }
+    // Each reason a rule names exactly is one chimed counts, an NTS NAK's or a drop's.
+    let nak_reasons: std::collections::HashSet<&str> = samples
+        .iter()
+        .filter(|s| s["name"] == "chimed_nts_nak_reasons_total")
+        .filter_map(|s| s["labels"]["reason"].as_str())
+        .collect();
+    let exact: Vec<&str> = rules
+        .split("reason=\"")
+        .skip(1)
+        .filter_map(|r| r.split('"').next())
+        .collect();
+    assert!(!exact.is_empty(), "no exact reason matcher");
+    for reason in exact {
+        assert!(
+            nak_reasons.contains(reason) || reasons.contains(reason),
+            "{reason} is not a reason chimed counts"
+        );
+    }
 }
 
 /// The example alert rules pass Prometheus' own checker and their unit tests: each alert fires
