@@ -230,10 +230,8 @@ impl<'a> Seen<'a> {
             record::NEXT_PROTOCOL => {
                 self.protocols += 1;
                 if body.len().is_multiple_of(2) {
-                    let served = |id| match id {
-                        0 => Some(Protocol::NtpV4),
-                        0x8001 if self.ntpv5 => Some(Protocol::NtpV5Draft),
-                        _ => None,
+                    let served = |id| {
+                        Protocol::from_id(id).filter(|&p| p != Protocol::NtpV5Draft || self.ntpv5)
                     };
                     self.protocol = self.protocol.or_else(|| ids().find_map(served));
                 }
