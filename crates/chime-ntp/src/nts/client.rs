@@ -163,15 +163,30 @@ pub fn client_request_into(
     nonce: [u8; NONCE_LEN],
 ) -> usize {
     out[..Header::LEN].copy_from_slice(header);
-    append_nts(
-        out,
-        Header::LEN,
+    let nts = NtsFields {
         unique_id,
         cookie,
         placeholders,
         keys,
         nonce,
-    )
+    };
+    append_nts(out, Header::LEN, &nts)
+}
+
+/// What a client request's NTS fields are made of: its unique identifier, the cookie it spends,
+/// how many placeholders ask for more, the association's keys and the authenticator's nonce.
+#[derive(Debug, Clone, Copy)]
+pub struct NtsFields<'a> {
+    /// The unique identifier, which the reply echoes.
+    pub unique_id: &'a [u8; 32],
+    /// The cookie spent.
+    pub cookie: &'a [u8],
+    /// Placeholders as long as the cookie, each asking for one more.
+    pub placeholders: usize,
+    /// The association's keys: the authenticator is under the client-to-server one.
+    pub keys: &'a Keys,
+    /// The authenticator's nonce (AES-GCM-SIV takes its first 12 bytes).
+    pub nonce: [u8; NONCE_LEN],
 }
 
 /// [`client_request`] for the NTPv5 draft `draft`: a v5 request with `client_cookie` and its
@@ -187,8 +202,14 @@ pub fn client_request_v5(
     nonce: [u8; NONCE_LEN],
 ) -> Vec<u8> {
     let mut p = vec![0; client_request_v5_len(draft, cookie.len(), placeholders)];
-    let nts = (unique_id, cookie, placeholders, keys, nonce);
-    let len = client_request_v5_into(&mut p, draft, client_cookie, nts);
+    let nts = NtsFields {
+        unique_id,
+        cookie,
+        placeholders,
+        keys,
+        nonce,
+    };
+    let len = client_request_v5_into(&mut p, draft, client_cookie, &nts);
     p.truncate(len);
     p
 }
@@ -199,8 +220,7 @@ pub fn client_request_v5_len(draft: Draft, cookie_len: usize, placeholders: usiz
 }
 
 /// [`client_request_v5`] written into `out` (at least [`client_request_v5_len`] bytes) without
-/// allocating; `nts` is its unique identifier, cookie, placeholders, keys and nonce. Returns the
-/// length written.
+/// allocating; returns the length written.
 ///
 /// # Panics
 /// If `out` is shorter than [`client_request_v5_len`].
@@ -208,26 +228,24 @@ pub fn client_request_v5_into(
     out: &mut [u8],
     draft: Draft,
     client_cookie: [u8; 8],
-    nts: (&[u8; 32], &[u8], usize, &Keys, [u8; NONCE_LEN]),
+    nts: &NtsFields<'_>,
 ) -> usize {
-    let (unique_id, cookie, placeholders, keys, nonce) = nts;
     let head = v5::write_request(out, draft, 0, client_cookie, None)
         .expect("room for the header and the draft's name");
-    append_nts(out, head, unique_id, cookie, placeholders, keys, nonce)
+    append_nts(out, head, nts)
 }
 
 /// Writes the NTS fields after the first `at` bytes of `out` (the request's header and any
 /// fields of its own): the unique identifier, the cookie, the placeholders and the authenticator
 /// over everything before it. Returns the length of the whole.
-fn append_nts(
-    out: &mut [u8],
-    mut at: usize,
-    unique_id: &[u8; 32],
-    cookie: &[u8],
-    placeholders: usize,
-    keys: &Keys,
-    nonce: [u8; NONCE_LEN],
-) -> usize {
+fn append_nts(out: &mut [u8], mut at: usize, nts: &NtsFields<'_>) -> usize {
+    let NtsFields {
+        unique_id,
+        cookie,
+        placeholders,
+        keys,
+        nonce,
+    } = *nts;
     let field = |out: &mut [u8], at: &mut usize, ty: u16, body: Option<&[u8]>, len: usize| {
         out[*at..*at + 2].copy_from_slice(&ty.to_be_bytes());
         out[*at + 2..*at + 4].copy_from_slice(&((4 + len) as u16).to_be_bytes());

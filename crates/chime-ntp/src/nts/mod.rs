@@ -42,7 +42,7 @@ mod tests;
 pub use aead::{Aead, MAX_KEY_LEN};
 pub use chime_keyfile::KeyFileError;
 pub use client::{
-    ClientReply, ClientReplyError, KeAnswer, KeAnswerError, client_check_reply,
+    ClientReply, ClientReplyError, KeAnswer, KeAnswerError, NtsFields, client_check_reply,
     client_check_reply_v5, client_request, client_request_into, client_request_len,
     client_request_v5, client_request_v5_into, client_request_v5_len, ke_request,
     parse_ke_response, reply_unique_id, reply_unique_id_v5,

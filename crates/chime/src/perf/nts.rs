@@ -459,8 +459,14 @@ impl LoadProtocol for NtsLoad {
         let nonce: [u8; 16] = self.rng.random();
         if let Some(draft) = self.v5 {
             // The id as the client cookie, which the reply echoes.
-            let nts = (&uid, &s.last[..], placeholders, &s.keys, nonce);
-            return nts::client_request_v5_into(buf, draft, id.to_be_bytes(), nts);
+            let nts = nts::NtsFields {
+                unique_id: &uid,
+                cookie: &s.last,
+                placeholders,
+                keys: &s.keys,
+                nonce,
+            };
+            return nts::client_request_v5_into(buf, draft, id.to_be_bytes(), &nts);
         }
         let mut header = self.header;
         header[TRANSMIT_TS..].copy_from_slice(&id.to_be_bytes());
