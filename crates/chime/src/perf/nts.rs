@@ -394,23 +394,24 @@ impl NtsLoad {
         self.next % n
     }
 
-    /// What a client makes of an authentic reply to request `id` as NTP: its verdict and the
-    /// server's times, or `None` if it does not answer that request (v4's origin timestamp, v5's
-    /// client cookie and draft).
+    /// What a client makes of an authentic reply to request `id` as NTP (`ntp`'s for v4, or in
+    /// the `v5` draft): its verdict and the server's times, or `None` if it does not answer that
+    /// request (v4's origin timestamp, v5's client cookie and draft). Of the load's fields, not
+    /// `self`, so that it can be called while a session is borrowed.
     fn judge(
-        &self,
+        (ntp, v5): (&NtpLoad, Option<Draft>),
         reply: &[u8],
         id: u64,
         received_unix_secs: i64,
     ) -> Option<(Verdict, Option<ServerTimes>)> {
-        if let Some(draft) = self.v5 {
+        if let Some(draft) = v5 {
             let r = v5::parse_response(reply, id.to_be_bytes(), draft).ok()?;
             let verdict = V5Load::judge(&r);
             let server = times(r.receive_ts, r.transmit_ts, verdict, received_unix_secs);
             return Some((verdict, server));
         }
         let header = Header::parse(reply).ok().filter(|h| h.origin_ts.0 == id)?;
-        let verdict = self.ntp.judge(&header);
+        let verdict = ntp.judge(&header);
         Some((verdict, server_times(&header, verdict, received_unix_secs)))
     }
 
@@ -492,7 +493,6 @@ impl LoadProtocol for NtsLoad {
             server: None,
             signed: None,
         };
-        let judged = self.judge(reply, id, received_unix_secs);
         // A reply for a session replaced since (after a NAK) is checked with its keys, kept for
         // that; its cookies are of no more use.
         let (s, current) = match self.sessions.iter_mut().find(|s| s.id == session) {
@@ -508,6 +508,7 @@ impl LoadProtocol for NtsLoad {
         };
         match checked {
             Ok(ClientReply::Authentic(cookies)) => {
+                let judged = Self::judge((&self.ntp, self.v5), reply, id, received_unix_secs);
                 let Some((verdict, server)) = judged else {
                     return invalid;
                 };
