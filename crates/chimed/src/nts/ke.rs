@@ -239,20 +239,6 @@ impl TlsError {
     }
 }
 
-/// [`tls_config`], with the leaf certificate's expiry.
-pub(crate) fn load(certificate: &Path, private_key: &Path) -> Result<Loaded, TlsError> {
-    let config = tls_config(certificate, private_key)?;
-    let not_after = CertificateDer::pem_file_iter(certificate)
-        .ok()
-        .and_then(|mut certs| certs.next())
-        .and_then(Result::ok)
-        .and_then(|leaf| not_after(&leaf));
-    Ok(Loaded {
-        config: Arc::new(config),
-        not_after,
-    })
-}
-
 /// Logs when the certificate expires, with a warning if that is within a week or past.
 pub(crate) fn log_expiry(certificate: &Path, not_after: Option<i64>) {
     let Some(t) = not_after else {
@@ -278,18 +264,17 @@ pub(crate) fn log_expiry(certificate: &Path, not_after: Option<i64>) {
     }
 }
 
-/// The notAfter of an X.509 certificate in DER, as Unix seconds; `None` if it does not parse
-/// (RustCrypto's x509-cert: a maintained parser of untrusted DER rather than one of our own).
-fn not_after(der: &[u8]) -> Option<i64> {
-    use x509_cert::der::Decode as _;
-    let cert = x509_cert::Certificate::from_der(der).ok()?;
+/// The notAfter of an X.509 certificate, as Unix seconds (`None` past what they hold).
+fn not_after(cert: &x509_cert::Certificate) -> Option<i64> {
     let after = cert.tbs_certificate.validity.not_after.to_unix_duration();
     i64::try_from(after.as_secs()).ok()
 }
 
 /// The TLS 1.3 server configuration from a PEM certificate chain and private key, with NTS-KE's
-/// ALPN. The key file must not be readable by others. Errors name the file and the problem.
-pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<ServerConfig, TlsError> {
+/// ALPN, and when the leaf certificate expires. The key file must not be readable by others.
+/// Errors name the file and the problem. The chain is parsed with RustCrypto's x509-cert, a
+/// maintained parser of untrusted DER rather than one of our own.
+pub(crate) fn load(certificate: &Path, private_key: &Path) -> Result<Loaded, TlsError> {
     use std::os::unix::fs::PermissionsExt;
     let pem = |path: &Path| {
         let path = path.to_owned();
@@ -320,13 +305,17 @@ pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<Serve
     // rustls parses only the leaf (to match it with the key; a bad one is "invalid peer
     // certificate: BadEncoding") and sends the rest as they are: each is parsed here, to be
     // refused by its place in the chain rather than by a client's failed handshake.
+    let mut leaf_not_after = None;
     for (i, der) in chain.iter().enumerate() {
         use x509_cert::der::Decode as _;
-        x509_cert::Certificate::from_der(der).map_err(|reason| TlsError::NotX509 {
+        let cert = x509_cert::Certificate::from_der(der).map_err(|reason| TlsError::NotX509 {
             path: certificate.to_owned(),
             number: i + 1,
             reason,
         })?;
+        if i == 0 {
+            leaf_not_after = not_after(&cert);
+        }
     }
     let key = PrivateKeyDer::from_pem_file(private_key).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoKey {
@@ -353,7 +342,10 @@ pub(crate) fn tls_config(certificate: &Path, private_key: &Path) -> Result<Serve
         .with_single_cert(chain, key)
         .map_err(rustls)?;
     config.alpn_protocols = vec![nts::ALPN.to_vec()];
-    Ok(config)
+    Ok(Loaded {
+        config: Arc::new(config),
+        not_after: leaf_not_after,
+    })
 }
 
 /// A new master key and its id, from fresh random bits.
@@ -1056,18 +1048,26 @@ mod tests {
         params.self_signed(&key).unwrap().der().to_vec()
     }
 
+    /// [`not_after`] of a certificate in DER; `None` if it does not parse.
+    fn not_after_of(der: &[u8]) -> Option<i64> {
+        use x509_cert::der::Decode as _;
+        x509_cert::Certificate::from_der(der)
+            .ok()
+            .and_then(|c| not_after(&c))
+    }
+
     #[test]
     fn not_after_is_read_from_the_der() {
         // 2026-11-24T00:43:41Z, a UTCTime; 2051-01-01T00:00:00Z, a GeneralizedTime (RFC 5280
         // §4.1.2.5: from 2050 on).
         for t in [1_795_481_021, 2_556_144_000] {
-            assert_eq!(not_after(&certificate(t)), Some(t));
+            assert_eq!(not_after_of(&certificate(t)), Some(t));
         }
         let whole = certificate(1_795_481_021);
         for cut in 0..whole.len() {
             // Cut short, it is not a certificate, and never a panic.
-            assert_eq!(not_after(&whole[..cut]), None, "cut at {cut}");
+            assert_eq!(not_after_of(&whole[..cut]), None, "cut at {cut}");
         }
-        assert_eq!(not_after(b"not DER"), None);
+        assert_eq!(not_after_of(b"not DER"), None);
     }
 }
