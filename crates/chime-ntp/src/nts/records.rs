@@ -35,6 +35,18 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// Every protocol, in [`Protocol::index`] order.
+    pub const ALL: [Self; 2] = [Self::NtpV4, Self::NtpV5Draft];
+
+    /// A dense index below `Protocol::ALL.len()`, for counter arrays: its place in
+    /// [`Protocol::ALL`].
+    pub const fn index(self) -> usize {
+        match self {
+            Self::NtpV4 => 0,
+            Self::NtpV5Draft => 1,
+        }
+    }
+
     /// Its Next Protocol id.
     pub const fn id(self) -> u16 {
         match self {

@@ -366,6 +366,10 @@ fn every_nak_reason_has_its_index_and_a_label_of_its_own() {
     }
     let labels: std::collections::BTreeSet<_> = NakReason::ALL.map(NakReason::label).into();
     assert_eq!(labels.len(), NakReason::ALL.len());
+    for (i, protocol) in Protocol::ALL.into_iter().enumerate() {
+        assert_eq!(protocol.index(), i, "{protocol:?}");
+        assert_eq!(Protocol::from_id(protocol.id()), Some(protocol));
+    }
 }
 
 #[test]

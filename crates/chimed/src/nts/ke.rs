@@ -90,11 +90,9 @@ pub(crate) struct KeCounts {
     pub(crate) certificate_not_after: AtomicI64,
 }
 
-/// The protocols NTS-KE hands out keys for, as the metrics and the log label them.
-const PROTOCOLS: [(nts::Protocol, &str); 2] = [
-    (nts::Protocol::NtpV4, "ntpv4"),
-    (nts::Protocol::NtpV5Draft, "ntpv5-draft"),
-];
+/// The protocols NTS-KE hands out keys for, as the metrics and the log label them, in
+/// [`nts::Protocol::index`] order.
+const PROTOCOLS: [&str; nts::Protocol::ALL.len()] = ["ntpv4", "ntpv5-draft"];
 
 impl Default for KeCounts {
     fn default() -> Self {
@@ -152,7 +150,7 @@ impl KeCounts {
 
     /// Answers with cookies by the protocol their keys are for, as the metrics label them.
     pub(crate) fn by_protocol(&self) -> [(&'static str, u64); PROTOCOLS.len()] {
-        std::array::from_fn(|i| (PROTOCOLS[i].1, self.keys_protocol[i].load(Relaxed)))
+        std::array::from_fn(|i| (PROTOCOLS[i], self.keys_protocol[i].load(Relaxed)))
     }
 
     /// Pools' requests by kind, as the metrics label them.
@@ -715,10 +713,7 @@ impl KeShared {
     fn count_request(&self, answer: Answer) {
         let counts = &self.counts;
         if let Answer::Agreed(_, protocol) | Answer::PoolKeys(protocol) = answer {
-            let i = PROTOCOLS.iter().position(|&(p, _)| p == protocol);
-            if let Some(n) = i.and_then(|i| counts.keys_protocol.get(i)) {
-                n.fetch_add(1, Relaxed);
-            }
+            counts.keys_protocol[protocol.index()].fetch_add(1, Relaxed);
         }
         let n = match answer {
             Answer::PoolKeys(_) => &counts.pool_keys,
