@@ -511,6 +511,13 @@ fn the_example_alert_rules_name_what_chimed_serves() {
         None,
         "no bundle, no bundle metric"
     );
+    rules_name_what_is_served(&page, &bundle_page);
+}
+
+/// Every metric configs/prometheus-alerts.yml names is among the samples of `page` or
+/// `bundle_page`, every drop reason it matches is one of `page`'s, and every reason it names
+/// exactly is one of `page`'s NTS NAK or drop reasons.
+fn rules_name_what_is_served(page: &serde_json::Value, bundle_page: &serde_json::Value) {
     let samples = page["samples"].as_array().unwrap();
     let names: std::collections::HashSet<&str> = samples
         .iter()
