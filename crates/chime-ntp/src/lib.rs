@@ -6,10 +6,13 @@
 //!
 //! 1. The control plane polls chronyd with a [`Mirror`]: [`Mirror::request`] makes the bytes to
 //!    send, [`Mirror::on_reply`] checks the answer and updates the [`ServerState`].
+//!    Each poll's four timestamps are also a [`Sample`] of how far chronyd's served time is from
+//!    the local clock; a [`Follower`] filters them into the state's [`ServedClock`].
 //! 2. Once per batch a worker turns the latest state into a [`ServedHeader`] with
-//!    [`ServerState::served_at`], which ages it (dispersion growth, then "unsynchronised" after the
-//!    [`StalePolicy`]'s stale time).
-//! 3. For each datagram the worker calls [`respond`] with the kernel's receive timestamp; a
+//!    [`ServerState::served_at`], which ages it (dispersion growth, the offset's error bound, then
+//!    "unsynchronised" after the [`StalePolicy`]'s stale time), and reads the [`ServedClock`]
+//!    that maps every local time it reads to chronyd's served time ([`ServedClock::serve`]).
+//! 3. For each datagram the worker calls [`respond`] with the kernel's receive timestamp, served; a
 //!    [`DropReason`] says why a datagram gets no reply, with a dense [`DropReason::index`] for
 //!    counters. Just before sending, [`stamp_transmit`] writes the transmit timestamp.
 //! 4. With rate limiting on, a [`ClientTable`] shared by the workers gives each request a
@@ -27,6 +30,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod follow;
 mod interleave;
 mod mirror;
 pub mod nts;
@@ -38,6 +42,7 @@ mod time;
 mod timescale;
 pub mod v5;
 
+pub use follow::{Follower, Sample, ServedClock};
 pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_timestamp};
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::follow::{Follower, Sample, ServedClock};
 use crate::packet::{Header, Leap, Mode};
 use crate::state::{ServerState, UNSYNCHRONISED_ROOT};
 use crate::time::NtpTimestamp;
@@ -24,6 +25,7 @@ pub struct Mirror {
     reply_timeout: Duration,
     pending: Option<Pending>,
     state: ServerState,
+    follower: Follower,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +46,7 @@ impl Mirror {
             reply_timeout: Self::DEFAULT_REPLY_TIMEOUT,
             pending: None,
             state: ServerState::unsynchronised(),
+            follower: Follower::new(),
         }
     }
 
@@ -84,7 +87,9 @@ impl Mirror {
     ///
     /// On success the state becomes the reply's leap indicator, stratum (copied, not incremented,
     /// like rsntp), precision, reference ID and timestamp, root delay and dispersion, updated at
-    /// `now`. An upstream that says it is unsynchronised (leap 3, stratum 0 or 16 and above, or a
+    /// `now`; and the exchange's four timestamps (our request's time, the reply's receive and
+    /// transmit times, `now`) are a [`Sample`] of the upstream's served time, which the state's
+    /// [`clock`](ServerState::clock) follows. An upstream that says it is unsynchronised (leap 3, stratum 0 or 16 and above, or a
     /// root distance of 16 s or more) is recorded as unsynchronised, with chronyd's values for
     /// that, and its precision: that is a success too, since it is the upstream's answer.
     ///
@@ -131,8 +136,9 @@ impl Mirror {
             });
         }
 
+        let sample = Sample::from_exchange(pending.sent, reply.receive_ts, reply.transmit_ts, now);
         if reply.stratum == 0 && reply.leap != Leap::Unsynchronised {
-            self.state = unsynchronised(reply.precision, now);
+            self.state = unsynchronised(reply.precision, now, self.follower.clock());
             return Err(MirrorError::KissOfDeath {
                 code: reply.reference_id,
             });
@@ -141,6 +147,10 @@ impl Mirror {
         let synchronised = reply.leap != Leap::Unsynchronised
             && matches!(reply.stratum, 1..=15)
             && root_distance < MAX_ROOT_DISTANCE_SECONDS;
+        let clock = match sample {
+            Some(sample) => self.follower.add(sample),
+            None => self.follower.clock(),
+        };
         self.state = if synchronised {
             ServerState {
                 leap: reply.leap,
@@ -151,9 +161,10 @@ impl Mirror {
                 root_delay: reply.root_delay,
                 root_dispersion: reply.root_dispersion,
                 updated: Some(now),
+                clock,
             }
         } else {
-            unsynchronised(reply.precision, now)
+            unsynchronised(reply.precision, now, clock)
         };
         Ok(())
     }
@@ -165,8 +176,8 @@ impl Mirror {
 }
 
 /// The state recorded for an upstream that says it is unsynchronised: known (updated at `now`),
-/// with chronyd's unsynchronised values.
-fn unsynchronised(precision: i8, now: NtpTimestamp) -> ServerState {
+/// with chronyd's unsynchronised values, and its served time still followed.
+fn unsynchronised(precision: i8, now: NtpTimestamp, clock: ServedClock) -> ServerState {
     ServerState {
         leap: Leap::Unsynchronised,
         stratum: 0,
@@ -176,6 +187,7 @@ fn unsynchronised(precision: i8, now: NtpTimestamp) -> ServerState {
         root_delay: UNSYNCHRONISED_ROOT,
         root_dispersion: UNSYNCHRONISED_ROOT,
         updated: Some(now),
+        clock,
     }
 }
 
@@ -316,8 +328,58 @@ mod tests {
                 root_delay: NtpShort(0x0000_0800),
                 root_dispersion: NtpShort(0x0000_0400),
                 updated: Some(at(2)),
+                clock: mirror.state().clock,
             }
         );
+    }
+
+    #[test]
+    fn each_exchange_is_a_sample_of_the_upstreams_served_time() {
+        // The upstream serves 0.3 s ahead of our clock: it received and answered at 1 ms by ours.
+        let ahead = |ms: u64| at(ms).add_duration(Duration::from_millis(300));
+        let reply = Header {
+            receive_ts: ahead(1),
+            transmit_ts: ahead(1),
+            ..good_reply()
+        };
+        let mut mirror = polled();
+        mirror.on_reply(upstream(), &bytes(&reply), at(2)).unwrap();
+        let clock = mirror.state().clock;
+        assert!((clock.offset - 0.3).abs() < 1e-9, "{clock:?}");
+        // 2 ms round trip: the offset is known to within 1 ms, measured half way through it.
+        assert!((clock.error - 0.001).abs() < 1e-9, "{clock:?}");
+        assert_eq!(clock.anchor, at(1));
+        // An upstream that says it is unsynchronised is still followed.
+        mirror.request(at(1000), NONCE + 1);
+        let unsynchronised = Header {
+            leap: Leap::Unsynchronised,
+            origin_ts: NtpTimestamp(NONCE + 1),
+            receive_ts: ahead(1001),
+            transmit_ts: ahead(1001),
+            ..good_reply()
+        };
+        mirror
+            .on_reply(upstream(), &bytes(&unsynchronised), at(1002))
+            .unwrap();
+        assert!(!mirror.state().is_synchronised());
+        assert_eq!(mirror.state().clock.anchor, at(1001));
+        // A reply without times (a kiss) leaves the clock as it was.
+        mirror.request(at(2000), NONCE + 2);
+        let kiss = Header {
+            stratum: 0,
+            reference_id: *b"RATE",
+            origin_ts: NtpTimestamp(NONCE + 2),
+            receive_ts: NtpTimestamp::ZERO,
+            transmit_ts: NtpTimestamp::ZERO,
+            ..good_reply()
+        };
+        let before = mirror.state().clock;
+        assert!(
+            mirror
+                .on_reply(upstream(), &bytes(&kiss), at(2002))
+                .is_err()
+        );
+        assert_eq!(mirror.state().clock, before);
     }
 
     #[test]
@@ -485,6 +547,7 @@ mod tests {
             root_delay: NtpShort(0x0001_0000),
             root_dispersion: NtpShort(0x0001_0000),
             updated: Some(at(2)),
+            clock: ServedClock::LOCAL,
         };
         for reply in [
             // chronyd's unsynchronised reply.
@@ -517,7 +580,11 @@ mod tests {
                 .unwrap();
             mirror.request(SENT, NONCE);
             assert_eq!(mirror.on_reply(upstream(), &bytes(&reply), at(2)), Ok(()));
-            assert_eq!(mirror.state(), expected);
+            let state = ServerState {
+                clock: ServedClock::LOCAL,
+                ..mirror.state()
+            };
+            assert_eq!(state, expected);
         }
     }
 

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::follow::ServedClock;
 use crate::packet::Leap;
 use crate::time::{NtpShort, NtpTimestamp};
 
@@ -39,6 +40,10 @@ pub struct ServerState {
     pub root_dispersion: NtpShort,
     /// Local time of the last good upstream reply; `None` if there never was one.
     pub updated: Option<NtpTimestamp>,
+    /// The upstream's served time as a function of the local clock, followed from poll to poll:
+    /// what every timestamp served is mapped through, and whose error bound the root dispersion
+    /// carries.
+    pub clock: ServedClock,
 }
 
 impl ServerState {
@@ -53,6 +58,7 @@ impl ServerState {
             root_delay: UNSYNCHRONISED_ROOT,
             root_dispersion: UNSYNCHRONISED_ROOT,
             updated: None,
+            clock: ServedClock::LOCAL,
         }
     }
 
@@ -66,8 +72,9 @@ impl ServerState {
     ///
     /// Unsynchronised ([`ServedHeader::unsynchronised`]) if the state never was updated, is
     /// itself unsynchronised, or is older than `policy.stale_after`. Otherwise the mirrored values,
-    /// with the root dispersion grown by `policy.dispersion_rate` per second of age (saturating,
-    /// rounded up), because the clock has been running free of any correction we know of since.
+    /// with the root dispersion grown by `policy.dispersion_rate` per second of age, because the
+    /// clock has been running free of any correction we know of since, and by the bound on the
+    /// error of the followed offset at `now` ([`ServedClock::error_at`]): saturating, rounded up.
     ///
     /// The age is taken as an absolute value, as chronyd does for its own dispersion: if the clock
     /// was stepped back past the stale time, the state counts as stale until the next good poll
@@ -84,7 +91,7 @@ impl ServerState {
         if age > policy.stale_after.as_secs_f64() {
             return unsynchronised;
         }
-        let growth = policy.dispersion_rate * age;
+        let growth = policy.dispersion_rate * age + self.clock.error_at(now);
         let root_dispersion = if growth > 0.0 {
             NtpShort::from_seconds(self.root_dispersion.seconds() + growth)
         } else {
@@ -208,6 +215,7 @@ mod tests {
             root_delay: NtpShort(0x0000_0800),
             root_dispersion: NtpShort(0x0000_0400),
             updated: Some(T0),
+            clock: ServedClock::LOCAL,
         }
     }
 
@@ -274,6 +282,34 @@ mod tests {
         assert_eq!(
             huge.served_at(at(8.0), &steep).root_dispersion,
             NtpShort::MAX
+        );
+    }
+
+    #[test]
+    fn the_followed_offsets_error_bound_is_in_the_root_dispersion() {
+        let policy = StalePolicy {
+            dispersion_rate: 0.0,
+            ..StalePolicy::default()
+        };
+        let state = ServerState {
+            clock: ServedClock {
+                anchor: T0,
+                offset: 0.3,
+                rate: 0.0,
+                error: 100e-6,
+                error_rate: 50e-6,
+            },
+            ..synced()
+        };
+        // 0x400 units plus 100 µs (6.55 units, rounded up to 7) at the anchor...
+        assert_eq!(
+            state.served_at(T0, &policy).root_dispersion,
+            NtpShort(0x0400 + 7)
+        );
+        // ...and 50 µs more a second on (100 + 200 µs: 19.66 units, rounded up to 20).
+        assert_eq!(
+            state.served_at(at(4.0), &policy).root_dispersion,
+            NtpShort(0x0400 + 20)
         );
     }
 

@@ -289,8 +289,14 @@ fn mirror_takes_chronyds_reply_to_its_request() {
             root_delay: NtpShort(0),
             root_dispersion: NtpShort(0),
             updated: Some(now),
+            clock: mirror.state().clock,
         }
     );
+    // Sent 20 µs before chronyd received it, answered 20 µs before now: no offset, known to
+    // within half the 40 µs round trip.
+    let clock = mirror.state().clock;
+    assert!(clock.offset.abs() < 1e-9, "{clock:?}");
+    assert!((clock.error - 20e-6).abs() < 1e-9, "{clock:?}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! under test on this thread, sees no allocation while a worker's work for a batch is done.
 
 use chime_ntp::{
-    Leap, NtpShort, NtpTimestamp, ServerState, StalePolicy, check_extensions, respond,
+    Leap, NtpShort, NtpTimestamp, ServedClock, ServerState, StalePolicy, check_extensions, respond,
     stamp_transmit,
 };
 use chime_udp::counting_alloc::CountingAlloc;
@@ -25,6 +25,14 @@ fn a_batch_allocates_nothing() {
         root_delay: NtpShort(0x0800),
         root_dispersion: NtpShort(0x0400),
         updated: Some(NtpTimestamp(0xEEAC_6C47_0000_0000)),
+        // Served 0.3 s ahead of the clock read, as behind a chronyd run with -x.
+        clock: ServedClock {
+            anchor: NtpTimestamp(0xEEAC_6C47_0000_0000),
+            offset: 0.3,
+            rate: 1e-6,
+            error: 20e-6,
+            error_rate: 1e-5,
+        },
     };
     let policy = StalePolicy::default();
     let mut requests: Vec<Vec<u8>> = Vec::new();
@@ -47,8 +55,9 @@ fn a_batch_allocates_nothing() {
         let served = state.served_at(now, &policy);
         for (request, reply) in requests.iter().zip(replies.iter_mut()) {
             let _ = check_extensions(&request[48.min(request.len())..]);
-            if let Ok(len) = respond(request, 40_000, now, &served, reply) {
-                stamp_transmit(&mut reply[..len], now);
+            let t2 = state.clock.serve(now);
+            if let Ok(len) = respond(request, 40_000, t2, &served, reply) {
+                stamp_transmit(&mut reply[..len], state.clock.serve(now));
                 answered += 1;
             }
         }

@@ -228,6 +228,13 @@ fn check_upstream_and_gauges(page: &serde_json::Value) {
     assert_eq!(value(page, "chimed_served_synchronised", &[]), Some(1.0));
     let distance = value(page, "chimed_served_root_distance_seconds", &[]).unwrap();
     assert!(distance > 0.0 && distance < 0.01, "{distance}");
+    // chronyd -x serves the system clock here: the offset followed is within its bound, small.
+    let offset = value(page, "chimed_served_offset_seconds", &upstream).unwrap();
+    let error = value(page, "chimed_served_offset_error_seconds", &[]).unwrap();
+    assert!(error > 0.0 && error < 0.005, "{error}");
+    assert!(offset.abs() <= error + 100e-6, "{offset} beyond {error}");
+    let rate = value(page, "chimed_served_offset_rate", &[]).unwrap();
+    assert!(rate.abs() < 1e-3, "{rate}");
     let age = value(page, "chimed_upstream_last_reply_age_seconds", &[]).unwrap();
     assert!((0.0..3.0).contains(&age), "{age}");
     let now = unix_now();

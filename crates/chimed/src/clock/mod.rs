@@ -6,7 +6,7 @@ pub(crate) mod upstream;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use chime_ntp::NtpTimestamp;
+use chime_ntp::{NtpTimestamp, ServedClock};
 
 /// One reading of the system clock, in the forms the workers need, so that a batch's NTP time,
 /// Unix seconds (for eras and intervals) and Roughtime microseconds all agree.
@@ -26,6 +26,19 @@ impl Reading {
 
     pub(crate) fn unix_micros(self) -> u64 {
         self.since_epoch.as_micros() as u64
+    }
+
+    /// The upstream's served time at this reading: the reading moved by the offset `clock`
+    /// follows (for Roughtime, which takes its time in Unix form rather than as NTP's).
+    pub(crate) fn served(self, clock: &ServedClock) -> Self {
+        let offset = clock.offset_at(self.ntp());
+        let by = Duration::try_from_secs_f64(offset.abs()).unwrap_or(Duration::MAX);
+        let since_epoch = if offset >= 0.0 {
+            self.since_epoch.saturating_add(by)
+        } else {
+            self.since_epoch.saturating_sub(by)
+        };
+        Self { since_epoch }
     }
 }
 

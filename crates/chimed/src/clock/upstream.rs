@@ -7,15 +7,21 @@
 //! once it is older than the stale time. So a wedged control plane cannot leave the workers
 //! serving a confident old state either.
 
-use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::io::{self, IoSliceMut};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chime_ntp::v5::{BloomFilter, Draft, FilterFetch};
-use chime_ntp::{Leap, Mirror, ServerState};
+use chime_ntp::{Leap, Mirror, NtpTimestamp, ServerState};
+use nix::sys::socket::{
+    ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg, setsockopt, sockopt,
+};
+use nix::sys::time::TimeSpec;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::gauge::ConstGauge;
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::time::{self, Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
@@ -49,6 +55,7 @@ pub(crate) async fn run(
     });
     let mut socket: Option<UdpSocket> = None;
     let mut health = Health::Unknown;
+    let mut offset_log = OffsetLog::default();
     let mut ticks = time::interval(interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -80,10 +87,45 @@ pub(crate) async fn run(
         };
         if let Ok(()) = result {
             shared.state.store(Arc::new(state));
+            offset_log.note(upstream, &state);
         }
         if now_health != health {
             report(upstream, now_health, &state, result.as_ref().err(), &shared);
             health = now_health;
+        }
+    }
+}
+
+/// Says when chronyd's served time is away from the system clock (chimed serves chronyd's): the
+/// first time the offset followed is over a millisecond, and then each time it has moved by a
+/// millisecond more, at most once a minute, so that a ramp or a slew is seen without a line a
+/// poll.
+#[derive(Default)]
+struct OffsetLog {
+    logged: Option<(f64, Instant)>,
+}
+
+impl OffsetLog {
+    const MOVED: f64 = 1e-3;
+    const EVERY: Duration = Duration::from_secs(60);
+
+    fn note(&mut self, upstream: SocketAddr, state: &ServerState) {
+        let clock = &state.clock;
+        let offset = clock.offset;
+        let due = match self.logged {
+            None => offset.abs() > Self::MOVED,
+            Some((last, when)) => {
+                (offset - last).abs() > Self::MOVED && when.elapsed() >= Self::EVERY
+            }
+        };
+        if due {
+            info!(
+                "upstream {upstream} serves {offset:+.6} s from the system clock (within \
+                 {:.6} s, moving {:+.1} ppm); chimed serves its time",
+                clock.error,
+                clock.rate * 1e6
+            );
+            self.logged = Some((offset, Instant::now()));
         }
     }
 }
@@ -128,6 +170,11 @@ async fn poll_once(
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
         let s = UdpSocket::bind(local).await.map_err(PollError::Socket)?;
+        // The kernel's receive time of chronyd's reply is the exchange's T4; without it, a clock
+        // read after the wake-up (late by the scheduler's latency, which biases the offset).
+        if let Err(e) = setsockopt(&s, sockopt::ReceiveTimestampns, &true) {
+            debug!("upstream poll socket without kernel receive timestamps: {e}");
+        }
         *socket = Some(s);
     }
     let Some(sock) = socket.as_ref() else {
@@ -141,16 +188,24 @@ async fn poll_once(
         // Best effort: the v4 poll below reports a broken socket.
         let _ = sock.send_to(&v5_request[..len], upstream).await;
     }
-    let request = mirror.request(clock::now(), rand::random());
-    if let Err(e) = sock.send_to(&request, upstream).await {
+    // The request's time is the exchange's T1: read last, just before a send that goes straight
+    // to the kernel (a UDP socket is all but always writable), so that it is not early by the
+    // nonce's drawing or the runtime's turn; if it is not writable, the wait is the runtime's.
+    let nonce = rand::random();
+    let request = mirror.request(clock::now(), nonce);
+    let sent = match sock.try_send_to(&request, upstream) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.send_to(&request, upstream).await,
+        sent => sent,
+    };
+    if let Err(e) = sent {
         // Start afresh next time: the socket may be what is broken.
         *socket = None;
         return Err(PollError::Send(e));
     }
     let mut buf = [0u8; 1024];
     loop {
-        let received = time::timeout_at(deadline, sock.recv_from(&mut buf)).await;
-        let (len, from) = match received {
+        let received = time::timeout_at(deadline, recv_stamped(sock, &mut buf)).await;
+        let (len, from, arrived) = match received {
             Err(_) => return Err(PollError::NoReply),
             Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 return Err(PollError::Refused);
@@ -172,11 +227,45 @@ async fn poll_once(
         }
         // Anything that is not the answer to this poll (a stray or late datagram) is skipped and
         // the wait goes on until the deadline.
-        match mirror.on_reply(from, &buf[..len], clock::now()) {
+        match mirror.on_reply(from, &buf[..len], arrived) {
             Ok(()) => return Ok(()),
             Err(e) => debug!("ignored upstream datagram from {from}: {e}"),
         }
     }
+}
+
+/// Receives one datagram, with when it arrived: the kernel's receive timestamp, or the clock read
+/// now if the kernel gave none.
+async fn recv_stamped(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, NtpTimestamp)> {
+    let mut space = nix::cmsg_space!(TimeSpec);
+    sock.async_io(Interest::READABLE, || {
+        let mut iov = [IoSliceMut::new(buf)];
+        let msg = recvmsg::<SockaddrStorage>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_DONTWAIT,
+        )?;
+        let stamp = msg.cmsgs()?.find_map(|c| match c {
+            ControlMessageOwned::ScmTimestampns(ts) => {
+                Some(NtpTimestamp::from_unix(ts.tv_sec(), ts.tv_nsec() as u32))
+            }
+            _ => None,
+        });
+        let from = msg
+            .address
+            .and_then(|a| match (a.as_sockaddr_in(), a.as_sockaddr_in6()) {
+                (Some(v4), _) => Some(SocketAddr::from(SocketAddrV4::from(*v4))),
+                (_, Some(v6)) => Some(SocketAddr::from(SocketAddrV6::from(*v6))),
+                _ => None,
+            })
+            .ok_or_else(|| io::Error::other("datagram without a source address"))?;
+        Ok((msg.bytes, from, stamp.unwrap_or_else(clock::now)))
+    })
+    .await
 }
 
 fn is_synchronised(state: &ServerState) -> bool {
@@ -193,11 +282,13 @@ fn report(
     let stale = shared.policy.stale_after.as_secs_f64();
     match health {
         Health::Synchronised => info!(
-            "upstream {upstream} synchronised: stratum {} refid {} root delay {:.6} s root dispersion {:.6} s",
+            "upstream {upstream} synchronised: stratum {} refid {} root delay {:.6} s root \
+             dispersion {:.6} s; serves {:+.6} s from the system clock",
             state.stratum,
             refid(state),
             state.root_delay.seconds(),
-            state.root_dispersion.seconds()
+            state.root_dispersion.seconds(),
+            state.clock.offset
         ),
         Health::Unsynchronised => {
             warn!("upstream {upstream} reports itself unsynchronised; clients are told so")
@@ -267,6 +358,29 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
          the last good poll.",
         ConstGauge::new(served.root_distance()),
     )?;
+    let gauges: [(&str, &str, f64); 3] = [
+        (
+            "chimed_served_offset_seconds",
+            "How far the time replies sent now carry is from the system clock: the upstream's \
+             served time minus the system clock, as followed from poll to poll.",
+            state.clock.offset_at(now),
+        ),
+        (
+            "chimed_served_offset_error_seconds",
+            "The bound on the error of chimed_served_offset_seconds now (included in the root \
+             dispersion served).",
+            state.clock.error_at(now),
+        ),
+        (
+            "chimed_served_offset_rate",
+            "How fast the served offset moves between polls, seconds per second (a slew or \
+             smoothtime ramp being followed).",
+            state.clock.rate,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        single(enc, name, help, ConstGauge::new(value))?;
+    }
     if let Some(updated) = state.updated {
         single(
             enc,

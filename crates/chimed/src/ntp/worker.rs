@@ -1,6 +1,9 @@
 //! The NTP worker: the data plane's handler for one socket. It reads the mirrored upstream state
 //! once per batch, answers each request with the sans-IO responder, and stamps every reply's
-//! transmit time in one clock read immediately before the batch is handed to `sendmmsg`.
+//! transmit time in one clock read immediately before the batch is handed to `sendmmsg`. Every
+//! time it reads (kernel receive and transmit timestamps, its own clock reads) is served as
+//! chronyd serves it: through the state's followed [`ServedClock`], then the zone's shift in
+//! timezone-offset mode ([`serve_time`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +11,10 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::v5::{self, BloomFilter};
-use chime_ntp::{ClientTable, Coin, DropReason, ServerState, StalePolicy, TxLog, Verdict};
+use chime_ntp::{
+    ClientTable, Coin, DropReason, NtpTimestamp, ServedClock, ServerState, StalePolicy, TxLog,
+    Verdict,
+};
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
 use crate::access::acl::Acl;
@@ -145,8 +151,9 @@ impl Marks {
 pub(crate) struct NtpWorker {
     shared: Arc<Shared>,
     stats: WorkerStats<NtpDrop>,
-    /// The zone for the batch in hand (loaded once per batch) and the Unix time that resolves
-    /// NTP eras for it.
+    /// The upstream's served time for the batch in hand, the zone (each loaded once per batch),
+    /// and the Unix time that resolves NTP eras for it.
+    clock: ServedClock,
     zone: Option<Arc<Zone>>,
     pivot_unix: i64,
     /// The rate limiter's leak and KoD draws.
@@ -170,6 +177,7 @@ impl NtpWorker {
                 (&shared.workers, family, thread),
             ),
             shared,
+            clock: ServedClock::LOCAL,
             zone: None,
             pivot_unix: now_unix,
             coin: Coin::new(rand::random()),
@@ -195,6 +203,7 @@ impl NtpWorker {
 /// What every request of a batch is answered with.
 struct Batch<'a> {
     served: &'a chime_ntp::ServedHeader,
+    clock: ServedClock,
     limiter: Option<(&'a ClientTable, u64, i8)>,
     txlog: Option<&'a TxLog>,
     cookie_keys: Option<&'a CookieKeys>,
@@ -288,10 +297,7 @@ fn answer(
 /// unless interleaved mode wrote one already.
 fn stamp_now(b: &Batch<'_>, buf: &mut [u8], notes: &mut Notes) {
     if !notes.keep_transmit {
-        let mut t3 = clock::now();
-        if let Some(zone) = b.zone {
-            t3 = zone.apply(t3, b.now_unix);
-        }
+        let t3 = serve_time(&b.clock, b.zone, b.now_unix, clock::now());
         chime_ntp::stamp_transmit(buf, t3);
         notes.keep_transmit = true;
     }
@@ -370,9 +376,12 @@ impl BatchHandler for NtpWorker {
         // datagram without a kernel timestamp, and the header every reply in the batch carries.
         let reading = clock::read();
         let (now, now_unix) = (reading.ntp(), reading.unix_secs());
-        let mut served = self.shared.state.load().served_at(now, &self.shared.policy);
+        let state = self.shared.state.load();
+        let mut served = state.served_at(now, &self.shared.policy);
+        self.clock = state.clock;
         self.zone = self.shared.zone.load_full();
         self.pivot_unix = now_unix;
+        // chronyd's reference time is in its own served time already: only the zone shifts it.
         if let Some(zone) = &self.zone {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
@@ -391,6 +400,7 @@ impl BatchHandler for NtpWorker {
         });
         let batch = Batch {
             served: &served,
+            clock: self.clock,
             limiter,
             txlog,
             cookie_keys: cookie_keys.as_ref().map(|k| &***k),
@@ -410,10 +420,8 @@ impl BatchHandler for NtpWorker {
                     .drop(NtpDrop::Request(DropReason::Truncated));
                 continue;
             }
-            let mut t2 = meta.timestamp.map_or(now, clock::from_kernel);
-            if let Some(zone) = &self.zone {
-                t2 = zone.apply(t2, now_unix);
-            }
+            let local = meta.timestamp.map_or(now, clock::from_kernel);
+            let t2 = serve_time(&self.clock, zone.as_deref(), now_unix, local);
             let coin = &mut self.coin;
             let mut notes = Notes::default();
             let req = Incoming {
@@ -455,10 +463,7 @@ impl BatchHandler for NtpWorker {
     }
 
     fn before_send(&mut self, tx: &mut TxBatch) {
-        let mut t3 = clock::now();
-        if let Some(zone) = &self.zone {
-            t3 = zone.apply(t3, self.pivot_unix);
-        }
+        let t3 = self.serve_time(clock::now());
         if !self.marks.any {
             for reply in tx.payloads_mut() {
                 chime_ntp::stamp_transmit(reply, t3);
@@ -490,17 +495,35 @@ impl BatchHandler for NtpWorker {
                 meta.timestamp,
                 reply.and_then(chime_ntp::reply_receive_timestamp),
             ) {
-                let mut sent = clock::from_kernel(ts);
-                if let Some(zone) = &self.zone {
-                    sent = zone.apply(sent, self.pivot_unix);
-                }
-                log.save(rx, sent);
+                log.save(rx, self.serve_time(clock::from_kernel(ts)));
                 self.stats.counts.note(Note::KernelTxTimestamp, true);
             }
         }
     }
 
     stats::bookkeeping!(stats, "ntp-worker");
+}
+
+impl NtpWorker {
+    /// [`serve_time`] with the batch in hand's clock, zone and pivot.
+    fn serve_time(&self, local: NtpTimestamp) -> NtpTimestamp {
+        serve_time(&self.clock, self.zone.as_deref(), self.pivot_unix, local)
+    }
+}
+
+/// The time served for local time `local`: chronyd's served time (the offset followed), shifted
+/// by the zone's offset in timezone-offset mode (`pivot_unix` resolves the NTP era).
+fn serve_time(
+    clock: &ServedClock,
+    zone: Option<&Zone>,
+    pivot_unix: i64,
+    local: NtpTimestamp,
+) -> NtpTimestamp {
+    let upstream = clock.serve(local);
+    match zone {
+        Some(zone) => zone.apply(upstream, pivot_unix),
+        None => upstream,
+    }
 }
 
 /// What tests of the services built on the NTP side's state need.
@@ -521,6 +544,7 @@ pub(crate) mod testing {
             root_delay: NtpShort::from_seconds(0.001),
             root_dispersion: NtpShort::from_seconds(0.002),
             updated: Some(clock::now()),
+            clock: ServedClock::LOCAL,
         }
     }
 
@@ -578,6 +602,42 @@ mod tests {
             "origin is the client's transmit"
         );
         assert_eq!(worker.stats.counts.received, 1);
+    }
+
+    #[test]
+    fn every_time_served_is_the_upstreams_served_time() {
+        let mut state = synchronised();
+        state.clock = ServedClock {
+            anchor: clock::now(),
+            offset: 0.3,
+            error: 300e-6,
+            ..ServedClock::LOCAL
+        };
+        let mut on = shared(state, &[]);
+        Arc::get_mut(&mut on).unwrap().v5 = Some(V5::new(rand::random));
+        let mut worker = NtpWorker::new(on, "ipv4", 0);
+        let draft = chime_ntp::v5::Draft::D08;
+        let mut v5_request = [0u8; 76];
+        v5::write_request(&mut v5_request, draft, 4, [9; 8], None).unwrap();
+        let before = clock::now();
+        let replies = exchange(
+            &mut worker,
+            "192.0.2.1:40000",
+            &[&request()[..], &v5_request],
+        );
+        let after = clock::now();
+        let v4 = Header::parse(&replies[0]).unwrap();
+        let v5 = v5::parse_response(&replies[1], [9; 8], draft).unwrap();
+        for t in [v4.receive_ts, v4.transmit_ts, v5.receive_ts, v5.transmit_ts] {
+            let (from, to) = (
+                t.wrapping_diff_seconds(before),
+                t.wrapping_diff_seconds(after),
+            );
+            assert!(from >= 0.3 && to <= 0.3, "not 0.3 s ahead: {from} {to}");
+        }
+        // chronyd's 2 ms root dispersion with the offset's 0.3 ms bound, rounded up.
+        let dispersion = v4.root_dispersion.seconds();
+        assert!((0.0023..0.00232).contains(&dispersion), "{dispersion}");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Roughtime's serve rule, once for every transport (UDP, AF_XDP and TCP, and each suite): a
 //! batch is counted as it begins; the time is read once, after the batch arrived, and the
 //! upstream's state once; if the upstream cannot vouch for the time nothing is signed and every
-//! request is counted as `upstream_unsynchronised`; otherwise the radius is the upstream's own
-//! error bound, and each request's sender must pass the access rules (else it is counted as
+//! request is counted as `upstream_unsynchronised`; otherwise the time signed is the upstream's
+//! served time (the offset the NTP side follows), the radius is the upstream's own error bound
+//! with the offset's, and each request's sender must pass the access rules (else it is counted as
 //! `denied`).
 
 use std::net::IpAddr;
@@ -29,12 +30,12 @@ pub(crate) fn begin(
     stats: &mut WorkerStats<RoughtimeDrop>,
     n: usize,
 ) -> Option<Batch> {
-    let reading = clock::read();
-    let served = shared
-        .ntp
-        .state
-        .load()
-        .served_at(reading.ntp(), &shared.ntp.policy);
+    let local = clock::read();
+    let state = shared.ntp.state.load();
+    let served = state.served_at(local.ntp(), &shared.ntp.policy);
+    // The midpoint is chronyd's served time; the radius below covers the offset's error bound,
+    // which the root dispersion carries.
+    let reading = local.served(&state.clock);
     stats.counts.received += n as u64;
     stats.counts.batches += 1;
     if !served.is_synchronised() {
@@ -134,9 +135,9 @@ pub(crate) mod testing {
 
     /// Checks `reply` against `request` and the test key: the signature, the path, the nonce,
     /// and a radius of at most 10 s (the upstream's 2.5 ms, raised to the version's minimum).
-    pub(crate) fn verify(request: &[u8], reply: &[u8]) {
+    pub(crate) fn verify(request: &[u8], reply: &[u8]) -> chime_roughtime::Verified {
         let key = long_term_key().public_key();
         chime_roughtime::verify_reply(request, reply, &key, &VerifyPolicy::new(10_000_000))
-            .unwrap_or_else(|e| panic!("the reply does not verify: {e}"));
+            .unwrap_or_else(|e| panic!("the reply does not verify: {e}"))
     }
 }

@@ -260,6 +260,42 @@ mod tests {
     }
 
     #[test]
+    fn the_midpoint_is_the_upstreams_served_time_and_the_radius_covers_its_error() {
+        let shared = shared(true, &[]);
+        let mut state = **shared.ntp.state.load();
+        state.clock = chime_ntp::ServedClock {
+            anchor: crate::clock::now(),
+            offset: -0.25,
+            error: 300e-6,
+            ..chime_ntp::ServedClock::LOCAL
+        };
+        shared.ntp.state.store(Arc::new(state));
+        let mut worker = RoughtimeWorker::new(shared, 8, ("ipv4", 0));
+        let before = crate::clock::read().unix_micros() as i64;
+        // Google's protocol, whose midpoint is in microseconds (RFC 10049's is in seconds).
+        let mut req = vec![0u8; 2048];
+        let n = chime_roughtime::build_request(
+            &mut req,
+            &[chime_roughtime::Version::Google],
+            &[1; 64],
+            None,
+        )
+        .unwrap();
+        req.truncate(n);
+        let replies = exchange(&mut worker, "192.0.2.1:40000", &[&req]);
+        let after = crate::clock::read().unix_micros() as i64;
+        let got = verify(&req, &replies[0]);
+        let midpoint = got.midpoint_unix_us as i64;
+        // 250 ms behind the clock read for the batch.
+        assert!(
+            (before - 250_000..=after - 250_000).contains(&midpoint),
+            "{midpoint} not 250 ms behind {before}..{after}"
+        );
+        // The upstream's 0.5 ms + 2 ms root distance, and the offset's 0.3 ms bound.
+        assert!(got.radius_us >= 2_800, "{}", got.radius_us);
+    }
+
+    #[test]
     fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
         let mut hearts = crate::daemon::notify::Heartbeats::default();
         let mut worker =

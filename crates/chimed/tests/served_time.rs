@@ -1,0 +1,282 @@
+//! chimed serves the time of the chronyd it mirrors, not only its header. Behind a real chronyd
+//! (`-x`: it never touches the clock) whose served time is away from the system clock, chimed's
+//! replies agree with chronyd's: chronyd following an upstream 0.3 s ahead (its correction stays
+//! in the time it serves, since it may not slew the clock), and chronyd smoothing a 50 ms step of
+//! its upstream with `smoothtime`. The upstream is a stand-in in this process that serves the
+//! system clock moved by an offset the test sets.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use chime_ntp::{Header, Leap, NtpShort, NtpTimestamp, ServedClock, ServerState, StalePolicy};
+use common::{Chimed, ChronydClient, chronyd_client_offset, free_udp_port};
+
+/// An NTP server at stratum 1 serving the system clock plus an offset that can be changed.
+struct StandIn {
+    addr: SocketAddr,
+    offset_bits: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StandIn {
+    fn start(offset: f64) -> Self {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let addr = socket.local_addr().unwrap();
+        let offset_bits = Arc::new(AtomicU64::new(offset.to_bits()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (bits, stopped) = (offset_bits.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            let mut reply = [0u8; 48];
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                let clock = ServedClock {
+                    offset: f64::from_bits(bits.load(Ordering::Relaxed)),
+                    ..ServedClock::LOCAL
+                };
+                let now = clock.serve(ntp_now());
+                let state = ServerState {
+                    leap: Leap::NoWarning,
+                    stratum: 1,
+                    precision: -20,
+                    reference_id: *b"TEST",
+                    reference_ts: now,
+                    root_delay: NtpShort(0),
+                    root_dispersion: NtpShort(0),
+                    updated: Some(now),
+                    clock: ServedClock::LOCAL,
+                };
+                let served = state.served_at(now, &StalePolicy::default());
+                if let Ok(len) =
+                    chime_ntp::respond(&buf[..n], from.port(), now, &served, &mut reply)
+                {
+                    chime_ntp::stamp_transmit(&mut reply[..len], clock.serve(ntp_now()));
+                    let _ = socket.send_to(&reply[..len], from);
+                }
+            }
+        });
+        Self {
+            addr,
+            offset_bits,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn set_offset(&self, offset: f64) {
+        self.offset_bits.store(offset.to_bits(), Ordering::Relaxed);
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn ntp_now() -> NtpTimestamp {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    NtpTimestamp::from_unix(d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// A real chronyd (`-x`) serving NTP on loopback while it follows `upstream` every 1/16 s, with
+/// `extra` directives; and the address it serves on.
+fn chronyd_following(upstream: SocketAddr, extra: &[&str]) -> (ChronydClient, SocketAddr) {
+    let port = free_udp_port();
+    let mut directives = vec![
+        format!("port {port}"),
+        "bindaddress 127.0.0.1".to_owned(),
+        "allow 127.0.0.1".to_owned(),
+        format!(
+            "server 127.0.0.1 port {} minpoll -4 maxpoll -4 iburst",
+            upstream.port()
+        ),
+    ];
+    directives.extend(extra.iter().map(|d| (*d).to_owned()));
+    let chronyd = ChronydClient::start(&directives);
+    (chronyd, ([127, 0, 0, 1], port).into())
+}
+
+/// One NTP exchange with `server`, timed by the system clock around blocking calls: the offset
+/// of its served time from the system clock and the round trip, seconds, and its stratum.
+fn measure(socket: &UdpSocket, server: SocketAddr) -> Option<(f64, f64, u8)> {
+    let mut request = [0u8; 48];
+    let nonce = NtpTimestamp(rand_nonce());
+    Header::request(4, chime_ntp::Mode::Client, nonce).encode(&mut request);
+    let t1 = ntp_now();
+    socket.send_to(&request, server).ok()?;
+    let mut buf = [0u8; 256];
+    loop {
+        let (n, from) = socket.recv_from(&mut buf).ok()?;
+        let t4 = ntp_now();
+        let Ok(reply) = Header::parse(&buf[..n]) else {
+            continue;
+        };
+        if from != server || reply.origin_ts != nonce {
+            continue;
+        }
+        let offset = (reply.receive_ts.wrapping_diff_seconds(t1)
+            + reply.transmit_ts.wrapping_diff_seconds(t4))
+            / 2.0;
+        let delay = t4.wrapping_diff_seconds(t1)
+            - reply.transmit_ts.wrapping_diff_seconds(reply.receive_ts);
+        return Some((offset, delay, reply.stratum));
+    }
+}
+
+fn rand_nonce() -> u64 {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    d.as_nanos() as u64 ^ 0x5DEE_CE66_D1CE_4E5B
+}
+
+fn client() -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    socket
+}
+
+/// Waits (up to `limit`) until `server` answers at stratum 2 with an offset within 1 ms of
+/// `offset`.
+fn wait_serving(server: SocketAddr, offset: f64, limit: Duration) {
+    let socket = client();
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    while Instant::now() < deadline {
+        last = measure(&socket, server);
+        if let Some((o, _, 2)) = last
+            && (o - offset).abs() < 1e-3
+        {
+            return;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{server} did not serve {offset} s from the clock at stratum 2 in {limit:?}: {last:?}");
+}
+
+/// chimed minus chronyd: a pair of queries back to back (chronyd first, then chimed, and the
+/// other way round every other pair, so that the order cannot bias the difference), the best of
+/// five pairs by their round trips. The client reads the clock around blocking calls: a stall of
+/// this shared machine in one exchange skews it by half the stall, which the round trip shows.
+fn difference(socket: &UdpSocket, chronyd: SocketAddr, chimed: SocketAddr, i: usize) -> f64 {
+    let pair = |k: usize| {
+        let chronyd_first = (i + k).is_multiple_of(2);
+        let order = if chronyd_first {
+            [chronyd, chimed]
+        } else {
+            [chimed, chronyd]
+        };
+        let [a, b] = order.map(|server| measure(socket, server).expect("no reply"));
+        let (from_chronyd, from_chimed) = if chronyd_first { (a, b) } else { (b, a) };
+        (
+            from_chimed.0 - from_chronyd.0,
+            from_chimed.1 + from_chronyd.1,
+        )
+    };
+    let best = (0..5).map(pair).min_by(|x, y| x.1.total_cmp(&y.1)).unwrap();
+    best.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[test]
+fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
+    let upstream = StandIn::start(0.3);
+    let (_chronyd, chronyd) = chronyd_following(upstream.addr, &[]);
+    wait_serving(chronyd, 0.3, Duration::from_secs(20));
+    let mut chimed = Chimed::mirroring(&chronyd.to_string(), &[]);
+    chimed.wait_for("synchronised: stratum 2", Duration::from_secs(10));
+    // Three polls more, so that the offset has a rate.
+    thread::sleep(Duration::from_secs(3));
+
+    let socket = client();
+    let differences: Vec<f64> = (0..20)
+        .map(|i| difference(&socket, chronyd, chimed.addr, i))
+        .collect();
+    let m = median(differences.clone());
+    eprintln!("chimed - chronyd, 20 pairs: median {:+.1} us", m * 1e6);
+    assert!(m.abs() < 100e-6, "median {m} s apart: {differences:?}");
+
+    // Independent clients measure the same offset from both.
+    let by_chronyd = [chronyd, chimed.addr].map(|a| chronyd_client_offset(a).unwrap());
+    eprintln!(
+        "chronyd -Q: chronyd {:+.6} s, chimed {:+.6} s",
+        by_chronyd[0], by_chronyd[1]
+    );
+    // chronyd -Q prints how wrong the system clock is: by how much the server is ahead.
+    for o in by_chronyd {
+        assert!((o - 0.3).abs() < 1e-3, "chronyd -Q: {by_chronyd:?}");
+    }
+    assert!(
+        (by_chronyd[0] - by_chronyd[1]).abs() < 200e-6,
+        "{by_chronyd:?}"
+    );
+    for addr in [chronyd, chimed.addr] {
+        common::assert_offset_near(&common::chime_ntp(addr).unwrap(), 0.3);
+    }
+    chimed.wait_for("serves +0.300", Duration::from_secs(1));
+}
+
+#[test]
+fn through_a_smoothtime_ramp_chimed_tracks_chronyd() {
+    let upstream = StandIn::start(0.0);
+    let (_chronyd, chronyd) = chronyd_following(upstream.addr, &["smoothtime 1000 100"]);
+    wait_serving(chronyd, 0.0, Duration::from_secs(20));
+    let mut chimed = Chimed::mirroring(&chronyd.to_string(), &[]);
+    chimed.wait_for("synchronised: stratum 2", Duration::from_secs(10));
+    thread::sleep(Duration::from_secs(3));
+
+    // chronyd takes up the upstream's 50 ms step over about 50 s: served time ramps at up to
+    // 1000 ppm, its rate changing by 100 ppm a second.
+    upstream.set_offset(0.05);
+    let socket = client();
+    let mut differences = Vec::new();
+    let mut served = Vec::new();
+    for i in 0..30 {
+        thread::sleep(Duration::from_secs(2));
+        differences.push(difference(&socket, chronyd, chimed.addr, i));
+        served.push(measure(&socket, chronyd).unwrap().0);
+    }
+    eprintln!(
+        "chronyd's served offset every 2 s: {:?} ms",
+        served
+            .iter()
+            .map(|o| (o * 1e4).round() / 10.0)
+            .collect::<Vec<_>>()
+    );
+    eprintln!(
+        "chimed - chronyd: {:?} us",
+        differences
+            .iter()
+            .map(|d| (d * 1e6).round())
+            .collect::<Vec<_>>()
+    );
+    // The ramp happened: chronyd served time moved by most of the step within the samples.
+    assert!(served[29] - served[0] > 0.03, "{served:?}");
+    let worst = differences
+        .iter()
+        .copied()
+        .map(f64::abs)
+        .fold(0.0, f64::max);
+    let m = median(differences.iter().copied().map(f64::abs).collect());
+    assert!(m < 150e-6, "median {m}: {differences:?}");
+    assert!(worst < 1e-3, "worst {worst}: {differences:?}");
+}
