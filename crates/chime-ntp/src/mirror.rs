@@ -77,6 +77,15 @@ impl Mirror {
         out
     }
 
+    /// Sets the local time the outstanding request left at to `sent`, when a better reading than
+    /// [`Self::request`]'s came afterwards (the kernel's transmit timestamp): the exchange's T1.
+    /// Nothing if no request is outstanding.
+    pub fn sent_at(&mut self, sent: NtpTimestamp) {
+        if let Some(pending) = &mut self.pending {
+            pending.sent = sent;
+        }
+    }
+
     /// Takes a datagram that arrived from `from` at local time `now`.
     ///
     /// Checked in this order: the source is the upstream; the datagram holds a header; a request is
@@ -330,6 +339,26 @@ mod tests {
                 updated: Some(at(2)),
                 clock: mirror.state().clock,
             }
+        );
+    }
+
+    #[test]
+    fn a_later_reading_of_the_send_time_is_the_exchanges_t1() {
+        let mut mirror = Mirror::new(upstream());
+        mirror.sent_at(at(5));
+        mirror.request(SENT, NONCE);
+        // The kernel stamped the request 1 ms after the time given with it.
+        mirror.sent_at(at(1));
+        let reply = Header {
+            receive_ts: at(1),
+            transmit_ts: at(1),
+            ..good_reply()
+        };
+        mirror.on_reply(upstream(), &bytes(&reply), at(1)).unwrap();
+        let clock = mirror.state().clock;
+        assert!(
+            clock.offset.abs() < 1e-9 && clock.error.abs() < 1e-9,
+            "{clock:?}"
         );
     }
 

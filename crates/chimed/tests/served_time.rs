@@ -3,7 +3,8 @@
 //! replies agree with chronyd's: chronyd following an upstream 0.3 s ahead (its correction stays
 //! in the time it serves, since it may not slew the clock), and chronyd smoothing a 50 ms step of
 //! its upstream with `smoothtime`. The upstream is a stand-in in this process that serves the
-//! system clock moved by an offset the test sets.
+//! system clock moved by an offset the test sets. Independent clients (chronyd -Q, ntpd-rs) and
+//! chime ntp measure the same offset from chronyd and from chimed.
 
 mod common;
 
@@ -192,6 +193,20 @@ fn difference(socket: &UdpSocket, chronyd: SocketAddr, chimed: SocketAddr, i: us
     best.0
 }
 
+/// ntpd-rs's offset of `server` (its status once it has a measurement; with one source it never
+/// sets the clock).
+fn ntpd_rs_offset(server: SocketAddr) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let source = format!("mode = \"server\"\naddress = \"{server}\"\n");
+    let (status, _) = common::ntpd_rs(dir.path(), &source, |s, _| common::has_offset(s));
+    let sources = status.split("Sources:").nth(1).unwrap_or("");
+    sources
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Offset:"))
+        .and_then(|o| o.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no offset in ntpd-rs's status:\n{status}"))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -202,10 +217,21 @@ fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
     let upstream = StandIn::start(0.3);
     let (_chronyd, chronyd) = chronyd_following(upstream.addr, &[]);
     wait_serving(chronyd, 0.3, Duration::from_secs(20));
-    let mut chimed = Chimed::mirroring(&chronyd.to_string(), &[]);
+    let mut chimed = Chimed::mirroring(&chronyd.to_string(), &["--stats-interval", "1"]);
     chimed.wait_for("synchronised: stratum 2", Duration::from_secs(10));
     // Three polls more, so that the offset has a rate.
     thread::sleep(Duration::from_secs(3));
+    // The operator sees it: the upstream's stats line says what is served against the clock.
+    let line = chimed.wait_for("upstream stats:", Duration::from_secs(2));
+    let field = |key: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+            .parse()
+            .unwrap()
+    };
+    assert!((field("offset") - 0.3).abs() < 1e-3, "{line}");
+    assert!(field("offset_error") > 0.0, "{line}");
 
     let socket = client();
     let differences: Vec<f64> = (0..20)
@@ -231,6 +257,14 @@ fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
     );
     for addr in [chronyd, chimed.addr] {
         common::assert_offset_near(&common::chime_ntp(addr).unwrap(), 0.3);
+    }
+    let by_ntpd_rs = [chronyd, chimed.addr].map(ntpd_rs_offset);
+    eprintln!(
+        "ntpd-rs: chronyd {:+.6} s, chimed {:+.6} s",
+        by_ntpd_rs[0], by_ntpd_rs[1]
+    );
+    for o in by_ntpd_rs {
+        assert!((o - 0.3).abs() < 1e-3, "ntpd-rs: {by_ntpd_rs:?}");
     }
     chimed.wait_for("serves +0.300", Duration::from_secs(1));
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use chime_ntp::v5::{BloomFilter, Draft, FilterFetch};
 use chime_ntp::{Leap, Mirror, NtpTimestamp, ServerState};
 use nix::sys::socket::{
-    ControlMessageOwned, MsgFlags, SockaddrStorage, recvmsg, setsockopt, sockopt,
+    ControlMessageOwned, MsgFlags, SockaddrStorage, TimestampingFlag, recvmsg, setsockopt, sockopt,
 };
 use nix::sys::time::TimeSpec;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -56,6 +56,7 @@ pub(crate) async fn run(
     let mut socket: Option<UdpSocket> = None;
     let mut health = Health::Unknown;
     let mut offset_log = OffsetLog::default();
+    let mut stats_at = Instant::now();
     let mut ticks = time::interval(interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -88,6 +89,12 @@ pub(crate) async fn run(
         if let Ok(()) = result {
             shared.state.store(Arc::new(state));
             offset_log.note(upstream, &state);
+        }
+        if let Some(every) = shared.stats_interval
+            && stats_at.elapsed() >= every
+        {
+            stats_line(&state, &shared.policy);
+            stats_at = Instant::now();
         }
         if now_health != health {
             report(upstream, now_health, &state, result.as_ref().err(), &shared);
@@ -130,6 +137,28 @@ impl OffsetLog {
     }
 }
 
+/// The upstream's line every `--stats-interval`: what replies sent now say of the clock, and the
+/// time they carry against the system clock (the offset followed, its error bound, its rate).
+fn stats_line(state: &ServerState, policy: &chime_ntp::StalePolicy) {
+    let now = clock::now();
+    let served = state.served_at(now, policy);
+    let leap = match served.leap {
+        Leap::NoWarning => "none",
+        Leap::AddSecond => "insert",
+        Leap::DelSecond => "delete",
+        Leap::Unsynchronised => "unsynchronised",
+    };
+    info!(
+        "upstream stats: stratum={} leap={leap} root_distance={:.6} offset={:+.6} \
+         offset_error={:.6} offset_rate_ppm={:+.3}",
+        served.stratum,
+        served.root_distance(),
+        state.clock.offset_at(now),
+        state.clock.error_at(now),
+        state.clock.rate * 1e6
+    );
+}
+
 /// The upstream's reference-ID filter over NTPv5: the fetch, a filter it has just gathered, and
 /// the one served now.
 struct Filters {
@@ -170,10 +199,18 @@ async fn poll_once(
             SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
         let s = UdpSocket::bind(local).await.map_err(PollError::Socket)?;
-        // The kernel's receive time of chronyd's reply is the exchange's T4; without it, a clock
-        // read after the wake-up (late by the scheduler's latency, which biases the offset).
-        if let Err(e) = setsockopt(&s, sockopt::ReceiveTimestampns, &true) {
-            debug!("upstream poll socket without kernel receive timestamps: {e}");
+        // The kernel's times of the request's send and the reply's arrival are the exchange's
+        // T1 and T4, as chronyd's own client takes them; without them, clock reads around the
+        // calls, early or late by the syscall and the scheduler, which biases the offset.
+        let stamps = TimestampingFlag::SOF_TIMESTAMPING_SOFTWARE
+            | TimestampingFlag::SOF_TIMESTAMPING_RX_SOFTWARE
+            | TimestampingFlag::SOF_TIMESTAMPING_TX_SOFTWARE
+            | TimestampingFlag::SOF_TIMESTAMPING_OPT_TSONLY;
+        if let Err(e) = setsockopt(&s, sockopt::Timestamping, &stamps) {
+            debug!("upstream poll socket without kernel transmit timestamps: {e}");
+            if let Err(e) = setsockopt(&s, sockopt::ReceiveTimestampns, &true) {
+                debug!("upstream poll socket without kernel receive timestamps: {e}");
+            }
         }
         *socket = Some(s);
     }
@@ -192,6 +229,8 @@ async fn poll_once(
     // to the kernel (a UDP socket is all but always writable), so that it is not early by the
     // nonce's drawing or the runtime's turn; if it is not writable, the wait is the runtime's.
     let nonce = rand::random();
+    // The v5 request's transmit time, if any, is not this exchange's.
+    let _ = sent_stamp(sock);
     let request = mirror.request(clock::now(), nonce);
     let sent = match sock.try_send_to(&request, upstream) {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => sock.send_to(&request, upstream).await,
@@ -201,6 +240,10 @@ async fn poll_once(
         // Start afresh next time: the socket may be what is broken.
         *socket = None;
         return Err(PollError::Send(e));
+    }
+    // On loopback the kernel stamps the datagram as it sends it, before the call returns.
+    if let Some(stamped) = sent_stamp(sock) {
+        mirror.sent_at(stamped);
     }
     let mut buf = [0u8; 1024];
     loop {
@@ -234,13 +277,39 @@ async fn poll_once(
     }
 }
 
+/// The kernel's transmit timestamp of the datagram sent last, from the socket's error queue
+/// (`SO_TIMESTAMPING`'s software transmit timestamp), if one is there; the queue is emptied.
+fn sent_stamp(sock: &UdpSocket) -> Option<NtpTimestamp> {
+    let mut last = None;
+    let mut space = [0u8; 256];
+    loop {
+        let mut iov = [IoSliceMut::new(&mut [])];
+        let flags = MsgFlags::MSG_ERRQUEUE | MsgFlags::MSG_DONTWAIT;
+        let Ok(msg) =
+            recvmsg::<SockaddrStorage>(sock.as_raw_fd(), &mut iov, Some(&mut space), flags)
+        else {
+            return last;
+        };
+        let stamp = msg.cmsgs().ok()?.find_map(|c| match c {
+            ControlMessageOwned::ScmTimestampsns(ts) => Some(ntp_time(&ts.system)),
+            _ => None,
+        });
+        last = stamp.or(last);
+    }
+}
+
+fn ntp_time(ts: &TimeSpec) -> NtpTimestamp {
+    NtpTimestamp::from_unix(ts.tv_sec(), ts.tv_nsec() as u32)
+}
+
 /// Receives one datagram, with when it arrived: the kernel's receive timestamp, or the clock read
 /// now if the kernel gave none.
 async fn recv_stamped(
     sock: &UdpSocket,
     buf: &mut [u8],
 ) -> io::Result<(usize, SocketAddr, NtpTimestamp)> {
-    let mut space = nix::cmsg_space!(TimeSpec);
+    // Room for SO_TIMESTAMPING's three times (or SO_TIMESTAMPNS's one) and more.
+    let mut space = [0u8; 256];
     sock.async_io(Interest::READABLE, || {
         let mut iov = [IoSliceMut::new(buf)];
         let msg = recvmsg::<SockaddrStorage>(
@@ -250,9 +319,8 @@ async fn recv_stamped(
             MsgFlags::MSG_DONTWAIT,
         )?;
         let stamp = msg.cmsgs()?.find_map(|c| match c {
-            ControlMessageOwned::ScmTimestampns(ts) => {
-                Some(NtpTimestamp::from_unix(ts.tv_sec(), ts.tv_nsec() as u32))
-            }
+            ControlMessageOwned::ScmTimestampsns(ts) => Some(ntp_time(&ts.system)),
+            ControlMessageOwned::ScmTimestampns(ts) => Some(ntp_time(&ts)),
             _ => None,
         });
         let from = msg
