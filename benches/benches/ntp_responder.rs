@@ -2,6 +2,7 @@
 //! served-header computation per batch, then 64 responses and 64 transmit stamps); and the same
 //! batch with `--ratelimit` on, its 64 requests from 64 of 65536 client addresses in a table of
 //! 65536, each client under its limit (the common case: the lookup and the update are the cost);
+//! the batch with every receive and transmit time mapped through a followed offset and rate;
 //! and one NTS request as chronyd sends it in steady state (one cookie, no placeholders):
 //! opening the cookie, verifying the authenticator, sealing a new cookie and authenticating the
 //! reply.
@@ -11,8 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use chime_ntp::{
-    ClientTable, Coin, Header, Mirror, Mode, NtpShort, NtpTimestamp, RateLimit, ServerState,
-    StalePolicy, Verdict, respond, stamp_transmit, suggest_poll,
+    ClientTable, Coin, Header, Mirror, Mode, NtpShort, NtpTimestamp, RateLimit, ServedClock,
+    ServerState, StalePolicy, Verdict, respond, stamp_transmit, suggest_poll,
 };
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
@@ -64,6 +65,7 @@ fn bench(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("ntp_responder");
     plain(&mut g, &served, &req);
+    served_offset(&mut g, &served, &req);
     ratelimited(&mut g, &served, &req);
     nts(&mut g, &served, &req);
     g.finish();
@@ -101,6 +103,40 @@ fn plain(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
             }
             for reply in replies.iter_mut() {
                 stamp_transmit(reply, now);
+            }
+            black_box(&replies);
+        })
+    });
+}
+
+/// The batch of 64 as chimed answers it behind a chronyd whose served time is away from the
+/// clock (`-x`, a slew, `smoothtime`): every receive and transmit time mapped through the
+/// followed offset and its rate, beside `batch_64`, which maps nothing.
+fn served_offset(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
+    let (policy, now) = (s.policy, s.now);
+    let state = ServerState {
+        clock: ServedClock {
+            anchor: now,
+            offset: 0.3,
+            rate: 2e-6,
+            error: 20e-6,
+            error_rate: 1e-6,
+        },
+        ..*s.state
+    };
+    let requests = [*req; BATCH];
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("batch_64_served_offset", |b| {
+        let mut replies = [[0u8; 48]; BATCH];
+        b.iter(|| {
+            let served = state.served_at(black_box(now), policy);
+            let clock = black_box(state.clock);
+            for (req, reply) in requests.iter().zip(replies.iter_mut()) {
+                respond(black_box(req), 40000, clock.serve(now), &served, reply).unwrap();
+            }
+            let t3 = clock.serve(black_box(now));
+            for reply in replies.iter_mut() {
+                stamp_transmit(reply, t3);
             }
             black_box(&replies);
         })
