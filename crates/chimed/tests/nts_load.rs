@@ -92,7 +92,8 @@ fn perf_ntp_nts_verifies_every_reply() {
         step["answered"].as_u64().unwrap(),
     );
     assert!(sent >= 2900, "{step:#}");
-    assert!(answered * 100 >= sent * 99, "{step:#}");
+    // Nearly all answered; what was not, chimed's own counters account for below.
+    assert!(answered * 10 >= sent * 9, "{step:#}");
     assert_eq!(step["invalid"], 0, "{step:#}");
     assert_eq!(step["refused"], 0, "{step:#}");
     assert_eq!(report["request"]["nts"]["cookie_len"], 104, "{report:#}");
@@ -111,6 +112,15 @@ fn perf_ntp_nts_verifies_every_reply() {
     // The warm-up's replies and any late ones count at chimed, not in the step.
     assert!(count_in(&ntp, "nts") >= answered, "{ntp}");
     assert_eq!(count_in(&ntp, "nts_nak"), 0, "{ntp}");
+    // A stall of this shared machine past --shed-target makes chimed shed the requests that
+    // waited (seen in CI: 211 of 3000 lost, none dropped by a kernel queue); every request lost
+    // is one chimed shed or the kernel dropped, never one it let go unanswered.
+    let lost = step["lost"].as_u64().unwrap();
+    let accounted = count_in(&ntp, "shed") + count_in(&ntp, "kernel_drops");
+    assert!(
+        lost <= accounted,
+        "{lost} lost, {accounted} shed or dropped: {ntp}\n{step:#}"
+    );
     let ke_totals = chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1));
     assert_eq!(count_in(&ke_totals, "agreed"), 6, "{ke_totals}");
 }
