@@ -99,12 +99,13 @@ fn perf_ntp_nts_verifies_every_reply() {
     assert_eq!(report["request"]["nts"]["cookie_len"], 104, "{report:#}");
     assert_eq!(nts_summary(&out, "NAKs"), 0, "{out}");
     // Cookies come back with each reply. A session of 8 sent at ~330/s runs out only if its
-    // replies lag by 24 ms (a stall of this shared machine can do that, and then the next
-    // requests ask for more), so a few reused are allowed; a generator that kept no cookie from
-    // the replies would reuse all but the first 48.
+    // replies lag by 24 ms, and this shared machine, running this file's five loads at once,
+    // stalls chimed for up to ~100 ms (p99 round trips of 96 ms seen in CI, 149-156 of 3000
+    // reused), so up to a tenth may be; a generator that kept no cookie from the replies would
+    // reuse all but the first 48 (3,352 of 3,000 with the warm-up).
     let reused = nts_summary(&out, "requests reused");
     assert!(
-        reused * 50 <= sent,
+        reused * 10 <= sent,
         "{reused} of {sent} reused a cookie: {out}"
     );
     assert!(chimed.terminate().success());
