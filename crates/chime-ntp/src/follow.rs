@@ -224,6 +224,16 @@ impl Follower {
         self.clock
     }
 
+    /// Moves everything followed so far by `by` seconds, as if the upstream's served time had
+    /// always been that much further from the local clock: for a step whose size is known (a leap
+    /// second), so that the rate and the fit carry over it.
+    pub fn step(&mut self, by: f64) {
+        for s in self.history.iter_mut().chain(&mut self.last) {
+            s.offset += by;
+        }
+        self.clock.offset += by;
+    }
+
     /// Takes a new sample (or sets it aside as popcorn) and returns the clock followed now.
     pub fn add(&mut self, sample: Sample) -> ServedClock {
         self.delays[self.seen % Self::WINDOW] = sample.delay;

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::follow::{Follower, Sample, ServedClock};
+use crate::leap::Announced;
 use crate::packet::{Header, Leap, Mode};
 use crate::state::{ServerState, UNSYNCHRONISED_ROOT};
 use crate::time::NtpTimestamp;
@@ -156,13 +157,27 @@ impl Mirror {
         let synchronised = reply.leap != Leap::Unsynchronised
             && matches!(reply.stratum, 1..=15)
             && root_distance < MAX_ROOT_DISTANCE_SECONDS;
+        if let (Some(pending), Some(sample)) = (self.state.announced, sample) {
+            // A leap second pending at the last poll and stepped by the served time since (chronyd
+            // serving UTC while the kernel's clock runs on): the past moves with it, so the rate
+            // carries over and the step is not taken for a jump.
+            let jump = sample.offset - self.follower.clock().offset_at(sample.at);
+            if (jump - pending.step()).abs() < 0.5 {
+                self.follower.step(pending.step());
+            }
+        }
         let clock = match sample {
             Some(sample) => self.follower.add(sample),
             None => self.follower.clock(),
         };
+        let announced = Announced::of(reply.leap, reply.transmit_ts);
+        let leap = match reply.leap {
+            Leap::AddSecond | Leap::DelSecond if announced.is_none() => Leap::NoWarning,
+            leap => leap,
+        };
         self.state = if synchronised {
             ServerState {
-                leap: reply.leap,
+                leap,
                 stratum: reply.stratum,
                 precision: reply.precision,
                 reference_id: reply.reference_id,
@@ -171,6 +186,8 @@ impl Mirror {
                 root_dispersion: reply.root_dispersion,
                 updated: Some(now),
                 clock,
+                announced,
+                tai_offset: None,
             }
         } else {
             unsynchronised(reply.precision, now, clock)
@@ -197,6 +214,8 @@ fn unsynchronised(precision: i8, now: NtpTimestamp, clock: ServedClock) -> Serve
         root_dispersion: UNSYNCHRONISED_ROOT,
         updated: Some(now),
         clock,
+        announced: None,
+        tai_offset: None,
     }
 }
 
@@ -338,6 +357,8 @@ mod tests {
                 root_dispersion: NtpShort(0x0000_0400),
                 updated: Some(at(2)),
                 clock: mirror.state().clock,
+                announced: None,
+                tai_offset: None,
             }
         );
     }
@@ -414,13 +435,117 @@ mod tests {
     #[test]
     fn leap_warning_and_longer_replies_are_taken() {
         let mut mirror = polled();
+        // On the last day of the month (SENT is 2026-11-21T19:15:29Z).
+        let last_day = |ms: u64| at(ms).add_duration(Duration::from_secs(9 * 86_400));
         let reply = Header {
             leap: Leap::DelSecond,
+            receive_ts: last_day(1),
+            transmit_ts: last_day(1),
             ..good_reply()
         };
         let long = [&bytes(&reply)[..], &[0; 20]].concat();
         assert_eq!(mirror.on_reply(upstream(), &long, at(2)), Ok(()));
         assert_eq!(mirror.state().leap, Leap::DelSecond);
+        let announced = mirror.state().announced.unwrap();
+        assert_eq!(announced.leap, Leap::DelSecond);
+        assert_eq!(announced.at.to_unix_near(0).0, 1_796_083_200); // 2026-12-01T00:00:00Z
+    }
+
+    /// Polls `mirror` at local `t1` (seconds after SENT) with an upstream serving `offset` seconds
+    /// from the local clock and the warning `leap`, over a 1 ms round trip.
+    fn poll_at(mirror: &mut Mirror, t1: f64, offset: f64, leap: Leap, nonce: u64) {
+        let local = |s: f64| SENT.add_duration(Duration::from_secs_f64(s));
+        let served = |s: f64| {
+            NtpTimestamp(
+                local(s)
+                    .0
+                    .wrapping_add((offset * 2f64.powi(32)) as i64 as u64),
+            )
+        };
+        mirror.request(local(t1), nonce);
+        let reply = Header {
+            leap,
+            origin_ts: NtpTimestamp(nonce),
+            receive_ts: served(t1 + 0.0005),
+            transmit_ts: served(t1 + 0.0005),
+            ..good_reply()
+        };
+        mirror
+            .on_reply(upstream(), &bytes(&reply), local(t1 + 0.001))
+            .unwrap();
+    }
+
+    /// Seconds from SENT (2026-11-21T19:15:29Z) to the end of November.
+    const TO_MONTH_END: f64 = 1_796_083_200.0 - 1_795_288_529.0;
+
+    #[test]
+    fn a_warning_is_passed_on_only_on_the_last_day_of_the_month() {
+        let mut mirror = Mirror::new(upstream());
+        // Nine days before the month's end: not yet.
+        poll_at(&mut mirror, 0.0, 0.0, Leap::AddSecond, 1);
+        assert_eq!(mirror.state().leap, Leap::NoWarning);
+        assert_eq!(mirror.state().announced, None);
+        // On its last day (the upstream's time counts, not ours): announced for its end.
+        let offset = TO_MONTH_END - 3600.0;
+        poll_at(&mut mirror, 1.0, offset, Leap::AddSecond, 2);
+        assert_eq!(mirror.state().leap, Leap::AddSecond);
+        let at = mirror.state().announced.unwrap().at;
+        assert_eq!(at.to_unix_near(0).0, 1_796_083_200);
+        // After it, a warning still sent is a leap done, not one a month on.
+        poll_at(&mut mirror, 2.0, TO_MONTH_END + 10.0, Leap::AddSecond, 3);
+        assert_eq!(mirror.state().leap, Leap::NoWarning);
+        assert_eq!(mirror.state().announced, None);
+    }
+
+    #[test]
+    fn the_leap_step_of_the_served_time_carries_the_followed_rate_over() {
+        // The upstream's served time is 0.1 s before the leap and moving at 20 ppm; after it,
+        // it has stepped back the inserted second, as chronyd serving UTC does while the
+        // kernel's clock runs on.
+        let base = TO_MONTH_END - 0.1 - 5.0;
+        let offset = |t: f64| base + 20e-6 * t;
+        let mut mirror = Mirror::new(upstream());
+        for k in 0..5u64 {
+            poll_at(&mut mirror, k as f64, offset(k as f64), Leap::AddSecond, k);
+        }
+        let before = mirror.state().clock;
+        assert!((before.rate - 20e-6).abs() < 1e-7, "{before:?}");
+        poll_at(&mut mirror, 5.0, offset(5.0) - 1.0, Leap::AddSecond, 5);
+        let after = mirror.state().clock;
+        assert!(
+            (after.offset_at(after.anchor) - (offset(5.0005) - 1.0)).abs() < 1e-6,
+            "{after:?}"
+        );
+        assert!((after.rate - 20e-6).abs() < 1e-7, "{after:?}");
+        assert!(after.error_at(after.anchor) < 1e-3, "{after:?}");
+        // The repeated second is still before the leap's end: the warning stands.
+        assert_eq!(mirror.state().leap, Leap::AddSecond);
+
+        // The kernel's clock stepping back with the served time (leapsecmode system): the
+        // offset does not move, nothing is followed as a jump.
+        let mut system = Mirror::new(upstream());
+        let steady = TO_MONTH_END - 4.5;
+        for (k, local) in [0.0, 1.0, 2.0, 3.0, 4.0, 3.502].into_iter().enumerate() {
+            poll_at(&mut system, local, steady, Leap::AddSecond, 100 + k as u64);
+        }
+        let state = system.state();
+        assert!((state.clock.offset - steady).abs() < 1e-6, "{state:?}");
+        assert!(state.clock.error_at(state.clock.anchor) < 1e-3, "{state:?}");
+        // In the repeated second: still before the leap's end.
+        assert_eq!(state.leap, Leap::AddSecond);
+        assert!(state.announced.is_some());
+        poll_at(&mut system, 4.502, steady, Leap::AddSecond, 200);
+        assert_eq!(system.state().leap, Leap::NoWarning);
+        assert_eq!(system.state().announced, None);
+
+        // Without a leap pending, the same step is a jump: its rate is not followed at once.
+        let mut jumped = Mirror::new(upstream());
+        for k in 0..5u64 {
+            poll_at(&mut jumped, k as f64, offset(k as f64), Leap::NoWarning, k);
+        }
+        poll_at(&mut jumped, 5.0, offset(5.0) - 1.0, Leap::NoWarning, 5);
+        let clock = jumped.state().clock;
+        assert!(clock.error_rate > 0.5, "{clock:?}");
     }
 
     #[test]
@@ -577,6 +702,8 @@ mod tests {
             root_dispersion: NtpShort(0x0001_0000),
             updated: Some(at(2)),
             clock: ServedClock::LOCAL,
+            announced: None,
+            tai_offset: None,
         };
         for reply in [
             // chronyd's unsynchronised reply.

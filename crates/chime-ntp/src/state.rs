@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::follow::ServedClock;
+use crate::leap::Announced;
 use crate::packet::Leap;
 use crate::time::{NtpShort, NtpTimestamp};
 
@@ -44,6 +45,12 @@ pub struct ServerState {
     /// what every timestamp served is mapped through, and whose error bound the root dispersion
     /// carries.
     pub clock: ServedClock,
+    /// The leap second `leap` announces, while it is pending: `None` when there is none, and
+    /// once a poll has seen it done.
+    pub announced: Option<Announced>,
+    /// TAI − UTC, seconds, as the kernel has it (chronyd sets it from `leapsectz`); `None` when
+    /// it is not known.
+    pub tai_offset: Option<u16>,
 }
 
 impl ServerState {
@@ -59,6 +66,8 @@ impl ServerState {
             root_dispersion: UNSYNCHRONISED_ROOT,
             updated: None,
             clock: ServedClock::LOCAL,
+            announced: None,
+            tai_offset: None,
         }
     }
 
@@ -79,6 +88,11 @@ impl ServerState {
     /// The age is taken as an absolute value, as chronyd does for its own dispersion: if the clock
     /// was stepped back past the stale time, the state counts as stale until the next good poll
     /// rather than as fresh for as long as the step was.
+    ///
+    /// From the start of an announced leap ([`Announced::uncertain_from`], in served time) until
+    /// a poll after it, the leap is over as far as the reply says (no warning) and the root
+    /// dispersion is a second more: the upstream may have stepped its served time by the leap
+    /// second, or not (see the leap module).
     pub fn served_at(&self, now: NtpTimestamp, policy: &StalePolicy) -> ServedHeader {
         let unsynchronised = ServedHeader::unsynchronised(self.precision);
         let Some(updated) = self.updated else {
@@ -91,14 +105,21 @@ impl ServerState {
         if age > policy.stale_after.as_secs_f64() {
             return unsynchronised;
         }
-        let growth = policy.dispersion_rate * age + self.clock.error_at(now);
+        let mut leap = self.leap;
+        let mut growth = policy.dispersion_rate * age + self.clock.error_at(now);
+        if let Some(announced) = self.announced
+            && self.in_leap(now, &announced)
+        {
+            leap = Leap::NoWarning;
+            growth += 1.0;
+        }
         let root_dispersion = if growth > 0.0 {
             NtpShort::from_seconds(self.root_dispersion.seconds() + growth)
         } else {
             self.root_dispersion
         };
         ServedHeader {
-            leap: self.leap,
+            leap,
             stratum: self.stratum,
             precision: self.precision,
             reference_id: self.reference_id,
@@ -106,6 +127,27 @@ impl ServerState {
             root_delay: self.root_delay,
             root_dispersion,
         }
+    }
+
+    /// TAI − UTC for a reply sent at local time `now`: the kernel's, unless a leap second is
+    /// pending and its last second before has begun (the offset steps at the leap, and UTC
+    /// repeats or skips a second, so which side of it a time is on is not known until a poll
+    /// after it).
+    pub fn tai_offset_at(&self, now: NtpTimestamp) -> Option<u16> {
+        let tai = self.tai_offset?;
+        let Some(announced) = self.announced else {
+            return Some(tai);
+        };
+        let to_leap = announced.at.wrapping_diff_seconds(self.clock.serve(now));
+        (to_leap > 1.0).then_some(tai)
+    }
+
+    /// Whether the served time at local `now` is past the start of `announced`.
+    fn in_leap(&self, now: NtpTimestamp, announced: &Announced) -> bool {
+        self.clock
+            .serve(now)
+            .wrapping_diff_seconds(announced.uncertain_from())
+            >= 0.0
     }
 }
 
@@ -216,6 +258,8 @@ mod tests {
             root_dispersion: NtpShort(0x0000_0400),
             updated: Some(T0),
             clock: ServedClock::LOCAL,
+            announced: None,
+            tai_offset: None,
         }
     }
 
@@ -387,5 +431,75 @@ mod tests {
             state.served_at(T0, &StalePolicy::default()).leap,
             Leap::AddSecond
         );
+    }
+
+    /// A state 2 s after a poll, whose served time is `offset` from the local clock, with `leap`
+    /// announced for local `T0 + 3 s` served.
+    fn pending(leap: Leap, offset: f64) -> ServerState {
+        ServerState {
+            leap,
+            updated: Some(at(-2.0)),
+            clock: ServedClock {
+                anchor: at(-2.0),
+                offset,
+                ..ServedClock::LOCAL
+            },
+            announced: Some(Announced {
+                leap,
+                at: NtpTimestamp(
+                    at(3.0)
+                        .0
+                        .wrapping_add((offset * 2f64.powi(32)) as i64 as u64),
+                ),
+            }),
+            tai_offset: Some(37),
+            ..synced()
+        }
+    }
+
+    #[test]
+    fn from_the_start_of_a_leap_until_a_poll_after_it_a_second_is_added_to_the_bound() {
+        let policy = StalePolicy::default();
+        let base = synced()
+            .served_at(at(-2.0), &policy)
+            .root_dispersion
+            .seconds();
+        for (leap, starts) in [(Leap::AddSecond, 3.0), (Leap::DelSecond, 2.0)] {
+            let state = pending(leap, 1000.5);
+            let before = state.served_at(at(starts - 0.001), &policy);
+            assert_eq!(before.leap, leap);
+            assert!(
+                before.root_dispersion.seconds() < base + 0.001,
+                "{before:?}"
+            );
+            for after in [starts, starts + 0.5, starts + 2.5] {
+                let served = state.served_at(at(after), &policy);
+                assert_eq!(served.leap, Leap::NoWarning, "{leap:?} at {after}");
+                let grown = served.root_dispersion.seconds() - base;
+                assert!(
+                    (1.0..1.001).contains(&grown),
+                    "{leap:?} at {after}: {served:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tai_is_told_except_from_the_last_second_before_a_leap_until_a_poll_after_it() {
+        let state = pending(Leap::AddSecond, -3.25);
+        assert_eq!(state.tai_offset_at(at(1.99)), Some(37));
+        for t in [2.0, 2.5, 3.0, 4.0] {
+            assert_eq!(state.tai_offset_at(at(t)), None, "at {t}");
+        }
+        let done = ServerState {
+            announced: None,
+            ..state
+        };
+        assert_eq!(done.tai_offset_at(at(2.5)), Some(37));
+        let unknown = ServerState {
+            tai_offset: None,
+            ..done
+        };
+        assert_eq!(unknown.tai_offset_at(at(0.0)), None);
     }
 }

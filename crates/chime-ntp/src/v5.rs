@@ -83,10 +83,54 @@ impl Draft {
     }
 }
 
-/// The timescale field's values.
+/// The timescale field's values. In a request, the timescale asked for; in a reply, the one its
+/// receive and transmit timestamps are in, which a server that does not serve the one asked for
+/// sets to one it does (the draft's "respond in any timescale it supports").
 pub mod timescale {
-    /// UTC, the one chimed serves.
+    /// UTC: what chimed serves unless TAI is asked for and known.
     pub const UTC: u8 = 0;
+    /// TAI: UTC plus the TAI − UTC offset, counting leap seconds.
+    pub const TAI: u8 = 1;
+    /// UT1.
+    pub const UT1: u8 = 2;
+    /// UTC with leap seconds smeared out.
+    pub const LEAP_SMEARED_UTC: u8 = 3;
+}
+
+/// The timescale a v5 request asks for (its header's field); UTC for anything too short to say.
+pub fn requested_timescale(request: &[u8]) -> u8 {
+    request
+        .get(at::TIMESCALE)
+        .copied()
+        .unwrap_or(timescale::UTC)
+}
+
+/// Asks, in a v5 request written by [`write_request`], for the timescale `scale` (one of
+/// [`timescale`]'s). Nothing is done to a request shorter than the header.
+pub fn ask_timescale(request: &mut [u8], scale: u8) {
+    if let Some(byte) = request.get_mut(at::TIMESCALE) {
+        *byte = scale;
+    }
+}
+
+/// Moves a v5 reply written by [`write_header`] or [`respond`] (in UTC) into TAI, `tai_offset`
+/// seconds later: its receive timestamp (the low bit that marks it kept), its timescale, and its
+/// era `era` (TAI's, which may differ from UTC's within the offset of an era's end). The transmit
+/// timestamp is the caller's to stamp, in TAI too. Nothing is done to a reply shorter than the
+/// header.
+pub fn move_to_tai(reply: &mut [u8], tai_offset: u16, era: u8) {
+    let Some(out) = reply.first_chunk_mut::<{ Header::LEN }>() else {
+        return;
+    };
+    let receive = NtpTimestamp::from_bits(
+        out[at::RECEIVE_TS..at::TRANSMIT_TS]
+            .try_into()
+            .unwrap_or_default(),
+    );
+    let moved = NtpTimestamp(receive.0.wrapping_add(u64::from(tai_offset) << 32));
+    out[at::RECEIVE_TS..at::TRANSMIT_TS].copy_from_slice(&moved.to_bits());
+    out[at::TIMESCALE] = timescale::TAI;
+    out[at::ERA] = era;
 }
 
 /// The flags word's bits (byte 15; byte 14 is zero).

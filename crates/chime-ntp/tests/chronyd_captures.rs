@@ -290,6 +290,8 @@ fn mirror_takes_chronyds_reply_to_its_request() {
             root_dispersion: NtpShort(0),
             updated: Some(now),
             clock: mirror.state().clock,
+            announced: None,
+            tai_offset: None,
         }
     );
     // Sent 20 µs before chronyd received it, answered 20 µs before now: no offset, known to

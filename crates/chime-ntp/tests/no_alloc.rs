@@ -2,8 +2,8 @@
 //! under test on this thread, sees no allocation while a worker's work for a batch is done.
 
 use chime_ntp::{
-    Leap, NtpShort, NtpTimestamp, ServedClock, ServerState, StalePolicy, check_extensions, respond,
-    stamp_transmit,
+    Announced, Leap, NtpShort, NtpTimestamp, ServedClock, ServerState, StalePolicy,
+    check_extensions, respond, stamp_transmit,
 };
 use chime_udp::counting_alloc::CountingAlloc;
 
@@ -33,6 +33,12 @@ fn a_batch_allocates_nothing() {
             error: 20e-6,
             error_rate: 1e-5,
         },
+        // A leap second pending a second after the clock read, so that replies take its path.
+        announced: Some(Announced {
+            leap: Leap::AddSecond,
+            at: NtpTimestamp(0xEEAC_6C48_0000_0000),
+        }),
+        tai_offset: Some(37),
     };
     let policy = StalePolicy::default();
     let mut requests: Vec<Vec<u8>> = Vec::new();

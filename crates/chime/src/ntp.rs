@@ -31,6 +31,11 @@ pub(crate) struct Args {
     /// more requests of 128 bytes) and report how many of its bits are set
     #[arg(long = "ntpv5-reference")]
     ntpv5_reference: bool,
+    /// With --ntp-version 5: the timescale to ask for, utc, tai, ut1 or smeared (leap-smeared
+    /// UTC) [default: utc]. A server that does not serve it answers in one it does, which the
+    /// report names. The offset is from this machine's clock (UTC) whatever the reply's timescale
+    #[arg(long = "ntpv5-timescale", value_name = "SCALE")]
+    ntpv5_timescale: Option<v5::TimescaleArg>,
     /// Print the result as one JSON object
     #[arg(long)]
     json: bool,
@@ -134,6 +139,9 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     if args.nts && args.ntpv5_reference {
         bail!("--ntpv5-reference: not with --nts (the filter is read unauthenticated)");
     }
+    if args.nts && args.ntpv5_timescale.is_some() {
+        bail!("--ntpv5-timescale: not with --nts (its requests ask for UTC)");
+    }
     if args.interleaved && args.ntp_version != 4 {
         bail!(
             "--interleaved: interleaved mode is NTPv4 only, not --ntp-version {}",
@@ -143,6 +151,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     for (given, flag) in [
         (args.ntpv5_draft.is_some(), "--ntpv5-draft"),
         (args.ntpv5_reference, "--ntpv5-reference"),
+        (args.ntpv5_timescale.is_some(), "--ntpv5-timescale"),
     ] {
         if given && args.ntp_version != 5 {
             bail!(
@@ -184,7 +193,8 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             timeout,
         )?
     } else if args.ntp_version == 5 {
-        v5::query(server, draft, args.ntpv5_reference, timeout)?
+        let timescale = v5::TimescaleArg::or_utc(args.ntpv5_timescale);
+        v5::query(server, draft, timescale, args.ntpv5_reference, timeout)?
     } else {
         query(server, args.ntp_version, timeout)?
     };

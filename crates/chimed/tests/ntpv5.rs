@@ -1,6 +1,8 @@
 //! NTPv5 (`--ntpv5`, as drafted) against independent clients: ntpd-rs 1.9 (draft -08), which
 //! starts in v4, asks to upgrade and moves to v5 when chimed echoes the mark, and ntpstats (PyPI,
 //! draft -09). Counted by chimed as v5 replies and upgrades; without `--ntpv5` neither happens.
+//! A request for TAI, which neither of them can make, through chime: answered in TAI with the
+//! kernel's TAI - UTC, and in UTC while the kernel has none.
 
 mod common;
 
@@ -8,7 +10,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Chimed, Chronyd, count_in, has_offset, ntpd_rs, peer, run};
+use common::{Chimed, Chronyd, count_in, has_offset, ntpd_rs, peer, run, workspace_bin};
 
 const NTPSTATS_PYTHON: &str = "/opt/chime-peers/ntpstats-venv/bin/python";
 
@@ -330,4 +332,104 @@ fn a_chimed_serves_its_upstreams_filter_with_its_own() {
     assert_eq!(alone, set(&upstream_bits), "chronyd adds nothing");
     assert!(upstream.terminate().success());
     assert!(!upstream.log().contains("speaks NTPv5"));
+}
+
+/// The kernel's TAI - UTC, set for a test and put back when dropped: machine-wide, as chronyd
+/// with `leapsectz` sets it (needs CAP_SYS_TIME, as the loopback tier's chronyd does).
+struct KernelTai {
+    before: i32,
+}
+
+impl KernelTai {
+    fn read() -> i32 {
+        // SAFETY: adjtimex(2) with no mode bits only reads into the zeroed struct it is given.
+        let mut t: libc::timex = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `t` outlives the call.
+        let state = unsafe { libc::adjtimex(&mut t) };
+        assert!(state >= 0, "adjtimex: {}", std::io::Error::last_os_error());
+        t.tai
+    }
+
+    fn set(tai: i32) -> Self {
+        let before = Self::read();
+        Self::write(tai);
+        Self { before }
+    }
+
+    fn write(tai: i32) {
+        // SAFETY: an all-zero timex is a valid value of the C struct.
+        let mut t: libc::timex = unsafe { std::mem::zeroed() };
+        t.modes = libc::ADJ_TAI;
+        t.constant = libc::c_long::from(tai);
+        // SAFETY: ADJ_TAI sets the kernel's TAI offset from `constant` and touches nothing else.
+        let state = unsafe { libc::adjtimex(&mut t) };
+        assert!(
+            state >= 0,
+            "adjtimex(ADJ_TAI): {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(Self::read(), tai);
+    }
+}
+
+impl Drop for KernelTai {
+    fn drop(&mut self) {
+        Self::write(self.before);
+    }
+}
+
+/// chime asking chimed over v5 for `timescale`: the reply's timescale and the offset it shows.
+fn chime_v5(chimed: &Chimed, timescale: &str) -> (u64, u64, f64) {
+    let out = run(Command::new(workspace_bin("chime")).args([
+        "ntp",
+        &chimed.addr.to_string(),
+        "--ntp-version",
+        "5",
+        "--ntpv5-timescale",
+        timescale,
+        "--json",
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let v5 = &r["ntpv5"];
+    (
+        v5["timescale"].as_u64().unwrap(),
+        v5["timescale_asked"].as_u64().unwrap(),
+        r["offset"].as_f64().unwrap(),
+    )
+}
+
+#[test]
+fn tai_is_answered_with_the_kernels_offset_and_utc_without_one() {
+    let chronyd = Chronyd::start();
+    let tai = KernelTai::set(37);
+    let mut chimed = chimed(&chronyd, &["--ntpv5"]);
+    // The poller reads the kernel's offset at each poll: one since, so it is known.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (timescale, asked, offset) = chime_v5(&chimed, "tai");
+    assert_eq!((timescale, asked), (1, 1));
+    assert!((offset - 37.0).abs() < 0.01, "TAI is UTC + 37 s: {offset}");
+    // UTC when asked for it, and for a timescale chimed does not serve.
+    for (scale, number) in [("utc", 0), ("ut1", 2)] {
+        let (timescale, asked, offset) = chime_v5(&chimed, scale);
+        assert_eq!((timescale, asked), (0, number));
+        assert!(offset.abs() < 0.01, "{scale}: {offset}");
+    }
+
+    // Without the kernel's offset, a request for TAI is answered in UTC, which the reply says.
+    KernelTai::write(0);
+    std::thread::sleep(Duration::from_millis(1100));
+    let (timescale, asked, offset) = chime_v5(&chimed, "tai");
+    assert_eq!((timescale, asked), (0, 1));
+    assert!(offset.abs() < 0.01, "{offset}");
+    drop(tai);
+    assert!(chimed.terminate().success());
+    let totals = chimed.wait_for("ntp totals at exit", Duration::from_secs(1));
+    assert_eq!(count_in(&totals, "ntpv5_tai"), 1, "{totals}");
+    assert_eq!(count_in(&totals, "ntpv5"), 4, "{totals}");
 }

@@ -10,88 +10,26 @@ mod common;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::{self, JoinHandle};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chime_ntp::{Header, Leap, NtpShort, NtpTimestamp, ServedClock, ServerState, StalePolicy};
+use chime_ntp::{Header, Leap, NtpTimestamp, ServedClock};
+use common::standin::{StandIn, ntp_now};
 use common::{Chimed, ChronydClient, chronyd_client_offset, free_udp_port};
 
-/// An NTP server at stratum 1 serving the system clock plus an offset that can be changed.
-struct StandIn {
-    addr: SocketAddr,
-    offset_bits: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl StandIn {
-    fn start(offset: f64) -> Self {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-        let addr = socket.local_addr().unwrap();
-        let offset_bits = Arc::new(AtomicU64::new(offset.to_bits()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (bits, stopped) = (offset_bits.clone(), stop.clone());
-        let thread = thread::spawn(move || {
-            let mut buf = [0u8; 1024];
-            let mut reply = [0u8; 48];
-            while !stopped.load(Ordering::Relaxed) {
-                let Ok((n, from)) = socket.recv_from(&mut buf) else {
-                    continue;
-                };
-                let clock = ServedClock {
-                    offset: f64::from_bits(bits.load(Ordering::Relaxed)),
-                    ..ServedClock::LOCAL
-                };
-                let now = clock.serve(ntp_now());
-                let state = ServerState {
-                    leap: Leap::NoWarning,
-                    stratum: 1,
-                    precision: -20,
-                    reference_id: *b"TEST",
-                    reference_ts: now,
-                    root_delay: NtpShort(0),
-                    root_dispersion: NtpShort(0),
-                    updated: Some(now),
-                    clock: ServedClock::LOCAL,
-                };
-                let served = state.served_at(now, &StalePolicy::default());
-                if let Ok(len) =
-                    chime_ntp::respond(&buf[..n], from.port(), now, &served, &mut reply)
-                {
-                    chime_ntp::stamp_transmit(&mut reply[..len], clock.serve(ntp_now()));
-                    let _ = socket.send_to(&reply[..len], from);
-                }
-            }
-        });
-        Self {
-            addr,
-            offset_bits,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn set_offset(&self, offset: f64) {
-        self.offset_bits.store(offset.to_bits(), Ordering::Relaxed);
-    }
-}
-
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn ntp_now() -> NtpTimestamp {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    NtpTimestamp::from_unix(d.as_secs() as i64, d.subsec_nanos())
+/// A stand-in serving the system clock plus an offset, and the offset, which the test may change.
+fn offset_stand_in(offset: f64) -> (StandIn, Arc<AtomicU64>) {
+    let bits = Arc::new(AtomicU64::new(offset.to_bits()));
+    let read = bits.clone();
+    let stand_in = StandIn::start(move |now| {
+        let clock = ServedClock {
+            offset: f64::from_bits(read.load(Ordering::Relaxed)),
+            ..ServedClock::LOCAL
+        };
+        (clock.serve(now), Leap::NoWarning)
+    });
+    (stand_in, bits)
 }
 
 /// A real chronyd (`-x`) serving NTP on loopback while it follows `upstream` every 1/16 s, with
@@ -214,7 +152,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[test]
 fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
-    let upstream = StandIn::start(0.3);
+    let (upstream, _) = offset_stand_in(0.3);
     let (_chronyd, chronyd) = chronyd_following(upstream.addr, &[]);
     wait_serving(chronyd, 0.3, Duration::from_secs(20));
     let mut chimed = Chimed::mirroring(&chronyd.to_string(), &["--stats-interval", "1"]);
@@ -271,7 +209,7 @@ fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
 
 #[test]
 fn through_a_smoothtime_ramp_chimed_tracks_chronyd() {
-    let upstream = StandIn::start(0.0);
+    let (upstream, offset) = offset_stand_in(0.0);
     let (_chronyd, chronyd) = chronyd_following(upstream.addr, &["smoothtime 1000 100"]);
     wait_serving(chronyd, 0.0, Duration::from_secs(20));
     let mut chimed = Chimed::mirroring(&chronyd.to_string(), &[]);
@@ -280,7 +218,7 @@ fn through_a_smoothtime_ramp_chimed_tracks_chronyd() {
 
     // chronyd takes up the upstream's 50 ms step over about 50 s: served time ramps at up to
     // 1000 ppm, its rate changing by 100 ppm a second.
-    upstream.set_offset(0.05);
+    offset.store(0.05f64.to_bits(), Ordering::Relaxed);
     let socket = client();
     let mut differences = Vec::new();
     let mut served = Vec::new();

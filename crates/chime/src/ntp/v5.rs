@@ -29,6 +29,31 @@ pub(crate) enum DraftArg {
     D09,
 }
 
+/// `--ntpv5-timescale`: the timescale a v5 request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum TimescaleArg {
+    /// UTC
+    Utc,
+    /// TAI (UTC plus the leap seconds since 1972 and 10 s)
+    Tai,
+    /// UT1
+    Ut1,
+    /// UTC with leap seconds smeared out
+    Smeared,
+}
+
+impl TimescaleArg {
+    /// The timescale field's value, UTC's where none was given.
+    pub(crate) fn or_utc(given: Option<Self>) -> u8 {
+        match given {
+            None | Some(Self::Utc) => v5::timescale::UTC,
+            Some(Self::Tai) => v5::timescale::TAI,
+            Some(Self::Ut1) => v5::timescale::UT1,
+            Some(Self::Smeared) => v5::timescale::LEAP_SMEARED_UTC,
+        }
+    }
+}
+
 impl DraftArg {
     pub(crate) const fn draft(self) -> Draft {
         match self {
@@ -48,8 +73,11 @@ impl DraftArg {
 pub(super) struct V5Report {
     /// The draft the request and the reply named, as its Draft Identification.
     draft: &'static str,
-    /// 0 UTC, 1 TAI, 2 UT1, 3 leap-smeared UTC.
+    /// The timescale of the reply's timestamps: 0 UTC, 1 TAI, 2 UT1, 3 leap-smeared UTC. A server
+    /// that does not serve the one asked for answers in one it does.
     timescale: u8,
+    /// The timescale the request asked for.
+    timescale_asked: u8,
     /// The NTP era of the server's timestamps (0 until 2036).
     era: u8,
     /// The flags byte: 0x1 synchronised, 0x2 interleaved, 0x4 NTS NAK.
@@ -67,23 +95,28 @@ pub(super) struct V5Report {
 /// four requests of 208 bytes read the whole 512, and no datagram is larger than that.
 const SLICE: usize = v5::FilterFetch::SLICE;
 
-/// One v5 query of `server` naming `draft`; with `reference`, four more exchanges read the
-/// server's reference-ID filter.
+/// One v5 query of `server` naming `draft` and asking for `timescale`; with `reference`, four
+/// more exchanges read the server's reference-ID filter.
 pub(super) fn query(
     server: SocketAddr,
     draft: Draft,
+    timescale: u8,
     reference: bool,
     timeout: Duration,
 ) -> Result<Report> {
     let cookie = rand::random();
-    let sent = exchange(server, draft, cookie, None, timeout)?;
+    let sent = exchange(server, draft, timescale, cookie, None, timeout)?;
     let reply = check(server, &sent.reply, cookie, draft)?;
     let (offset, delay) = measure(&sent, &reply);
     let filter = match reference {
         true => Some(read_filter(server, draft, timeout)?),
         false => None,
     };
-    Ok(report(server, &reply, offset, delay, filter))
+    let mut report = report(server, &reply, offset, delay, filter);
+    if let Some(v5) = &mut report.ntpv5 {
+        v5.timescale_asked = timescale;
+    }
+    Ok(report)
 }
 
 /// A request sent and its reply: our send time (T1) with the era of our clock then, the reply's
@@ -95,11 +128,13 @@ struct Sent {
     t4: NtpTimestamp,
 }
 
-/// Sends one v5 request with `cookie`, asking for the `reference` slice of the filter if given,
-/// from a socket of its own, and returns the first datagram the server sends back.
+/// Sends one v5 request with `cookie` in `timescale`, asking for the `reference` slice of the
+/// filter if given, from a socket of its own, and returns the first datagram the server sends
+/// back.
 fn exchange(
     server: SocketAddr,
     draft: Draft,
+    timescale: u8,
     cookie: [u8; 8],
     reference: Option<(u16, u16)>,
     timeout: Duration,
@@ -108,6 +143,7 @@ fn exchange(
     // A 128-byte slice and the draft's name take 48 + 132 + 28 bytes: it fits.
     let len = v5::write_request(&mut request, draft, 0, cookie, reference)
         .context("an NTPv5 request that does not fit its buffer")?;
+    v5::ask_timescale(&mut request, timescale);
     send(server, &request[..len], draft, timeout)
 }
 
@@ -272,7 +308,14 @@ fn read_filter(server: SocketAddr, draft: Draft, timeout: Duration) -> Result<Bl
         let offset = i * SLICE;
         let cookie = rand::random();
         let asked = (offset as u16, SLICE as u16);
-        let sent = exchange(server, draft, cookie, Some(asked), timeout)?;
+        let sent = exchange(
+            server,
+            draft,
+            v5::timescale::UTC,
+            cookie,
+            Some(asked),
+            timeout,
+        )?;
         match check(server, &sent.reply, cookie, draft)?.reference {
             Some(got) if got.len() == SLICE => slice.copy_from_slice(got),
             Some(got) => bail!(
@@ -320,6 +363,7 @@ fn report(
         ntpv5: Some(V5Report {
             draft: reply.draft.id(),
             timescale: reply.timescale,
+            timescale_asked: v5::timescale::UTC,
             era: reply.era,
             flags: reply.flags,
             reference_bits_set: filter.map(|f| f.bits().count() as u32),
@@ -330,13 +374,14 @@ fn report(
 
 /// The lines of the human report that v5 has in place of the reference ID.
 pub(super) fn print(v: &V5Report) {
-    let timescale = match v.timescale {
+    let name = |scale: u8| match scale {
         0 => "UTC",
         1 => "TAI",
         2 => "UT1",
         3 => "leap-smeared UTC",
         _ => "unknown",
     };
+    let timescale = name(v.timescale);
     let flags: Vec<&str> = [
         (v5::flags::SYNCHRONISED, "synchronised"),
         (v5::flags::INTERLEAVED, "interleaved"),
@@ -347,7 +392,16 @@ pub(super) fn print(v: &V5Report) {
     .map(|(_, name)| name)
     .collect();
     outln!("Draft           : {}", v.draft);
-    outln!("Timescale       : {timescale} ({})", v.timescale);
+    if v.timescale == v.timescale_asked {
+        outln!("Timescale       : {timescale} ({})", v.timescale);
+    } else {
+        outln!(
+            "Timescale       : {timescale} ({}), where {} was asked for: the server does not \
+             serve it now",
+            v.timescale,
+            name(v.timescale_asked)
+        );
+    }
     outln!("Era             : {}", v.era);
     outln!("Flags           : 0x{:02x} ({})", v.flags, flags.join(", "));
     if let Some(bits) = v.reference_bits_set {

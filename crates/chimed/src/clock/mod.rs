@@ -57,6 +57,18 @@ pub(crate) fn now() -> NtpTimestamp {
     read().ntp()
 }
 
+/// TAI − UTC as the kernel has it (CLOCK_TAI less CLOCK_REALTIME, which chronyd sets from
+/// `leapsectz`), or `None` while it is unset: the kernel's is 0 until something sets it, and
+/// TAI has been at least 10 s ahead of UTC since 1972.
+pub(crate) fn tai_offset() -> Option<u16> {
+    use nix::time::{ClockId, clock_gettime};
+    let utc = clock_gettime(ClockId::CLOCK_REALTIME).ok()?;
+    let tai = clock_gettime(ClockId::CLOCK_TAI).ok()?;
+    let diff = (tai.tv_sec() - utc.tv_sec()) as f64 + (tai.tv_nsec() - utc.tv_nsec()) as f64 * 1e-9;
+    let seconds = diff.round();
+    (10.0..=1000.0).contains(&seconds).then_some(seconds as u16)
+}
+
 /// A kernel receive timestamp (CLOCK_REALTIME) as an NTP timestamp.
 pub(crate) fn from_kernel(ts: chime_udp::Timestamp) -> NtpTimestamp {
     NtpTimestamp::from_unix(ts.secs, ts.nanos)

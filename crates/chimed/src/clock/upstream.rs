@@ -87,8 +87,15 @@ pub(crate) async fn run(
             Err(_) => Health::Unreachable,
         };
         if let Ok(()) = result {
+            let state = ServerState {
+                tai_offset: clock::tai_offset(),
+                ..state
+            };
             shared.state.store(Arc::new(state));
             offset_log.note(upstream, &state);
+            if let Some(wait) = until_leap(&state, interval) {
+                ticks.reset_after(wait);
+            }
         }
         if let Some(every) = shared.stats_interval
             && stats_at.elapsed() >= every
@@ -102,6 +109,22 @@ pub(crate) async fn run(
         }
     }
 }
+
+/// With a leap second pending, how long until just after it starts, if that comes before the
+/// next poll: a poll then shortens the time in which replies carry the leap's extra second of
+/// dispersion (see [`ServerState::served_at`]) to about a round trip.
+fn until_leap(state: &ServerState, interval: Duration) -> Option<Duration> {
+    let announced = state.announced?;
+    let served = state.clock.serve(clock::now());
+    let to_start = announced.uncertain_from().wrapping_diff_seconds(served) + LEAP_POLL_DELAY;
+    (0.0..interval.as_secs_f64())
+        .contains(&to_start)
+        .then(|| Duration::from_secs_f64(to_start))
+}
+
+/// How long after a leap second's start the poll after it is sent: 2 ms, past the step of the
+/// clock by the kernel or of chronyd's served time, which come at the second's edge.
+const LEAP_POLL_DELAY: f64 = 0.002;
 
 /// Says when chronyd's served time is away from the system clock (chimed serves chronyd's): the
 /// first time the offset followed is over a millisecond, and then each time it has moved by a
@@ -148,9 +171,16 @@ fn stats_line(state: &ServerState, policy: &chime_ntp::StalePolicy) {
         Leap::DelSecond => "delete",
         Leap::Unsynchronised => "unsynchronised",
     };
+    let leap_in = state.announced.map_or(String::new(), |a| {
+        let to = a.at.wrapping_diff_seconds(state.clock.serve(now));
+        format!(" leap_in={to:.3}")
+    });
+    let tai = state
+        .tai_offset_at(now)
+        .map_or(String::new(), |tai| format!(" tai_offset={tai}"));
     info!(
-        "upstream stats: stratum={} leap={leap} root_distance={:.6} offset={:+.6} \
-         offset_error={:.6} offset_rate_ppm={:+.3}",
+        "upstream stats: stratum={} leap={leap}{leap_in} root_distance={:.6} offset={:+.6} \
+         offset_error={:.6} offset_rate_ppm={:+.3}{tai}",
         served.stratum,
         served.root_distance(),
         state.clock.offset_at(now),
@@ -393,7 +423,7 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
     let now = clock::read().ntp();
     let state = ntp.state.load();
     let served = state.served_at(now, &ntp.policy);
-    let flags: [(&str, &str, i64); 4] = [
+    let flags: [(&str, &str, i64); 5] = [
         (
             "chimed_upstream_synchronised",
             "1 if the upstream's last good reply said it was synchronised.",
@@ -408,6 +438,12 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
             "chimed_upstream_leap",
             "The upstream's leap indicator as last mirrored (3: unsynchronised).",
             i64::from(leap_number(state.leap)),
+        ),
+        (
+            "chimed_served_leap",
+            "The leap indicator replies sent now carry: the upstream's, on the last day of the \
+             month only, and none once its leap second has begun (3: unsynchronised).",
+            i64::from(leap_number(served.leap)),
         ),
         (
             "chimed_served_synchronised",
@@ -448,6 +484,24 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
     ];
     for (name, help, value) in gauges {
         single(enc, name, help, ConstGauge::new(value))?;
+    }
+    if let Some(announced) = state.announced {
+        single(
+            enc,
+            "chimed_leap_pending_seconds",
+            "Seconds of served time until the leap second the upstream announces is over (the \
+             end of the month), while it is pending; absent otherwise.",
+            ConstGauge::new(announced.at.wrapping_diff_seconds(state.clock.serve(now))),
+        )?;
+    }
+    if let Some(tai) = state.tai_offset_at(now) {
+        single(
+            enc,
+            "chimed_tai_offset_seconds",
+            "TAI - UTC, the kernel's (chronyd sets it with leapsectz), as NTPv5 replies in TAI \
+             use it; absent while unknown and around a leap second.",
+            ConstGauge::new(i64::from(tai)),
+        )?;
     }
     if let Some(updated) = state.updated {
         single(

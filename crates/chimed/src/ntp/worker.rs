@@ -211,6 +211,8 @@ struct Batch<'a> {
     now_unix: i64,
     /// NTPv5's filter, if on, and the era of the batch's time.
     v5: Option<(&'a BloomFilter, u8)>,
+    /// TAI − UTC, where replies may be in TAI (known, no leap second under way, no zone).
+    tai: Option<u16>,
 }
 
 /// What became of one reply, for the counters and the marks.
@@ -229,6 +231,8 @@ struct Notes {
     v5: bool,
     /// A v4 reply telling its client that v5 is spoken (`NTP5DRFT` echoed).
     upgrade: bool,
+    /// An NTPv5 reply in TAI, this many seconds after UTC.
+    tai: Option<u16>,
 }
 
 /// One request in hand: where it came from, its bytes, and when it arrived (T2).
@@ -298,7 +302,8 @@ fn answer(
 fn stamp_now(b: &Batch<'_>, buf: &mut [u8], notes: &mut Notes) {
     if !notes.keep_transmit {
         let t3 = serve_time(&b.clock, b.zone, b.now_unix, clock::now());
-        chime_ntp::stamp_transmit(buf, t3);
+        let tai = u64::from(notes.tai.unwrap_or(0)) << 32;
+        chime_ntp::stamp_transmit(buf, NtpTimestamp(t3.0.wrapping_add(tai)));
         notes.keep_transmit = true;
     }
 }
@@ -320,6 +325,7 @@ fn answer_v5(
             let len = reply.map_err(NtpDrop::Request)?.len;
             limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
             notes.v5 = true;
+            in_tai(b, req, buf, notes);
             return Ok(len);
         }
         (true, Some(keys)) => keys,
@@ -328,6 +334,7 @@ fn answer_v5(
     v5::write_header(req.bytes, req.t2, b.served, era, buf).map_err(NtpDrop::Request)?;
     limit(b, req, coin, buf, notes, v5::kiss_of_death)?;
     notes.v5 = true;
+    in_tai(b, req, buf, notes);
     match nts::check_request_v5(req.bytes, keys) {
         nts::Check::NotNts | nts::Check::Malformed => Err(NtpDrop::NtsInvalid),
         nts::Check::Nak(uid, why) => {
@@ -342,6 +349,21 @@ fn answer_v5(
             nts::write_response_v5(buf, req.bytes, &v, accepted.draft, nonce, seal)
                 .ok_or(NtpDrop::NtsInvalid)
         }
+    }
+}
+
+/// A v5 reply whose request asks for TAI, in TAI where it is known now (otherwise it stays in
+/// UTC, which its timescale says, as the draft has a server answer in a timescale it serves):
+/// its receive time moved now, its transmit time when it is stamped. A Kiss-o'-Death carries no
+/// time to move.
+fn in_tai(b: &Batch<'_>, req: &Incoming<'_>, buf: &mut [u8], notes: &mut Notes) {
+    if let (Some(tai), v5::timescale::TAI, false) =
+        (b.tai, v5::requested_timescale(req.bytes), notes.kissed)
+    {
+        let era = v5::era(b.now_unix + i64::from(tai));
+        v5::move_to_tai(buf, tai, era);
+        notes.tai = Some(tai);
+        stamp_now(b, buf, notes);
     }
 }
 
@@ -407,6 +429,7 @@ impl BatchHandler for NtpWorker {
             zone: zone.as_deref(),
             now_unix,
             v5: filter.as_deref().map(|f| (&**f, v5::era(now_unix))),
+            tai: state.tai_offset_at(now).filter(|_| zone.is_none()),
         };
         for (meta, request) in rx.iter() {
             self.stats.counts.received += 1;
@@ -443,6 +466,7 @@ impl BatchHandler for NtpWorker {
                 }
                 p.note(Note::V5, notes.v5);
                 p.note(Note::Upgrade, notes.upgrade);
+                p.note(Note::Tai, notes.tai.is_some());
                 let i = tx.len() - 1;
                 if notes.keep_transmit {
                     Marks::set(&mut self.marks.keep_transmit, i);
@@ -545,6 +569,8 @@ pub(crate) mod testing {
             root_dispersion: NtpShort::from_seconds(0.002),
             updated: Some(clock::now()),
             clock: ServedClock::LOCAL,
+            announced: None,
+            tai_offset: None,
         }
     }
 
@@ -638,6 +664,56 @@ mod tests {
         // chronyd's 2 ms root dispersion with the offset's 0.3 ms bound, rounded up.
         let dispersion = v4.root_dispersion.seconds();
         assert!((0.0023..0.00232).contains(&dispersion), "{dispersion}");
+    }
+
+    /// The v5 replies to a request for TAI from a worker whose state is `state`, each with its
+    /// times less the clock's around the exchange, seconds.
+    fn asked_for_tai(state: ServerState) -> (v5::Response<'static>, f64, f64, u64) {
+        let mut on = shared(state, &[]);
+        Arc::get_mut(&mut on).unwrap().v5 = Some(V5::new(rand::random));
+        let mut worker = NtpWorker::new(on, "ipv4", 0);
+        let draft = chime_ntp::v5::Draft::D09;
+        let mut request = [0u8; 76];
+        v5::write_request(&mut request, draft, 4, [7; 8], None).unwrap();
+        v5::ask_timescale(&mut request, v5::timescale::TAI);
+        let before = clock::now();
+        let replies = exchange(&mut worker, "192.0.2.1:40000", &[&request[..]]);
+        let after = clock::now();
+        let bytes: &'static [u8] = replies[0].clone().leak();
+        let r = v5::parse_response(bytes, [7; 8], draft).unwrap();
+        let ahead = |t: NtpTimestamp| t.wrapping_diff_seconds(before);
+        let behind = |t: NtpTimestamp| t.wrapping_diff_seconds(after);
+        let from = ahead(r.receive_ts).min(ahead(r.transmit_ts));
+        let to = behind(r.receive_ts).max(behind(r.transmit_ts));
+        (r, from, to, worker.stats.counts.notes[Note::Tai.index()])
+    }
+
+    #[test]
+    fn a_v5_request_for_tai_is_answered_in_tai_where_it_is_known() {
+        let known = ServerState {
+            tai_offset: Some(37),
+            ..synchronised()
+        };
+        let (r, from, to, counted) = asked_for_tai(known);
+        assert_eq!(r.timescale, v5::timescale::TAI);
+        assert!(from >= 37.0 && to <= 37.0, "not 37 s ahead: {from} {to}");
+        assert_eq!(counted, 1);
+
+        // Unknown, or within a second of a leap: UTC, and the reply says so.
+        let leap_now = ServerState {
+            leap: Leap::AddSecond,
+            announced: Some(chime_ntp::Announced {
+                leap: Leap::AddSecond,
+                at: clock::now().add_duration(std::time::Duration::from_millis(500)),
+            }),
+            ..known
+        };
+        for state in [synchronised(), leap_now] {
+            let (r, from, to, counted) = asked_for_tai(state);
+            assert_eq!(r.timescale, v5::timescale::UTC, "{state:?}");
+            assert!(from >= 0.0 && to <= 0.0, "not UTC: {from} {to}");
+            assert_eq!(counted, 0);
+        }
     }
 
     #[test]

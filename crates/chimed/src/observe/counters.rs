@@ -26,6 +26,8 @@ pub(crate) enum Note {
     V5,
     /// A v4 reply echoing the upgrade mark: its client may now speak v5.
     Upgrade,
+    /// An NTPv5 reply in TAI, as its request asked.
+    Tai,
     /// An NTS NAK, by why it was sent (also in `NtsNak`).
     NtsNakWhy(NakReason),
     /// A Roughtime reply in this version: an operator sees which versions clients still speak
@@ -41,7 +43,7 @@ pub(crate) enum Note {
 }
 
 /// The NTP notes, which come first.
-pub(crate) const NTP_NOTES: usize = 7 + NakReason::ALL.len();
+pub(crate) const NTP_NOTES: usize = 8 + NakReason::ALL.len();
 pub(crate) const NOTES: usize = NTP_NOTES + Version::COUNT + 1 + cfg!(feature = "mldsa") as usize;
 
 /// Which notes a service's lines carry at exit, zeros too: NTP's, or Roughtime's.
@@ -71,6 +73,7 @@ impl Note {
             Self::NtsNak,
             Self::V5,
             Self::Upgrade,
+            Self::Tai,
             Self::NtsNakWhy(NakReason::ALL[0]),
             Self::NtsNakWhy(NakReason::ALL[1]),
             Self::NtsNakWhy(NakReason::ALL[2]),
@@ -103,7 +106,8 @@ impl Note {
             Self::NtsNak => 4,
             Self::V5 => 5,
             Self::Upgrade => 6,
-            Self::NtsNakWhy(why) => 7 + why.index(),
+            Self::Tai => 7,
+            Self::NtsNakWhy(why) => 8 + why.index(),
             Self::Roughtime(v) => NTP_NOTES + v.index(),
             Self::Greased => NTP_NOTES + Version::COUNT,
             #[cfg(feature = "mldsa")]
@@ -121,6 +125,7 @@ impl Note {
             Self::NtsNak => "nts_nak",
             Self::V5 => "ntpv5",
             Self::Upgrade => "ntpv5_upgrade",
+            Self::Tai => "ntpv5_tai",
             Self::NtsNakWhy(why) => match why {
                 NakReason::UnknownKey => "nts_nak.unknown_key",
                 NakReason::BadCookie => "nts_nak.bad_cookie",

@@ -260,7 +260,7 @@ fn base<'n, M: EncodeMetric>(name: &'n str, metric: &M) -> &'n str {
 
 /// The metric of each NTP [`Note`], in order, with its help text. Roughtime's notes are one family,
 /// `chimed_roughtime_replies_total`, labelled by version.
-const NOTE_METRICS: [(Note, &str, &str); 7] = [
+const NOTE_METRICS: [(Note, &str, &str); 8] = [
     (
         Note::Kod,
         "chimed_kod_sent_total",
@@ -296,6 +296,12 @@ const NOTE_METRICS: [(Note, &str, &str); 7] = [
         Note::Upgrade,
         "chimed_ntpv5_upgrades_total",
         "NTPv4 replies echoing a client's NTPv5 upgrade mark (NTP5DRFT).",
+    ),
+    (
+        Note::Tai,
+        "chimed_ntpv5_tai_replies_total",
+        "NTPv5 replies in TAI, as their requests asked (requests for TAI are answered in UTC \
+         while TAI - UTC is not known).",
     ),
 ];
 
