@@ -295,6 +295,47 @@ mod tests {
         assert!(got.radius_us >= 2_800, "{}", got.radius_us);
     }
 
+    /// RFC 10049 §5.2.5 has RADI at least 3 s because a timestamp that assumes 86 400 s a day
+    /// cannot tell an inserted second from the one before it. From the start of a leap second
+    /// until a poll after it, chimed's own bound holds that second too: Google's radius (in
+    /// microseconds, with no minimum) grows by it, RFC 10049's stays at least 3 s.
+    #[test]
+    fn from_the_start_of_a_leap_second_until_a_poll_the_radius_covers_it() {
+        use chime_roughtime::Version::{Google, Rfc10049};
+        let radius = |version: chime_roughtime::Version, leap_in: f64| {
+            let shared = shared(true, &[]);
+            let now = crate::clock::now();
+            let at = if leap_in >= 0.0 {
+                now.add_duration(std::time::Duration::from_secs_f64(leap_in))
+            } else {
+                now.sub_duration(std::time::Duration::from_secs_f64(-leap_in))
+            };
+            let state = chime_ntp::ServerState {
+                leap: chime_ntp::Leap::AddSecond,
+                announced: Some(chime_ntp::Announced {
+                    leap: chime_ntp::Leap::AddSecond,
+                    at,
+                }),
+                ..**shared.ntp.state.load()
+            };
+            shared.ntp.state.store(Arc::new(state));
+            let mut worker = RoughtimeWorker::new(shared, 8, ("ipv4", 0));
+            let mut req = vec![0u8; 2048];
+            let nonce = [2; 64];
+            let nonce = &nonce[..if version == Google { 64 } else { 32 }];
+            let n = chime_roughtime::build_request(&mut req, &[version], nonce, None).unwrap();
+            req.truncate(n);
+            let replies = exchange(&mut worker, "192.0.2.1:40000", &[&req]);
+            verify(&req, &replies[0]).radius_us
+        };
+        // Before the leap: the upstream's few milliseconds; RFC 10049's floor.
+        assert!(radius(Google, 10.0) < 10_000);
+        assert_eq!(radius(Rfc10049, 10.0), 3_000_000);
+        // Past its start, with no poll since: a second more.
+        assert!(radius(Google, -0.01) > 1_000_000);
+        assert!(radius(Rfc10049, -0.01) >= 3_000_000);
+    }
+
     #[test]
     fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
         let mut hearts = crate::daemon::notify::Heartbeats::default();
