@@ -36,7 +36,9 @@ pub struct Announced {
 
 impl Announced {
     /// The leap the upstream's warning `leap`, sent with its time `served`, announces: `None` if
-    /// `leap` announces none, or `served` is not on the last day of a UTC month.
+    /// `leap` announces none, or `served` is not on the last day of a UTC month, or is past the
+    /// leap. A deleted second is past from the second it deletes on: a time in it says that the
+    /// upstream's served time did not skip it (`leapsecmode ignore`, or smoothing).
     pub fn of(leap: Leap, served: NtpTimestamp) -> Option<Self> {
         if !matches!(leap, Leap::AddSecond | Leap::DelSecond) {
             return None;
@@ -56,6 +58,9 @@ impl Announced {
             .ok()?
             .timestamp()
             .as_second();
+        if leap == Leap::DelSecond && unix >= end - 1 {
+            return None;
+        }
         Some(Self {
             leap,
             at: NtpTimestamp::from_unix(end, 0),
@@ -94,7 +99,7 @@ mod tests {
     fn a_warning_on_the_last_day_of_a_month_announces_its_end() {
         for (served, end) in [
             ("2016-12-31T00:00:00Z", "2017-01-01T00:00:00Z"),
-            ("2016-12-31T23:59:59.999Z", "2017-01-01T00:00:00Z"),
+            ("2016-12-31T23:59:58.999Z", "2017-01-01T00:00:00Z"),
             ("2015-06-30T12:00:00Z", "2015-07-01T00:00:00Z"),
             ("2028-02-29T08:00:00Z", "2028-03-01T00:00:00Z"),
             ("2026-11-30T23:00:00Z", "2026-12-01T00:00:00Z"),
@@ -121,6 +126,10 @@ mod tests {
         ] {
             assert_eq!(Announced::of(Leap::AddSecond, at(served)), None, "{served}");
         }
+        // A deleted second is over from the second it deletes, an inserted one only at the end.
+        let last_second = at("2016-12-31T23:59:59.5Z");
+        assert_eq!(Announced::of(Leap::DelSecond, last_second), None);
+        assert!(Announced::of(Leap::AddSecond, last_second).is_some());
         for leap in [Leap::NoWarning, Leap::Unsynchronised] {
             assert_eq!(Announced::of(leap, at("2016-12-31T12:00:00Z")), None);
         }
