@@ -234,6 +234,20 @@ impl Follower {
         self.clock.offset += by;
     }
 
+    /// The local clock stepped by `by` seconds (measured against a monotonic clock): what was
+    /// followed against the old clock is moved to the new one, so that the offsets carry on as
+    /// they were (the kernel's clock and chronyd's served time stepping together, as at a leap
+    /// second under `leapsecmode system`).
+    pub fn local_step(&mut self, by: f64) {
+        let shift = |t: &mut NtpTimestamp| {
+            *t = NtpTimestamp(t.0.wrapping_add((by * FIXED_ONE) as i64 as u64));
+        };
+        for s in self.history.iter_mut().chain(&mut self.last) {
+            shift(&mut s.at);
+        }
+        shift(&mut self.clock.anchor);
+    }
+
     /// Takes a new sample (or sets it aside as popcorn) and returns the clock followed now.
     pub fn add(&mut self, sample: Sample) -> ServedClock {
         self.delays[self.seen % Self::WINDOW] = sample.delay;

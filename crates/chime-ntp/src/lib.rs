@@ -45,7 +45,7 @@ pub mod v5;
 
 pub use follow::{Follower, Sample, ServedClock};
 pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_timestamp};
-pub use leap::Announced;
+pub use leap::{Announced, LeapStep, Smear};
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
 pub use ratelimit::{ClientTable, Coin, RateLimit, RateLimitError, Verdict};

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::follow::{Follower, Sample, ServedClock};
-use crate::leap::Announced;
+use crate::leap::{Announced, LeapStep};
 use crate::packet::{Header, Leap, Mode};
 use crate::state::{ServerState, UNSYNCHRONISED_ROOT};
 use crate::time::NtpTimestamp;
@@ -157,20 +157,9 @@ impl Mirror {
         let synchronised = reply.leap != Leap::Unsynchronised
             && matches!(reply.stratum, 1..=15)
             && root_distance < MAX_ROOT_DISTANCE_SECONDS;
-        if let (Some(pending), Some(sample)) = (self.state.announced, sample) {
-            // A leap second pending at the last poll and stepped by the served time since (chronyd
-            // serving UTC while the kernel's clock runs on): the past moves with it, so the rate
-            // carries over and the step is not taken for a jump.
-            let jump = sample.offset - self.follower.clock().offset_at(sample.at);
-            if (jump - pending.step()).abs() < 0.5 {
-                self.follower.step(pending.step());
-            }
-        }
-        let clock = match sample {
-            Some(sample) => self.follower.add(sample),
-            None => self.follower.clock(),
-        };
+        let (clock, mut leap_step) = self.follow(sample);
         let announced = Announced::of(reply.leap, reply.transmit_ts);
+        leap_step.note(announced, reply.transmit_ts);
         let leap = match reply.leap {
             Leap::AddSecond | Leap::DelSecond if announced.is_none() => Leap::NoWarning,
             leap => leap,
@@ -188,11 +177,53 @@ impl Mirror {
                 clock,
                 announced,
                 tai_offset: None,
+                leap_step,
             }
         } else {
-            unsynchronised(reply.precision, now, clock)
+            ServerState {
+                leap_step,
+                ..unsynchronised(reply.precision, now, clock)
+            }
         };
         Ok(())
+    }
+
+    /// Takes the exchange's sample, if any, into the followed clock, and returns it with what is
+    /// known of the latest leap's step. A leap second pending at the last poll and stepped by the
+    /// served time since (chronyd serving UTC while the kernel's clock runs on) moves the past
+    /// with it, so that the rate carries over and the step is not taken for a jump.
+    fn follow(&mut self, sample: Option<Sample>) -> (ServedClock, LeapStep) {
+        let mut leap_step = self.state.leap_step;
+        let Some(sample) = sample else {
+            return (self.follower.clock(), leap_step);
+        };
+        if let Some(pending) = self.state.announced {
+            let jump = sample.offset - self.follower.clock().offset_at(sample.at);
+            if (jump - pending.step()).abs() < 0.5 {
+                self.follower.step(pending.step());
+                leap_step.stepped = true;
+            }
+        }
+        (self.follower.add(sample), leap_step)
+    }
+
+    /// The local clock stepped by `by` seconds since the last poll, as the poller measures it
+    /// against a monotonic clock: the followed clock moves to the new one (see
+    /// [`Follower::local_step`]), and a step by the pending leap second is the kernel's clock
+    /// taking it with the served time (`leapsecmode system`).
+    pub fn local_stepped(&mut self, by: f64) {
+        self.follower.local_step(by);
+        self.state.clock = self.follower.clock();
+        if let Some(updated) = &mut self.state.updated {
+            *updated = NtpTimestamp(updated.0.wrapping_add((by * 4_294_967_296.0) as i64 as u64));
+        }
+        if self
+            .state
+            .announced
+            .is_some_and(|pending| (by - pending.step()).abs() < 0.5)
+        {
+            self.state.leap_step.stepped = true;
+        }
     }
 
     /// The state mirrored so far, for the workers ([`ServerState::served_at`] ages it).
@@ -216,6 +247,7 @@ fn unsynchronised(precision: i8, now: NtpTimestamp, clock: ServedClock) -> Serve
         clock,
         announced: None,
         tai_offset: None,
+        leap_step: LeapStep::NONE,
     }
 }
 
@@ -359,6 +391,7 @@ mod tests {
                 clock: mirror.state().clock,
                 announced: None,
                 tai_offset: None,
+                leap_step: LeapStep::NONE,
             }
         );
     }
@@ -538,6 +571,31 @@ mod tests {
         assert_eq!(system.state().leap, Leap::NoWarning);
         assert_eq!(system.state().announced, None);
 
+        // The poller tells the mirror of the kernel's step (its clock against a monotonic one):
+        // the followed clock moves with it, and the leap's step is known taken.
+        let mut told = Mirror::new(upstream());
+        for (k, local) in [0.0, 1.0, 2.0, 3.0, 4.0].into_iter().enumerate() {
+            poll_at(&mut told, local, steady, Leap::AddSecond, 300 + k as u64);
+        }
+        assert!(!told.state().leap_step.stepped);
+        let anchor = told.state().clock.anchor;
+        told.local_stepped(-1.0);
+        let state = told.state();
+        assert!(state.leap_step.stepped);
+        assert_eq!(state.clock.anchor.wrapping_diff_seconds(anchor), -1.0);
+        poll_at(&mut told, 3.502, steady, Leap::AddSecond, 400);
+        let state = told.state();
+        assert!(state.leap_step.stepped, "{state:?}");
+        assert!(state.clock.error_at(state.clock.anchor) < 1e-3, "{state:?}");
+        // The smear's leap is kept a day after it, then forgotten.
+        poll_at(&mut told, 4.502, steady, Leap::NoWarning, 401);
+        assert_eq!(
+            told.state().leap_step.leap.map(|l| l.leap),
+            Some(Leap::AddSecond)
+        );
+        poll_at(&mut told, 5.0, steady + 43_210.0, Leap::NoWarning, 402);
+        assert_eq!(told.state().leap_step, LeapStep::NONE);
+
         // Without a leap pending, the same step is a jump: its rate is not followed at once.
         let mut jumped = Mirror::new(upstream());
         for k in 0..5u64 {
@@ -704,6 +762,7 @@ mod tests {
             clock: ServedClock::LOCAL,
             announced: None,
             tai_offset: None,
+            leap_step: LeapStep::NONE,
         };
         for reply in [
             // chronyd's unsynchronised reply.

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::follow::ServedClock;
-use crate::leap::Announced;
+use crate::leap::{Announced, LeapStep, Smear};
 use crate::packet::Leap;
 use crate::time::{NtpShort, NtpTimestamp};
 
@@ -51,6 +51,8 @@ pub struct ServerState {
     /// TAI − UTC, seconds, as the kernel has it (chronyd sets it from `leapsectz`); `None` when
     /// it is not known.
     pub tai_offset: Option<u16>,
+    /// The latest leap second and whether the served time has taken its step, for a smear.
+    pub leap_step: LeapStep,
 }
 
 impl ServerState {
@@ -68,6 +70,7 @@ impl ServerState {
             clock: ServedClock::LOCAL,
             announced: None,
             tai_offset: None,
+            leap_step: LeapStep::NONE,
         }
     }
 
@@ -140,6 +143,31 @@ impl ServerState {
         };
         let to_leap = announced.at.wrapping_diff_seconds(self.clock.serve(now));
         (to_leap > 1.0).then_some(tai)
+    }
+
+    /// The smear of the latest leap second a reply sent at local time `now` is in (from noon
+    /// before it to noon after, with a second's margin each side), with whether the time served
+    /// then has taken the leap's step: a poll saw it, or, within two seconds of the leap, the
+    /// kernel's clock has stepped by it since the last poll (`realtime_minus_monotonic` reads the
+    /// system clock less the monotonic clock now; it is called only there).
+    pub fn smear_at(
+        &self,
+        now: NtpTimestamp,
+        realtime_minus_monotonic: impl FnOnce() -> f64,
+    ) -> Option<(Smear, bool)> {
+        let leap = self.leap_step.leap?;
+        let smear = Smear { announced: leap };
+        let from_leap = self.clock.serve(now).wrapping_diff_seconds(leap.at);
+        let (start, end) = smear.window();
+        if !(start - 1.0..=end + 1.0).contains(&from_leap) {
+            return None;
+        }
+        let stepped = self.leap_step.stepped
+            || (from_leap.abs() < 2.0
+                && self
+                    .leap_step
+                    .kernel_step_since_poll(realtime_minus_monotonic()));
+        Some((smear, stepped))
     }
 
     /// Whether the served time at local `now` is past the start of `announced`.
@@ -260,6 +288,7 @@ mod tests {
             clock: ServedClock::LOCAL,
             announced: None,
             tai_offset: None,
+            leap_step: LeapStep::NONE,
         }
     }
 
@@ -453,6 +482,7 @@ mod tests {
                 ),
             }),
             tai_offset: Some(37),
+            leap_step: LeapStep::NONE,
             ..synced()
         }
     }
@@ -498,8 +528,46 @@ mod tests {
         assert_eq!(done.tai_offset_at(at(2.5)), Some(37));
         let unknown = ServerState {
             tai_offset: None,
+            leap_step: LeapStep::NONE,
             ..done
         };
         assert_eq!(unknown.tai_offset_at(at(0.0)), None);
+    }
+
+    #[test]
+    fn a_smear_runs_from_noon_to_noon_and_knows_which_side_of_the_step_the_time_is() {
+        // The leap 3 s after T0, served time = local time.
+        let leap = Announced {
+            leap: Leap::AddSecond,
+            at: at(3.0),
+        };
+        let state = ServerState {
+            leap_step: LeapStep {
+                leap: Some(leap),
+                stepped: false,
+                realtime_minus_monotonic: 100.0,
+            },
+            ..synced()
+        };
+        let never = || -> f64 { panic!("the monotonic clock is read only near the leap") };
+        // Outside the day around the leap: no smear, and no clock read.
+        assert_eq!(state.smear_at(at(3.0 - 43_202.0), never), None);
+        assert_eq!(state.smear_at(at(3.0 + 43_203.0), never), None);
+        // Inside it, far from the leap: the smear, unstepped, without reading the monotonic clock.
+        let (smear, stepped) = state.smear_at(at(3.0 - 600.0), never).unwrap();
+        assert_eq!((smear.announced, stepped), (leap, false));
+        // Near it, the kernel's clock stepped back a second since the poll: stepped.
+        assert_eq!(state.smear_at(at(3.5), || 99.0).map(|s| s.1), Some(true));
+        assert_eq!(state.smear_at(at(2.5), || 100.0).map(|s| s.1), Some(false));
+        // A poll saw the step: stepped whatever the clocks say.
+        let polled = ServerState {
+            leap_step: LeapStep {
+                stepped: true,
+                ..state.leap_step
+            },
+            ..state
+        };
+        assert_eq!(polled.smear_at(at(2.5), || 100.0).map(|s| s.1), Some(true));
+        assert_eq!(polled.smear_at(at(600.0), never).map(|s| s.1), Some(true));
     }
 }

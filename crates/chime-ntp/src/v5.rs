@@ -113,21 +113,24 @@ pub fn ask_timescale(request: &mut [u8], scale: u8) {
     }
 }
 
-/// Moves a v5 reply written by [`write_header`] or [`respond`] (in UTC) into TAI, `tai_offset`
-/// seconds later: its receive timestamp (the low bit that marks it kept), its timescale, and its
-/// era `era` (TAI's, which may differ from UTC's within the offset of an era's end). The transmit
-/// timestamp is the caller's to stamp, in TAI too. Nothing is done to a reply shorter than the
-/// header.
-pub fn move_to_tai(reply: &mut [u8], tai_offset: u16, era: u8) {
+/// Says in a v5 reply written by [`write_header`] or [`respond`] that its timestamps are in the
+/// timescale `scale` (one of [`timescale`]'s). Nothing is done to a reply shorter than the header.
+pub fn set_timescale(reply: &mut [u8], scale: u8) {
+    if let Some(byte) = reply.get_mut(at::TIMESCALE) {
+        *byte = scale;
+    }
+}
+
+/// Moves a v5 reply written by [`write_header`] or [`respond`] into TAI: its receive timestamp
+/// becomes `receive_utc` (the time of arrival in UTC) `tai_offset` seconds later, marked as
+/// [`write_header`] marks it; its timescale TAI; its era `era` (TAI's, which may differ from
+/// UTC's within the offset of an era's end). The transmit timestamp is the caller's to stamp, in
+/// TAI too. Nothing is done to a reply shorter than the header.
+pub fn move_to_tai(reply: &mut [u8], receive_utc: NtpTimestamp, tai_offset: u16, era: u8) {
     let Some(out) = reply.first_chunk_mut::<{ Header::LEN }>() else {
         return;
     };
-    let receive = NtpTimestamp::from_bits(
-        out[at::RECEIVE_TS..at::TRANSMIT_TS]
-            .try_into()
-            .unwrap_or_default(),
-    );
-    let moved = NtpTimestamp(receive.0.wrapping_add(u64::from(tai_offset) << 32));
+    let moved = NtpTimestamp(receive_utc.0.wrapping_add(u64::from(tai_offset) << 32) | RX_MARK);
     out[at::RECEIVE_TS..at::TRANSMIT_TS].copy_from_slice(&moved.to_bits());
     out[at::TIMESCALE] = timescale::TAI;
     out[at::ERA] = era;

@@ -292,6 +292,7 @@ fn mirror_takes_chronyds_reply_to_its_request() {
             clock: mirror.state().clock,
             announced: None,
             tai_offset: None,
+            leap_step: chime_ntp::LeapStep::NONE,
         }
     );
     // Sent 20 µs before chronyd received it, answered 20 µs before now: no offset, known to

@@ -39,6 +39,7 @@ fn a_batch_allocates_nothing() {
             at: NtpTimestamp(0xEEAC_6C48_0000_0000),
         }),
         tai_offset: Some(37),
+        leap_step: chime_ntp::LeapStep::NONE,
     };
     let policy = StalePolicy::default();
     let mut requests: Vec<Vec<u8>> = Vec::new();

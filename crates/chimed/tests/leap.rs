@@ -116,9 +116,10 @@ fn query(socket: &UdpSocket, server: SocketAddr, nonce: u64) -> Option<Got> {
     }
 }
 
-/// chimed behind a stand-in serving `across` a leap `lead` seconds from now, queried every 40 ms
-/// from 2 s before the leap to 3 s after: the replies, with the shift of the stand-in's clock.
-fn through_the_leap(across: Across) -> (Vec<Got>, f64) {
+/// chimed (with `extra` flags) behind a stand-in serving `across` a leap `lead` seconds from now,
+/// queried every 40 ms from 2 s before the leap to 3 s after: the replies, with the shift of the
+/// stand-in's clock.
+fn through_the_leap(across: Across, extra: &[&str]) -> (Vec<Got>, f64) {
     let lead = 8.0;
     let shift = -secs(ntp_now()) - lead;
     let upstream = StandIn::start(move |now| {
@@ -132,11 +133,14 @@ fn through_the_leap(across: Across) -> (Vec<Got>, f64) {
     while ((leap_local - secs(ntp_now())).fract() - 0.5).abs() > 0.01 {
         thread::sleep(Duration::from_millis(2));
     }
-    let mut chimed = Chimed::mirroring(&upstream.addr.to_string(), &["--stats-interval", "1"]);
+    let mut flags = vec!["--stats-interval", "1"];
+    flags.extend_from_slice(extra);
+    let mut chimed = Chimed::mirroring(&upstream.addr.to_string(), &flags);
     chimed.wait_for("synchronised: stratum 1", Duration::from_secs(5));
-    let word = match across.leap() {
-        Leap::DelSecond => "leap=delete leap_in=",
-        _ => "leap=insert leap_in=",
+    let word = match (across.leap(), extra.is_empty()) {
+        (_, false) => "leap_in=",
+        (Leap::DelSecond, true) => "leap=delete leap_in=",
+        (_, true) => "leap=insert leap_in=",
     };
     chimed.wait_for(word, Duration::from_secs(3));
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -158,7 +162,7 @@ fn through_the_leap(across: Across) -> (Vec<Got>, f64) {
 }
 
 fn check(across: Across) {
-    let (got, shift) = through_the_leap(across);
+    let (got, shift) = through_the_leap(across, &[]);
     assert!(got.len() > 80, "{} replies of about 120", got.len());
     let leap_local = -shift;
     // When the upstream's time may step (a second earlier for a deleted second), and for an
@@ -231,4 +235,35 @@ fn a_deleted_second_served_as_utc() {
 #[test]
 fn an_inserted_second_smoothed_through() {
     check(Across::Smoothed);
+}
+
+/// The 24-hour smear noon to noon of an inserted second, as the test reads it: smeared time
+/// minus the leap's end at `elapsed` SI seconds from it (continuous time, UTC before the leap).
+fn smeared(elapsed: f64) -> f64 {
+    elapsed - ((elapsed + 43_200.0) / 86_401.0).clamp(0.0, 1.0)
+}
+
+/// `--leap-smear` behind an upstream serving UTC through an inserted second: chimed's time runs
+/// on through the leap, half a second behind UTC before it and half a second ahead after (the
+/// middle of the day's smear), never repeating, and no reply announces the leap.
+#[test]
+fn an_inserted_second_smeared_by_chimed() {
+    let across = Across::InsertedUtc;
+    let (got, shift) = through_the_leap(across, &["--leap-smear"]);
+    assert!(got.len() > 80, "{} replies of about 120", got.len());
+    let mut last = f64::NEG_INFINITY;
+    for g in &got {
+        // Continuous time is the stand-in's before its step.
+        let (a, b) = (smeared(g.sent + shift), smeared(g.back + shift));
+        let slack = g.root_distance + 50e-6;
+        assert!(
+            g.transmit >= a - slack && g.transmit <= b + slack,
+            "smeared {:.6} outside [{a:.6}, {b:.6}] ± {slack:.6} at {:.3} s from the leap: {g:?}",
+            g.transmit,
+            g.sent + shift
+        );
+        assert_eq!(g.leap, Leap::NoWarning, "{g:?}");
+        assert!(g.transmit > last, "the time served went back: {g:?}");
+        last = g.transmit;
+    }
 }

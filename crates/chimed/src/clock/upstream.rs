@@ -59,11 +59,13 @@ pub(crate) async fn run(
     let mut stats_at = Instant::now();
     let mut ticks = time::interval(interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut steps = ClockSteps::default();
     loop {
         ticks.tick().await;
         fail::fail_point!("upstream", |_| Err(
             crate::daemon::supervisor::fail_point_error("upstream")
         ));
+        let realtime_minus_monotonic = steps.note(&mut mirror, &shared);
         // A poll waits at most one interval (and never more than a second, like rsntp) so that a
         // slow upstream cannot stretch the schedule.
         let deadline = Instant::now() + interval.min(Duration::from_secs(1));
@@ -87,10 +89,11 @@ pub(crate) async fn run(
             Err(_) => Health::Unreachable,
         };
         if let Ok(()) = result {
-            let state = ServerState {
+            let mut state = ServerState {
                 tai_offset: clock::tai_offset(),
                 ..state
             };
+            state.leap_step.realtime_minus_monotonic = realtime_minus_monotonic;
             shared.state.store(Arc::new(state));
             offset_log.note(upstream, &state);
             if let Some(wait) = until_leap(&state, interval) {
@@ -100,13 +103,40 @@ pub(crate) async fn run(
         if let Some(every) = shared.stats_interval
             && stats_at.elapsed() >= every
         {
-            stats_line(&state, &shared.policy);
+            stats_line(&state, &shared);
             stats_at = Instant::now();
         }
         if now_health != health {
             report(upstream, now_health, &state, result.as_ref().err(), &shared);
             health = now_health;
         }
+    }
+}
+
+/// Steps of the system clock between polls, seen against the monotonic clock: the kernel's at a
+/// leap second (`leapsecmode system`), or chronyd's `makestep`.
+#[derive(Default)]
+struct ClockSteps {
+    last: Option<f64>,
+}
+
+impl ClockSteps {
+    /// A step is more than this: the two clocks otherwise drift apart by the frequency
+    /// corrections only, microseconds a second.
+    const STEP: f64 = 1e-3;
+
+    /// The system clock less the monotonic clock now; a step since the last poll is told to the
+    /// mirror, whose followed clock moves with it.
+    fn note(&mut self, mirror: &mut Mirror, shared: &Shared) -> f64 {
+        let now = clock::read().since_epoch.as_secs_f64() - shared.epoch.elapsed().as_secs_f64();
+        if let Some(last) = self.last
+            && (now - last).abs() > Self::STEP
+        {
+            info!("the system clock stepped by {:+.6} s", now - last);
+            mirror.local_stepped(now - last);
+        }
+        self.last = Some(now);
+        now
     }
 }
 
@@ -162,9 +192,14 @@ impl OffsetLog {
 
 /// The upstream's line every `--stats-interval`: what replies sent now say of the clock, and the
 /// time they carry against the system clock (the offset followed, its error bound, its rate).
-fn stats_line(state: &ServerState, policy: &chime_ntp::StalePolicy) {
+fn stats_line(state: &ServerState, shared: &Shared) {
     let now = clock::now();
-    let served = state.served_at(now, policy);
+    let mut served = state.served_at(now, &shared.policy);
+    let smear =
+        smear_offset(state, now, shared).map_or(String::new(), |s| format!(" smear={s:+.6}"));
+    if shared.smear {
+        served.leap = crate::ntp::worker::smeared_leap(served.leap);
+    }
     let leap = match served.leap {
         Leap::NoWarning => "none",
         Leap::AddSecond => "insert",
@@ -179,8 +214,8 @@ fn stats_line(state: &ServerState, policy: &chime_ntp::StalePolicy) {
         .tai_offset_at(now)
         .map_or(String::new(), |tai| format!(" tai_offset={tai}"));
     info!(
-        "upstream stats: stratum={} leap={leap}{leap_in} root_distance={:.6} offset={:+.6} \
-         offset_error={:.6} offset_rate_ppm={:+.3}{tai}",
+        "upstream stats: stratum={} leap={leap}{leap_in}{smear} root_distance={:.6} \
+         offset={:+.6} offset_error={:.6} offset_rate_ppm={:+.3}{tai}",
         served.stratum,
         served.root_distance(),
         state.clock.offset_at(now),
@@ -422,7 +457,10 @@ pub(crate) fn refid(state: &ServerState) -> String {
 pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Result {
     let now = clock::read().ntp();
     let state = ntp.state.load();
-    let served = state.served_at(now, &ntp.policy);
+    let mut served = state.served_at(now, &ntp.policy);
+    if ntp.smear {
+        served.leap = crate::ntp::worker::smeared_leap(served.leap);
+    }
     let flags: [(&str, &str, i64); 5] = [
         (
             "chimed_upstream_synchronised",
@@ -485,6 +523,26 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
     for (name, help, value) in gauges {
         single(enc, name, help, ConstGauge::new(value))?;
     }
+    encode_leap(enc, &state, now, ntp)?;
+    if let Some(updated) = state.updated {
+        single(
+            enc,
+            "chimed_upstream_last_reply_age_seconds",
+            "Seconds since the upstream's last good reply.",
+            ConstGauge::new(now.wrapping_diff_seconds(updated)),
+        )?;
+    }
+    Ok(())
+}
+
+/// The leap second's metrics, each present only while it means something: the time to a pending
+/// leap, the smear under way, the kernel's TAI offset.
+fn encode_leap(
+    enc: &mut DescriptorEncoder,
+    state: &ServerState,
+    now: NtpTimestamp,
+    ntp: &Shared,
+) -> std::fmt::Result {
     if let Some(announced) = state.announced {
         single(
             enc,
@@ -492,6 +550,16 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
             "Seconds of served time until the leap second the upstream announces is over (the \
              end of the month), while it is pending; absent otherwise.",
             ConstGauge::new(announced.at.wrapping_diff_seconds(state.clock.serve(now))),
+        )?;
+    }
+    if let Some(smeared) = smear_offset(state, now, ntp) {
+        single(
+            enc,
+            "chimed_leap_smear_offset_seconds",
+            "With --leap-smear, from noon before a leap second to noon after: the time served \
+             less UTC (0 to -1 s for an inserted second, 0 to +1 s for a deleted one); absent \
+             otherwise.",
+            ConstGauge::new(smeared),
         )?;
     }
     if let Some(tai) = state.tai_offset_at(now) {
@@ -503,15 +571,19 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
             ConstGauge::new(i64::from(tai)),
         )?;
     }
-    if let Some(updated) = state.updated {
-        single(
-            enc,
-            "chimed_upstream_last_reply_age_seconds",
-            "Seconds since the upstream's last good reply.",
-            ConstGauge::new(now.wrapping_diff_seconds(updated)),
-        )?;
-    }
     Ok(())
+}
+
+/// With `--leap-smear` and a smear under way at local time `now`: the time served less UTC.
+fn smear_offset(state: &ServerState, now: NtpTimestamp, ntp: &Shared) -> Option<f64> {
+    if !ntp.smear {
+        return None;
+    }
+    let (smear, stepped) = state.smear_at(now, || {
+        clock::read().since_epoch.as_secs_f64() - ntp.epoch.elapsed().as_secs_f64()
+    })?;
+    let utc = state.clock.serve(now);
+    Some(smear.serve(utc, stepped).wrapping_diff_seconds(utc))
 }
 
 fn leap_number(leap: Leap) -> u8 {

@@ -173,6 +173,16 @@ sections! {
     #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[arg(default_value = "false", action = clap::ArgAction::Set)]
     pub(crate) v5: bool,
+
+    /// Smear leap seconds: spread an inserted or deleted second over the 24 hours from noon
+    /// before it to noon after (UTC), so that the time served never repeats or skips a second,
+    /// and announce none. Smeared time is not UTC, and the NTP pool forbids it: for clients that
+    /// all take their time from smearing servers only. NTPv5 replies say leap-smeared UTC (TAI
+    /// stays TAI). --leap-smear=false turns off the file's `leap-smear = true`
+    #[arg(id = "ntp.leap-smear", long = "leap-smear", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(default_value = "false", action = clap::ArgAction::Set)]
+    pub(crate) leap_smear: bool,
 }
 
 /// `[upstream]`: the local chronyd whose state is served.

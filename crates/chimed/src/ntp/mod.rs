@@ -56,5 +56,6 @@ pub(crate) fn shared(settings: &Settings, cookies: Option<&CookieKeys>) -> Arc<w
             );
             v5
         }),
+        smear: settings.ntp.leap_smear,
     })
 }

@@ -12,8 +12,8 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::v5::{self, BloomFilter};
 use chime_ntp::{
-    ClientTable, Coin, DropReason, NtpTimestamp, ServedClock, ServerState, StalePolicy, TxLog,
-    Verdict,
+    ClientTable, Coin, DropReason, Leap, NtpTimestamp, ServedClock, ServerState, Smear,
+    StalePolicy, TxLog, Verdict,
 };
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
@@ -97,6 +97,8 @@ pub(crate) struct Shared {
     pub(crate) nts: Option<Arc<ArcSwap<CookieKeys>>>,
     /// NTPv5, if on: the reference-ID Bloom filter.
     pub(crate) v5: Option<V5>,
+    /// `--leap-smear`: leap seconds smeared over the day around them.
+    pub(crate) smear: bool,
 }
 
 /// NTPv5's reference-ID Bloom filter: chimed's own identity, and the one served, which adds the
@@ -151,9 +153,9 @@ impl Marks {
 pub(crate) struct NtpWorker {
     shared: Arc<Shared>,
     stats: WorkerStats<NtpDrop>,
-    /// The upstream's served time for the batch in hand, the zone (each loaded once per batch),
-    /// and the Unix time that resolves NTP eras for it.
-    clock: ServedClock,
+    /// The time served for the batch in hand, the zone (each loaded once per batch), and the
+    /// Unix time that resolves NTP eras for it.
+    time: TimeServed,
     zone: Option<Arc<Zone>>,
     pivot_unix: i64,
     /// The rate limiter's leak and KoD draws.
@@ -177,7 +179,7 @@ impl NtpWorker {
                 (&shared.workers, family, thread),
             ),
             shared,
-            clock: ServedClock::LOCAL,
+            time: TimeServed::LOCAL,
             zone: None,
             pivot_unix: now_unix,
             coin: Coin::new(rand::random()),
@@ -203,7 +205,7 @@ impl NtpWorker {
 /// What every request of a batch is answered with.
 struct Batch<'a> {
     served: &'a chime_ntp::ServedHeader,
-    clock: ServedClock,
+    time: TimeServed,
     limiter: Option<(&'a ClientTable, u64, i8)>,
     txlog: Option<&'a TxLog>,
     cookie_keys: Option<&'a CookieKeys>,
@@ -213,6 +215,8 @@ struct Batch<'a> {
     v5: Option<(&'a BloomFilter, u8)>,
     /// TAI − UTC, where replies may be in TAI (known, no leap second under way, no zone).
     tai: Option<u16>,
+    /// `--leap-smear`: v5 replies say their timescale is leap-smeared UTC.
+    smeared: bool,
 }
 
 /// What became of one reply, for the counters and the marks.
@@ -240,6 +244,8 @@ struct Incoming<'r> {
     meta: &'r chime_udp::RecvMeta,
     bytes: &'r [u8],
     t2: chime_ntp::NtpTimestamp,
+    /// The local clock's time of its arrival, which T2 is served for.
+    local: NtpTimestamp,
 }
 
 /// Writes the reply to one request into `buf`: the responder's header, then rate limiting,
@@ -301,9 +307,8 @@ fn answer(
 /// unless interleaved mode wrote one already.
 fn stamp_now(b: &Batch<'_>, buf: &mut [u8], notes: &mut Notes) {
     if !notes.keep_transmit {
-        let t3 = serve_time(&b.clock, b.zone, b.now_unix, clock::now());
-        let tai = u64::from(notes.tai.unwrap_or(0)) << 32;
-        chime_ntp::stamp_transmit(buf, NtpTimestamp(t3.0.wrapping_add(tai)));
+        let t3 = serve_time(&b.time, b.zone, b.now_unix, clock::now());
+        chime_ntp::stamp_transmit(buf, t3);
         notes.keep_transmit = true;
     }
 }
@@ -353,17 +358,22 @@ fn answer_v5(
 }
 
 /// A v5 reply whose request asks for TAI, in TAI where it is known now (otherwise it stays in
-/// UTC, which its timescale says, as the draft has a server answer in a timescale it serves):
-/// its receive time moved now, its transmit time when it is stamped. A Kiss-o'-Death carries no
-/// time to move.
+/// UTC, which its timescale says, as the draft has a server answer in a timescale it serves),
+/// both its times stamped here; any other reply, with `--leap-smear`, says it is in leap-smeared
+/// UTC. A Kiss-o'-Death carries no time.
 fn in_tai(b: &Batch<'_>, req: &Incoming<'_>, buf: &mut [u8], notes: &mut Notes) {
     if let (Some(tai), v5::timescale::TAI, false) =
         (b.tai, v5::requested_timescale(req.bytes), notes.kissed)
     {
         let era = v5::era(b.now_unix + i64::from(tai));
-        v5::move_to_tai(buf, tai, era);
+        // Unsmeared: TAI has no leap seconds to smear. (No zone either: TAI is off with one.)
+        v5::move_to_tai(buf, b.time.utc(req.local), tai, era);
+        let t3 = b.time.utc(clock::now());
+        chime_ntp::stamp_transmit(buf, NtpTimestamp(t3.0.wrapping_add(u64::from(tai) << 32)));
+        notes.keep_transmit = true;
         notes.tai = Some(tai);
-        stamp_now(b, buf, notes);
+    } else if b.smeared && !notes.kissed {
+        v5::set_timescale(buf, v5::timescale::LEAP_SMEARED_UTC);
     }
 }
 
@@ -400,7 +410,11 @@ impl BatchHandler for NtpWorker {
         let (now, now_unix) = (reading.ntp(), reading.unix_secs());
         let state = self.shared.state.load();
         let mut served = state.served_at(now, &self.shared.policy);
-        self.clock = state.clock;
+        self.time = TimeServed::of(&state, reading, &self.shared);
+        if self.shared.smear {
+            // Smeared time has no leap second: clients must not apply one too.
+            served.leap = smeared_leap(served.leap);
+        }
         self.zone = self.shared.zone.load_full();
         self.pivot_unix = now_unix;
         // chronyd's reference time is in its own served time already: only the zone shifts it.
@@ -422,7 +436,7 @@ impl BatchHandler for NtpWorker {
         });
         let batch = Batch {
             served: &served,
-            clock: self.clock,
+            time: self.time,
             limiter,
             txlog,
             cookie_keys: cookie_keys.as_ref().map(|k| &***k),
@@ -430,6 +444,7 @@ impl BatchHandler for NtpWorker {
             now_unix,
             v5: filter.as_deref().map(|f| (&**f, v5::era(now_unix))),
             tai: state.tai_offset_at(now).filter(|_| zone.is_none()),
+            smeared: self.shared.smear,
         };
         for (meta, request) in rx.iter() {
             self.stats.counts.received += 1;
@@ -444,13 +459,14 @@ impl BatchHandler for NtpWorker {
                 continue;
             }
             let local = meta.timestamp.map_or(now, clock::from_kernel);
-            let t2 = serve_time(&self.clock, zone.as_deref(), now_unix, local);
+            let t2 = serve_time(&self.time, zone.as_deref(), now_unix, local);
             let coin = &mut self.coin;
             let mut notes = Notes::default();
             let req = Incoming {
                 meta,
                 bytes: request,
                 t2,
+                local,
             };
             let queued = reply::queue(tx, meta, request, |buf| {
                 answer(&batch, &req, coin, buf, &mut notes)
@@ -529,21 +545,74 @@ impl BatchHandler for NtpWorker {
 }
 
 impl NtpWorker {
-    /// [`serve_time`] with the batch in hand's clock, zone and pivot.
+    /// [`serve_time`] with the batch in hand's time, zone and pivot.
     fn serve_time(&self, local: NtpTimestamp) -> NtpTimestamp {
-        serve_time(&self.clock, self.zone.as_deref(), self.pivot_unix, local)
+        serve_time(&self.time, self.zone.as_deref(), self.pivot_unix, local)
     }
 }
 
-/// The time served for local time `local`: chronyd's served time (the offset followed), shifted
-/// by the zone's offset in timezone-offset mode (`pivot_unix` resolves the NTP era).
+/// The time a batch serves: chronyd's (the offset followed), smeared through a leap second with
+/// `--leap-smear`.
+#[derive(Clone, Copy, Debug)]
+struct TimeServed {
+    clock: ServedClock,
+    /// The leap second smeared now, if any, and whether the time served has taken its step.
+    smear: Option<(Smear, bool)>,
+}
+
+impl TimeServed {
+    /// The local clock, unsmeared: what is served before the first poll.
+    const LOCAL: Self = Self {
+        clock: ServedClock::LOCAL,
+        smear: None,
+    };
+
+    /// For a batch read at `reading` from `state`: the smear is looked at only with
+    /// `--leap-smear`, and the monotonic clock read only within seconds of a leap.
+    fn of(state: &ServerState, reading: clock::Reading, shared: &Shared) -> Self {
+        let smear = shared.smear.then(|| {
+            state.smear_at(reading.ntp(), || {
+                reading.since_epoch.as_secs_f64() - shared.epoch.elapsed().as_secs_f64()
+            })
+        });
+        Self {
+            clock: state.clock,
+            smear: smear.flatten(),
+        }
+    }
+
+    /// chronyd's served time at local time `local`: UTC.
+    fn utc(&self, local: NtpTimestamp) -> NtpTimestamp {
+        self.clock.serve(local)
+    }
+
+    /// What replies carry for local time `local`: [`Self::utc`], smeared where a smear is on.
+    fn served(&self, local: NtpTimestamp) -> NtpTimestamp {
+        let utc = self.utc(local);
+        match self.smear {
+            Some((smear, stepped)) => smear.serve(utc, stepped),
+            None => utc,
+        }
+    }
+}
+
+/// The leap indicator with `--leap-smear`: never a warning, since the smear takes the leap up.
+pub(crate) fn smeared_leap(leap: Leap) -> Leap {
+    match leap {
+        Leap::AddSecond | Leap::DelSecond => Leap::NoWarning,
+        other => other,
+    }
+}
+
+/// The time served for local time `local`: [`TimeServed::served`], shifted by the zone's offset
+/// in timezone-offset mode (`pivot_unix` resolves the NTP era).
 fn serve_time(
-    clock: &ServedClock,
+    time: &TimeServed,
     zone: Option<&Zone>,
     pivot_unix: i64,
     local: NtpTimestamp,
 ) -> NtpTimestamp {
-    let upstream = clock.serve(local);
+    let upstream = time.served(local);
     match zone {
         Some(zone) => zone.apply(upstream, pivot_unix),
         None => upstream,
@@ -571,6 +640,7 @@ pub(crate) mod testing {
             clock: ServedClock::LOCAL,
             announced: None,
             tai_offset: None,
+            leap_step: chime_ntp::LeapStep::NONE,
         }
     }
 
@@ -589,6 +659,7 @@ pub(crate) mod testing {
             txlog: None,
             v5: None,
             nts: None,
+            smear: false,
         })
     }
 }
@@ -692,6 +763,7 @@ mod tests {
     fn a_v5_request_for_tai_is_answered_in_tai_where_it_is_known() {
         let known = ServerState {
             tai_offset: Some(37),
+            leap_step: chime_ntp::LeapStep::NONE,
             ..synchronised()
         };
         let (r, from, to, counted) = asked_for_tai(known);
@@ -713,6 +785,72 @@ mod tests {
             assert_eq!(r.timescale, v5::timescale::UTC, "{state:?}");
             assert!(from >= 0.0 && to <= 0.0, "not UTC: {from} {to}");
             assert_eq!(counted, 0);
+        }
+    }
+
+    #[test]
+    fn with_leap_smear_the_time_is_smeared_and_no_leap_announced_but_tai_is_not_smeared() {
+        let epoch = Instant::now();
+        let read = clock::read();
+        let leap = chime_ntp::Announced {
+            leap: Leap::AddSecond,
+            at: read.ntp().add_duration(Duration::from_secs(10)),
+        };
+        let state = ServerState {
+            leap: Leap::AddSecond,
+            announced: Some(leap),
+            tai_offset: Some(37),
+            leap_step: chime_ntp::LeapStep {
+                leap: Some(leap),
+                stepped: false,
+                realtime_minus_monotonic: read.since_epoch.as_secs_f64()
+                    - epoch.elapsed().as_secs_f64(),
+            },
+            ..synchronised()
+        };
+        let mut on = shared(state, &[]);
+        let config = Arc::get_mut(&mut on).unwrap();
+        config.smear = true;
+        config.epoch = epoch;
+        config.v5 = Some(V5::new(rand::random));
+        let mut worker = NtpWorker::new(on, "ipv4", 0);
+        let draft = chime_ntp::v5::Draft::D09;
+        let mut utc = [0u8; 76];
+        v5::write_request(&mut utc, draft, 4, [1; 8], None).unwrap();
+        let mut tai = utc;
+        tai[24..32].copy_from_slice(&[2; 8]);
+        v5::ask_timescale(&mut tai, v5::timescale::TAI);
+        let before = clock::now();
+        let replies = exchange(
+            &mut worker,
+            "192.0.2.1:40000",
+            &[&request()[..], &utc[..], &tai[..]],
+        );
+        let after = clock::now();
+        let ahead = |t: NtpTimestamp| {
+            (
+                t.wrapping_diff_seconds(before),
+                t.wrapping_diff_seconds(after),
+            )
+        };
+        // Ten seconds before the leap, 43 190 s of the smear's 86 401 are over.
+        let smeared = -(43_190.0 / 86_401.0);
+        let v4 = Header::parse(&replies[0]).unwrap();
+        assert_eq!(v4.leap, Leap::NoWarning);
+        let v5_utc = v5::parse_response(&replies[1], [1; 8], draft).unwrap();
+        assert_eq!(v5_utc.timescale, v5::timescale::LEAP_SMEARED_UTC);
+        for t in [v4.receive_ts, v4.transmit_ts, v5_utc.transmit_ts] {
+            let (from, to) = ahead(t);
+            assert!(
+                from >= smeared - 1e-6 && to <= smeared + 1e-6,
+                "not smeared: {from} {to}"
+            );
+        }
+        let v5_tai = v5::parse_response(&replies[2], [2; 8], draft).unwrap();
+        assert_eq!(v5_tai.timescale, v5::timescale::TAI);
+        for t in [v5_tai.receive_ts, v5_tai.transmit_ts] {
+            let (from, to) = ahead(t);
+            assert!(from >= 37.0 && to <= 37.0, "TAI smeared: {from} {to}");
         }
     }
 
