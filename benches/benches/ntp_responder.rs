@@ -2,7 +2,8 @@
 //! served-header computation per batch, then 64 responses and 64 transmit stamps); and the same
 //! batch with `--ratelimit` on, its 64 requests from 64 of 65536 client addresses in a table of
 //! 65536, each client under its limit (the common case: the lookup and the update are the cost);
-//! the batch with every receive and transmit time mapped through a followed offset and rate;
+//! the batch with every receive and transmit time mapped through a followed offset and rate, and
+//! then smeared through a leap second as `--leap-smear` does;
 //! and one NTS request as chronyd sends it in steady state (one cookie, no placeholders):
 //! opening the cookie, verifying the authenticator, sealing a new cookie and authenticating the
 //! reply.
@@ -12,8 +13,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use chime_ntp::{
-    ClientTable, Coin, Header, Mirror, Mode, NtpShort, NtpTimestamp, RateLimit, ServedClock,
-    ServerState, StalePolicy, Verdict, respond, stamp_transmit, suggest_poll,
+    Announced, ClientTable, Coin, Header, Leap, LeapStep, Mirror, Mode, NtpShort, NtpTimestamp,
+    RateLimit, ServedClock, ServerState, StalePolicy, Verdict, respond, stamp_transmit,
+    suggest_poll,
 };
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
@@ -66,6 +68,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("ntp_responder");
     plain(&mut g, &served, &req);
     served_offset(&mut g, &served, &req);
+    smeared(&mut g, &served, &req);
     ratelimited(&mut g, &served, &req);
     nts(&mut g, &served, &req);
     g.finish();
@@ -135,6 +138,49 @@ fn served_offset(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8
                 respond(black_box(req), 40000, clock.serve(now), &served, reply).unwrap();
             }
             let t3 = clock.serve(black_box(now));
+            for reply in replies.iter_mut() {
+                stamp_transmit(reply, t3);
+            }
+            black_box(&replies);
+        })
+    });
+}
+
+/// [`served_offset`]'s batch through a leap second's smear (`--leap-smear`), an hour before the
+/// leap: the smear looked up once for the batch, then every receive and transmit time smeared.
+fn smeared(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
+    let (policy, now) = (s.policy, s.now);
+    let leap = Announced {
+        leap: Leap::AddSecond,
+        at: now.add_duration(Duration::from_secs(3600)),
+    };
+    let state = ServerState {
+        clock: ServedClock {
+            anchor: now,
+            offset: 0.3,
+            rate: 2e-6,
+            error: 20e-6,
+            error_rate: 1e-6,
+        },
+        leap_step: LeapStep {
+            leap: Some(leap),
+            ..LeapStep::NONE
+        },
+        ..*s.state
+    };
+    let requests = [*req; BATCH];
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("batch_64_smeared", |b| {
+        let mut replies = [[0u8; 48]; BATCH];
+        b.iter(|| {
+            let served = state.served_at(black_box(now), policy);
+            let clock = black_box(state.clock);
+            let (smear, stepped) = state.smear_at(black_box(now), || 0.0).unwrap();
+            for (req, reply) in requests.iter().zip(replies.iter_mut()) {
+                let t2 = smear.serve(clock.serve(now), stepped);
+                respond(black_box(req), 40000, t2, &served, reply).unwrap();
+            }
+            let t3 = smear.serve(clock.serve(black_box(now)), stepped);
             for reply in replies.iter_mut() {
                 stamp_transmit(reply, t3);
             }
