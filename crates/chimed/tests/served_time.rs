@@ -3,12 +3,13 @@
 //! replies agree with chronyd's: chronyd following an upstream 0.3 s ahead (its correction stays
 //! in the time it serves, since it may not slew the clock), and chronyd smoothing a 50 ms step of
 //! its upstream with `smoothtime`. The upstream is a stand-in in this process that serves the
-//! system clock moved by an offset the test sets. Independent clients (chronyd -Q, ntpd-rs) and
-//! chime ntp measure the same offset from chronyd and from chimed.
+//! system clock moved by an offset the test sets. Independent clients (chronyd -Q, ntpdig, ntpd-rs)
+//! and chime ntp measure the same offset from chronyd and from chimed.
 
 mod common;
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -17,6 +18,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use chime_ntp::{Header, Leap, NtpTimestamp, ServedClock};
 use common::standin::{StandIn, ntp_now};
 use common::{Chimed, ChronydClient, chronyd_client_offset, free_udp_port};
+
+/// Where chronyd and chimed serve in the test that ntpdig measures them in: port 123, on loopback
+/// addresses of their own.
+const NTPDIG_CHRONYD: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3)), 123);
+const NTPDIG_CHIMED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), 123);
 
 /// A stand-in serving the system clock plus an offset, and the offset, which the test may change.
 fn offset_stand_in(offset: f64) -> (StandIn, Arc<AtomicU64>) {
@@ -35,11 +41,19 @@ fn offset_stand_in(offset: f64) -> (StandIn, Arc<AtomicU64>) {
 /// A real chronyd (`-x`) serving NTP on loopback while it follows `upstream` every 1/16 s, with
 /// `extra` directives; and the address it serves on.
 fn chronyd_following(upstream: SocketAddr, extra: &[&str]) -> (ChronydClient, SocketAddr) {
-    let port = free_udp_port();
+    chronyd_following_at(upstream, ([127, 0, 0, 1], free_udp_port()).into(), extra)
+}
+
+/// [`chronyd_following`] serving on `at`.
+fn chronyd_following_at(
+    upstream: SocketAddr,
+    at: SocketAddr,
+    extra: &[&str],
+) -> (ChronydClient, SocketAddr) {
     let mut directives = vec![
-        format!("port {port}"),
-        "bindaddress 127.0.0.1".to_owned(),
-        "allow 127.0.0.1".to_owned(),
+        format!("port {}", at.port()),
+        format!("bindaddress {}", at.ip()),
+        "allow 127.0.0.0/8".to_owned(),
         format!(
             "server 127.0.0.1 port {} minpoll -4 maxpoll -4 iburst",
             upstream.port()
@@ -47,7 +61,23 @@ fn chronyd_following(upstream: SocketAddr, extra: &[&str]) -> (ChronydClient, So
     ];
     directives.extend(extra.iter().map(|d| (*d).to_owned()));
     let chronyd = ChronydClient::start(&directives);
-    (chronyd, ([127, 0, 0, 1], port).into())
+    (chronyd, at)
+}
+
+/// ntpdig's offset of the NTP server at `ip`, port 123 (it asks no other): one sample, in JSON.
+fn ntpdig_offset(ip: IpAddr) -> f64 {
+    let out = common::run(Command::new("ntpdig").args(["-j", "-t", "2", &ip.to_string()]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ntpdig {ip}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("ntpdig's output is not JSON ({e}): {stdout}"));
+    r["offset"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no offset in ntpdig's output: {stdout}"))
 }
 
 /// One NTP exchange with `server`, timed by the system clock around blocking calls: the offset
@@ -153,9 +183,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[test]
 fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
     let (upstream, _) = offset_stand_in(0.3);
-    let (_chronyd, chronyd) = chronyd_following(upstream.addr, &[]);
+    // Both on port 123 (of addresses of their own), which is all ntpdig asks.
+    let (_chronyd, chronyd) = chronyd_following_at(upstream.addr, NTPDIG_CHRONYD, &[]);
     wait_serving(chronyd, 0.3, Duration::from_secs(20));
-    let mut chimed = Chimed::mirroring(&chronyd.to_string(), &["--stats-interval", "1"]);
+    let mut chimed = Chimed::mirroring(
+        &chronyd.to_string(),
+        &["--stats-interval", "1", "-a", &NTPDIG_CHIMED.to_string()],
+    );
     chimed.wait_for("synchronised: stratum 2", Duration::from_secs(10));
     // Three polls more, so that the offset has a rate.
     thread::sleep(Duration::from_secs(3));
@@ -195,6 +229,14 @@ fn behind_chronyd_x_following_an_upstream_ahead_chimed_serves_chronyds_time() {
     );
     for addr in [chronyd, chimed.addr] {
         common::assert_offset_near(&common::chime_ntp(addr).unwrap(), 0.3);
+    }
+    let by_ntpdig = [chronyd, chimed.addr].map(|a| ntpdig_offset(a.ip()));
+    eprintln!(
+        "ntpdig: chronyd {:+.6} s, chimed {:+.6} s",
+        by_ntpdig[0], by_ntpdig[1]
+    );
+    for o in by_ntpdig {
+        assert!((o - 0.3).abs() < 1e-3, "ntpdig: {by_ntpdig:?}");
     }
     let by_ntpd_rs = [chronyd, chimed.addr].map(ntpd_rs_offset);
     eprintln!(
