@@ -100,9 +100,7 @@ impl Responder {
                         Policy::WrongMode => Mode::SymmetricPassive,
                         Policy::V5(how) => {
                             let reply = v5_reply(&buf[..n], t2, how);
-                            if sock.send_to(&reply, from).is_ok() {
-                                replied.fetch_add(1, Ordering::Relaxed);
-                            }
+                            send_counted(&sock, &reply, from, &replied);
                             continue;
                         }
                     };
@@ -118,9 +116,7 @@ impl Responder {
                     };
                     let mut out = [0u8; 48];
                     reply.encode(&mut out);
-                    if sock.send_to(&out, from).is_ok() {
-                        replied.fetch_add(1, Ordering::Relaxed);
-                    }
+                    send_counted(&sock, &out, from, &replied);
                 }
             })
         };
@@ -138,7 +134,7 @@ impl Responder {
     }
 
     pub fn replied(&self) -> u64 {
-        self.replied.load(Ordering::Relaxed)
+        self.replied.load(Ordering::SeqCst)
     }
 }
 
@@ -217,4 +213,14 @@ pub fn chime_perf(args: &[&str]) -> (i32, String, Option<serde_json::Value>) {
         println!("{}", String::from_utf8_lossy(&out.stdout));
     }
     (code, stderr, value)
+}
+
+/// Sends `reply` to `to`, counted in `replied` before it leaves: a client that has its reply may
+/// read the count at once, and finds it there (counted after the send, a test on two busy cores
+/// read 0 for a reply its client had already taken).
+fn send_counted(sock: &UdpSocket, reply: &[u8], to: SocketAddr, replied: &AtomicU64) {
+    replied.fetch_add(1, Ordering::SeqCst);
+    if sock.send_to(reply, to).is_err() {
+        replied.fetch_sub(1, Ordering::SeqCst);
+    }
 }
