@@ -3,7 +3,9 @@
 //! while a small tokio runtime polls the local chronyd, rotates keys and handles signals (the
 //! control plane). The binary is [`daemon::main`]; the services are laid out one folder each:
 //!
-//! - `daemon`: lifecycle, signals, reload, privilege drop;
+//! - `daemon`: lifecycle, signals, reload, privilege drop: it composes the services, and only it
+//!   imports itself;
+//! - `service`: the contract every service fulfils (its error, threads, heartbeat, fail points);
 //! - `config`: the flags, the config file and the settings they resolve to;
 //! - `clock`: the system clock, the upstream (chronyd) mirror, the timezone-offset mode;
 //! - `access`: who is served;
@@ -23,3 +25,4 @@ mod nts;
 mod observe;
 mod reply;
 mod roughtime;
+mod service;

@@ -27,9 +27,9 @@ use tokio::time::{self, Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::clock;
-use crate::daemon::supervisor::ServiceError;
 use crate::ntp::worker::Shared;
 use crate::observe::metrics::single;
+use crate::service::ServiceError;
 
 /// How the upstream looked at the last poll, to log changes once rather than every poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,9 +62,9 @@ pub(crate) async fn run(
     let mut steps = ClockSteps::default();
     loop {
         ticks.tick().await;
-        fail::fail_point!("upstream", |_| Err(
-            crate::daemon::supervisor::fail_point_error("upstream")
-        ));
+        fail::fail_point!("upstream", |_| Err(crate::service::fail_point_error(
+            "upstream"
+        )));
         let realtime_minus_monotonic = steps.note(&mut mirror, &shared);
         // A poll waits at most one interval (and never more than a second, like rsntp) so that a
         // slow upstream cannot stretch the schedule.

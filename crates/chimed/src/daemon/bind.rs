@@ -9,8 +9,8 @@ use chime_udp::{BoundWorkers, WorkerConfig};
 use tracing::info;
 
 use crate::config::{Settings, schema, values};
-use crate::daemon::notify::WORKER_WAKE;
 use crate::roughtime::tcp as roughtime_tcp;
+use crate::service::WORKER_WAKE;
 
 /// The two services chimed runs on chime-udp workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -206,11 +206,11 @@ async fn supervise(
     let mut sigint = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("cannot install SIGHUP handler")?;
     let watchdog = notify::watchdog_interval();
-    if let Some(every) = watchdog.filter(|&every| every < 2 * notify::WORKER_WAKE) {
+    if let Some(every) = watchdog.filter(|&every| every < 2 * crate::service::WORKER_WAKE) {
         warn!(
             "watchdog: fed every {every:?}, while an idle worker shows it is alive only every {:?}: \
              set WatchdogSec= to 4 s or more",
-            notify::WORKER_WAKE
+            crate::service::WORKER_WAKE
         );
     }
     let mut feed = tokio::time::interval(watchdog.unwrap_or(std::time::Duration::from_secs(3600)));

@@ -17,15 +17,15 @@ use tracing::{info, warn};
 use crate::clock::{self, upstream};
 use crate::config::Settings;
 use crate::daemon::bind::{self, Group, Service, Sockets};
-use crate::daemon::notify::Beat;
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
 use crate::daemon::secrets::Secrets;
-use crate::daemon::supervisor::{self, Supervisor};
+use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
 use crate::observe::{metrics, stats};
 use crate::roughtime::udp::{self as roughtime_worker, RoughtimeWorker};
 use crate::roughtime::{self, keys as online_keys, tcp as roughtime_tcp};
+use crate::service::Beat;
 
 /// The services' shared state, made before any socket is bound.
 pub(crate) struct Prepared {
@@ -177,7 +177,7 @@ fn workers<H: BatchHandler>(
     let name = group.name;
     // The workers' own stop flag: the supervisor raises it (Workers::join) on the stop signal.
     let stop = Arc::new(AtomicBool::new(false));
-    let running = supervisor::span(name)
+    let running = crate::service::span(name)
         .in_scope(|| group.workers.spawn(stop, |i| make(i, sup.beat())))
         .with_context(|| format!("cannot start the {name} threads"))?;
     sup.threads(name, running);
@@ -231,7 +231,7 @@ fn xdp(
             (_, None) => unreachable!("a Roughtime group only with Roughtime on"),
         }
     };
-    let running = supervisor::span("xdp")
+    let running = crate::service::span("xdp")
         .in_scope(|| bound.spawn(Arc::new(AtomicBool::new(false)), make))
         .context("cannot start the XDP threads")?;
     let stats = running.stats();
@@ -272,7 +272,11 @@ fn tcp(
     #[cfg(feature = "mldsa")]
     let pq_now = {
         let rotation = settings.roughtime.rotation.duration();
-        roughtime::mldsa::start(sup, secrets.mldsa.as_ref(), rotation)
+        roughtime::mldsa::start(secrets.mldsa.as_ref(), rotation).map(|pq| {
+            let now = pq.now.clone();
+            sup.task("roughtime-mldsa-keys", roughtime::mldsa::rotate_pq(pq));
+            now
+        })
     };
     #[cfg(not(feature = "mldsa"))]
     let pq_now = {
@@ -282,7 +286,7 @@ fn tcp(
     let counts = Arc::new(roughtime_tcp::Counts::default());
     let workers = Arc::new(stats::Workers::new("roughtime"));
     let (beat, stop) = (sup.beat(), sup.stop_signal());
-    let service = supervisor::span("roughtime-tcp").in_scope(|| {
+    let service = crate::service::span("roughtime-tcp").in_scope(|| {
         roughtime_tcp::spawn(
             listeners,
             shared.clone(),
@@ -356,7 +360,7 @@ fn nts_ke_service(
     ));
     let beats = (0..threads).map(|_| sup.beat()).collect();
     let stop = sup.stop_signal();
-    let threads = supervisor::span("nts-ke")
+    let threads = crate::service::span("nts-ke")
         .in_scope(|| nts_ke::KeThreads::spawn(&listener, &shared, beats, &stop))
         .context("cannot start the NTS-KE threads")?;
     sup.threads("nts-ke", threads);

@@ -16,7 +16,7 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::daemon::notify::{Beat, Heartbeats};
+use crate::service::{Beat, Heartbeats, ServiceError, Threads, panic_message, span};
 
 /// How often thread groups are checked for a dead thread: well inside the 2 s in which a dead
 /// service must have taken the daemon down.
@@ -25,49 +25,12 @@ pub(crate) const THREAD_CHECK: Duration = Duration::from_millis(100);
 /// How long the services together get to stop once asked; past it, the daemon exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// The span a service runs in, carrying its name: its task, or its threads, which start it as
-/// they start and enter it (the data plane's worker threads' spans are children of it when they
-/// are spawned inside it). A log line names the service it came from, and `--log-level` can pick
-/// one out (`[service{service=nts-ke}]=debug`).
-pub(crate) fn span(service: &'static str) -> tracing::Span {
-    tracing::info_span!("service", service = %service)
-}
-
-/// Why a service ended before it was asked to.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ServiceError {
-    /// It returned, although a service runs until it is stopped.
-    #[error("ended without an error, before it was asked to stop")]
-    Returned,
-    /// It gave up, for this reason.
-    #[error("failed: {0}")]
-    Failed(String),
-    /// It (or one of its threads) panicked, with this message.
-    #[error("panicked: {0}")]
-    Panicked(String),
-}
-
-/// What a fail point set to `return` makes a service end with (the `failpoints` feature, tests
-/// only): an error naming the fail point.
-#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-pub(crate) fn fail_point_error(name: &str) -> ServiceError {
-    ServiceError::Failed(format!("fail point {name}"))
-}
-
 /// A service that ended unexpectedly, by name: what the daemon exits with.
 #[derive(Debug, thiserror::Error)]
 #[error("service {name} {error}")]
 pub(crate) struct Failure {
     pub(crate) name: &'static str,
     pub(crate) error: ServiceError,
-}
-
-/// A service running on threads of its own.
-pub(crate) trait Threads: Send + 'static {
-    /// Whether any of its threads has ended. Before [`Threads::stop`] that means one died.
-    fn any_finished(&self) -> bool;
-    /// Asks every thread to stop and waits for them. `Err` with the first panic's message.
-    fn stop(self: Box<Self>) -> Result<(), String>;
 }
 
 /// The services, the signal they stop on, and what became of them.
@@ -222,35 +185,6 @@ fn join_error_message(e: tokio::task::JoinError) -> String {
         panic_message(e.into_panic())
     } else {
         "cancelled".to_owned()
-    }
-}
-
-/// The message a panic was given, if it was a string (as `panic!` and `expect` make).
-pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
-}
-
-impl Threads for chime_udp::Workers {
-    fn any_finished(&self) -> bool {
-        chime_udp::Workers::any_finished(self)
-    }
-
-    fn stop(self: Box<Self>) -> Result<(), String> {
-        self.join().map_err(panic_message)
-    }
-}
-
-impl Threads for chime_xdp::XdpWorkers {
-    fn any_finished(&self) -> bool {
-        chime_xdp::XdpWorkers::any_finished(self)
-    }
-
-    fn stop(self: Box<Self>) -> Result<(), String> {
-        self.join().map_err(panic_message)
     }
 }
 

@@ -20,10 +20,10 @@ use chime_udp::{BatchHandler, RxBatch, TxBatch};
 use crate::access::acl::Acl;
 use crate::clock;
 use crate::clock::tz::Zone;
-use crate::daemon::notify::Beat;
 use crate::observe::counters::{self, Note};
 use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
+use crate::service::Beat;
 
 /// Why an NTP request got no reply: the protocol's reasons, and the daemon's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -926,7 +926,7 @@ mod tests {
 
     #[test]
     fn the_watchdog_sees_every_batch_and_every_idle_wake_up() {
-        let mut hearts = crate::daemon::notify::Heartbeats::default();
+        let mut hearts = crate::service::Heartbeats::default();
         let mut worker =
             NtpWorker::new(shared(synchronised(), &[]), "ipv4", 0).with_heartbeat(hearts.add());
         assert!(!hearts.all_moved(), "nothing happened yet");

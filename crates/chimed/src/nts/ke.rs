@@ -24,12 +24,11 @@ use tokio_rustls::LazyConfigAcceptor;
 use tracing::{debug, error, info, warn};
 
 use crate::access::per_address::{PerAddress, Place};
-use crate::daemon::notify::{self, Beat};
-use crate::daemon::supervisor::{ServiceError, Threads, panic_message};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
 use crate::nts::slots::{SessionId, Slots, Step};
 use crate::observe::metrics::{counters, single};
+use crate::service::{self, Beat, ServiceError, Threads, panic_message};
 use tokio_util::sync::CancellationToken;
 
 /// Sessions served at once, over all the NTS-KE threads. More than 250 addresses can hold at
@@ -408,7 +407,7 @@ pub(crate) async fn rotate(
     dump: Option<PathBuf>,
 ) -> Result<(), ServiceError> {
     fail::fail_point!("nts-cookie-keys", |_| Err(
-        crate::daemon::supervisor::fail_point_error("nts-cookie-keys")
+        crate::service::fail_point_error("nts-cookie-keys")
     ));
     tokio::time::sleep(first).await;
     let mut tick = tokio::time::interval(every);
@@ -457,9 +456,9 @@ pub(crate) async fn follow_fleet(
     secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
     period: Duration,
 ) -> Result<(), ServiceError> {
-    fail::fail_point!("nts-fleet-keys", |_| Err(
-        crate::daemon::supervisor::fail_point_error("nts-fleet-keys")
-    ));
+    fail::fail_point!("nts-fleet-keys", |_| Err(crate::service::fail_point_error(
+        "nts-fleet-keys"
+    )));
     loop {
         let (_, _, left) =
             nts_keys::fleet_keys(&secrets.load(), period, crate::clock::read().unix_micros());
@@ -591,7 +590,7 @@ impl KeThreads {
                         let _entered = span.entered();
                         runtime.block_on(async move {
                             // Ended with the runtime, when `serve` returns.
-                            tokio::spawn(notify::beat_on_every_wake(beat));
+                            tokio::spawn(service::beat_on_every_wake(beat));
                             serve(listener, shared, stopped).await;
                         });
                     })?,

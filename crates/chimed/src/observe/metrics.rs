@@ -27,9 +27,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::warn;
 
-use crate::daemon::supervisor::ServiceError;
 use crate::observe::counters::{Note, PublishedCounts};
 use crate::observe::stats::{Listed, Published};
+use crate::service::ServiceError;
 
 /// What the endpoint serves, filled in as the services start: each registers its own collector,
 /// and the data plane's services their workers, whose counters share metric families (one family
@@ -124,9 +124,9 @@ pub(crate) async fn serve(
     listener: std::net::TcpListener,
     registry: Registry,
 ) -> Result<(), ServiceError> {
-    fail::fail_point!("metrics", |_| Err(
-        crate::daemon::supervisor::fail_point_error("metrics")
-    ));
+    fail::fail_point!("metrics", |_| Err(crate::service::fail_point_error(
+        "metrics"
+    )));
     let listener = listener
         .set_nonblocking(true)
         .and_then(|()| TcpListener::from_std(listener))

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::daemon::notify::Beat;
 use crate::observe::counters::{Counters, NOTES, PublishedCounts, Reason};
+use crate::service::Beat;
 
 /// One worker's counts since it started, as the log's totals and the metrics read them: written
 /// only by that worker, at every tick (every batch and idle wake-up) and when it stops.

@@ -23,9 +23,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
-use crate::daemon::supervisor::ServiceError;
 use crate::observe::metrics::single;
 use crate::roughtime::udp::Shared;
+use crate::service::ServiceError;
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
 /// and a clock that steps back a little.
@@ -67,9 +67,9 @@ pub(crate) async fn run(
     rotation: Duration,
     shared: Arc<Shared>,
 ) -> Result<(), ServiceError> {
-    fail::fail_point!("roughtime-keys", |_| Err(
-        crate::daemon::supervisor::fail_point_error("roughtime-keys")
-    ));
+    fail::fail_point!("roughtime-keys", |_| Err(crate::service::fail_point_error(
+        "roughtime-keys"
+    )));
     match signer {
         Signer::Key(key) => rotate(key, rotation, shared).await,
         Signer::Bundle => follow_bundle(shared).await,

@@ -15,7 +15,7 @@ use chime_roughtime::mldsa::{PqDelegation, PqLongTermKey, PqResponder};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use crate::daemon::supervisor::{ServiceError, Supervisor};
+use crate::service::ServiceError;
 
 use crate::observe::counters::Note;
 use crate::observe::stats::WorkerStats;
@@ -58,7 +58,7 @@ fn pq_delegation(key: &PqLongTermKey, rotation: Duration) -> PqDelegation {
 /// Replaces the ML-DSA-44 online key every rotation, until the task is stopped.
 pub(crate) async fn rotate_pq(pq: Pq) -> Result<(), ServiceError> {
     fail::fail_point!("roughtime-mldsa-keys", |_| Err(
-        crate::daemon::supervisor::fail_point_error("roughtime-mldsa-keys")
+        crate::service::fail_point_error("roughtime-mldsa-keys")
     ));
     let mut ticks = tokio::time::interval(pq.rotation);
     ticks.tick().await; // the first tick is immediate; the key made at start is fresh
@@ -75,13 +75,12 @@ pub(crate) fn load_key(file: &Path) -> Result<Zeroizing<[u8; 32]>, String> {
     chime_roughtime::mldsa::parse_key_file(&text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
-/// Starts the suite if it has its key: the online key in force, and a supervised task that
-/// replaces it every `rotation`.
+/// The suite, if it has its key: the online key in force, which [`rotate_pq`] (a service the
+/// daemon supervises) replaces every `rotation`.
 pub(crate) fn start(
-    sup: &mut Supervisor,
     key: Option<&(PathBuf, Zeroizing<[u8; 32]>)>,
     rotation: Duration,
-) -> Option<Now> {
+) -> Option<Pq> {
     let (file, seed) = key?;
     let key = PqLongTermKey::from_seed(seed);
     warn!(
@@ -90,10 +89,7 @@ pub(crate) fn start(
         file.display(),
         BASE64.encode(key.public_key())
     );
-    let pq = Pq::new(key, rotation);
-    let now = pq.now.clone();
-    sup.task("roughtime-mldsa-keys", rotate_pq(pq));
-    Some(now)
+    Some(Pq::new(key, rotation))
 }
 
 /// The TCP signer's side of the suite: the online key in force, a responder, and the batch of

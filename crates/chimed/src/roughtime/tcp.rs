@@ -41,8 +41,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::notify::{self, Beat};
-use crate::daemon::supervisor::{Threads, panic_message};
+use crate::service::{self, Beat, Threads, panic_message};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::{debug, error, info, warn};
 
@@ -220,7 +219,7 @@ impl Ageing {
 }
 
 /// The running TCP service, on a thread of its own until the stop signal. The signer's stats
-/// tick (every batch, and every [`notify::WORKER_WAKE`]) beats its heartbeat for the watchdog.
+/// tick (every batch, and every [`service::WORKER_WAKE`]) beats its heartbeat for the watchdog.
 pub(crate) struct Service {
     thread: std::thread::JoinHandle<()>,
 }
@@ -622,7 +621,7 @@ async fn sign(
     let mut jobs = Vec::with_capacity(MAX_BATCH_SIZE);
     let mut tickets = Vec::with_capacity(MAX_BATCH_SIZE);
     // Ticks while no request comes, as an idle UDP worker wakes: the watchdog sees them.
-    let mut ticks = tokio::time::interval(notify::WORKER_WAKE);
+    let mut ticks = tokio::time::interval(service::WORKER_WAKE);
     loop {
         // The tests' way to make the signer slower than its clients, who go on meanwhile.
         #[cfg(feature = "failpoints")]

@@ -16,12 +16,12 @@ use chime_roughtime::{
 };
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
-use crate::daemon::notify::Beat;
 use crate::ntp::worker as ntp_worker;
 use crate::observe::counters::{self, Note};
 use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
 use crate::roughtime::serve;
+use crate::service::Beat;
 
 /// Why a Roughtime request got no reply: the protocol's reasons, and the daemon's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -338,7 +338,7 @@ mod tests {
 
     #[test]
     fn nothing_is_signed_while_the_upstream_is_unsynchronised() {
-        let mut hearts = crate::daemon::notify::Heartbeats::default();
+        let mut hearts = crate::service::Heartbeats::default();
         let mut worker =
             RoughtimeWorker::new(shared(false, &[]), 8, ("ipv4", 0)).with_heartbeat(hearts.add());
         let replies = exchange(&mut worker, "192.0.2.1:40000", &[request(1), request(2)]);
