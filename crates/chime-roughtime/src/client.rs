@@ -280,7 +280,10 @@ pub enum VerifyError {
     },
 }
 
-/// Verifies `reply` as the answer to `request` from the server with `long_term_key`.
+/// Verifies `reply` as the answer to `request` from the server with `long_term_key`: the
+/// version and framing agreed (RFC 10049 §5.1), the request echoed (§5.2), both signatures
+/// (§5.2.4, §6.2), the signed version list (§5.2.5), the times within the delegation (§5.2.4),
+/// the request in the Merkle tree (§5.3), and the radius (§5.2.5, and the policy's cap).
 pub fn verify_reply(
     request: &[u8],
     reply: &[u8],
@@ -289,9 +292,37 @@ pub fn verify_reply(
 ) -> Result<Verified, VerifyError> {
     let req = Request::parse(request).map_err(VerifyError::Request)?;
     let rep = Reply::parse(reply).map_err(VerifyError::Reply)?;
-    // pyroughtime 1.0.1's server answers draft 07 without the ROUGHTIM header (roughtimed and
-    // tannerryan's roughtime send it); pyroughtime's client takes either, and so does this one,
-    // for draft 07 alone. The version then comes from the top-level VER, as it would framed.
+    let version = agreed_version(&req, &rep)?;
+    let family = version.family();
+    check_echo(&req, &rep, version)?;
+    let (cert_spelling, srep_spelling) = check_signatures(&rep, long_term_key, family, policy)?;
+    if family.signs_version() {
+        let vers = srep_versions(&rep)?;
+        if !version.number().is_some_and(|n| vers.contains(n)) {
+            return Err(VerifyError::VersMissingVersion { version });
+        }
+    }
+    let (midpoint_unix_us, mint_unix_us, maxt_unix_us) = delegated_times(&rep, version)?;
+    check_in_tree(&req, &rep, version)?;
+    let radius_us = radius_us(&rep, version, policy)?;
+    Ok(Verified {
+        version,
+        midpoint_unix_us,
+        radius_us,
+        mint_unix_us,
+        maxt_unix_us,
+        online_key: *rep.cert.online_key,
+        cert_spelling,
+        srep_spelling,
+        index: rep.index,
+    })
+}
+
+/// The version request and reply agree on, framed alike. pyroughtime 1.0.1's server answers
+/// draft 07 without the ROUGHTIM header (roughtimed and tannerryan's roughtime send it);
+/// pyroughtime's client takes either, and so does this one, for draft 07 alone. The version then
+/// comes from the top-level VER, as it would framed.
+fn agreed_version(req: &Request<'_>, rep: &Reply<'_>) -> Result<Version, VerifyError> {
     let headerless_draft07 = req.framing == Framing::Ietf
         && rep.framing == Framing::Google
         && rep.top_version.is_some_and(|v| {
@@ -305,9 +336,13 @@ pub fn verify_reply(
             reply: rep.framing,
         });
     }
-    let version = reply_version(&req, &rep)?;
-    let family = version.family();
+    reply_version(req, rep)
+}
 
+/// The request as the reply echoes it: a nonce of the version's length, the same in the reply
+/// (which IETF versions must carry), and TYPE 1 where the version has TYPE.
+fn check_echo(req: &Request<'_>, rep: &Reply<'_>, version: Version) -> Result<(), VerifyError> {
+    let family = version.family();
     if req.nonce.len() != family.nonce_len() {
         return Err(VerifyError::RequestNonceLength {
             len: req.nonce.len(),
@@ -327,7 +362,18 @@ pub fn verify_reply(
             Some(value) => return Err(VerifyError::NotAResponse { value }),
         }
     }
+    Ok(())
+}
 
+/// The long-term key's signature over DELE and the online key's over SREP, and the spelling of
+/// the context each verified with (a version 1 reply signed only with the drafts' spelling is
+/// refused unless the policy accepts it).
+fn check_signatures(
+    rep: &Reply<'_>,
+    long_term_key: &[u8; KEY_LEN],
+    family: Family,
+    policy: &VerifyPolicy,
+) -> Result<(ContextSpelling, ContextSpelling), VerifyError> {
     let long_term =
         VerifyingKey::from_bytes(long_term_key).map_err(|_| VerifyError::BadLongTermKey)?;
     let cert_spelling = verify_signed(
@@ -348,15 +394,12 @@ pub fn verify_reply(
             }
         }
     }
+    Ok((cert_spelling, srep_spelling))
+}
 
-    if family.signs_version() {
-        let vers = srep_versions(&rep)?;
-        if !version.number().is_some_and(|n| vers.contains(n)) {
-            return Err(VerifyError::VersMissingVersion { version });
-        }
-    }
-
-    let format = family.time_format();
+/// MIDP, MINT and MAXT as Unix microseconds, the midpoint within the delegation's window.
+fn delegated_times(rep: &Reply<'_>, version: Version) -> Result<(u64, u64, u64), VerifyError> {
+    let format = version.family().time_format();
     let unix_us = |tag, value| {
         format.decode_us(value).ok_or(VerifyError::BadTimestamp {
             tag,
@@ -374,41 +417,41 @@ pub fn verify_reply(
             maxt_unix_us,
         });
     }
+    Ok((midpoint_unix_us, mint_unix_us, maxt_unix_us))
+}
 
+/// The request (its nonce, or the whole packet where the version hashes that) in the tree whose
+/// root SREP signs, by PATH and INDX.
+fn check_in_tree(req: &Request<'_>, rep: &Reply<'_>, version: Version) -> Result<(), VerifyError> {
+    let family = version.family();
     let leaf_data = match family.leaf_data() {
         LeafData::Nonce => req.nonce,
         LeafData::Packet => req.packet,
     };
     let root_ok = match family.hash_len() {
-        64 => check_root::<64>(leaf_data, &rep, version)?,
-        _ => check_root::<32>(leaf_data, &rep, version)?,
+        64 => check_root::<64>(leaf_data, rep, version)?,
+        _ => check_root::<32>(leaf_data, rep, version)?,
     };
     if !root_ok {
         return Err(VerifyError::NotInTree { index: rep.index });
     }
+    Ok(())
+}
 
+/// RADI in microseconds: never 0, and no more than the policy's cap.
+fn radius_us(rep: &Reply<'_>, version: Version, policy: &VerifyPolicy) -> Result<u64, VerifyError> {
     if rep.srep.radius == 0 {
         return Err(VerifyError::ZeroRadius);
     }
-    let radius_us = u64::from(rep.srep.radius) * (1_000_000 / format.radius_ticks_per_second());
+    let ticks = version.family().time_format().radius_ticks_per_second();
+    let radius_us = u64::from(rep.srep.radius) * (1_000_000 / ticks);
     if radius_us > policy.max_radius_us {
         return Err(VerifyError::RadiusTooLarge {
             radius_us,
             max_us: policy.max_radius_us,
         });
     }
-
-    Ok(Verified {
-        version,
-        midpoint_unix_us,
-        radius_us,
-        mint_unix_us,
-        maxt_unix_us,
-        online_key: *rep.cert.online_key,
-        cert_spelling,
-        srep_spelling,
-        index: rep.index,
-    })
+    Ok(radius_us)
 }
 
 /// The reply's version: Google by the request's framing (the reply's matches it, bar a draft 07
