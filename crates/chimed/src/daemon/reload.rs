@@ -15,7 +15,7 @@ use crate::clock::tz;
 use crate::config::{self, Args, Settings};
 use crate::ntp::worker as ntp_worker;
 use crate::nts::{ke as nts_ke, keys as nts_keys};
-use crate::roughtime::{keys as online_keys, udp as roughtime_worker};
+use crate::roughtime::keys as online_keys;
 
 /// A fleet member's NTS keys (`--nts-fleet-key`): the secret file and the period, the secrets in
 /// force (SIGHUP replaces them), and the cookie keys derived from them.
@@ -47,7 +47,7 @@ pub(crate) struct Reloadable {
     pub(crate) ntp: Arc<ntp_worker::Shared>,
     pub(crate) nts: Option<NtsTls>,
     pub(crate) fleet: Option<FleetKeys>,
-    pub(crate) roughtime: Option<Arc<roughtime_worker::Shared>>,
+    pub(crate) roughtime: Option<Arc<crate::roughtime::state::Shared>>,
 }
 
 impl Reloadable {

@@ -23,7 +23,7 @@ use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
 use crate::nts::ke as nts_ke;
 use crate::observe::{metrics, stats};
-use crate::roughtime::udp::{self as roughtime_worker, RoughtimeWorker};
+use crate::roughtime::udp::RoughtimeWorker;
 use crate::roughtime::{self, keys as online_keys, tcp as roughtime_tcp};
 use crate::service::Beat;
 
@@ -43,7 +43,7 @@ pub(crate) struct Running {
     pub(crate) xdp: Option<Arc<chime_xdp::XdpStats>>,
     pub(crate) tcp: Option<(
         Arc<roughtime_tcp::Counts>,
-        Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
+        Arc<stats::Workers<crate::roughtime::state::RoughtimeDrop>>,
     )>,
     pub(crate) ke_counts: Option<Arc<nts_ke::KeCounts>>,
 }
@@ -144,7 +144,7 @@ fn data_plane(
     (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     (ntp_groups, rt_groups): (Vec<Group>, Vec<Group>),
     ntp: &Arc<ntp_worker::Shared>,
-    roughtime: Option<(&Arc<roughtime_worker::Shared>, usize)>,
+    roughtime: Option<(&Arc<crate::roughtime::state::Shared>, usize)>,
 ) -> Result<()> {
     metrics.workers(ntp.workers.clone());
     for group in ntp_groups {
@@ -213,7 +213,7 @@ fn xdp(
     bound: chime_xdp::XdpBound,
     settings: &Settings,
     ntp: &Arc<ntp_worker::Shared>,
-    rt_shared: Option<&Arc<roughtime_worker::Shared>>,
+    rt_shared: Option<&Arc<crate::roughtime::state::Shared>>,
 ) -> Result<Arc<chime_xdp::XdpStats>> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
@@ -254,11 +254,11 @@ fn tcp(
     (sup, metrics): (&mut Supervisor, &mut metrics::Registry),
     listeners: Vec<std::net::TcpListener>,
     limits: roughtime_tcp::Limits,
-    shared: &Arc<roughtime_worker::Shared>,
+    shared: &Arc<crate::roughtime::state::Shared>,
     (settings, secrets): (&Settings, &Secrets),
 ) -> Result<(
     Arc<roughtime_tcp::Counts>,
-    Arc<stats::Workers<roughtime_worker::RoughtimeDrop>>,
+    Arc<stats::Workers<crate::roughtime::state::RoughtimeDrop>>,
 )> {
     info!(
         "roughtime-tcp: at most {} connections, {} per address, closed after {} s idle or {} s \

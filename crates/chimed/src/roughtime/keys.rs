@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use zeroize::Zeroizing;
 
 use crate::observe::metrics::single;
-use crate::roughtime::udp::Shared;
+use crate::roughtime::state::Shared;
 use crate::service::ServiceError;
 
 /// How far before its making a certificate is valid: covers a reply signed in the same second
@@ -212,7 +212,7 @@ pub(crate) async fn rotate(key: Arc<LongTermKey>, rotation: Duration, shared: Ar
 /// one.
 pub(crate) fn encode(
     enc: &mut DescriptorEncoder,
-    rt: &crate::roughtime::udp::Shared,
+    rt: &crate::roughtime::state::Shared,
 ) -> std::fmt::Result {
     let d = rt.delegation.load();
     single(

@@ -19,9 +19,9 @@ use crate::service::ServiceError;
 
 use crate::observe::counters::Note;
 use crate::observe::stats::WorkerStats;
+use crate::roughtime::job::{Job, Reply, refuse_all};
 use crate::roughtime::serve;
-use crate::roughtime::tcp::{Job, Reply, refuse_all};
-use crate::roughtime::udp::{RoughtimeDrop, Shared};
+use crate::roughtime::state::{RoughtimeDrop, Shared};
 
 /// The online key in force, which the signer reads per batch.
 pub(crate) type Now = Arc<ArcSwap<PqDelegation>>;
@@ -183,9 +183,9 @@ fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::roughtime::job::testing::{answers, jobs, stats};
     use crate::roughtime::serve::testing::shared;
-    use crate::roughtime::tcp::tests::{answers, jobs, stats};
-    use crate::roughtime::udp::RoughtimeDrop;
+    use crate::roughtime::state::RoughtimeDrop;
 
     #[test]
     fn the_mldsa_online_key_covers_now() {

@@ -1,10 +1,12 @@
 //! Roughtime: the batch handler the socket and XDP workers run, the TCP transport, and the keys
 //! every transport signs with (online keys delegated by a long-term key or read from a bundle).
 
+pub(crate) mod job;
 pub(crate) mod keys;
 #[cfg(feature = "mldsa")]
 pub(crate) mod mldsa;
 pub(crate) mod serve;
+pub(crate) mod state;
 pub(crate) mod tcp;
 pub(crate) mod udp;
 
@@ -44,7 +46,7 @@ pub(crate) enum Error {
 
 /// What the control plane needs to keep Roughtime's keys current: what it signs with, the
 /// rotation interval, and the state the workers share.
-pub(crate) type Control = (keys::Signer, Duration, Arc<udp::Shared>);
+pub(crate) type Control = (keys::Signer, Duration, Arc<state::Shared>);
 
 /// The state every Roughtime transport shares, with the first delegation made (or taken from the
 /// bundle), and what the control plane needs to keep it current. Logs what an operator needs to
@@ -102,7 +104,7 @@ pub(crate) fn prepare(
             kinds.join(", ")
         );
     }
-    let shared = Arc::new(udp::Shared {
+    let shared = Arc::new(state::Shared {
         ntp: ntp.clone(),
         delegation: ArcSwap::from_pointee(delegation),
         workers: Arc::new(crate::observe::stats::Workers::new("roughtime")),

@@ -14,7 +14,7 @@ use chime_roughtime::{BatchParams, Delegation};
 use crate::access::acl::Acl;
 use crate::clock;
 use crate::observe::stats::WorkerStats;
-use crate::roughtime::udp::{RoughtimeDrop, Shared};
+use crate::roughtime::state::{RoughtimeDrop, Shared};
 
 /// A batch the rule lets be signed.
 pub(crate) struct Batch {

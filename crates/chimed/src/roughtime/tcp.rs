@@ -50,9 +50,10 @@ use crate::clock;
 use crate::observe::counters::Note;
 use crate::observe::metrics::{counters, single};
 use crate::observe::stats::{WorkerStats, Workers};
+use crate::roughtime::job::{Job, Reply, refuse_all};
 #[cfg(feature = "mldsa")]
 use crate::roughtime::mldsa;
-use crate::roughtime::udp::{RoughtimeDrop, Shared};
+use crate::roughtime::state::{RoughtimeDrop, Shared};
 use crate::roughtime::{Error, serve};
 
 /// Requests one connection may have awaiting replies; past it, its bytes wait in the kernel.
@@ -153,24 +154,6 @@ impl Counts {
         }
         line
     }
-}
-
-/// One request on its way to the signer, when it was read, and where its reply goes.
-pub(super) struct Job {
-    pub(super) packet: Vec<u8>,
-    pub(super) peer: IpAddr,
-    pub(super) read_at: std::time::Instant,
-    pub(super) reply: mpsc::Sender<Reply>,
-}
-
-/// What becomes of a request.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Reply {
-    Signed(Vec<u8>),
-    /// Not answered, as the drop counters say why: the connection is closed.
-    Dropped,
-    /// Not answered: it waited too long (see [`Ageing`]).
-    Shed,
 }
 
 /// When the signer sheds (CoDel's rule, as [`chime_udp::Shedder`] applies it to a socket's
@@ -679,14 +662,6 @@ fn shed(
     stats.shed(old);
 }
 
-/// Tells every connection of a batch that is not signed that its request gets no reply. A
-/// connection that went away meanwhile has closed its channel: the send fails, nothing more.
-pub(super) fn refuse_all(jobs: &[Job]) {
-    for job in jobs {
-        let _ = job.reply.try_send(Reply::Dropped);
-    }
-}
-
 /// One batch: the same checks, signature and counts as a UDP worker's receive batch.
 fn answer(
     responder: &mut Responder,
@@ -789,47 +764,11 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, tcp: &Counts) -> std::fmt::Res
 /// The signer's batches driven in process, without a connection: the serve rule as TCP follows
 /// it, for both suites.
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
+    use crate::roughtime::job::testing::{answers, jobs, stats};
     use crate::roughtime::serve::testing::{request, shared, verify};
-    use crate::roughtime::udp::RoughtimeDrop;
-
-    /// Where a job's answer arrives.
-    pub(in crate::roughtime) type Answer = mpsc::Receiver<Reply>;
-
-    /// `packets` as jobs from `peer`, and where each one's answer arrives.
-    pub(in crate::roughtime) fn jobs(packets: &[Vec<u8>], peer: &str) -> (Vec<Job>, Vec<Answer>) {
-        packets
-            .iter()
-            .map(|packet| {
-                let (reply, answer) = mpsc::channel(1);
-                let peer = peer.parse().unwrap();
-                let job = Job {
-                    packet: packet.clone(),
-                    peer,
-                    read_at: std::time::Instant::now(),
-                    reply,
-                };
-                (job, answer)
-            })
-            .unzip()
-    }
-
-    pub(in crate::roughtime) fn stats() -> WorkerStats<RoughtimeDrop> {
-        let workers = Workers::<RoughtimeDrop>::new("roughtime");
-        WorkerStats::new("test", None, (&workers, "test", 0))
-    }
-
-    pub(in crate::roughtime) fn answers(mut answers: Vec<Answer>) -> Vec<Option<Vec<u8>>> {
-        answers
-            .iter_mut()
-            .map(|a| match a.try_recv() {
-                Ok(Reply::Signed(reply)) => Some(reply),
-                Ok(Reply::Dropped) => None,
-                other => panic!("every job is answered, with a reply or without: {other:?}"),
-            })
-            .collect()
-    }
+    use crate::roughtime::state::RoughtimeDrop;
 
     /// One Ed25519 batch of `packets` from `peer` over a state `synchronised` or not.
     fn batch(
