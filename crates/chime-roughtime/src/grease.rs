@@ -8,8 +8,8 @@
 //! reads no random source); [`SignedBatch::write_greased_reply`](crate::SignedBatch::write_greased_reply)
 //! writes one.
 
+use crate::layout::ReplyLayout;
 use crate::message::Message;
-use crate::server::ReplyLayout;
 use crate::tag::Tag;
 use crate::version::Version;
 

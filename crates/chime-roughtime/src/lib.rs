@@ -49,6 +49,7 @@ mod error;
 mod grease;
 mod keyfile;
 mod keys;
+mod layout;
 pub mod merkle;
 mod message;
 #[cfg(feature = "mldsa")]

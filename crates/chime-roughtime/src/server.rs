@@ -25,8 +25,9 @@ use crate::codec::Writer;
 use crate::error::{DecodeError, EncodeError};
 use crate::grease::Grease;
 use crate::keys::{CERT_LEN, Delegation, SIGNATURE_LEN};
+use crate::layout::ReplyLayout;
 use crate::merkle::MerkleTree;
-use crate::message::{header_len, write_header};
+use crate::message::write_header;
 use crate::packet::{FRAME_HEADER_LEN, Framing, write_frame_header};
 use crate::request::{REQUEST_LEN, Request};
 use crate::tag::Tag;
@@ -675,50 +676,6 @@ pub(crate) const fn reply_len(family: Family, path_len: usize, srep_len: usize) 
     ReplyLayout::new(family, path_len, srep_len).len
 }
 
-/// Where each value of a reply starts, in the order [`encode_reply`] writes them (tags sorted by
-/// value): Google's SIG PATH SREP CERT INDX; drafts 07–11's SIG VER NONC PATH SREP CERT INDX,
-/// framed; from draft 12 on SIG NONC TYPE PATH SREP CERT INDX, framed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReplyLayout {
-    pub(crate) sig: usize,
-    /// Google's replies carry no nonce.
-    pub(crate) nonce: Option<usize>,
-    pub(crate) path: usize,
-    pub(crate) srep: usize,
-    pub(crate) cert: usize,
-    pub(crate) indx: usize,
-    pub(crate) len: usize,
-}
-
-impl ReplyLayout {
-    pub(crate) const fn new(family: Family, path_len: usize, srep_len: usize) -> Self {
-        let framed = FRAME_HEADER_LEN + header_len(7);
-        let (sig, nonce, path) = match family {
-            Family::Google => (header_len(5), None, header_len(5) + SIGNATURE_LEN),
-            Family::Draft07 | Family::Draft08 => {
-                let nonce = framed + SIGNATURE_LEN + 4;
-                (framed, Some(nonce), nonce + family.nonce_len())
-            }
-            Family::Draft12 | Family::Rfc => {
-                let nonce = framed + SIGNATURE_LEN;
-                (framed, Some(nonce), nonce + family.nonce_len() + 4)
-            }
-        };
-        let srep = path + path_len;
-        let cert = srep + srep_len;
-        let indx = cert + CERT_LEN;
-        Self {
-            sig,
-            nonce,
-            path,
-            srep,
-            cert,
-            indx,
-            len: indx + 4,
-        }
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn encode_reply(
     r: &Responder,
@@ -803,6 +760,7 @@ fn encode_reply(
 mod tests {
     use super::*;
     use crate::keys::{LongTermKey, OnlineKey};
+    use crate::message::header_len;
     use crate::request::build_request;
 
     const NOW_S: u64 = 1_795_285_217;
