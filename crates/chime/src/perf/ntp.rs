@@ -35,7 +35,7 @@ pub(crate) struct Args {
     pub(crate) mode: RequestMode,
 
     #[command(flatten)]
-    pub(crate) nts: super::nts::NtsArgs,
+    pub(crate) nts: super::args::NtsArgs,
 }
 
 impl Args {

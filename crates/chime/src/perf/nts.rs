@@ -18,7 +18,6 @@
 //! counted.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -32,7 +31,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rustls::ClientConfig;
 
-use super::args::usage;
+use super::args::{NtsArgs, usage};
 use super::ntp::{NtpLoad, RequestMode, server_times, times};
 use super::ntpv5::V5Load;
 use super::protocol::{LoadProtocol, ReplyMatch, ServerTimes, Verdict};
@@ -545,37 +544,6 @@ impl LoadProtocol for NtsLoad {
             Err(_) => invalid,
         }
     }
-}
-
-/// The flags of `chime perf ntp` that turn it to NTS.
-#[derive(Debug, clap::Args)]
-pub(crate) struct NtsArgs {
-    /// Authenticate every request with NTS: run NTS-KE with this server (HOST[:PORT], port 4460
-    /// by default) first, then load the NTP server it names (or --target)
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub(crate) nts: Option<String>,
-
-    /// With --nts: trust the certificates in this PEM file [default: the system's store]
-    #[arg(long = "nts-ca", value_name = "FILE", requires = "nts")]
-    pub(crate) nts_ca: Option<PathBuf>,
-
-    /// With --nts: the AEAD algorithms to offer, in order of preference: 15 (siv-cmac-256), 17
-    /// (siv-cmac-512) or 30 (gcm-siv), comma-separated
-    #[arg(long = "nts-aead", value_name = "LIST", default_value = "15", requires = "nts",
-          value_parser = crate::nts::parse_aeads)]
-    pub(crate) nts_aead: crate::nts::AeadList,
-
-    /// With --nts: NTS-KE sessions made before the run and shared out among the threads, each
-    /// holding up to eight cookies
-    #[arg(long = "nts-sessions", value_name = "N", default_value_t = 256, requires = "nts",
-          value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub(crate) nts_sessions: u32,
-
-    /// With --nts: cookie placeholders in every request [default: as many as the session is
-    /// short of eight cookies, as clients send them]
-    #[arg(long = "nts-placeholders", value_name = "N", requires = "nts",
-          value_parser = clap::value_parser!(u8).range(0..=7))]
-    pub(crate) nts_placeholders: Option<u8>,
 }
 
 #[cfg(test)]
