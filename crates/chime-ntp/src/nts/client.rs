@@ -5,9 +5,10 @@ use std::ops::Range;
 
 use super::aead::Aead;
 use super::cookies::Keys;
-use super::records::{Agreement, Protocol};
-use super::server::{Field, Unopened, fields, open_authenticator};
-use super::{NONCE_LEN, TAG_LEN, ef, record};
+use super::fields::{Field, Unopened, fields, open_authenticator};
+use super::record::{self, KeAnswerError, Protocol};
+use super::records::Agreement;
+use super::{NONCE_LEN, TAG_LEN, ef};
 use crate::packet::Header;
 use crate::v5::{self, Draft};
 
@@ -42,23 +43,6 @@ pub struct KeAnswer {
     pub server: Option<String>,
     /// The NTP port to use, if not 123.
     pub port: Option<u16>,
-}
-
-/// Why an NTS-KE response is not usable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum KeAnswerError {
-    /// The server sent an Error record with this code.
-    #[error("the server refused: NTS-KE error {0}")]
-    Refused(u16),
-    /// Records that do not parse, or are missing.
-    #[error("bad NTS-KE response: {0}")]
-    Bad(&'static str),
-    /// The server serves none of the protocols offered (an empty Next Protocol record).
-    #[error("the server serves no protocol offered")]
-    NoProtocol,
-    /// The server serves none of the AEAD algorithms offered (an empty AEAD Algorithm record).
-    #[error("the server serves none of the AEAD algorithms offered")]
-    NoAead,
 }
 
 /// Reads an NTS-KE response (up to End of Message) to a request that offered `protocol` and the

@@ -7,9 +7,57 @@ use zeroize::Zeroize;
 
 use super::aead::{Aead, MAX_KEY_LEN};
 use super::fleet::{FleetSecret, fleet_key};
-use super::records::Protocol;
-use super::server::NakReason;
+use super::record::Protocol;
 use super::{KEY_LEN, NONCE_LEN, TAG_LEN};
+
+/// Why a request gets an NTS NAK: what an operator needs to tell lost keys from a client's
+/// mistake or an attack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NakReason {
+    /// The cookie names a master key not held here: rotated out long ago, lost at a restart
+    /// without saved keys, or another server's (a fleet member with another secret).
+    UnknownKey,
+    /// The cookie names a key held here but does not open under it (changed, or not sealed
+    /// here), or names an algorithm or protocol it cannot be.
+    BadCookie,
+    /// The cookie's keys were exported for the other protocol (NTPv4's keys in an NTPv5 request,
+    /// or the other way round).
+    OtherProtocol,
+    /// The cookie opened but the authenticator does not verify under its keys: the request was
+    /// changed on its way, or made by someone without the keys.
+    Forged,
+}
+
+impl NakReason {
+    /// Every reason, in [`NakReason::index`] order.
+    pub const ALL: [Self; 4] = [
+        Self::UnknownKey,
+        Self::BadCookie,
+        Self::OtherProtocol,
+        Self::Forged,
+    ];
+
+    /// A dense index below `NakReason::ALL.len()`, for counter arrays: its place in
+    /// [`NakReason::ALL`].
+    pub const fn index(self) -> usize {
+        match self {
+            Self::UnknownKey => 0,
+            Self::BadCookie => 1,
+            Self::OtherProtocol => 2,
+            Self::Forged => 3,
+        }
+    }
+
+    /// Its name in counters and logs.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::UnknownKey => "unknown_key",
+            Self::BadCookie => "bad_cookie",
+            Self::OtherProtocol => "other_protocol",
+            Self::Forged => "forged",
+        }
+    }
+}
 
 /// The two keys of one client's NTS association, the protocol they were exported for, and the
 /// algorithm they are for.

@@ -32,8 +32,10 @@
 mod aead;
 mod client;
 mod cookies;
+mod fields;
 mod fleet;
 mod pool;
+mod record;
 mod records;
 mod server;
 #[cfg(test)]
@@ -42,24 +44,25 @@ mod tests;
 pub use aead::{Aead, MAX_KEY_LEN};
 pub use chime_keyfile::KeyFileError;
 pub use client::{
-    ClientReply, ClientReplyError, KeAnswer, KeAnswerError, NtsFields, client_check_reply,
-    client_check_reply_v5, client_request, client_request_into, client_request_len,
-    client_request_v5, client_request_v5_into, client_request_v5_len, ke_request,
-    parse_ke_response, reply_unique_id, reply_unique_id_v5,
+    ClientReply, ClientReplyError, KeAnswer, NtsFields, client_check_reply, client_check_reply_v5,
+    client_request, client_request_into, client_request_len, client_request_v5,
+    client_request_v5_into, client_request_v5_len, ke_request, parse_ke_response, reply_unique_id,
+    reply_unique_id_v5,
 };
-pub use cookies::{Cookie, CookieKeys, Keys, MAX_COOKIE_LEN, cookie_len};
+pub use cookies::{Cookie, CookieKeys, Keys, MAX_COOKIE_LEN, NakReason, cookie_len};
 pub use fleet::{FLEET_SECRET_LEN, FleetSecret, encode_fleet_file, fleet_key, parse_fleet_file};
 pub use pool::{
     POOL_AEADS, PoolSupport, PoolTokens, parse_pool_support, parse_pool_tokens,
     pool_fixed_key_request, pool_support_request,
 };
+pub use record::{KeAnswerError, Protocol};
 pub use records::{
-    Agreement, KE_MAX_REQUEST, KeOutcome, NtpNegotiation, Protocol, ke_check, ke_message_len,
-    ke_response, valid_ntp_server,
+    Agreement, KE_MAX_REQUEST, KeOutcome, NtpNegotiation, ke_check, ke_message_len, ke_response,
+    valid_ntp_server,
 };
 pub use server::{
-    Check, NakReason, Verified, check_request, check_request_v5, write_nak, write_nak_v5,
-    write_response, write_response_v5,
+    Check, Verified, check_request, check_request_v5, write_nak, write_nak_v5, write_response,
+    write_response_v5,
 };
 
 /// The length of a master key cookies are sealed under (an AEAD_AES_SIV_CMAC_256 key, whatever
@@ -86,88 +89,6 @@ pub(crate) mod ef {
 const MAX_COOKIES: usize = 8;
 /// The shortest unique identifier a request may carry.
 const MIN_UNIQUE_ID: usize = 32;
-
-/// NTS-KE record types.
-mod record {
-    pub(super) const END_OF_MESSAGE: u16 = 0;
-    pub(super) const NEXT_PROTOCOL: u16 = 1;
-    pub(super) const ERROR: u16 = 2;
-    pub(super) const AEAD_ALGORITHM: u16 = 4;
-    pub(super) const NEW_COOKIE: u16 = 5;
-    pub(super) const NTPV4_SERVER: u16 = 6;
-    pub(super) const NTPV4_PORT: u16 = 7;
-    /// The NTS pool's records (see `pool`).
-    pub(super) const KEEP_ALIVE: u16 = 8;
-    pub(super) const SUPPORTED_PROTOCOLS: u16 = 9;
-    pub(super) const SUPPORTED_ALGORITHMS: u16 = 10;
-    pub(super) const FIXED_KEY_REQUEST: u16 = 12;
-    pub(super) const NTP_SERVER_DENY: u16 = 13;
-    pub(super) const AUTHENTICATION_TOKEN: u16 = 14;
-    /// chrony's Compliant AES-128-GCM-SIV Exporter Context (empty, not critical): a client
-    /// that sends it wants the keys of AEAD_AES_128_GCM_SIV exported with its own number in the
-    /// context; one that does not (chrony 4.4 to 4.6.0) exports them with 15's, and a server
-    /// that agrees on 30 must do the same for it.
-    pub(super) const COMPLIANT_GCM_SIV_EXPORT: u16 = 1024;
-    pub(super) const CRITICAL: u16 = 0x8000;
-
-    /// One record of an NTS-KE message, as [`records`] reads it.
-    pub(super) struct Record<'a> {
-        pub(super) critical: bool,
-        /// Its type, without the critical bit.
-        pub(super) ty: u16,
-        pub(super) body: &'a [u8],
-        /// Where the record ends in the message.
-        pub(super) end: usize,
-    }
-
-    /// The records of a message, in order, up to and including End of Message: the one reader
-    /// of record headers, for the server's side, the client's and a pool's.
-    pub(super) fn records(bytes: &[u8]) -> Records<'_> {
-        Records { bytes, at: 0 }
-    }
-
-    /// See [`records`]. A record whose body runs past the end is an `Err`, and the last item;
-    /// nothing after End of Message is read, nor a tail too short for a record's header.
-    pub(super) struct Records<'a> {
-        bytes: &'a [u8],
-        /// Where the next record starts; past the end once the message is read.
-        at: usize,
-    }
-
-    impl<'a> Iterator for Records<'a> {
-        type Item = Result<Record<'a>, ()>;
-
-        fn next(&mut self) -> Option<Self::Item> {
-            let (bytes, at) = (self.bytes, self.at);
-            let header = bytes.get(at..at.checked_add(4)?)?;
-            let raw = u16::from_be_bytes([header[0], header[1]]);
-            let len = usize::from(u16::from_be_bytes([header[2], header[3]]));
-            let Some(body) = bytes.get(at + 4..at + 4 + len) else {
-                self.at = usize::MAX;
-                return Some(Err(()));
-            };
-            let ty = raw & !CRITICAL;
-            self.at = if ty == END_OF_MESSAGE {
-                usize::MAX
-            } else {
-                at + 4 + len
-            };
-            Some(Ok(Record {
-                critical: raw & CRITICAL != 0,
-                ty,
-                body,
-                end: at + 4 + len,
-            }))
-        }
-    }
-
-    /// Appends a record: its type (with the critical bit, if set), its length, its body.
-    pub(super) fn put(out: &mut Vec<u8>, ty: u16, body: &[u8]) {
-        out.extend_from_slice(&ty.to_be_bytes());
-        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
-        out.extend_from_slice(body);
-    }
-}
 
 /// NTS-KE error codes.
 const ERROR_UNRECOGNIZED_CRITICAL: u16 = 0;

@@ -24,10 +24,8 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use super::aead::Aead;
-use super::client::KeAnswerError;
 use super::cookies::Keys;
-use super::record::{self, put};
-use super::records::Protocol;
+use super::record::{self, KeAnswerError, Protocol, put};
 
 /// The Authentication Tokens a member accepts from its pools, compared in constant time.
 #[derive(Default)]

@@ -6,7 +6,8 @@ use zeroize::Zeroizing;
 use super::aead::{Aead, MAX_KEY_LEN};
 use super::cookies::{Cookie, Keys};
 use super::pool::{PoolTokens, supported_algorithms};
-use super::{ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES, record};
+use super::record::{self, Protocol};
+use super::{ERROR_BAD_REQUEST, ERROR_UNRECOGNIZED_CRITICAL, MAX_COOKIES};
 
 /// The most bytes of NTS-KE request the server reads, as chronyd.
 pub const KE_MAX_REQUEST: usize = 16384;
@@ -21,48 +22,6 @@ pub fn ke_message_len(buf: &[u8]) -> Option<usize> {
         }
     }
     None
-}
-
-/// The NTP a session's keys are for (RFC 8915 §4.1.2's Next Protocol ids).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    /// NTPv4, id 0.
-    #[default]
-    NtpV4,
-    /// NTPv5 as drafted, id 0x8001 (the drafts' experimental number), served only where the
-    /// server speaks v5.
-    NtpV5Draft,
-}
-
-impl Protocol {
-    /// Every protocol, in [`Protocol::index`] order.
-    pub const ALL: [Self; 2] = [Self::NtpV4, Self::NtpV5Draft];
-
-    /// A dense index below `Protocol::ALL.len()`, for counter arrays: its place in
-    /// [`Protocol::ALL`].
-    pub const fn index(self) -> usize {
-        match self {
-            Self::NtpV4 => 0,
-            Self::NtpV5Draft => 1,
-        }
-    }
-
-    /// Its Next Protocol id.
-    pub const fn id(self) -> u16 {
-        match self {
-            Self::NtpV4 => 0,
-            Self::NtpV5Draft => 0x8001,
-        }
-    }
-
-    /// The protocol of Next Protocol id `id`, if it is one of these.
-    pub const fn from_id(id: u16) -> Option<Self> {
-        match id {
-            0 => Some(Self::NtpV4),
-            0x8001 => Some(Self::NtpV5Draft),
-            _ => None,
-        }
-    }
 }
 
 /// What the two sides of NTS-KE agreed on: the protocol, the AEAD algorithm, and how its keys are

@@ -4,55 +4,12 @@
 
 use std::ops::Range;
 
-use super::aead::Aead;
-use super::cookies::{Cookie, CookieKeys, Keys, cookie_len};
-use super::records::Protocol;
+use super::cookies::{Cookie, CookieKeys, Keys, NakReason, cookie_len};
+use super::fields::{Field, fields, open_authenticator};
+use super::record::Protocol;
 use super::{MAX_COOKIES, MIN_UNIQUE_ID, NONCE_LEN, TAG_LEN, ef};
 use crate::packet::Header;
 use crate::responder::kiss_of_death;
-
-/// One extension field of a request: its type, where its body is, and where it starts.
-#[derive(Clone, Debug)]
-pub(super) struct Field {
-    pub(super) ty: u16,
-    pub(super) start: usize,
-    pub(super) body: Range<usize>,
-}
-
-impl From<crate::v5::Field<'_>> for Field {
-    /// A v5 field, its body without the padding v5 leaves out of its length.
-    fn from(f: crate::v5::Field<'_>) -> Self {
-        Self {
-            ty: f.ty,
-            start: f.start,
-            body: f.start + 4..f.start + 4 + f.value.len(),
-        }
-    }
-}
-
-/// The extension fields after the header, as `check_extensions` accepted them: a remainder of 20
-/// or 24 bytes is a MAC, not a field.
-pub(super) fn fields(packet: &[u8]) -> impl Iterator<Item = Field> + '_ {
-    let mut at = Header::LEN;
-    std::iter::from_fn(move || {
-        let remaining = packet.len().checked_sub(at)?;
-        if remaining < 16 || remaining == 20 || remaining == 24 {
-            return None;
-        }
-        let ty = u16::from_be_bytes([packet[at], packet[at + 1]]);
-        let len = usize::from(u16::from_be_bytes([packet[at + 2], packet[at + 3]]));
-        if len < 16 || len > remaining || len % 4 != 0 {
-            return None;
-        }
-        let field = Field {
-            ty,
-            start: at,
-            body: at + 4..at + len,
-        };
-        at += len;
-        Some(field)
-    })
-}
 
 /// A request that passed NTS: what the reply needs.
 #[derive(Debug, Clone)]
@@ -63,55 +20,6 @@ pub struct Verified {
     unique_id: Range<usize>,
     /// Cookies to return: the one spent plus one per placeholder, at most 8.
     cookies: usize,
-}
-
-/// Why a request gets an NTS NAK: what an operator needs to tell lost keys from a client's
-/// mistake or an attack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NakReason {
-    /// The cookie names a master key not held here: rotated out long ago, lost at a restart
-    /// without saved keys, or another server's (a fleet member with another secret).
-    UnknownKey,
-    /// The cookie names a key held here but does not open under it (changed, or not sealed
-    /// here), or names an algorithm or protocol it cannot be.
-    BadCookie,
-    /// The cookie's keys were exported for the other protocol (NTPv4's keys in an NTPv5 request,
-    /// or the other way round).
-    OtherProtocol,
-    /// The cookie opened but the authenticator does not verify under its keys: the request was
-    /// changed on its way, or made by someone without the keys.
-    Forged,
-}
-
-impl NakReason {
-    /// Every reason, in [`NakReason::index`] order.
-    pub const ALL: [Self; 4] = [
-        Self::UnknownKey,
-        Self::BadCookie,
-        Self::OtherProtocol,
-        Self::Forged,
-    ];
-
-    /// A dense index below `NakReason::ALL.len()`, for counter arrays: its place in
-    /// [`NakReason::ALL`].
-    pub const fn index(self) -> usize {
-        match self {
-            Self::UnknownKey => 0,
-            Self::BadCookie => 1,
-            Self::OtherProtocol => 2,
-            Self::Forged => 3,
-        }
-    }
-
-    /// Its name in counters and logs.
-    pub const fn label(self) -> &'static str {
-        match self {
-            Self::UnknownKey => "unknown_key",
-            Self::BadCookie => "bad_cookie",
-            Self::OtherProtocol => "other_protocol",
-            Self::Forged => "forged",
-        }
-    }
 }
 
 /// What NTS makes of a request.
@@ -233,58 +141,6 @@ fn authentic(request: &[u8], auth: &Field, keys: &Keys) -> bool {
         &mut plain,
     )
     .is_ok()
-}
-
-/// Why an authenticator field did not open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Unopened {
-    /// Its lengths do not fit the field, the nonce is not one the algorithm takes (for AES-SIV,
-    /// shorter than `min_siv_nonce`), or the plaintext is longer than the buffer.
-    Malformed,
-    /// It does not verify under the key.
-    Forged,
-}
-
-/// Opens the authenticator field `auth` of `packet` under `key` of algorithm `aead`: nonce and
-/// ciphertext lengths, the nonce and the ciphertext with its tag (each padded to 4 bytes), with
-/// every byte of `packet` before the field as associated data. The plaintext goes to the start of
-/// `plain`; its length is returned. Shared by the server (requests) and the client (replies).
-pub(super) fn open_authenticator(
-    packet: &[u8],
-    auth: &Field,
-    (aead, key): (Aead, &[u8]),
-    min_siv_nonce: usize,
-    plain: &mut [u8],
-) -> Result<usize, Unopened> {
-    let body = &packet[auth.body.clone()];
-    if body.len() < 4 {
-        return Err(Unopened::Malformed);
-    }
-    let nonce_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
-    let ct_len = usize::from(u16::from_be_bytes([body[2], body[3]]));
-    let padded = |n: usize| n.div_ceil(4) * 4;
-    if !aead.takes_nonce(nonce_len, min_siv_nonce)
-        || ct_len < TAG_LEN
-        || 4 + padded(nonce_len) + padded(ct_len) > body.len()
-    {
-        return Err(Unopened::Malformed);
-    }
-    let nonce = &body[4..4 + nonce_len];
-    let ct = &body[4 + padded(nonce_len)..4 + padded(nonce_len) + ct_len];
-    let (tag, sealed) = match aead.tag_first() {
-        true => ct.split_at(TAG_LEN),
-        false => {
-            let (sealed, tag) = ct.split_at(ct_len - TAG_LEN);
-            (tag, sealed)
-        }
-    };
-    let plain = plain.get_mut(..sealed.len()).ok_or(Unopened::Malformed)?;
-    plain.copy_from_slice(sealed);
-    let tag = tag.try_into().map_err(|_| Unopened::Malformed)?;
-    match aead.open(key, &packet[..auth.start], nonce, plain, tag) {
-        true => Ok(plain.len()),
-        false => Err(Unopened::Forged),
-    }
 }
 
 /// Completes the reply to a [`Check::Verified`] request: `reply` holds the 48-byte header made

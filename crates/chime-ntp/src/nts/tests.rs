@@ -4,7 +4,7 @@
 use aes_siv::KeyInit;
 use aes_siv::siv::Aes128Siv;
 
-use super::server::fields;
+use super::fields::fields;
 use super::*;
 use crate::packet::{Header, Mode};
 use crate::time::NtpTimestamp;
@@ -1192,9 +1192,9 @@ fn an_ntpv5_request_over_nts_gets_an_authentic_v5_reply_as_long_as_itself() {
     assert_eq!((resp.stratum, resp.flags), (2, v5::flags::SYNCHRONISED));
     // The authenticator verifies under the server-to-client key over everything before it.
     let auth = v5::fields(&reply).unwrap().last().unwrap();
-    let auth = server::Field::from(auth);
+    let auth = fields::Field::from(auth);
     let mut plain = [0u8; 1024];
-    let opened = server::open_authenticator(
+    let opened = fields::open_authenticator(
         &reply,
         &auth,
         (Aead::AesSivCmac256, &S2C),
