@@ -41,8 +41,23 @@ pub fn thread_allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-/// Runs `f` and returns its result with the allocations the calling thread made meanwhile.
+/// Panics unless [`CountingAlloc`] is the binary's global allocator: a test measuring without it
+/// would see no allocation, and pass for that. One allocation, counted on the calling thread (and
+/// the allocator, once installed, counts on every thread).
+pub fn assert_counting() {
+    let before = thread_allocations();
+    drop(std::hint::black_box(Box::new(0u64)));
+    assert!(
+        thread_allocations() > before,
+        "the counting allocator is not installed (`#[global_allocator] static GLOBAL: \
+         CountingAlloc = CountingAlloc;`): allocations cannot be counted"
+    );
+}
+
+/// Runs `f` and returns its result with the allocations the calling thread made meanwhile,
+/// having first shown that they are counted ([`assert_counting`]).
 pub fn allocations_in<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    assert_counting();
     let before = thread_allocations();
     let r = f();
     (r, thread_allocations() - before)

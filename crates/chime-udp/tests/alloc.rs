@@ -13,7 +13,9 @@ use std::{
     time::Duration,
 };
 
-use chime_udp::counting_alloc::{CountingAlloc, thread_allocations as allocations};
+use chime_udp::counting_alloc::{
+    CountingAlloc, assert_counting, thread_allocations as allocations,
+};
 use chime_udp::{
     BatchHandler, BoundWorkers, RxBatch, SendOutcome, SocketConfig, Timestamp, TxBatch, UdpSocket,
     WorkerConfig,
@@ -74,6 +76,7 @@ fn stamp(tx: &mut TxBatch) {
 
 #[test]
 fn recv_and_send_batches_do_not_allocate() {
+    assert_counting();
     let mut cfg = SocketConfig::new((Ipv4Addr::LOCALHOST, 0).into());
     cfg.read_timeout = Some(Duration::from_millis(2));
     let sock = UdpSocket::bind(&cfg).unwrap();
@@ -140,6 +143,7 @@ impl BatchHandler for Watcher {
 
 #[test]
 fn worker_loop_does_not_allocate() {
+    assert_counting();
     let mut cfg = WorkerConfig::new("alloc", (Ipv4Addr::LOCALHOST, 0).into(), 1);
     cfg.socket.read_timeout = Some(Duration::from_millis(5));
     cfg.batch_size = 16;
