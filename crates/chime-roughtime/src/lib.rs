@@ -67,8 +67,6 @@ pub use chain::{
     ChainError, ChainReport, Contradiction, Link, contradictions, next_nonce, verify_chain,
 };
 pub use chime_keyfile::KeyFileError;
-/// How this CPU hashes a batch's Merkle leaves and nodes (for the log and benchmarks).
-pub use chime_sha512::Backend as HashBackend;
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
 pub use error::{DecodeError, EncodeError};
 pub use grease::Grease;

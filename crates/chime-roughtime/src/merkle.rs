@@ -23,7 +23,24 @@ use chime_sha512::{LANES, Lanes};
 
 /// The hash a tree is built with: SHA-512 (cut to the tree's hash size) for every version but
 /// draft 07, which uses SHA-512/256.
-pub use chime_sha512::Variant as TreeHash;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TreeHash {
+    /// SHA-512, truncated to the tree's hash size.
+    #[default]
+    Sha512,
+    /// SHA-512/256 (FIPS 180-4 §5.3.6.2): draft 07's.
+    Sha512_256,
+}
+
+impl TreeHash {
+    /// The member of the SHA-512 family the lanes compute for it.
+    const fn variant(self) -> chime_sha512::Variant {
+        match self {
+            Self::Sha512 => chime_sha512::Variant::Sha512,
+            Self::Sha512_256 => chime_sha512::Variant::Sha512_256,
+        }
+    }
+}
 
 /// Most hashes a PATH may hold (RFC 10049 §5.2.4).
 pub const MAX_PATH_HASHES: usize = 32;
@@ -37,7 +54,7 @@ pub fn hash<const H: usize>(parts: &[&[u8]]) -> [u8; H] {
 pub fn hash_with<const H: usize>(tree_hash: TreeHash, parts: &[&[u8]]) -> [u8; H] {
     match tree_hash {
         TreeHash::Sha512_256 => truncate(&chime_sha512::digest_512_256(parts)),
-        _ => truncate(&chime_sha512::digest(parts)),
+        TreeHash::Sha512 => truncate(&chime_sha512::digest(parts)),
     }
 }
 
@@ -182,7 +199,7 @@ impl<const H: usize> MerkleTree<H> {
         let slots = 2 * capacity + MAX_PATH_HASHES;
         Self {
             nodes: vec![[0; H]; slots],
-            lanes: Lanes::new().with_variant(tree_hash),
+            lanes: Lanes::new().with_variant(tree_hash.variant()),
             tree_hash,
             pending: [0; LANES],
             capacity,

@@ -399,7 +399,8 @@ impl XdpBound {
     }
 }
 
-/// What the XDP workers do to a frame, without the network: checks `frame` as a worker does and,
+/// What the XDP workers do to a frame, without the network (the `fuzzing` feature only): checks
+/// `frame` as a worker does and,
 /// if it is a well-formed UDP request, turns it into a reply carrying the request's first
 /// `reply_len` payload bytes (at most all of them), then checks that reply the same way. Returns
 /// the reply's length, or `None` for a frame a worker would drop. For the fuzzer, which must find
@@ -408,7 +409,7 @@ impl XdpBound {
 /// # Panics
 /// If the reply does not parse, or does not go from the request's destination back to its
 /// source: a bug.
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub fn answer_frame_in_place(frame: &mut [u8], reply_len: usize) -> Option<usize> {
     let req = frame::parse(frame).ok()?;
     let len = reply_len.min(req.payload.1);

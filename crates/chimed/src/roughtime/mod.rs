@@ -80,9 +80,9 @@ pub(crate) fn prepare(
     info!("roughtime: {}", keys::describe(&delegation));
     info!(
         "roughtime: Merkle hashing on {}",
-        match chime_roughtime::HashBackend::detect() {
-            chime_roughtime::HashBackend::Avx512 => "AVX-512, eight requests at a time",
-            chime_roughtime::HashBackend::Avx2 => "AVX2, four requests at a time",
+        match chime_sha512::Backend::detect() {
+            chime_sha512::Backend::Avx512 => "AVX-512, eight requests at a time",
+            chime_sha512::Backend::Avx2 => "AVX2, four requests at a time",
             _ => "one request at a time (no AVX2 or AVX-512 on this CPU)",
         }
     );
