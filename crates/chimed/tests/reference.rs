@@ -218,9 +218,9 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
                 .map(|r| r.label().to_owned()),
         )
         .collect();
-    // The reasons the daemon adds: `(Self::X, "reason"),` beside its own reason in the two
-    // workers.
-    for worker in ["ntp/worker.rs", "roughtime/udp.rs"] {
+    // The reasons the daemon adds: `(Self::X, "reason"),` beside its own reason in the NTP
+    // worker and in Roughtime's shared state.
+    for worker in ["ntp/worker.rs", "roughtime/state.rs"] {
         let text = repo_file(&format!("crates/chimed/src/{worker}"));
         for line in text
             .lines()
