@@ -118,13 +118,7 @@ fn plain(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
 fn served_offset(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
     let (policy, now) = (s.policy, s.now);
     let state = ServerState {
-        clock: ServedClock {
-            anchor: now,
-            offset: 0.3,
-            rate: 2e-6,
-            error: 20e-6,
-            error_rate: 1e-6,
-        },
+        clock: followed(now),
         ..*s.state
     };
     let requests = [*req; BATCH];
@@ -146,6 +140,17 @@ fn served_offset(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8
     });
 }
 
+/// An offset of 0.3 s followed from chronyd at `now`, moving at 2 ppm.
+fn followed(now: NtpTimestamp) -> ServedClock {
+    ServedClock {
+        anchor: now,
+        offset: 0.3,
+        rate: 2e-6,
+        error: 20e-6,
+        error_rate: 1e-6,
+    }
+}
+
 /// [`served_offset`]'s batch through a leap second's smear (`--leap-smear`), an hour before the
 /// leap: the smear looked up once for the batch, then every receive and transmit time smeared.
 fn smeared(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
@@ -155,13 +160,7 @@ fn smeared(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48])
         at: now.add_duration(Duration::from_secs(3600)),
     };
     let state = ServerState {
-        clock: ServedClock {
-            anchor: now,
-            offset: 0.3,
-            rate: 2e-6,
-            error: 20e-6,
-            error_rate: 1e-6,
-        },
+        clock: followed(now),
         leap_step: LeapStep {
             leap: Some(leap),
             ..LeapStep::NONE

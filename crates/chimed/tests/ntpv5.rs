@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Chimed, Chronyd, count_in, has_offset, ntpd_rs, peer, run, workspace_bin};
+use common::{Chimed, Chronyd, chime_ntp_with, count_in, has_offset, ntpd_rs, peer, run};
 
 const NTPSTATS_PYTHON: &str = "/opt/chime-peers/ntpstats-venv/bin/python";
 
@@ -335,40 +335,36 @@ fn a_chimed_serves_its_upstreams_filter_with_its_own() {
 }
 
 /// The kernel's TAI - UTC, set for a test and put back when dropped: machine-wide, as chronyd
-/// with `leapsectz` sets it (needs CAP_SYS_TIME, as the loopback tier's chronyd does).
+/// with `leapsectz` sets it (needs CAP_SYS_TIME, as the loopback tier's chronyd does), through
+/// `kernel_tai.py` (adjtimex(2)).
 struct KernelTai {
     before: i32,
 }
 
 impl KernelTai {
-    fn read() -> i32 {
-        // SAFETY: adjtimex(2) with no mode bits only reads into the zeroed struct it is given.
-        let mut t: libc::timex = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; `t` outlives the call.
-        let state = unsafe { libc::adjtimex(&mut t) };
-        assert!(state >= 0, "adjtimex: {}", std::io::Error::last_os_error());
-        t.tai
+    /// Sets it to `tai` (or only reads it, with `None`) and returns what it is then.
+    fn adjtimex(tai: Option<i32>) -> i32 {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kernel_tai.py");
+        let mut cmd = Command::new("python3");
+        cmd.arg(script).args(tai.map(|t| t.to_string()));
+        let out = run(&mut cmd);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "kernel_tai.py: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout.trim().parse().unwrap()
     }
 
     fn set(tai: i32) -> Self {
-        let before = Self::read();
+        let before = Self::adjtimex(None);
         Self::write(tai);
         Self { before }
     }
 
     fn write(tai: i32) {
-        // SAFETY: an all-zero timex is a valid value of the C struct.
-        let mut t: libc::timex = unsafe { std::mem::zeroed() };
-        t.modes = libc::ADJ_TAI;
-        t.constant = libc::c_long::from(tai);
-        // SAFETY: ADJ_TAI sets the kernel's TAI offset from `constant` and touches nothing else.
-        let state = unsafe { libc::adjtimex(&mut t) };
-        assert!(
-            state >= 0,
-            "adjtimex(ADJ_TAI): {}",
-            std::io::Error::last_os_error()
-        );
-        assert_eq!(Self::read(), tai);
+        assert_eq!(Self::adjtimex(Some(tai)), tai);
     }
 }
 
@@ -380,22 +376,8 @@ impl Drop for KernelTai {
 
 /// chime asking chimed over v5 for `timescale`: the reply's timescale and the offset it shows.
 fn chime_v5(chimed: &Chimed, timescale: &str) -> (u64, u64, f64) {
-    let out = run(Command::new(workspace_bin("chime")).args([
-        "ntp",
-        &chimed.addr.to_string(),
-        "--ntp-version",
-        "5",
-        "--ntpv5-timescale",
-        timescale,
-        "--json",
-    ]));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let flags = ["--ntp-version", "5", "--ntpv5-timescale", timescale];
+    let r = chime_ntp_with(chimed.addr, &flags).unwrap();
     let v5 = &r["ntpv5"];
     (
         v5["timescale"].as_u64().unwrap(),

@@ -128,7 +128,7 @@ impl ClockSteps {
     /// The system clock less the monotonic clock now; a step since the last poll is told to the
     /// mirror, whose followed clock moves with it.
     fn note(&mut self, mirror: &mut Mirror, shared: &Shared) -> f64 {
-        let now = clock::read().since_epoch.as_secs_f64() - shared.epoch.elapsed().as_secs_f64();
+        let now = shared.realtime_minus_monotonic(clock::read());
         if let Some(last) = self.last
             && (now - last).abs() > Self::STEP
         {
@@ -194,12 +194,9 @@ impl OffsetLog {
 /// time they carry against the system clock (the offset followed, its error bound, its rate).
 fn stats_line(state: &ServerState, shared: &Shared) {
     let now = clock::now();
-    let mut served = state.served_at(now, &shared.policy);
+    let served = shared.served_at(state, now);
     let smear =
         smear_offset(state, now, shared).map_or(String::new(), |s| format!(" smear={s:+.6}"));
-    if shared.smear {
-        served.leap = crate::ntp::worker::smeared_leap(served.leap);
-    }
     let leap = match served.leap {
         Leap::NoWarning => "none",
         Leap::AddSecond => "insert",
@@ -457,10 +454,7 @@ pub(crate) fn refid(state: &ServerState) -> String {
 pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Result {
     let now = clock::read().ntp();
     let state = ntp.state.load();
-    let mut served = state.served_at(now, &ntp.policy);
-    if ntp.smear {
-        served.leap = crate::ntp::worker::smeared_leap(served.leap);
-    }
+    let served = ntp.served_at(&state, now);
     let flags: [(&str, &str, i64); 5] = [
         (
             "chimed_upstream_synchronised",
@@ -579,9 +573,7 @@ fn smear_offset(state: &ServerState, now: NtpTimestamp, ntp: &Shared) -> Option<
     if !ntp.smear {
         return None;
     }
-    let (smear, stepped) = state.smear_at(now, || {
-        clock::read().since_epoch.as_secs_f64() - ntp.epoch.elapsed().as_secs_f64()
-    })?;
+    let (smear, stepped) = state.smear_at(now, || ntp.realtime_minus_monotonic(clock::read()))?;
     let utc = state.clock.serve(now);
     Some(smear.serve(utc, stepped).wrapping_diff_seconds(utc))
 }

@@ -12,8 +12,8 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::v5::{self, BloomFilter};
 use chime_ntp::{
-    ClientTable, Coin, DropReason, Leap, NtpTimestamp, ServedClock, ServerState, Smear,
-    StalePolicy, TxLog, Verdict,
+    ClientTable, Coin, DropReason, Leap, NtpTimestamp, ServedClock, ServedHeader, ServerState,
+    Smear, StalePolicy, TxLog, Verdict,
 };
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
@@ -409,12 +409,8 @@ impl BatchHandler for NtpWorker {
         let reading = clock::read();
         let (now, now_unix) = (reading.ntp(), reading.unix_secs());
         let state = self.shared.state.load();
-        let mut served = state.served_at(now, &self.shared.policy);
+        let mut served = self.shared.served_at(&state, now);
         self.time = TimeServed::of(&state, reading, &self.shared);
-        if self.shared.smear {
-            // Smeared time has no leap second: clients must not apply one too.
-            served.leap = smeared_leap(served.leap);
-        }
         self.zone = self.shared.zone.load_full();
         self.pivot_unix = now_unix;
         // chronyd's reference time is in its own served time already: only the zone shifts it.
@@ -570,11 +566,9 @@ impl TimeServed {
     /// For a batch read at `reading` from `state`: the smear is looked at only with
     /// `--leap-smear`, and the monotonic clock read only within seconds of a leap.
     fn of(state: &ServerState, reading: clock::Reading, shared: &Shared) -> Self {
-        let smear = shared.smear.then(|| {
-            state.smear_at(reading.ntp(), || {
-                reading.since_epoch.as_secs_f64() - shared.epoch.elapsed().as_secs_f64()
-            })
-        });
+        let smear = shared
+            .smear
+            .then(|| state.smear_at(reading.ntp(), || shared.realtime_minus_monotonic(reading)));
         Self {
             clock: state.clock,
             smear: smear.flatten(),
@@ -596,11 +590,22 @@ impl TimeServed {
     }
 }
 
-/// The leap indicator with `--leap-smear`: never a warning, since the smear takes the leap up.
-pub(crate) fn smeared_leap(leap: Leap) -> Leap {
-    match leap {
-        Leap::AddSecond | Leap::DelSecond => Leap::NoWarning,
-        other => other,
+impl Shared {
+    /// What a reply sent at local time `now` says about the clock ([`ServerState::served_at`]
+    /// under the stale policy), with `--leap-smear` never a leap warning: the smear takes the
+    /// leap up, and clients must not apply it too.
+    pub(crate) fn served_at(&self, state: &ServerState, now: NtpTimestamp) -> ServedHeader {
+        let mut served = state.served_at(now, &self.policy);
+        if self.smear && matches!(served.leap, Leap::AddSecond | Leap::DelSecond) {
+            served.leap = Leap::NoWarning;
+        }
+        served
+    }
+
+    /// The system clock at `reading` less the monotonic clock now (the rate limiter's
+    /// [`Self::epoch`] on), seconds: it moves only when the system clock is stepped.
+    pub(crate) fn realtime_minus_monotonic(&self, reading: clock::Reading) -> f64 {
+        reading.since_epoch.as_secs_f64() - self.epoch.elapsed().as_secs_f64()
     }
 }
 

@@ -481,8 +481,14 @@ pub fn run(cmd: &mut Command) -> Output {
 
 /// `chime ntp --json ADDR`, parsed.
 pub fn chime_ntp(addr: SocketAddr) -> Result<serde_json::Value, String> {
+    chime_ntp_with(addr, &[])
+}
+
+/// [`chime_ntp`] with `extra` flags.
+pub fn chime_ntp_with(addr: SocketAddr, extra: &[&str]) -> Result<serde_json::Value, String> {
     let out = run(Command::new(workspace_bin("chime"))
         .args(["ntp", "--json", "--timeout", "1"])
+        .args(extra)
         .arg(addr.to_string()));
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
