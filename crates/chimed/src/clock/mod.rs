@@ -1,6 +1,7 @@
 //! The daemon's one window on the system clock. The protocol crates never read a clock; the
 //! daemon reads CLOCK_REALTIME (through `SystemTime`, a vDSO call) and hands the time in.
 
+pub(crate) mod published;
 pub(crate) mod tz;
 pub(crate) mod upstream;
 

@@ -27,7 +27,7 @@ use tokio::time::{self, Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::clock;
-use crate::ntp::worker::Shared;
+use crate::clock::published::Published;
 use crate::observe::metrics::single;
 use crate::service::ServiceError;
 
@@ -44,11 +44,11 @@ enum Health {
 pub(crate) async fn run(
     upstream: SocketAddr,
     interval: Duration,
-    shared: Arc<Shared>,
+    (published, stats_interval): (Arc<Published>, Option<Duration>),
 ) -> Result<(), ServiceError> {
     let mut mirror = Mirror::new(upstream);
     // With v5 on, the upstream's reference-ID filter, a quarter a poll, if it speaks v5.
-    let mut fetch = shared.v5.as_ref().map(|_| Filters {
+    let mut fetch = published.filter().map(|_| Filters {
         fetch: FilterFetch::new(Draft::D08),
         gathered: None,
         last: None,
@@ -65,12 +65,12 @@ pub(crate) async fn run(
         fail::fail_point!("upstream", |_| Err(crate::service::fail_point_error(
             "upstream"
         )));
-        let realtime_minus_monotonic = steps.note(&mut mirror, &shared);
+        let realtime_minus_monotonic = steps.note(&mut mirror, &published);
         // A poll waits at most one interval (and never more than a second, like rsntp) so that a
         // slow upstream cannot stretch the schedule.
         let deadline = Instant::now() + interval.min(Duration::from_secs(1));
         let result = poll_once(&mut mirror, &mut socket, upstream, deadline, &mut fetch).await;
-        if let (Some(f), Some(v5)) = (&mut fetch, &shared.v5)
+        if let (Some(f), Some(v5)) = (&mut fetch, published.filter())
             && let Some(filter) = f.gathered.take()
             && f.last != Some(filter)
         {
@@ -94,20 +94,26 @@ pub(crate) async fn run(
                 ..state
             };
             state.leap_step.realtime_minus_monotonic = realtime_minus_monotonic;
-            shared.state.store(Arc::new(state));
+            published.publish(state);
             offset_log.note(upstream, &state);
             if let Some(wait) = until_leap(&state, interval) {
                 ticks.reset_after(wait);
             }
         }
-        if let Some(every) = shared.stats_interval
+        if let Some(every) = stats_interval
             && stats_at.elapsed() >= every
         {
-            stats_line(&state, &shared);
+            stats_line(&state, &published);
             stats_at = Instant::now();
         }
         if now_health != health {
-            report(upstream, now_health, &state, result.as_ref().err(), &shared);
+            report(
+                upstream,
+                now_health,
+                &state,
+                result.as_ref().err(),
+                &published,
+            );
             health = now_health;
         }
     }
@@ -127,8 +133,8 @@ impl ClockSteps {
 
     /// The system clock less the monotonic clock now; a step since the last poll is told to the
     /// mirror, whose followed clock moves with it.
-    fn note(&mut self, mirror: &mut Mirror, shared: &Shared) -> f64 {
-        let now = shared.realtime_minus_monotonic(clock::read());
+    fn note(&mut self, mirror: &mut Mirror, published: &Published) -> f64 {
+        let now = published.realtime_minus_monotonic(clock::read());
         if let Some(last) = self.last
             && (now - last).abs() > Self::STEP
         {
@@ -192,11 +198,12 @@ impl OffsetLog {
 
 /// The upstream's line every `--stats-interval`: what replies sent now say of the clock, and the
 /// time they carry against the system clock (the offset followed, its error bound, its rate).
-fn stats_line(state: &ServerState, shared: &Shared) {
-    let now = clock::now();
-    let served = shared.served_at(state, now);
-    let smear =
-        smear_offset(state, now, shared).map_or(String::new(), |s| format!(" smear={s:+.6}"));
+fn stats_line(state: &ServerState, published: &Published) {
+    let reading = clock::read();
+    let now = reading.ntp();
+    let served = published.served_at(state, now);
+    let smear = smear_offset(state, reading, published)
+        .map_or(String::new(), |s| format!(" smear={s:+.6}"));
     let leap = match served.leap {
         Leap::NoWarning => "none",
         Leap::AddSecond => "insert",
@@ -407,9 +414,9 @@ fn report(
     health: Health,
     state: &ServerState,
     error: Option<&PollError>,
-    shared: &Shared,
+    published: &Published,
 ) {
-    let stale = shared.policy.stale_after.as_secs_f64();
+    let stale = published.policy().stale_after.as_secs_f64();
     match health {
         Health::Synchronised => info!(
             "upstream {upstream} synchronised: stratum {} refid {} root delay {:.6} s root \
@@ -451,10 +458,11 @@ pub(crate) fn refid(state: &ServerState) -> String {
 
 /// Writes the upstream's metrics: the mirrored state as last polled, and what a reply sent now
 /// says about the clock. Read afresh at each scrape.
-pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Result {
-    let now = clock::read().ntp();
-    let state = ntp.state.load();
-    let served = ntp.served_at(&state, now);
+pub(crate) fn encode(enc: &mut DescriptorEncoder, published: &Published) -> std::fmt::Result {
+    let reading = clock::read();
+    let now = reading.ntp();
+    let state = published.load();
+    let served = published.served_at(&state, now);
     let flags: [(&str, &str, i64); 5] = [
         (
             "chimed_upstream_synchronised",
@@ -517,7 +525,7 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
     for (name, help, value) in gauges {
         single(enc, name, help, ConstGauge::new(value))?;
     }
-    encode_leap(enc, &state, now, ntp)?;
+    encode_leap(enc, &state, reading, published)?;
     if let Some(updated) = state.updated {
         single(
             enc,
@@ -534,9 +542,10 @@ pub(crate) fn encode(enc: &mut DescriptorEncoder, ntp: &Shared) -> std::fmt::Res
 fn encode_leap(
     enc: &mut DescriptorEncoder,
     state: &ServerState,
-    now: NtpTimestamp,
-    ntp: &Shared,
+    reading: clock::Reading,
+    published: &Published,
 ) -> std::fmt::Result {
+    let now = reading.ntp();
     if let Some(announced) = state.announced {
         single(
             enc,
@@ -546,7 +555,7 @@ fn encode_leap(
             ConstGauge::new(announced.at.wrapping_diff_seconds(state.clock.serve(now))),
         )?;
     }
-    if let Some(smeared) = smear_offset(state, now, ntp) {
+    if let Some(smeared) = smear_offset(state, reading, published) {
         single(
             enc,
             "chimed_leap_smear_offset_seconds",
@@ -569,12 +578,9 @@ fn encode_leap(
 }
 
 /// With `--leap-smear` and a smear under way at local time `now`: the time served less UTC.
-fn smear_offset(state: &ServerState, now: NtpTimestamp, ntp: &Shared) -> Option<f64> {
-    if !ntp.smear {
-        return None;
-    }
-    let (smear, stepped) = state.smear_at(now, || ntp.realtime_minus_monotonic(clock::read()))?;
-    let utc = state.clock.serve(now);
+fn smear_offset(state: &ServerState, now: clock::Reading, published: &Published) -> Option<f64> {
+    let (smear, stepped) = published.smear_at(state, now)?;
+    let utc = state.clock.serve(now.ntp());
     Some(smear.serve(utc, stepped).wrapping_diff_seconds(utc))
 }
 
@@ -594,7 +600,7 @@ mod tests {
     use chime_ntp::StalePolicy;
 
     use super::*;
-    use crate::ntp::worker::testing::{self, shared};
+    use crate::clock::published::testing::{self, published};
 
     /// An upstream that answers every request with `state`, as chronyd would, until dropped.
     async fn upstream(state: ServerState) -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -623,15 +629,16 @@ mod tests {
             .unwrap();
         runtime.block_on(async {
             let (addr, server) = upstream(state).await;
-            let ntp = shared(ServerState::unsynchronised(), &[]);
-            let poller = tokio::spawn(run(addr, Duration::from_millis(10), ntp.clone()));
+            let ntp = published(ServerState::unsynchronised());
+            let shared = (ntp.clone(), None);
+            let poller = tokio::spawn(run(addr, Duration::from_millis(10), shared));
             let deadline = Instant::now() + Duration::from_secs(2);
-            while ntp.state.load().updated.is_none() && Instant::now() < deadline {
+            while ntp.load().updated.is_none() && Instant::now() < deadline {
                 time::sleep(Duration::from_millis(5)).await;
             }
             poller.abort();
             server.abort();
-            **ntp.state.load()
+            **ntp.load()
         })
     }
 

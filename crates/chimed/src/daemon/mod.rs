@@ -13,12 +13,16 @@ pub(crate) mod supervisor;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
+use crate::access::Rules;
+use crate::clock::published::Published;
 use crate::config::Args;
 use crate::config::{self, Settings, docs};
 
@@ -131,13 +135,24 @@ fn run(
         }
         (None, None) => None,
     };
-    let ntp = ntp::shared(settings, nts_start.as_ref().map(|(keys, _)| keys));
+    // Each kind of state with its owner: the clock's, the access rules, the cookie keys; the
+    // services are handed what they read of each.
+    let clock = Arc::new(Published::new(settings));
+    let access = Arc::new(Rules::new(settings.acl.clone()));
+    let cookies =
+        (nts_start.as_ref()).map(|(keys, _)| Arc::new(ArcSwap::from_pointee(keys.clone())));
     if let Some(zone) = settings.tz_offset() {
-        reload::load_zone(zone, &ntp, false)?;
+        reload::load_zone(zone, &clock, false)?;
     }
+    let ntp = ntp::shared(settings, clock.clone(), access.clone(), cookies);
     log_shedding(settings);
+    let stats_interval = settings.observe.stats_interval.duration();
     let roughtime = match &secrets.roughtime {
-        Some(keys) => Some(roughtime::prepare(&settings.roughtime, keys, &ntp)?),
+        Some(keys) => Some(roughtime::prepare(
+            &settings.roughtime,
+            keys,
+            (&clock, &access, stats_interval),
+        )?),
         None => None,
     };
     let prepared = Prepared {
@@ -270,8 +285,7 @@ fn log_totals(running: &Running) {
             counts.line()
         );
     }
-    let ntp = &running.reloadable.ntp;
-    info!("ntp totals at exit: {}", ntp.workers.total().display_all());
+    info!("ntp totals at exit: {}", running.ntp.total().display_all());
     if let Some(counts) = &running.ke_counts {
         info!("nts-ke totals at exit: {}", counts.line());
     }

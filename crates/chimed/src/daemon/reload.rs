@@ -11,9 +11,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tracing::{info, warn};
 
+use crate::access::Rules;
+use crate::clock::published::Published;
 use crate::clock::tz;
 use crate::config::{self, Args, Settings};
-use crate::ntp::worker as ntp_worker;
 use crate::nts::{ke as nts_ke, keys as nts_keys};
 use crate::roughtime::keys as online_keys;
 
@@ -23,7 +24,7 @@ pub(crate) struct FleetKeys {
     pub(crate) path: PathBuf,
     pub(crate) period: Duration,
     pub(crate) secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
-    pub(crate) cookies: Arc<ArcSwap<chime_ntp::nts::CookieKeys>>,
+    pub(crate) cookies: nts_keys::InForce,
 }
 
 /// Where the NTS-KE's TLS configuration in force lives, its certificate and key files, and where
@@ -44,7 +45,8 @@ pub(crate) type LogFilter =
 pub(crate) struct Reloadable {
     /// The log filter, and the level or filter it was last given.
     pub(crate) log: (LogFilter, std::sync::Mutex<String>),
-    pub(crate) ntp: Arc<ntp_worker::Shared>,
+    pub(crate) clock: Arc<Published>,
+    pub(crate) access: Arc<Rules>,
     pub(crate) nts: Option<NtsTls>,
     pub(crate) fleet: Option<FleetKeys>,
     pub(crate) roughtime: Option<Arc<crate::roughtime::state::Shared>>,
@@ -70,7 +72,7 @@ impl Reloadable {
                 }
                 // Logged once in force, so that whoever reads the line can rely on it.
                 let shown = format!("{:?}", new.acl);
-                self.ntp.acl.store(Arc::new(new.acl));
+                self.access.replace(new.acl);
                 info!("SIGHUP: access rules reloaded: {shown}");
             }
             Ok(None) => info!("SIGHUP: no config file, so no access rules to reload"),
@@ -78,7 +80,7 @@ impl Reloadable {
         }
         if let Some(zone) = settings.tz_offset() {
             info!("SIGHUP: re-reading the timezone");
-            if let Err(e) = load_zone(zone, &self.ntp, true) {
+            if let Err(e) = load_zone(zone, &self.clock, true) {
                 warn!("{e}; keeping the zone loaded before");
             }
         }
@@ -142,7 +144,7 @@ impl NtsTls {
 /// workers, with the warning every start (and reload) owes the operator.
 pub(crate) fn load_zone(
     name: Option<&str>,
-    shared: &ntp_worker::Shared,
+    clock: &Published,
     reload: bool,
 ) -> Result<(), tz::ZoneError> {
     let (zone, description) = if reload {
@@ -150,7 +152,7 @@ pub(crate) fn load_zone(
     } else {
         tz::load(name)?
     };
-    shared.zone.store(Some(zone));
+    clock.set_zone(zone);
     warn!(
         "timezone-offset mode: NTP replies carry the local time of {description} as if it \
          were UTC; clients that expect UTC will be wrong by that offset (Roughtime is never shifted)"

@@ -21,7 +21,7 @@ use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
 use crate::daemon::secrets::Secrets;
 use crate::daemon::supervisor::Supervisor;
 use crate::ntp::worker::{self as ntp_worker, NtpWorker};
-use crate::nts::ke as nts_ke;
+use crate::nts::{ke as nts_ke, keys as nts_keys};
 use crate::observe::{metrics, stats};
 use crate::roughtime::udp::RoughtimeWorker;
 use crate::roughtime::{self, keys as online_keys, tcp as roughtime_tcp};
@@ -40,6 +40,8 @@ pub(crate) struct Prepared {
 /// it logs at exit.
 pub(crate) struct Running {
     pub(crate) reloadable: Reloadable,
+    /// The NTP workers' counts.
+    pub(crate) ntp: Arc<stats::Workers<ntp_worker::NtpDrop>>,
     pub(crate) xdp: Option<Arc<chime_xdp::XdpStats>>,
     pub(crate) tcp: Option<(
         Arc<roughtime_tcp::Counts>,
@@ -89,13 +91,13 @@ pub(crate) fn all(
         _ => None,
     };
     let ke_counts = (secrets.tls.as_ref()).map(|_| Arc::new(nts_ke::KeCounts::default()));
-    let nts = match (sockets.nts, &secrets.tls, &ke_counts, &ntp.nts) {
+    let nts = match (sockets.nts, &secrets.tls, &ke_counts, &ntp.cookies) {
         (Some(listener), Some(tls), Some(counts), Some(cookies)) => Some(nts_ke_service(
             (sup, metrics),
             listener,
             (settings, tls),
             counts,
-            (cookies, ntp),
+            (cookies, ntp, settings.ntp.v5),
             secrets.pool.take(),
         )?),
         _ => None,
@@ -115,11 +117,13 @@ pub(crate) fn all(
                 log,
                 std::sync::Mutex::new(settings.observe.log_level.0.clone()),
             ),
-            ntp: prepared.ntp,
+            clock: prepared.ntp.clock.clone(),
+            access: prepared.ntp.access.clone(),
             nts,
             fleet,
             roughtime: rt_shared,
         },
+        ntp: prepared.ntp.workers.clone(),
         xdp,
         tcp,
         ke_counts,
@@ -308,7 +312,7 @@ fn nts_ke_service(
     (listener, port): (std::net::TcpListener, Option<u16>),
     (settings, (config, not_after)): (&Settings, &(Arc<rustls::ServerConfig>, Option<i64>)),
     counts: &Arc<nts_ke::KeCounts>,
-    (cookies, ntp): (&Arc<ArcSwap<CookieKeys>>, &Arc<ntp_worker::Shared>),
+    (cookies, ntp, ntpv5): (&nts_keys::InForce, &Arc<ntp_worker::Shared>, bool),
     pool: Option<(std::path::PathBuf, chime_ntp::nts::PoolTokens)>,
 ) -> Result<NtsTls> {
     let nts = &settings.nts;
@@ -356,7 +360,7 @@ fn nts_ke_service(
         negotiation,
         counts.clone(),
         limiter,
-        ntp.clone(),
+        (ntp.access.clone(), ntpv5),
     ));
     let beats = (0..threads).map(|_| sup.beat()).collect();
     let stop = sup.stop_signal();
@@ -390,13 +394,17 @@ fn tasks(
     let ntp = prepared.ntp.clone();
     let upstream = &settings.upstream;
     let (server, interval) = (upstream.server_address, upstream.poll_interval.duration());
-    metrics.encoded("upstream", ntp.clone(), upstream::encode);
-    sup.task("upstream", upstream::run(server, interval, ntp));
+    metrics.encoded("upstream", ntp.clock.clone(), upstream::encode);
+    let stats_interval = ntp.stats_interval;
+    sup.task(
+        "upstream",
+        upstream::run(server, interval, (ntp.clock.clone(), stats_interval)),
+    );
     if let Some((signer, rotation, shared)) = prepared.roughtime.clone() {
         metrics.encoded("roughtime-keys", shared.clone(), online_keys::encode);
         sup.task("roughtime-keys", online_keys::run(signer, rotation, shared));
     }
-    let cookies = prepared.ntp.nts.clone()?;
+    let cookies = prepared.ntp.cookies.clone()?;
     // The fleet's secrets are taken out of the settings, which live as long as the process: once
     // SIGHUP replaces them, no copy of the old ones is left to outlive the replacement.
     let Some(fleet) = secrets.fleet.take() else {

@@ -8,18 +8,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::{ArcSwap, ArcSwapOption};
 use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::v5::{self, BloomFilter};
 use chime_ntp::{
-    ClientTable, Coin, DropReason, Leap, NtpTimestamp, ServedClock, ServedHeader, ServerState,
-    Smear, StalePolicy, TxLog, Verdict,
+    ClientTable, Coin, DropReason, NtpTimestamp, ServedClock, ServerState, Smear, TxLog, Verdict,
 };
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
-use crate::access::acl::Acl;
+use crate::access::Rules;
 use crate::clock;
+use crate::clock::published::{Published, ReferenceFilter};
 use crate::clock::tz::Zone;
+use crate::nts::keys as nts_keys;
 use crate::observe::counters::{self, Note};
 use crate::observe::stats::{self, WorkerStats, Workers};
 use crate::reply;
@@ -72,19 +72,20 @@ impl counters::Reason for NtpDrop {
     }
 }
 
-/// State every worker of the service shares: the published upstream snapshot and the workers'
-/// counts.
+/// What the NTP workers share: handles on the state its owners keep (the clock, the access
+/// rules, the cookie keys), and the service's own (the rate limiter, the interleaved-mode log, the
+/// workers' counts).
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) state: ArcSwap<ServerState>,
-    pub(crate) policy: StalePolicy,
+    /// The clock as the upstream poller publishes it.
+    pub(crate) clock: Arc<Published>,
+    /// Who is served, NTP and Roughtime alike; replaced on SIGHUP.
+    pub(crate) access: Arc<Rules>,
+    /// The NTS cookie keys (NTS-KE seals, the workers open); `None` when NTS is off.
+    pub(crate) cookies: Option<nts_keys::InForce>,
     /// Every worker's counts, for the log's totals and the metrics.
     pub(crate) workers: Arc<Workers<NtpDrop>>,
     pub(crate) stats_interval: Option<Duration>,
-    /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
-    pub(crate) zone: ArcSwapOption<Zone>,
-    /// Who is served, NTP and Roughtime alike; replaced on SIGHUP.
-    pub(crate) acl: ArcSwap<Acl>,
     /// Per-client rate limiting, shared by every NTP worker so that a client is limited as one
     /// whichever threads its requests reach; `None` when off.
     pub(crate) ratelimit: Option<ClientTable>,
@@ -93,40 +94,6 @@ pub(crate) struct Shared {
     /// Transmit times of replies to interleaved-mode clients, shared by every NTP worker since a
     /// client's next request may reach another thread; `None` when interleaved mode is off.
     pub(crate) txlog: Option<TxLog>,
-    /// The NTS cookie master keys (NTS-KE seals, the workers open); `None` when NTS is off.
-    pub(crate) nts: Option<Arc<ArcSwap<CookieKeys>>>,
-    /// NTPv5, if on: the reference-ID Bloom filter.
-    pub(crate) v5: Option<V5>,
-    /// `--leap-smear`: leap seconds smeared over the day around them.
-    pub(crate) smear: bool,
-}
-
-/// NTPv5's reference-ID Bloom filter: chimed's own identity, and the one served, which adds the
-/// upstream's filter when the upstream speaks v5 (the upstream poller gathers it).
-#[derive(Debug)]
-pub(crate) struct V5 {
-    pub(crate) own: BloomFilter,
-    pub(crate) served: ArcSwap<BloomFilter>,
-}
-
-impl V5 {
-    /// chimed's own identity, drawn from `random`, alone in the filter served until the
-    /// upstream's is known.
-    pub(crate) fn new(random: impl FnMut() -> u16) -> Self {
-        let mut own = BloomFilter::new();
-        own.add_id(&v5::ServerId::new(random));
-        Self {
-            own,
-            served: ArcSwap::from_pointee(own),
-        }
-    }
-
-    /// Serves our own identity with the upstream's `filter`.
-    pub(crate) fn with_upstream(&self, filter: &BloomFilter) {
-        let mut both = self.own;
-        both.add(filter);
-        self.served.store(Arc::new(both));
-    }
 }
 
 /// Per-reply marks for interleaved mode, by index in the batch being sent (batches hold at most
@@ -408,23 +375,24 @@ impl BatchHandler for NtpWorker {
         // datagram without a kernel timestamp, and the header every reply in the batch carries.
         let reading = clock::read();
         let (now, now_unix) = (reading.ntp(), reading.unix_secs());
-        let state = self.shared.state.load();
-        let mut served = self.shared.served_at(&state, now);
-        self.time = TimeServed::of(&state, reading, &self.shared);
-        self.zone = self.shared.zone.load_full();
+        let clock = &*self.shared.clock;
+        let state = clock.load();
+        let mut served = clock.served_at(&state, now);
+        self.time = TimeServed::of(&state, reading, clock);
+        self.zone = clock.zone();
         self.pivot_unix = now_unix;
         // chronyd's reference time is in its own served time already: only the zone shifts it.
         if let Some(zone) = &self.zone {
             served.reference_ts = zone.apply(served.reference_ts, now_unix);
         }
         self.stats.counts.batches += 1;
-        let acl = self.shared.acl.load();
+        let acl = self.shared.access.load();
         if self.marks.any {
             self.marks = Marks::default();
         }
         let txlog = self.shared.txlog.as_ref().filter(|_| self.interleaved);
-        let cookie_keys = self.shared.nts.as_ref().map(|k| k.load());
-        let filter = self.shared.v5.as_ref().map(|v5| v5.served.load());
+        let cookie_keys = self.shared.cookies.as_ref().map(|k| k.load());
+        let filter = clock.filter().map(ReferenceFilter::served);
         let zone = self.zone.clone();
         let limiter = self.shared.ratelimit.as_ref().map(|table| {
             let mono = self.shared.epoch.elapsed().as_nanos() as u64;
@@ -440,7 +408,7 @@ impl BatchHandler for NtpWorker {
             now_unix,
             v5: filter.as_deref().map(|f| (&**f, v5::era(now_unix))),
             tai: state.tai_offset_at(now).filter(|_| zone.is_none()),
-            smeared: self.shared.smear,
+            smeared: clock.smears(),
         };
         for (meta, request) in rx.iter() {
             self.stats.counts.received += 1;
@@ -565,13 +533,10 @@ impl TimeServed {
 
     /// For a batch read at `reading` from `state`: the smear is looked at only with
     /// `--leap-smear`, and the monotonic clock read only within seconds of a leap.
-    fn of(state: &ServerState, reading: clock::Reading, shared: &Shared) -> Self {
-        let smear = shared
-            .smear
-            .then(|| state.smear_at(reading.ntp(), || shared.realtime_minus_monotonic(reading)));
+    fn of(state: &ServerState, reading: clock::Reading, published: &Published) -> Self {
         Self {
             clock: state.clock,
-            smear: smear.flatten(),
+            smear: published.smear_at(state, reading),
         }
     }
 
@@ -587,25 +552,6 @@ impl TimeServed {
             Some((smear, stepped)) => smear.serve(utc, stepped),
             None => utc,
         }
-    }
-}
-
-impl Shared {
-    /// What a reply sent at local time `now` says about the clock ([`ServerState::served_at`]
-    /// under the stale policy), with `--leap-smear` never a leap warning: the smear takes the
-    /// leap up, and clients must not apply it too.
-    pub(crate) fn served_at(&self, state: &ServerState, now: NtpTimestamp) -> ServedHeader {
-        let mut served = state.served_at(now, &self.policy);
-        if self.smear && matches!(served.leap, Leap::AddSecond | Leap::DelSecond) {
-            served.leap = Leap::NoWarning;
-        }
-        served
-    }
-
-    /// The system clock at `reading` less the monotonic clock now (the rate limiter's
-    /// [`Self::epoch`] on), seconds: it moves only when the system clock is stepped.
-    pub(crate) fn realtime_minus_monotonic(&self, reading: clock::Reading) -> f64 {
-        reading.since_epoch.as_secs_f64() - self.epoch.elapsed().as_secs_f64()
     }
 }
 
@@ -627,44 +573,36 @@ fn serve_time(
 /// What tests of the services built on the NTP side's state need.
 #[cfg(test)]
 pub(crate) mod testing {
-    use chime_ntp::{Leap, NtpShort};
+    use chime_ntp::StalePolicy;
 
     use super::*;
-
-    /// A fresh state from a synchronised upstream, stratum 3, reference `LOCL`.
-    pub(crate) fn synchronised() -> ServerState {
-        ServerState {
-            leap: Leap::NoWarning,
-            stratum: 3,
-            precision: -20,
-            reference_id: *b"LOCL",
-            reference_ts: clock::now(),
-            root_delay: NtpShort::from_seconds(0.001),
-            root_dispersion: NtpShort::from_seconds(0.002),
-            updated: Some(clock::now()),
-            clock: ServedClock::LOCAL,
-            announced: None,
-            tai_offset: None,
-            leap_step: chime_ntp::LeapStep::NONE,
-        }
-    }
+    use crate::access::acl::Acl;
+    use crate::clock::published::testing::published;
 
     /// The NTP side's shared state with `state` mirrored and the subnets in `deny` refused.
     pub(crate) fn shared(state: ServerState, deny: &[&str]) -> Arc<Shared> {
         let deny: Vec<String> = deny.iter().map(|s| (*s).to_owned()).collect();
+        with_clock(published(state), &deny)
+    }
+
+    /// `state` published with NTPv5 on, and the leap smear if `smear`.
+    pub(crate) fn speaking_v5(state: ServerState, smear: bool) -> Arc<Published> {
+        let filter = ReferenceFilter::new(rand::random);
+        let policy = StalePolicy::default();
+        Arc::new(Published::with(state, policy, smear, Some(filter)))
+    }
+
+    /// The NTP side's shared state around `clock`, with the subnets in `deny` refused.
+    pub(crate) fn with_clock(clock: Arc<Published>, deny: &[String]) -> Arc<Shared> {
         Arc::new(Shared {
-            state: ArcSwap::from_pointee(state),
-            policy: StalePolicy::default(),
+            clock,
+            access: Arc::new(Rules::new(Acl::new(&[], deny).unwrap())),
+            cookies: None,
             workers: Arc::new(Workers::new("ntp")),
             stats_interval: None,
-            zone: ArcSwapOption::empty(),
-            acl: ArcSwap::from_pointee(Acl::new(&[], &deny).unwrap()),
             ratelimit: None,
             epoch: Instant::now(),
             txlog: None,
-            v5: None,
-            nts: None,
-            smear: false,
         })
     }
 }
@@ -675,8 +613,9 @@ pub(crate) mod testing {
 mod tests {
     use chime_ntp::{Header, Leap};
 
-    use super::testing::{shared, synchronised};
+    use super::testing::{shared, speaking_v5, with_clock};
     use super::*;
+    use crate::clock::published::testing::synchronised;
     use crate::reply::testing::exchange;
 
     /// An NTPv4 client request (mode 3) with a transmit timestamp to be echoed.
@@ -715,8 +654,7 @@ mod tests {
             error: 300e-6,
             ..ServedClock::LOCAL
         };
-        let mut on = shared(state, &[]);
-        Arc::get_mut(&mut on).unwrap().v5 = Some(V5::new(rand::random));
+        let on = with_clock(speaking_v5(state, false), &[]);
         let mut worker = NtpWorker::new(on, "ipv4", 0);
         let draft = chime_ntp::v5::Draft::D08;
         let mut v5_request = [0u8; 76];
@@ -745,8 +683,7 @@ mod tests {
     /// The v5 replies to a request for TAI from a worker whose state is `state`, each with its
     /// times less the clock's around the exchange, seconds.
     fn asked_for_tai(state: ServerState) -> (v5::Response<'static>, f64, f64, u64) {
-        let mut on = shared(state, &[]);
-        Arc::get_mut(&mut on).unwrap().v5 = Some(V5::new(rand::random));
+        let on = with_clock(speaking_v5(state, false), &[]);
         let mut worker = NtpWorker::new(on, "ipv4", 0);
         let draft = chime_ntp::v5::Draft::D09;
         let mut request = [0u8; 76];
@@ -795,7 +732,7 @@ mod tests {
 
     #[test]
     fn with_leap_smear_the_time_is_smeared_and_no_leap_announced_but_tai_is_not_smeared() {
-        let epoch = Instant::now();
+        let published = speaking_v5(ServerState::unsynchronised(), true);
         let read = clock::read();
         let leap = chime_ntp::Announced {
             leap: Leap::AddSecond,
@@ -808,17 +745,12 @@ mod tests {
             leap_step: chime_ntp::LeapStep {
                 leap: Some(leap),
                 stepped: false,
-                realtime_minus_monotonic: read.since_epoch.as_secs_f64()
-                    - epoch.elapsed().as_secs_f64(),
+                realtime_minus_monotonic: published.realtime_minus_monotonic(read),
             },
             ..synchronised()
         };
-        let mut on = shared(state, &[]);
-        let config = Arc::get_mut(&mut on).unwrap();
-        config.smear = true;
-        config.epoch = epoch;
-        config.v5 = Some(V5::new(rand::random));
-        let mut worker = NtpWorker::new(on, "ipv4", 0);
+        published.publish(state);
+        let mut worker = NtpWorker::new(with_clock(published, &[]), "ipv4", 0);
         let draft = chime_ntp::v5::Draft::D09;
         let mut utc = [0u8; 76];
         v5::write_request(&mut utc, draft, 4, [1; 8], None).unwrap();
@@ -875,8 +807,7 @@ mod tests {
         let bad_version = NtpDrop::Request(DropReason::BadVersion(5));
         assert_eq!(off.stats.counts.dropped(bad_version), 1);
 
-        let mut on = shared(synchronised(), &[]);
-        Arc::get_mut(&mut on).unwrap().v5 = Some(V5::new(rand::random));
+        let on = with_clock(speaking_v5(synchronised(), false), &[]);
         let mut worker = NtpWorker::new(on, "ipv4", 0);
         let replies = exchange(
             &mut worker,

@@ -23,8 +23,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::LazyConfigAcceptor;
 use tracing::{debug, error, info, warn};
 
+use crate::access::Rules;
 use crate::access::per_address::{PerAddress, Place};
-use crate::ntp::worker as ntp_worker;
 use crate::nts::keys::{self as nts_keys, How};
 use crate::nts::slots::{SessionId, Slots, Step};
 use crate::observe::metrics::{counters, single};
@@ -401,7 +401,7 @@ fn save_keys(path: &Path, saved: &nts_keys::Saved) {
 /// Replaces the cookie master key `first` from now, then every `every`, saving each new set to
 /// `dump` (before it is used, so a saved file always opens every cookie handed out).
 pub(crate) async fn rotate(
-    cookies: Arc<ArcSwap<CookieKeys>>,
+    cookies: nts_keys::InForce,
     first: Duration,
     every: Duration,
     dump: Option<PathBuf>,
@@ -452,7 +452,7 @@ pub(crate) fn fleet_start(fleet: &nts_keys::Fleet) -> (CookieKeys, Duration) {
 /// A fleet member's cookie keys (`--nts-fleet-key`): at every period's start, the keys derived for
 /// it from the secrets as last read (SIGHUP replaces them, see [`reload_fleet`]).
 pub(crate) async fn follow_fleet(
-    cookies: Arc<ArcSwap<CookieKeys>>,
+    cookies: nts_keys::InForce,
     secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
     period: Duration,
 ) -> Result<(), ServiceError> {
@@ -507,7 +507,7 @@ pub(crate) fn reload_fleet(
 /// the TLS configuration, the cookie keys, and the pools' tokens.
 pub(crate) type KeKeys = (
     Arc<ArcSwap<ServerConfig>>,
-    Arc<ArcSwap<CookieKeys>>,
+    nts_keys::InForce,
     Arc<ArcSwap<nts::PoolTokens>>,
 );
 
@@ -517,7 +517,7 @@ pub(crate) type KeKeys = (
 /// (NTP's, which SIGHUP reloads).
 pub(crate) struct KeShared {
     pub(crate) tls: Arc<ArcSwap<ServerConfig>>,
-    pub(crate) cookies: Arc<ArcSwap<CookieKeys>>,
+    pub(crate) cookies: nts_keys::InForce,
     pub(crate) ntp: Arc<nts::NtpNegotiation>,
     pub(crate) counts: Arc<KeCounts>,
     /// The tokens of the pools this server is a member of (SIGHUP reloads them).
@@ -525,7 +525,10 @@ pub(crate) struct KeShared {
     /// Pools' sessions kept open now, at most [`MAX_KEPT_ALIVE`].
     kept_alive: AtomicUsize,
     limiter: Option<ClientTable>,
-    access: Arc<ntp_worker::Shared>,
+    /// Who is served (NTP's rules, which SIGHUP reloads).
+    access: Arc<Rules>,
+    /// Whether NTPv5 is offered (the NTP workers speak it).
+    ntpv5: bool,
     /// The sessions in progress, each with the token that closes it.
     slots: Mutex<Slots<CancellationToken>>,
     per_address: PerAddress,
@@ -539,7 +542,7 @@ impl KeShared {
         ntp: Arc<nts::NtpNegotiation>,
         counts: Arc<KeCounts>,
         limiter: Option<ClientTable>,
-        access: Arc<ntp_worker::Shared>,
+        (access, ntpv5): (Arc<Rules>, bool),
     ) -> Self {
         Self {
             tls,
@@ -550,6 +553,7 @@ impl KeShared {
             kept_alive: AtomicUsize::new(0),
             limiter,
             access,
+            ntpv5,
             slots: Mutex::new(Slots::new(MAX_SESSIONS)),
             per_address: PerAddress::default(),
             epoch: std::time::Instant::now(),
@@ -652,7 +656,7 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<KeShared>, stopped: 
             }
         };
         // The access rules first, as for NTP and Roughtime: a denied address costs no TLS.
-        let acl = shared.access.acl.load();
+        let acl = shared.access.load();
         if !acl.serves(peer.ip()) {
             counts.denied.fetch_add(1, Relaxed);
             debug!(%peer, "nts-ke: refused by the access rules, closed");
@@ -854,7 +858,7 @@ async fn session(
             }
         };
         shared.enter(id, Step::Response);
-        let ntpv5 = shared.access.v5.is_some();
+        let ntpv5 = shared.ntpv5;
         let mut outcome = nts::ke_check(&request, &shared.pool.load(), ntpv5);
         if outcome.keep_alive() && kept.is_none() {
             kept = KeptAlive::take(&shared.kept_alive);

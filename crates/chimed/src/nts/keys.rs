@@ -23,11 +23,18 @@
 //! schedule it had, so restarts neither skip nor postpone one.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use chime_keyfile::{Field, KeyFileError, KeyFileWriter, KeyLine, ReadError, key_lines};
 use chime_ntp::nts::{CookieKeys, FleetSecret, KEY_LEN, parse_fleet_file};
 use zeroize::Zeroizing;
+
+/// The cookie keys in force: NTS-KE seals new cookies under the current one, the NTP workers open
+/// cookies with any key kept, and the rotation (or a fleet's SIGHUP) replaces them.
+pub(crate) type InForce = Arc<ArcSwap<CookieKeys>>;
 
 /// The file's name in the dump directory.
 pub(crate) const FILE: &str = "nts-cookie-keys";

@@ -528,7 +528,11 @@ mod tests {
         let _worker = ntp.workers.register("ipv4", 0);
         let mut registry = Registry::new(0);
         registry.workers(ntp.workers.clone());
-        registry.encoded("upstream", ntp, crate::clock::upstream::encode);
+        registry.encoded(
+            "upstream",
+            ntp.clock.clone(),
+            crate::clock::upstream::encode,
+        );
         registry.finish()
     }
 

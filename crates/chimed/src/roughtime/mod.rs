@@ -19,8 +19,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chime_roughtime::LongTermKey;
 use tracing::{info, warn};
 
+use crate::access::Rules;
+use crate::clock::published::Published;
 use crate::config::schema;
-use crate::ntp::worker as ntp_worker;
 use crate::roughtime::keys::RoughtimeKeys;
 
 /// Why Roughtime cannot start.
@@ -54,7 +55,7 @@ pub(crate) type Control = (keys::Signer, Duration, Arc<state::Shared>);
 pub(crate) fn prepare(
     rt: &schema::Roughtime,
     keys: &RoughtimeKeys,
-    ntp: &Arc<ntp_worker::Shared>,
+    (clock, access, stats_interval): (&Arc<Published>, &Arc<Rules>, Option<Duration>),
 ) -> Result<Control, Error> {
     let rotation = rt.rotation.duration();
     let (signer, delegation, public, bundle) = match keys {
@@ -105,7 +106,9 @@ pub(crate) fn prepare(
         );
     }
     let shared = Arc::new(state::Shared {
-        ntp: ntp.clone(),
+        clock: clock.clone(),
+        access: access.clone(),
+        stats_interval,
         delegation: ArcSwap::from_pointee(delegation),
         workers: Arc::new(crate::observe::stats::Workers::new("roughtime")),
         grease,

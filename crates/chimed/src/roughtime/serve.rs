@@ -31,8 +31,8 @@ pub(crate) fn begin(
     n: usize,
 ) -> Option<Batch> {
     let local = clock::read();
-    let state = shared.ntp.state.load();
-    let served = state.served_at(local.ntp(), &shared.ntp.policy);
+    let state = shared.clock.load();
+    let served = state.served_at(local.ntp(), shared.clock.policy());
     // The midpoint is chronyd's served time; the radius below covers the offset's error bound,
     // which the root dispersion carries.
     let reading = local.served(&state.clock);
@@ -48,7 +48,7 @@ pub(crate) fn begin(
         // The upstream's own error bound (root delay / 2 + root dispersion, the dispersion grown
         // since the last poll); each version rounds it up to its resolution and minimum.
         radius_us: (served.root_distance() * 1e6).ceil() as u64,
-        acl: shared.ntp.acl.load(),
+        acl: shared.access.load(),
     })
 }
 
@@ -98,7 +98,8 @@ pub(crate) mod testing {
     use chime_roughtime::{LongTermKey, VerifyPolicy, Version, build_request};
 
     use super::*;
-    use crate::ntp::worker::testing as ntp;
+    use crate::access::{Rules, acl::Acl};
+    use crate::clock::published::testing::{self as clock, published};
     use crate::roughtime::keys;
 
     /// The long-term key the tests sign with.
@@ -110,19 +111,25 @@ pub(crate) mod testing {
     /// in `deny` refused.
     pub(crate) fn shared(synchronised: bool, deny: &[&str]) -> Arc<Shared> {
         let state = if synchronised {
-            ntp::synchronised()
+            clock::synchronised()
         } else {
             ServerState::unsynchronised()
         };
         let delegation = keys::delegate(&long_term_key(), Duration::from_secs(3600)).unwrap();
         Arc::new(Shared {
-            ntp: ntp::shared(state, deny),
+            clock: published(state),
+            access: Arc::new(Rules::new(Acl::new(&[], &deny_all(deny)).unwrap())),
+            stats_interval: None,
             delegation: ArcSwap::from_pointee(delegation),
             workers: Arc::new(crate::observe::stats::Workers::new("roughtime")),
             grease: 0.0,
             grease_kinds: Vec::new(),
             bundle: None,
         })
+    }
+
+    fn deny_all(subnets: &[&str]) -> Vec<String> {
+        subnets.iter().map(|s| (*s).to_owned()).collect()
     }
 
     /// An RFC 10049 request with this nonce.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use chime_roughtime::{Delegation, DropReason, Grease};
 
-use crate::ntp::worker as ntp_worker;
+use crate::access::Rules;
+use crate::clock::published::Published;
 use crate::observe::counters;
 use crate::observe::stats::Workers;
 
@@ -60,8 +61,11 @@ impl counters::Reason for RoughtimeDrop {
 /// State every Roughtime worker shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// The NTP side's upstream snapshot and stale policy: Roughtime serves the same clock.
-    pub(crate) ntp: Arc<ntp_worker::Shared>,
+    /// The clock as the upstream poller publishes it: Roughtime serves the same as NTP.
+    pub(crate) clock: Arc<Published>,
+    /// Who is served, NTP and Roughtime alike; replaced on SIGHUP.
+    pub(crate) access: Arc<Rules>,
+    pub(crate) stats_interval: Option<std::time::Duration>,
     /// The current online key and its certificates; replaced by the control plane on rotation.
     pub(crate) delegation: ArcSwap<Delegation>,
     /// Every UDP and AF_XDP worker's counts, for the log's totals and the metrics.

@@ -261,12 +261,9 @@ pub(crate) fn spawn(
             let _entered = span.entered();
             runtime.block_on(async move {
                 fail::fail_point!("roughtime-tcp");
-                let stats = WorkerStats::new(
-                    "roughtime-tcp",
-                    shared.ntp.stats_interval,
-                    (&workers, "tcp", 0),
-                )
-                .with_heartbeat(beat);
+                let stats =
+                    WorkerStats::new("roughtime-tcp", shared.stats_interval, (&workers, "tcp", 0))
+                        .with_heartbeat(beat);
                 // One batch queued at most: a request that waits behind more would be stale by
                 // the time it is signed (at 3x capacity, 1,024 queued cost a fifth of the
                 // replies accepted, and every one waited some 50 ms); the rest wait in their
@@ -348,7 +345,7 @@ async fn accept(
         };
         counts.accepted.fetch_add(1, Relaxed);
         let ip = canonical(peer.ip());
-        let acl = shared.ntp.acl.load();
+        let acl = shared.access.load();
         if !acl.serves(ip) {
             counts.refused_denied.fetch_add(1, Relaxed);
             continue;

@@ -86,7 +86,7 @@ impl RoughtimeWorker {
         Self {
             stats: WorkerStats::new(
                 "roughtime",
-                shared.ntp.stats_interval,
+                shared.stats_interval,
                 (&shared.workers, family, thread),
             ),
             greaser: Greaser::new(shared.grease, &shared.grease_kinds, rand::random()),
@@ -177,14 +177,14 @@ mod tests {
     #[test]
     fn the_midpoint_is_the_upstreams_served_time_and_the_radius_covers_its_error() {
         let shared = shared(true, &[]);
-        let mut state = **shared.ntp.state.load();
+        let mut state = **shared.clock.load();
         state.clock = chime_ntp::ServedClock {
             anchor: crate::clock::now(),
             offset: -0.25,
             error: 300e-6,
             ..chime_ntp::ServedClock::LOCAL
         };
-        shared.ntp.state.store(Arc::new(state));
+        shared.clock.publish(state);
         let mut worker = RoughtimeWorker::new(shared, 8, ("ipv4", 0));
         let before = crate::clock::read().unix_micros() as i64;
         // Google's protocol, whose midpoint is in microseconds (RFC 10049's is in seconds).
@@ -231,9 +231,9 @@ mod tests {
                     leap: chime_ntp::Leap::AddSecond,
                     at,
                 }),
-                ..**shared.ntp.state.load()
+                ..**shared.clock.load()
             };
-            shared.ntp.state.store(Arc::new(state));
+            shared.clock.publish(state);
             let mut worker = RoughtimeWorker::new(shared, 8, ("ipv4", 0));
             let mut req = vec![0u8; 2048];
             let nonce = [2; 64];

@@ -1,0 +1,201 @@
+//! The clock as published: what the upstream poller last mirrored from chronyd, and what every
+//! service reads to serve it (NTP, NTS, Roughtime, the metrics). The poller is its one writer; the
+//! workers load it once per batch.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
+use chime_ntp::v5::{self, BloomFilter};
+use chime_ntp::{Leap, NtpTimestamp, ServedHeader, ServerState, Smear, StalePolicy};
+use tracing::info;
+
+use crate::clock::{self, tz::Zone};
+use crate::config::Settings;
+
+/// chronyd's state as last mirrored, how it ages, and how it is served: the leap smear, the zone
+/// in timezone-offset mode, NTPv5's reference-ID filter.
+#[derive(Debug)]
+pub(crate) struct Published {
+    state: ArcSwap<ServerState>,
+    policy: StalePolicy,
+    /// `--leap-smear`: leap seconds smeared over the day around them.
+    smear: bool,
+    /// The timezone-offset mode's zone, if on; replaced on SIGHUP.
+    zone: ArcSwapOption<Zone>,
+    /// NTPv5, if on: the reference-ID filter served.
+    filter: Option<ReferenceFilter>,
+    /// Where the monotonic clock is read from, to see the system clock step.
+    epoch: Instant,
+}
+
+impl Published {
+    /// Unsynchronised until the poller's first reply, served as `settings` say.
+    pub(crate) fn new(settings: &Settings) -> Self {
+        let filter = settings.ntp.v5.then(|| {
+            let filter = ReferenceFilter::new(rand::random);
+            let bits: Vec<u16> = filter.own.bits().collect();
+            info!(
+                "ntp: NTPv5 on (drafts {}), server ID bits {bits:?}",
+                v5::Draft::ALL.map(|d| d.label()).join(" and "),
+            );
+            filter
+        });
+        Self::with(
+            ServerState::unsynchronised(),
+            StalePolicy {
+                stale_after: settings.upstream.stale_after.duration(),
+                ..StalePolicy::default()
+            },
+            settings.ntp.leap_smear,
+            filter,
+        )
+    }
+
+    /// `state` published, aged by `policy`, with the smear on or off and NTPv5's filter if any.
+    pub(crate) fn with(
+        state: ServerState,
+        policy: StalePolicy,
+        smear: bool,
+        filter: Option<ReferenceFilter>,
+    ) -> Self {
+        Self {
+            state: ArcSwap::from_pointee(state),
+            policy,
+            smear,
+            zone: ArcSwapOption::empty(),
+            filter,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The state as last mirrored.
+    pub(crate) fn load(&self) -> Guard<Arc<ServerState>> {
+        self.state.load()
+    }
+
+    /// Publishes a newly mirrored state (the poller's).
+    pub(crate) fn publish(&self, state: ServerState) {
+        self.state.store(Arc::new(state));
+    }
+
+    /// How the state ages when chronyd goes quiet.
+    pub(crate) fn policy(&self) -> &StalePolicy {
+        &self.policy
+    }
+
+    /// Whether leap seconds are smeared (`--leap-smear`).
+    pub(crate) fn smears(&self) -> bool {
+        self.smear
+    }
+
+    /// The zone in timezone-offset mode, if on.
+    pub(crate) fn zone(&self) -> Option<Arc<Zone>> {
+        self.zone.load_full()
+    }
+
+    /// Serves the local time of `zone` from now on.
+    pub(crate) fn set_zone(&self, zone: Arc<Zone>) {
+        self.zone.store(Some(zone));
+    }
+
+    /// NTPv5's reference-ID filter, if v5 is on.
+    pub(crate) fn filter(&self) -> Option<&ReferenceFilter> {
+        self.filter.as_ref()
+    }
+
+    /// What a reply sent at local time `now` says about the clock ([`ServerState::served_at`]
+    /// under the stale policy), with `--leap-smear` never a leap warning: the smear takes the
+    /// leap up, and clients must not apply it too.
+    pub(crate) fn served_at(&self, state: &ServerState, now: NtpTimestamp) -> ServedHeader {
+        let mut served = state.served_at(now, &self.policy);
+        if self.smear && matches!(served.leap, Leap::AddSecond | Leap::DelSecond) {
+            served.leap = Leap::NoWarning;
+        }
+        served
+    }
+
+    /// With `--leap-smear` and a leap second within the day of local time `reading`: the smear,
+    /// and whether the time served has taken the leap's step. The monotonic clock is read only
+    /// within seconds of the leap.
+    pub(crate) fn smear_at(
+        &self,
+        state: &ServerState,
+        reading: clock::Reading,
+    ) -> Option<(Smear, bool)> {
+        if !self.smear {
+            return None;
+        }
+        state.smear_at(reading.ntp(), || self.realtime_minus_monotonic(reading))
+    }
+
+    /// The system clock at `reading` less the monotonic clock now, seconds: it moves only when
+    /// the system clock is stepped.
+    pub(crate) fn realtime_minus_monotonic(&self, reading: clock::Reading) -> f64 {
+        reading.since_epoch.as_secs_f64() - self.epoch.elapsed().as_secs_f64()
+    }
+}
+
+/// NTPv5's reference-ID Bloom filter: chimed's own identity, and the one served, which adds the
+/// upstream's filter when the upstream speaks v5 (the upstream poller gathers it).
+#[derive(Debug)]
+pub(crate) struct ReferenceFilter {
+    own: BloomFilter,
+    served: ArcSwap<BloomFilter>,
+}
+
+impl ReferenceFilter {
+    /// chimed's own identity, drawn from `random`, alone in the filter served until the
+    /// upstream's is known.
+    pub(crate) fn new(random: impl FnMut() -> u16) -> Self {
+        let mut own = BloomFilter::new();
+        own.add_id(&v5::ServerId::new(random));
+        Self {
+            own,
+            served: ArcSwap::from_pointee(own),
+        }
+    }
+
+    /// The filter replies carry.
+    pub(crate) fn served(&self) -> Guard<Arc<BloomFilter>> {
+        self.served.load()
+    }
+
+    /// Serves our own identity with the upstream's `filter`.
+    pub(crate) fn with_upstream(&self, filter: &BloomFilter) {
+        let mut both = self.own;
+        both.add(filter);
+        self.served.store(Arc::new(both));
+    }
+}
+
+/// What tests of the services that read the clock need.
+#[cfg(test)]
+pub(crate) mod testing {
+    use chime_ntp::{NtpShort, ServedClock};
+
+    use super::*;
+
+    /// A fresh state from a synchronised upstream, stratum 3, reference `LOCL`.
+    pub(crate) fn synchronised() -> ServerState {
+        ServerState {
+            leap: Leap::NoWarning,
+            stratum: 3,
+            precision: -20,
+            reference_id: *b"LOCL",
+            reference_ts: clock::now(),
+            root_delay: NtpShort::from_seconds(0.001),
+            root_dispersion: NtpShort::from_seconds(0.002),
+            updated: Some(clock::now()),
+            clock: ServedClock::LOCAL,
+            announced: None,
+            tai_offset: None,
+            leap_step: chime_ntp::LeapStep::NONE,
+        }
+    }
+
+    /// `state` published under the default stale policy, no smear, no NTPv5.
+    pub(crate) fn published(state: ServerState) -> Arc<Published> {
+        Arc::new(Published::with(state, StalePolicy::default(), false, None))
+    }
+}
