@@ -9,7 +9,8 @@
 # time from /proc. Per round and build: `chime perf ntp --rate NTP_RATE` (above one core's
 # capacity: what counts is how many replies arrive in time to be accepted, and what each cost),
 # then `chime perf roughtime --rate RT_RATE` (below capacity: what counts is the CPU each reply
-# cost). The summary gives each round's figures, each build's mean, and B/A of the means with the
+# cost), then with `--nts-rate` `chime perf ntp --nts` (authenticated NTP over NTS-KE sessions made
+# first, below capacity: the CPU each reply cost). The summary gives each round's figures, each build's mean, and B/A of the means with the
 # per-round range of B/A. The server's CPU % says whether the NTP run saturated it: if not, the
 # generator (or another process) was short of CPU, and only CPU per reply compares.
 #
@@ -26,10 +27,11 @@ Usage: run-ab.sh --a CHIMED --b CHIMED --chime CHIME --out DIR [options]
   --ntp-rate R         NTP requests per second (default 400000)
   --rt-rate R          Roughtime requests per second (default 40000)
   --duration S         seconds of each run (default 4)
+  --nts-rate R         also authenticated NTP (NTS) at R requests per second (default: not run)
 EOF
 }
 
-a='' b='' chime='' out='' rounds=4 ntp_rate=400000 rt_rate=40000 duration=4
+a='' b='' chime='' out='' rounds=4 ntp_rate=400000 rt_rate=40000 duration=4 nts_rate=''
 while (($#)); do
     case $1 in
     --a) a=$2; shift 2 ;;
@@ -40,6 +42,7 @@ while (($#)); do
     --ntp-rate) ntp_rate=$2; shift 2 ;;
     --rt-rate) rt_rate=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --nts-rate) nts_rate=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run-ab.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -61,6 +64,15 @@ trap cleanup EXIT
 # shellcheck source=bench-lib.sh
 source "$(dirname "$0")/bench-lib.sh"
 start_upstream
+nts_args=()
+if [[ -n $nts_rate ]]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 \
+        -addext basicConstraints=critical,CA:FALSE \
+        -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+    chmod 600 "$work/key.pem"
+    nts_args=(--nts-certificate "$work/cert.pem" --nts-private-key "$work/key.pem" --nts-ke-threads 1)
+fi
 
 {
     echo "date: $(date -u +%FT%TZ)"
@@ -68,16 +80,18 @@ start_upstream
     echo "A: $a ($(sha256sum "$a" | cut -c1-16))"
     echo "B: $b ($(sha256sum "$b" | cut -c1-16))"
     echo "chime: $chime"
-    echo "rounds $rounds, NTP $ntp_rate/s, Roughtime $rt_rate/s, $duration s each"
+    echo "rounds $rounds, NTP $ntp_rate/s, Roughtime $rt_rate/s, NTS ${nts_rate:-not run}/s, $duration s each"
 } >"$out/setup.txt"
 
 # One build, one round: start it, wait until it mirrors chronyd, load NTP then Roughtime.
 run_one() {
     local label=$1 bin=$2 round=$3
-    local ntp_port rt_port
+    local ntp_port rt_port ke_port nts=()
     ntp_port=$(free_port)
     rt_port=$(free_port)
-    taskset -c 0 "$bin" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:$ntp_port" \
+    ke_port=$(free_port)
+    [[ -n $nts_rate ]] && nts=("${nts_args[@]}" --nts-ke-address "127.0.0.1:$ke_port")
+    taskset -c 0 "$bin" -s "127.0.0.1:$chrony_port" -4 1 -6 0 -a "127.0.0.1:$ntp_port" "${nts[@]}" \
         --roughtime-key "$work/rt.key" --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0 \
         --roughtime-ipv4-address "127.0.0.1:$rt_port" --roughtime-tcp-connections 0 \
         >"$work/$label-$round.log" 2>&1 &
@@ -95,6 +109,11 @@ run_one() {
     taskset -c 1 "$chime" perf roughtime --target "127.0.0.1:$rt_port" --public-key "$public" \
         --rate "$rt_rate" --duration "$duration" --verify-every 1000 --server-pid "$pid" \
         --csv "$out/roughtime-$label-$round.csv" >"$out/roughtime-$label-$round.txt" 2>&1
+    if [[ -n $nts_rate ]]; then
+        taskset -c 1 "$chime" perf ntp --nts "127.0.0.1:$ke_port" --nts-ca "$work/cert.pem" \
+            --rate "$nts_rate" --duration "$duration" --warmup 0.5 --server-pid "$pid" \
+            --csv "$out/nts-$label-$round.csv" >"$out/nts-$label-$round.txt" 2>&1
+    fi
     kill -TERM "$pid"
     wait "$pid" || true
 }
@@ -106,9 +125,9 @@ for round in $(seq "$rounds"); do
     done
 done
 
-python3 - "$out" "$rounds" >"$out/summary.txt" <<'EOF'
+python3 - "$out" "$rounds" "$nts_rate" >"$out/summary.txt" <<'EOF'
 import csv, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, nts = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def col(path, name):
     with open(path) as f:
         row = next(csv.DictReader(f))
@@ -117,7 +136,9 @@ for proto, name, what in [("ntp", "accepted_rate", "NTP accepted replies/s"),
                           ("ntp", "server_cpu_us_per_reply", "NTP server CPU us/reply"),
                           ("ntp", "server_cpu_pct", "NTP server CPU % (100: saturated)"),
                           ("roughtime", "server_cpu_us_per_reply", "Roughtime server CPU us/reply"),
-                          ("roughtime", "accepted_rate", "Roughtime accepted replies/s")]:
+                          ("roughtime", "accepted_rate", "Roughtime accepted replies/s")] + (
+                         [("nts", "server_cpu_us_per_reply", "NTS server CPU us/reply"),
+                          ("nts", "accepted_rate", "NTS accepted replies/s")] if nts else []):
     vals = {l: [col(f"{out}/{proto}-{l}-{r}.csv", name) for r in range(1, rounds + 1)] for l in "AB"}
     ratios = [b / a for a, b in zip(vals["A"], vals["B"])]
     print(f"{what}")

@@ -408,9 +408,9 @@ fn nts_client(ke_port: u16, cert: &Path) -> ChronydClient {
     ])
 }
 
-/// Cookies die two key rotations after they were sealed. A chronyd polling four times a second
-/// against chimed rotating every second soon spends one that old, gets an NTS NAK, runs NTS-KE
-/// again, and goes on measuring.
+/// With one key kept, cookies die two key rotations after they were sealed. A chronyd polling
+/// four times a second against chimed rotating every second soon spends one that old, gets an
+/// NTS NAK, runs NTS-KE again, and goes on measuring.
 #[test]
 fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -421,7 +421,14 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
         &chronyd,
         &cert,
         &key,
-        &["--nts-rotation", "1", "--nts-dump-dir", dump],
+        &[
+            "--nts-rotation",
+            "1",
+            "--nts-kept-keys",
+            "1",
+            "--nts-dump-dir",
+            dump,
+        ],
     );
     let client = nts_client(ke_port, &cert);
     // Four a second: 18 measurements take about 4.5 s, past two rotations of every cookie the
@@ -463,6 +470,62 @@ fn a_nak_sends_chronyd_back_to_nts_ke_and_it_carries_on() {
         saved.contains(&format!("\ncurrent {last} ")),
         "the log's last rotation was to {last}, the saved file's current key is another"
     );
+}
+
+/// A chimed rotating its cookie key every 0.2 s (with `extra` flags) while a chronyd polls it
+/// four times a second over NTS, for 24 measurements or at most `secs`: the measurements, and the
+/// NTP and NTS-KE totals at exit. A cookie chronyd spends was handed out eight polls before (it
+/// holds eight), so it is about 2 s, ten rotations, old.
+fn spent_at_ten_rotations_old(extra: &[&str], secs: u64) -> (usize, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path(), "server");
+    let chronyd = Chronyd::start();
+    let mut flags = vec!["--nts-rotation", "0.2"];
+    flags.extend_from_slice(extra);
+    let (mut chimed, ke_port) = chimed_nts(&chronyd, &cert, &key, &flags);
+    let client = nts_client(ke_port, &cert);
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while client.measured() < 24 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let measured = client.measured();
+    drop(client);
+    assert!(chimed.terminate().success());
+    (
+        measured,
+        chimed.wait_for("ntp totals at exit", Duration::from_secs(1)),
+        chimed.wait_for("nts-ke totals at exit", Duration::from_secs(1)),
+    )
+}
+
+/// Cookies last the rotations kept past their own: with the default 21 keys kept (three weeks of
+/// daily rotations, scaled down here to 0.2 s ones), cookies ten rotations old all open and the
+/// client never comes back to NTS-KE; with four kept, the same cookies name keys rotated out and
+/// get NAKs, counted as such.
+#[test]
+fn cookies_open_for_the_rotations_kept() {
+    let (measured, ntp, ke) = spent_at_ten_rotations_old(&[], 25);
+    assert!(measured >= 24, "chronyd stopped measuring: {measured}");
+    assert!(count_in(&ntp, "nts") >= 24, "{ntp}");
+    assert_eq!(
+        count_in(&ntp, "nts_nak"),
+        0,
+        "a kept key's cookie did not open: {ntp}"
+    );
+    assert_eq!(
+        count_in(&ke, "agreed"),
+        1,
+        "chronyd came back for cookies: {ke}"
+    );
+
+    // Over 6 s, past twenty rotations.
+    let (_, ntp, _) = spent_at_ten_rotations_old(&["--nts-kept-keys", "4"], 6);
+    let naks = count_in(&ntp, "nts_nak");
+    assert!(
+        naks > 0,
+        "no NAK for cookies older than the keys kept: {ntp}"
+    );
+    assert_eq!(count_in(&ntp, "nts_nak.unknown_key"), naks, "{ntp}");
 }
 
 /// chronyd as an NTS server (stratum 2, its own clock) on loopback ports of its own, its files in

@@ -171,9 +171,11 @@ impl std::fmt::Debug for Cookie {
 }
 
 /// The master keys cookies are sealed under: the current one seals, it and the others open. On
-/// one server the others are the key before the current one, so cookies handed out just before a
-/// rotation still work. On a fleet ([`CookieKeys::for_fleet`]) they are the neighbouring rotation
-/// periods' keys, and an old fleet secret's while it is being replaced.
+/// one server the others are the keys before the current one, as many as it keeps, so a cookie
+/// lives that many rotations past the one it was sealed in (a client that sleeps over a weekend
+/// comes back without a new handshake). On a fleet ([`CookieKeys::for_fleet`]) they are the kept
+/// periods' keys before the current one and the period's after, and an old fleet secret's while it
+/// is being replaced.
 #[derive(Clone)]
 pub struct CookieKeys {
     current: (u32, [u8; KEY_LEN]),
@@ -202,6 +204,9 @@ impl std::fmt::Debug for CookieKeys {
 }
 
 impl CookieKeys {
+    /// The most earlier keys a set keeps: past a year of daily rotations, which no cookie needs.
+    pub const MAX_KEPT: usize = 400;
+
     /// Master keys with `key` (random bits) as the current one, named `id`.
     pub fn new(id: u32, key: [u8; KEY_LEN]) -> Self {
         Self {
@@ -210,11 +215,16 @@ impl CookieKeys {
         }
     }
 
-    /// The keys after a rotation: `key` seals from now on, the current one still opens.
-    pub fn rotated(&self, id: u32, key: [u8; KEY_LEN]) -> Self {
+    /// The keys after a rotation: `key` seals from now on; the current one and those before it
+    /// still open, `kept` of them in all (at most [`CookieKeys::MAX_KEPT`]), the oldest dropped.
+    pub fn rotated(&self, id: u32, key: [u8; KEY_LEN], kept: usize) -> Self {
+        let kept = kept.min(Self::MAX_KEPT);
         Self {
             current: (id, key),
-            also_open: vec![self.current],
+            also_open: std::iter::once(self.current)
+                .chain(self.also_open.iter().copied())
+                .take(kept)
+                .collect(),
         }
     }
 
@@ -229,38 +239,45 @@ impl CookieKeys {
         self.current
     }
 
-    /// The most recent other key that still opens, with its id: on one server, the key before.
-    pub fn previous(&self) -> Option<(u32, [u8; KEY_LEN])> {
-        self.also_open.first().copied()
+    /// The other keys that still open, with their ids, the most recent first: on one server, the
+    /// keys before the current one.
+    pub fn kept(&self) -> impl ExactSizeIterator<Item = (u32, [u8; KEY_LEN])> + '_ {
+        self.also_open.iter().copied()
     }
 
-    /// Master keys as [`CookieKeys::current`] and [`CookieKeys::previous`] gave them, e.g. read
-    /// back from where a server saved them.
+    /// Master keys as [`CookieKeys::current`] and [`CookieKeys::kept`] gave them, e.g. read back
+    /// from where a server saved them; past [`CookieKeys::MAX_KEPT`] kept keys, the oldest are
+    /// dropped.
     pub fn from_parts(
         current: (u32, [u8; KEY_LEN]),
-        previous: Option<(u32, [u8; KEY_LEN])>,
+        kept: impl IntoIterator<Item = (u32, [u8; KEY_LEN])>,
     ) -> Self {
         Self {
             current,
-            also_open: previous.into_iter().collect(),
+            also_open: kept.into_iter().take(Self::MAX_KEPT).collect(),
         }
     }
 
     /// A fleet member's keys for rotation period `period` (Unix time divided by the rotation
-    /// interval): [`fleet_key`] of `secret` for `period` seals; it and the keys of the periods
-    /// before and after open (members' clocks differ a little, and a client's cookie outlives a
-    /// period's end), and so do those of `old_secret`, if given, while the fleet replaces it.
-    /// Every member with the same secrets derives the same keys: no store, no copying.
-    pub fn for_fleet(secret: &FleetSecret, old_secret: Option<&FleetSecret>, period: u64) -> Self {
-        let neighbours = [period.checked_sub(1), period.checked_add(1)];
-        let mut also_open: Vec<_> = neighbours
-            .iter()
-            .flatten()
-            .map(|&p| fleet_key(secret, p))
-            .collect();
+    /// interval): [`fleet_key`] of `secret` for `period` seals; it, the keys of the `kept` periods
+    /// before (at most [`CookieKeys::MAX_KEPT`]) and of the period after open (members' clocks
+    /// differ a little, and a client's cookie outlives its period by the kept ones), and so do
+    /// those of `old_secret`, if given, while the fleet replaces it. Every member with the same
+    /// secrets and `kept` derives the same keys: no store, no copying.
+    pub fn for_fleet(
+        secret: &FleetSecret,
+        old_secret: Option<&FleetSecret>,
+        period: u64,
+        kept: usize,
+    ) -> Self {
+        let kept = kept.min(Self::MAX_KEPT) as u64;
+        let others = (1..=kept)
+            .filter_map(|back| period.checked_sub(back))
+            .chain(period.checked_add(1));
+        let mut also_open: Vec<_> = others.clone().map(|p| fleet_key(secret, p)).collect();
         if let Some(old) = old_secret {
             also_open.push(fleet_key(old, period));
-            also_open.extend(neighbours.iter().flatten().map(|&p| fleet_key(old, p)));
+            also_open.extend(others.map(|p| fleet_key(old, p)));
         }
         Self {
             current: fleet_key(secret, period),

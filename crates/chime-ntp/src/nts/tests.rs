@@ -152,7 +152,7 @@ fn cookies_open_under_the_current_and_previous_key_only() {
     let cookie: [u8; COOKIE_LEN] = sealed.as_bytes().try_into().unwrap();
     assert_eq!(cookie.len() % 4, 0);
     assert_eq!(m.open(&cookie), Some(keys()));
-    let r1 = m.rotated(8, [0x66; KEY_LEN]);
+    let r1 = m.rotated(8, [0x66; KEY_LEN], 1);
     assert_eq!(
         r1.open(&cookie),
         Some(keys()),
@@ -162,7 +162,7 @@ fn cookies_open_under_the_current_and_previous_key_only() {
         r1.seal(&keys(), [1; NONCE_LEN]).as_bytes()[..4],
         cookie[..4]
     );
-    let r2 = r1.rotated(9, [0x77; KEY_LEN]);
+    let r2 = r1.rotated(9, [0x77; KEY_LEN], 1);
     assert_eq!(r2.open(&cookie), None, "two rotations later it does not");
     for i in 0..COOKIE_LEN {
         let mut bad = cookie;
@@ -170,6 +170,36 @@ fn cookies_open_under_the_current_and_previous_key_only() {
         assert_eq!(m.open(&bad), None, "flipped byte {i} still opened");
     }
     assert_eq!(m.open(&cookie[1..]), None);
+}
+
+/// With `kept` earlier keys, a cookie opens for `kept` rotations after the one it was sealed in,
+/// and not one more; the set never holds more than `kept` besides the current key.
+#[test]
+fn a_cookie_opens_for_as_many_rotations_as_keys_are_kept() {
+    for kept in [1, 3, 21] {
+        let mut m = master();
+        let cookie = m.seal(&keys(), [2; NONCE_LEN]);
+        for rotation in 1..=kept + 1 {
+            m = m.rotated(100 + rotation as u32, [rotation as u8; KEY_LEN], kept);
+            let opened = m.open(&cookie);
+            assert_eq!(
+                opened.is_some(),
+                rotation <= kept,
+                "kept {kept}, rotation {rotation}"
+            );
+            assert!(m.kept().len() <= kept);
+        }
+        let why = m.open_or_why(&cookie);
+        assert_eq!(why.err(), Some(NakReason::UnknownKey), "kept {kept}");
+    }
+    // The most recent first, as a saved file lists them, and back.
+    let m = master()
+        .rotated(1, [1; KEY_LEN], 5)
+        .rotated(2, [2; KEY_LEN], 5);
+    let ids: Vec<u32> = m.kept().map(|(id, _)| id).collect();
+    assert_eq!(ids, [1, master().current_id()]);
+    let back = CookieKeys::from_parts(m.current(), m.kept());
+    assert_eq!(back.open(&m.seal(&keys(), [3; NONCE_LEN])), Some(keys()));
 }
 
 fn secret(fill: u8) -> FleetSecret {
@@ -201,8 +231,8 @@ fn members_derive_equal_keys_from_equal_secrets_and_periods_only() {
     assert_eq!(fleet_key(&a, 7), fleet_key(&b, 7));
     assert_ne!(fleet_key(&a, 7), fleet_key(&a, 8));
     assert_ne!(fleet_key(&a, 7), fleet_key(&secret(2), 7));
-    let one = CookieKeys::for_fleet(&a, None, 100);
-    let other = CookieKeys::for_fleet(&b, None, 100);
+    let one = CookieKeys::for_fleet(&a, None, 100, 1);
+    let other = CookieKeys::for_fleet(&b, None, 100, 1);
     assert_eq!(one.current(), other.current());
     assert_eq!(one.current(), fleet_key(&a, 100));
 }
@@ -227,26 +257,32 @@ proptest::proptest! {
     }
 }
 
-/// A cookie one member seals opens at any other member whose period is the same, one before
-/// or one after; two periods apart, or under another secret, it does not.
+/// A cookie one member seals opens at any other member whose period is the same, one before,
+/// or up to `kept` after; further apart, or under another secret, it does not.
 #[test]
-fn a_fleet_cookie_opens_across_members_within_a_period_either_side() {
+fn a_fleet_cookie_opens_across_members_for_the_kept_periods() {
     let s = secret(9);
-    let cookie = CookieKeys::for_fleet(&s, None, 1000).seal(&keys(), [3; NONCE_LEN]);
-    for period in [999, 1000, 1001] {
-        let member = CookieKeys::for_fleet(&s, None, period);
-        assert_eq!(member.open(&cookie), Some(keys()), "period {period}");
+    for kept in [1, 7] {
+        let cookie = CookieKeys::for_fleet(&s, None, 1000, kept).seal(&keys(), [3; NONCE_LEN]);
+        for period in 999..=1000 + kept as u64 {
+            let member = CookieKeys::for_fleet(&s, None, period, kept);
+            assert_eq!(
+                member.open(&cookie),
+                Some(keys()),
+                "kept {kept}, period {period}"
+            );
+        }
+        for period in [998, 1001 + kept as u64] {
+            let member = CookieKeys::for_fleet(&s, None, period, kept);
+            assert_eq!(member.open(&cookie), None, "kept {kept}, period {period}");
+        }
+        assert_eq!(
+            CookieKeys::for_fleet(&secret(8), None, 1000, kept).open(&cookie),
+            None
+        );
     }
-    for period in [998, 1002] {
-        let member = CookieKeys::for_fleet(&s, None, period);
-        assert_eq!(member.open(&cookie), None, "period {period}");
-    }
-    assert_eq!(
-        CookieKeys::for_fleet(&secret(8), None, 1000).open(&cookie),
-        None
-    );
     // Period 0 has no period before it; it still opens its own and the next.
-    let first = CookieKeys::for_fleet(&s, None, 0);
+    let first = CookieKeys::for_fleet(&s, None, 0, 3);
     assert_eq!(
         first.open(&first.seal(&keys(), [4; NONCE_LEN])),
         Some(keys())
@@ -259,19 +295,19 @@ fn a_fleet_cookie_opens_across_members_within_a_period_either_side() {
 #[test]
 fn a_new_fleet_secret_opens_the_old_ones_cookies_while_both_are_held() {
     let (old, new) = (secret(1), secret(2));
-    let by_old = CookieKeys::for_fleet(&old, None, 50).seal(&keys(), [5; NONCE_LEN]);
-    let both = CookieKeys::for_fleet(&new, Some(&old), 50);
+    let by_old = CookieKeys::for_fleet(&old, None, 50, 1).seal(&keys(), [5; NONCE_LEN]);
+    let both = CookieKeys::for_fleet(&new, Some(&old), 50, 1);
     assert_eq!(both.current(), fleet_key(&new, 50));
     assert_eq!(both.open(&by_old), Some(keys()));
-    let next_period_old = CookieKeys::for_fleet(&old, None, 51).seal(&keys(), [6; NONCE_LEN]);
+    let next_period_old = CookieKeys::for_fleet(&old, None, 51, 1).seal(&keys(), [6; NONCE_LEN]);
     assert_eq!(both.open(&next_period_old), Some(keys()));
     let by_new = both.seal(&keys(), [7; NONCE_LEN]);
     assert_eq!(
-        CookieKeys::for_fleet(&new, None, 50).open(&by_new),
+        CookieKeys::for_fleet(&new, None, 50, 1).open(&by_new),
         Some(keys())
     );
     // Once the old secret is dropped, its cookies no longer open.
-    assert_eq!(CookieKeys::for_fleet(&new, None, 50).open(&by_old), None);
+    assert_eq!(CookieKeys::for_fleet(&new, None, 50, 1).open(&by_old), None);
 }
 
 #[test]

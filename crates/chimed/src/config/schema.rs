@@ -22,9 +22,9 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 
 use super::values::{
-    Absolute, AtLeastOne, Burst, Clients, Gather, GreaseKinds, Interface, Interval, KeThreads, Kod,
-    Leak, LogLevel, NtpBatch, NtpServer, Positive, RecvBuffer, RoughtimeBatch, Seconds, Share,
-    ShedInterval, ShedTarget, TcpConnections, Threads, TxLogSize, V4, V6, XdpMode,
+    Absolute, AtLeastOne, Burst, Clients, Gather, GreaseKinds, Interface, Interval, KeThreads,
+    KeptKeys, Kod, Leak, LogLevel, NtpBatch, NtpServer, Positive, RecvBuffer, RoughtimeBatch,
+    Seconds, Share, ShedInterval, ShedTarget, TcpConnections, Threads, TxLogSize, V4, V6, XdpMode,
 };
 
 /// chimed: serves NTP from every core beside a local chronyd.
@@ -299,10 +299,18 @@ sections! {
     pub(crate) ke_threads: KeThreads,
 
     /// Seconds between rotations of the key NTS cookies are sealed under; cookies sealed under
-    /// the key before still work
+    /// the keys kept before it (kept-keys) still work
     #[arg(id = "nts.rotation", long = "nts-rotation", value_name = "SECS")]
     #[arg(default_value = "86400")]
     pub(crate) rotation: Positive,
+
+    /// Earlier NTS cookie keys kept, each still opening the cookies it sealed: a cookie lasts this
+    /// many rotations past its own (21 daily rotations: three weeks, as chronyd's cookies last), so
+    /// a client that sleeps over a weekend needs no new NTS-KE session. Saved in dump-dir; a
+    /// fleet's members must agree on it. 1 to 400
+    #[arg(id = "nts.kept-keys", long = "nts-kept-keys", value_name = "N")]
+    #[arg(default_value = "21")]
+    pub(crate) kept_keys: KeptKeys,
 
     /// The NTP server NTS-KE sends clients to (an IP address or a domain name, and :PORT if not
     /// 123; an IPv6 address in brackets then), as chronyd's `ntsntpserver`, when it is not the

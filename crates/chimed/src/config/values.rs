@@ -70,6 +70,9 @@ checked! {
     TxLogSize(usize) = |n| at_most(n, chime_ntp::TxLog::MAX_ENTRIES, "is more than");
     /// `ratelimit.clients`: the addresses one rate limit tracks.
     Clients(usize) = |n| within(n, 4, chime_ntp::ClientTable::MAX_CLIENTS, format!("{n} clients"));
+    /// `nts.kept-keys`: earlier cookie keys kept, at least one so that a rotation cuts no client
+    /// off.
+    KeptKeys(usize) = |n| within(n, 1, chime_ntp::nts::CookieKeys::MAX_KEPT, format!("{n} keys"));
     /// `nts.ke-threads`: past the cores of any machine chimed runs on, handshakes only contend.
     KeThreads(usize) = |n| within(n, 1, 64, format!("{n} threads"));
     /// `roughtime.tcp.connections`; 0 serves Roughtime over UDP only.

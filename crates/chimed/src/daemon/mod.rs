@@ -27,7 +27,7 @@ use crate::config::Args;
 use crate::config::{self, Settings, docs};
 
 use self::secrets::Secrets;
-use crate::nts::ke as nts_ke;
+use crate::nts::{ke as nts_ke, keys as nts_keys};
 use crate::{ntp, roughtime};
 
 use self::start::{Prepared, Running};
@@ -130,7 +130,7 @@ fn run(
     let nts_start = match (&secrets.fleet, &secrets.tls) {
         (Some(fleet), _) => Some(nts_ke::fleet_start(fleet)),
         (None, Some(_)) => {
-            let r = nts_ke::starting_keys(&mut secrets.dump, settings.nts.rotation.duration());
+            let r = nts_ke::starting_keys(&mut secrets.dump, nts_keys::Rotation::of(settings));
             Some((r.saved.keys, r.next_rotation))
         }
         (None, None) => None,

@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tracing::{info, warn};
@@ -18,11 +17,11 @@ use crate::config::{self, Args, Settings};
 use crate::nts::{ke as nts_ke, keys as nts_keys};
 use crate::roughtime::keys as online_keys;
 
-/// A fleet member's NTS keys (`--nts-fleet-key`): the secret file and the period, the secrets in
+/// A fleet member's NTS keys (`--nts-fleet-key`): the secret file and the periods, the secrets in
 /// force (SIGHUP replaces them), and the cookie keys derived from them.
 pub(crate) struct FleetKeys {
     pub(crate) path: PathBuf,
-    pub(crate) period: Duration,
+    pub(crate) rotation: nts_keys::Rotation,
     pub(crate) secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
     pub(crate) cookies: nts_keys::InForce,
 }
@@ -56,7 +55,7 @@ impl Reloadable {
     /// Reloads everything that can change without a restart.
     pub(crate) fn reload(&self, args: &Args, settings: &Settings) {
         if let Some(f) = &self.fleet {
-            nts_ke::reload_fleet(&f.path, &f.secrets, &f.cookies, f.period);
+            nts_ke::reload_fleet(&f.path, &f.secrets, &f.cookies, f.rotation);
         }
         if let (Some(file), Some(shared)) = (&settings.roughtime.delegation, &self.roughtime) {
             online_keys::reload_bundle(file, shared);

@@ -54,7 +54,7 @@ pub(crate) fn load(s: &Settings) -> Result<Secrets, ConfigError> {
         Some(path) => Some(nts_keys::Fleet {
             secrets: nts_keys::load_fleet(path).map_err(|r| s.bad("nts.fleet-key", r))?,
             path: path.clone(),
-            period: s.nts.rotation.duration(),
+            rotation: nts_keys::Rotation::of(s),
         }),
     };
     let tls = match s.nts_ke() {
@@ -205,7 +205,7 @@ mod tests {
         let s = load_with(&["--nts-fleet-key", f, "--nts-rotation", "3600"]).unwrap();
         assert!(s.tls.is_none(), "no certificate: no NTS-KE");
         let fleet = s.fleet.unwrap();
-        assert_eq!(fleet.period, Duration::from_secs(3600));
+        assert_eq!(fleet.rotation.every, Duration::from_secs(3600));
         assert!(fleet.secrets.1.is_none());
     }
 

@@ -321,15 +321,17 @@ fn nts_ke_service(
         server: nts.ntp_server.as_ref().map(|s| s.parts().0),
         port,
     });
-    let (rotation, threads) = (nts.rotation.duration(), nts.ke_threads.0);
+    let (rotation, threads) = (nts_keys::Rotation::of(settings), nts.ke_threads.0);
     match listener.local_addr() {
         Ok(addr) => info!(
             "nts-ke listening on {addr} (certificate {}, NTP server {}, NTP port {}, cookie key \
-             rotated every {} s, {} thread{})",
+             rotated every {} s with {} kept: cookies open for up to {} s, {} thread{})",
             certificate.display(),
             negotiation.server.as_deref().unwrap_or("this one"),
             negotiation.port.unwrap_or(123),
-            rotation.as_secs(),
+            rotation.every.as_secs_f64(),
+            rotation.kept,
+            rotation.cookie_life().as_secs_f64(),
             threads,
             if threads == 1 { "" } else { "s" },
         ),
@@ -413,11 +415,11 @@ fn tasks(
                 .nts_start
                 .as_ref()
                 .map_or(Duration::ZERO, |(_, next)| *next);
-            let every = settings.nts.rotation.duration();
+            let rotation = nts_keys::Rotation::of(settings);
             let dump = secrets.dump.as_ref().map(|(path, _)| path.clone());
             sup.task(
                 "nts-cookie-keys",
-                nts_ke::rotate(cookies, first, every, dump),
+                nts_ke::rotate(cookies, first, rotation, dump),
             );
         }
         return None;
@@ -430,14 +432,14 @@ fn tasks(
     }
     let keys = FleetKeys {
         path: fleet.path,
-        period: fleet.period,
+        rotation: fleet.rotation,
         secrets: Arc::new(ArcSwap::from_pointee(fleet.secrets)),
         cookies,
     };
-    let (cookies, secrets, period) = (keys.cookies.clone(), keys.secrets.clone(), keys.period);
+    let (cookies, secrets) = (keys.cookies.clone(), keys.secrets.clone());
     sup.task(
         "nts-fleet-keys",
-        nts_ke::follow_fleet(cookies, secrets, period),
+        nts_ke::follow_fleet(cookies, secrets, keys.rotation),
     );
     Some(keys)
 }

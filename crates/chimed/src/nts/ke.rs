@@ -356,7 +356,7 @@ fn fresh_key() -> (u32, [u8; nts::KEY_LEN]) {
 /// its rotations.
 pub(crate) fn starting_keys(
     dump: &mut Option<(PathBuf, Option<nts_keys::Saved>)>,
-    rotation: Duration,
+    rotation: nts_keys::Rotation,
 ) -> nts_keys::Resumed {
     let now = crate::clock::read().unix_secs();
     let saved = dump.as_mut().and_then(|(_, saved)| saved.take());
@@ -375,8 +375,9 @@ pub(crate) fn starting_keys(
                  still open (id {id:08x})"
             ),
             How::Expired => info!(
-                "nts: the cookie keys in {shown} are more than two rotations old: new key \
-                 (id {id:08x})"
+                "nts: the cookie keys in {shown} are older than the {} rotations kept: new key \
+                 (id {id:08x})",
+                rotation.kept + 1
             ),
         }
         if r.how != How::Kept {
@@ -398,23 +399,24 @@ fn save_keys(path: &Path, saved: &nts_keys::Saved) {
     }
 }
 
-/// Replaces the cookie master key `first` from now, then every `every`, saving each new set to
-/// `dump` (before it is used, so a saved file always opens every cookie handed out).
+/// Replaces the cookie master key `first` from now, then every `rotation.every`, keeping
+/// `rotation.kept` keys before it, and saves each new set to `dump` (before it is used, so a
+/// saved file always opens every cookie handed out).
 pub(crate) async fn rotate(
     cookies: nts_keys::InForce,
     first: Duration,
-    every: Duration,
+    rotation: nts_keys::Rotation,
     dump: Option<PathBuf>,
 ) -> Result<(), ServiceError> {
     fail::fail_point!("nts-cookie-keys", |_| Err(
         crate::service::fail_point_error("nts-cookie-keys")
     ));
     tokio::time::sleep(first).await;
-    let mut tick = tokio::time::interval(every);
+    let mut tick = tokio::time::interval(rotation.every);
     loop {
         tick.tick().await;
         let (id, key) = fresh_key();
-        let next = cookies.load().rotated(id, key);
+        let next = cookies.load().rotated(id, key, rotation.kept);
         if let Some(path) = &dump {
             let saved = nts_keys::Saved {
                 keys: next.clone(),
@@ -431,14 +433,14 @@ pub(crate) async fn rotate(
 pub(crate) fn fleet_start(fleet: &nts_keys::Fleet) -> (CookieKeys, Duration) {
     let (keys, period, left) = nts_keys::fleet_keys(
         &fleet.secrets,
-        fleet.period,
+        fleet.rotation,
         crate::clock::read().unix_micros(),
     );
     info!(
         "nts: cookie keys derived from the fleet secret in {} (period {period} of {} s, id \
          {:08x}{}): every server holding it opens these cookies",
         fleet.path.display(),
-        fleet.period.as_secs().max(1),
+        fleet.rotation.every.as_secs().max(1),
         keys.current_id(),
         if fleet.secrets.1.is_some() {
             ", the previous secret's open too"
@@ -454,19 +456,25 @@ pub(crate) fn fleet_start(fleet: &nts_keys::Fleet) -> (CookieKeys, Duration) {
 pub(crate) async fn follow_fleet(
     cookies: nts_keys::InForce,
     secrets: Arc<ArcSwap<nts_keys::FleetSecrets>>,
-    period: Duration,
+    rotation: nts_keys::Rotation,
 ) -> Result<(), ServiceError> {
     fail::fail_point!("nts-fleet-keys", |_| Err(crate::service::fail_point_error(
         "nts-fleet-keys"
     )));
     loop {
-        let (_, _, left) =
-            nts_keys::fleet_keys(&secrets.load(), period, crate::clock::read().unix_micros());
+        let (_, _, left) = nts_keys::fleet_keys(
+            &secrets.load(),
+            rotation,
+            crate::clock::read().unix_micros(),
+        );
         // A little past the boundary, so that the clock read after the sleep is in the new
         // period; and reading it again, rather than counting, follows any step of the clock.
         tokio::time::sleep(left + Duration::from_millis(1)).await;
-        let (keys, number, _) =
-            nts_keys::fleet_keys(&secrets.load(), period, crate::clock::read().unix_micros());
+        let (keys, number, _) = nts_keys::fleet_keys(
+            &secrets.load(),
+            rotation,
+            crate::clock::read().unix_micros(),
+        );
         let id = keys.current_id();
         cookies.store(Arc::new(keys));
         info!("nts: fleet cookie key for period {number} (id {id:08x})");
@@ -479,13 +487,13 @@ pub(crate) fn reload_fleet(
     path: &Path,
     secrets: &ArcSwap<nts_keys::FleetSecrets>,
     cookies: &ArcSwap<CookieKeys>,
-    period: Duration,
+    rotation: nts_keys::Rotation,
 ) {
     match nts_keys::load_fleet(path) {
         Ok(loaded) => {
             let previous = loaded.1.is_some();
             let (keys, number, _) =
-                nts_keys::fleet_keys(&loaded, period, crate::clock::read().unix_micros());
+                nts_keys::fleet_keys(&loaded, rotation, crate::clock::read().unix_micros());
             let id = keys.current_id();
             secrets.store(Arc::new(loaded));
             cookies.store(Arc::new(keys));

@@ -17,10 +17,12 @@
 //! made 1795312345
 //! current 1a2b3c4d <64 hex digits>
 //! previous 5e6f7a8b <64 hex digits>
+//! previous 90a1b2c3 <64 hex digits>
 //! ```
 //!
 //! `made` is when the current key was made, Unix seconds; it places the next rotation on the
-//! schedule it had, so restarts neither skip nor postpone one.
+//! schedule it had, so restarts neither skip nor postpone one. The `previous` lines are the keys
+//! kept (`--nts-kept-keys`), the most recent first.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +37,30 @@ use zeroize::Zeroizing;
 /// The cookie keys in force: NTS-KE seals new cookies under the current one, the NTP workers open
 /// cookies with any key kept, and the rotation (or a fleet's SIGHUP) replaces them.
 pub(crate) type InForce = Arc<ArcSwap<CookieKeys>>;
+
+/// How the cookie keys rotate (`--nts-rotation`, `--nts-kept-keys`): a new key every `every`, and
+/// `kept` keys before it still opening the cookies they sealed, so that a cookie lasts `kept`
+/// rotations past its own. A fleet's periods are `every` long too.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Rotation {
+    pub(crate) every: Duration,
+    pub(crate) kept: usize,
+}
+
+impl Rotation {
+    /// As the settings give it.
+    pub(crate) fn of(settings: &crate::config::Settings) -> Self {
+        Self {
+            every: settings.nts.rotation.duration(),
+            kept: settings.nts.kept_keys.0,
+        }
+    }
+
+    /// The longest a cookie opens after it was sealed: through its own rotation and the kept ones.
+    pub(crate) fn cookie_life(self) -> Duration {
+        self.every.saturating_mul(self.kept as u32 + 1)
+    }
+}
 
 /// The file's name in the dump directory.
 pub(crate) const FILE: &str = "nts-cookie-keys";
@@ -90,11 +116,11 @@ pub(crate) fn load_pool_tokens(path: &Path) -> Result<chime_ntp::nts::PoolTokens
 pub(crate) type FleetSecrets = (FleetSecret, Option<FleetSecret>);
 
 /// `--nts-fleet-key`'s file, the secrets it held when last read, and the period each key is for
-/// (`--nts-rotation`).
+/// with the periods kept before it.
 pub(crate) struct Fleet {
     pub(crate) path: PathBuf,
     pub(crate) secrets: FleetSecrets,
-    pub(crate) period: Duration,
+    pub(crate) rotation: Rotation,
 }
 
 /// Reads the fleet secret file (`chime nts-fleet-key` makes one). An error names the file and,
@@ -111,39 +137,40 @@ pub(crate) fn load_fleet(path: &Path) -> Result<FleetSecrets, KeysError> {
     })
 }
 
-/// A fleet member's keys at `now_micros` (Unix microseconds) for periods of `period` (whole
-/// seconds, at least one): the keys, the period's number, and how long until the next begins.
+/// A fleet member's keys at `now_micros` (Unix microseconds) for periods of `rotation.every`
+/// (whole seconds, at least one), `rotation.kept` periods before opening too: the keys, the
+/// period's number, and how long until the next begins.
 pub(crate) fn fleet_keys(
     secrets: &FleetSecrets,
-    period: Duration,
+    rotation: Rotation,
     now_micros: u64,
 ) -> (CookieKeys, u64, Duration) {
-    let len = period.as_secs().max(1) * 1_000_000;
+    let len = rotation.every.as_secs().max(1) * 1_000_000;
     let number = now_micros / len;
-    let keys = CookieKeys::for_fleet(&secrets.0, secrets.1.as_ref(), number);
+    let keys = CookieKeys::for_fleet(&secrets.0, secrets.1.as_ref(), number, rotation.kept);
     let left = Duration::from_micros((number + 1) * len - now_micros);
     (keys, number, left)
 }
 
 fn parse(text: &str) -> Result<Saved, KeyFileError> {
-    let (mut made, mut current, mut previous) = (None, None, None);
+    let (mut made, mut current, mut previous) = (None, None, Vec::new());
     for mut line in key_lines(text) {
         match line.label() {
             MADE => read_once(&mut made, line, "`made`", read_made)?,
             CURRENT => read_once(&mut current, line, "`current`", read_key)?,
-            PREVIOUS => read_once(&mut previous, line, "`previous`", read_key)?,
+            PREVIOUS => previous.push(read_key(line)?),
             _ => {
                 return Err(line.wrong_label("`made SECS`, `current ID KEY` or `previous ID KEY`"));
             }
         }
     }
-    if made.is_none() && current.is_none() && previous.is_none() {
+    if made.is_none() && current.is_none() && previous.is_empty() {
         return Err(KeyFileError::Empty);
     }
     let made_unix = made.ok_or(KeyFileError::Missing { what: "`made`" })?;
     let current = current.ok_or(KeyFileError::Missing { what: "`current`" })?;
     Ok(Saved {
-        keys: CookieKeys::from_parts(*current, previous.map(|key| *key)),
+        keys: CookieKeys::from_parts(*current, previous.iter().map(|key| **key)),
         made_unix,
     })
 }
@@ -195,8 +222,8 @@ fn render(saved: &Saved) -> Zeroizing<String> {
         file.line(&[Field::Word(label), Field::HexU32(*id), Field::Hex(key)]);
     };
     line(CURRENT, saved.keys.current());
-    if let Some(previous) = saved.keys.previous() {
-        line(PREVIOUS, previous);
+    for kept in saved.keys.kept() {
+        line(PREVIOUS, kept);
     }
     file.finish()
 }
@@ -209,16 +236,19 @@ pub(crate) fn save(path: &Path, saved: &Saved) -> std::io::Result<()> {
 /// What to serve with at start, given what was saved (if anything), the time now and the rotation
 /// interval: the keys, when the current one counts as made, and how long until the next rotation.
 ///
-/// Saved keys keep their schedule: a current key younger than one interval stays current; one
-/// between one and two intervals old is rotated now and still opens as the previous key; an older
-/// one (or none) gives fresh keys. `fresh` makes a key with its id.
+/// Saved keys keep their schedule: a current key younger than one interval stays current. One
+/// older missed the rotations due while chimed was down: it is rotated now, once, and the keys
+/// that would have been rotated out by the missed ones are dropped (the keys never made in the
+/// missed rotations count as kept, since their time passed). Keys so old that none would still be
+/// kept, or none saved, give fresh keys. `fresh` makes a key with its id.
 pub(crate) fn resume(
     saved: Option<Saved>,
     now_unix: i64,
-    rotation: Duration,
+    rotation: Rotation,
     mut fresh: impl FnMut() -> (u32, [u8; KEY_LEN]),
 ) -> Resumed {
-    let every = rotation.as_secs_f64();
+    let (every, kept) = (rotation.every.as_secs_f64(), rotation.kept);
+    let rotation = rotation.every;
     let brand_new = |fresh: &mut dyn FnMut() -> (u32, [u8; KEY_LEN])| {
         let (id, key) = fresh();
         Resumed {
@@ -235,17 +265,20 @@ pub(crate) fn resume(
     };
     // A clock that went back makes a key look younger than it is, never older than now.
     let age = (now_unix - saved.made_unix).max(0) as f64;
-    if age < every {
+    // Rotations missed, the one due now among them.
+    let missed = (age / every).floor();
+    if missed < 1.0 {
         Resumed {
             next_rotation: Duration::from_secs_f64(every - age),
             saved,
             how: How::Kept,
         }
-    } else if age < 2.0 * every {
+    } else if missed <= kept as f64 {
         let (id, key) = fresh();
+        let still_kept = kept - (missed as usize - 1);
         Resumed {
             saved: Saved {
-                keys: saved.keys.rotated(id, key),
+                keys: saved.keys.rotated(id, key, still_kept),
                 made_unix: now_unix,
             },
             next_rotation: rotation,
@@ -274,7 +307,7 @@ pub(crate) enum How {
     Fresh,
     /// The saved keys, as they were.
     Kept,
-    /// The saved current key, now the previous one, under a fresh current one.
+    /// The saved current key, now kept, under a fresh current one.
     Rotated,
     /// Saved keys too old to open anything still valid: fresh keys.
     Expired,
@@ -288,17 +321,26 @@ mod tests {
 
     const DAY: Duration = Duration::from_secs(86_400);
 
+    /// Daily, keeping `kept` earlier keys.
+    const fn daily(kept: usize) -> Rotation {
+        Rotation { every: DAY, kept }
+    }
+
     #[test]
     fn fleet_periods_follow_the_unix_clock() {
         let secrets: FleetSecrets = (FleetSecret([5; 32]), None);
         // 1_000_000.25 s after the epoch is 11 days and 49_600.25 s: period 11 of a day, with
         // 36_799.75 s of it left.
-        let (keys, number, left) = fleet_keys(&secrets, DAY, 1_000_000_250_000);
+        let (keys, number, left) = fleet_keys(&secrets, daily(1), 1_000_000_250_000);
         assert_eq!(number, 11);
         assert_eq!(left, Duration::from_micros(36_799_750_000));
         assert_eq!(keys.current(), chime_ntp::nts::fleet_key(&secrets.0, 11));
         // A rotation under a second counts as one.
-        let (_, number, left) = fleet_keys(&secrets, Duration::from_millis(300), 7_500_000);
+        let short = Rotation {
+            every: Duration::from_millis(300),
+            kept: 1,
+        };
+        let (_, number, left) = fleet_keys(&secrets, short, 7_500_000);
         assert_eq!((number, left), (7, Duration::from_micros(500_000)));
     }
 
@@ -312,7 +354,10 @@ mod tests {
 
     fn saved(made_unix: i64) -> Saved {
         Saved {
-            keys: CookieKeys::from_parts((0xaa, [0xaa; KEY_LEN]), Some((0xbb, [0xbb; KEY_LEN]))),
+            keys: CookieKeys::from_parts(
+                (0xaa, [0xaa; KEY_LEN]),
+                [(0xbb, [0xbb; KEY_LEN]), (0xcc, [0xcc; KEY_LEN])],
+            ),
             made_unix,
         }
     }
@@ -328,7 +373,8 @@ mod tests {
         let back = load(&path).unwrap().unwrap();
         assert_eq!(back.made_unix, 1_795_000_000);
         assert_eq!(back.keys.current(), (0xaa, [0xaa; KEY_LEN]));
-        assert_eq!(back.keys.previous(), Some((0xbb, [0xbb; KEY_LEN])));
+        let kept: Vec<_> = back.keys.kept().collect();
+        assert_eq!(kept, [(0xbb, [0xbb; KEY_LEN]), (0xcc, [0xcc; KEY_LEN])]);
         // Saving again replaces it, and leaves nothing else behind.
         save(&path, &saved(1_795_000_001)).unwrap();
         assert_eq!(load(&path).unwrap().unwrap().made_unix, 1_795_000_001);
@@ -367,40 +413,70 @@ mod tests {
         }
     }
 
+    /// The ids of the keys kept, the most recent first.
+    fn kept_ids(keys: &CookieKeys) -> Vec<u32> {
+        keys.kept().map(|(id, _)| id).collect()
+    }
+
     #[test]
     fn saved_keys_keep_their_schedule() {
         let now = 1_795_000_000;
         let day = DAY.as_secs() as i64;
 
-        let r = resume(None, now, DAY, counter());
+        let r = resume(None, now, daily(1), counter());
         assert_eq!(r.how, How::Fresh);
         assert_eq!(r.saved.keys.current().0, 1);
-        assert_eq!(r.saved.keys.previous(), None);
+        assert!(kept_ids(&r.saved.keys).is_empty());
         assert_eq!(r.next_rotation, DAY);
 
         // Made 10 hours ago: kept, rotated 14 hours from now as it would have been.
-        let r = resume(Some(saved(now - 36_000)), now, DAY, counter());
+        let r = resume(Some(saved(now - 36_000)), now, daily(1), counter());
         assert_eq!(r.how, How::Kept);
         assert_eq!(r.saved.keys.current().0, 0xaa);
-        assert_eq!(r.saved.keys.previous().unwrap().0, 0xbb);
+        assert_eq!(kept_ids(&r.saved.keys), [0xbb, 0xcc]);
         assert_eq!(r.next_rotation, Duration::from_secs(50_400));
 
-        // Made 30 hours ago: due; the saved key still opens, as the previous one.
-        let r = resume(Some(saved(now - day - 21_600)), now, DAY, counter());
+        // Made 30 hours ago: due; the saved key still opens, kept.
+        let r = resume(Some(saved(now - day - 21_600)), now, daily(1), counter());
         assert_eq!(r.how, How::Rotated);
         assert_eq!(r.saved.keys.current().0, 1);
-        assert_eq!(r.saved.keys.previous().unwrap().0, 0xaa);
+        assert_eq!(kept_ids(&r.saved.keys), [0xaa]);
         assert_eq!(r.saved.made_unix, now);
 
-        // Two intervals old: nothing it sealed is still valid.
-        let r = resume(Some(saved(now - 2 * day)), now, DAY, counter());
+        // Two intervals old, one key kept: nothing it sealed is still valid.
+        let r = resume(Some(saved(now - 2 * day)), now, daily(1), counter());
         assert_eq!(r.how, How::Expired);
-        assert_eq!(r.saved.keys.previous(), None);
+        assert!(kept_ids(&r.saved.keys).is_empty());
 
         // Made "in the future" (the clock went back): kept, never rotated later than one interval.
-        let r = resume(Some(saved(now + 3_600)), now, DAY, counter());
+        let r = resume(Some(saved(now + 3_600)), now, daily(1), counter());
         assert_eq!(r.how, How::Kept);
         assert_eq!(r.next_rotation, DAY);
+    }
+
+    /// With keys kept, a restart after days down keeps the keys that would still be kept had
+    /// chimed rotated through them: the missed rotations' keys were never made, but their time
+    /// passed.
+    #[test]
+    fn a_restart_keeps_what_the_missed_rotations_would_have_kept() {
+        let now = 1_795_000_000;
+        let day = DAY.as_secs() as i64;
+        for (days_down, kept) in [
+            (1, vec![0xaa, 0xbb, 0xcc]),
+            (2, vec![0xaa, 0xbb]),
+            (3, vec![0xaa]),
+        ] {
+            let r = resume(
+                Some(saved(now - days_down * day - 60)),
+                now,
+                daily(3),
+                counter(),
+            );
+            assert_eq!(r.how, How::Rotated, "{days_down} days");
+            assert_eq!(kept_ids(&r.saved.keys), kept, "{days_down} days");
+        }
+        let r = resume(Some(saved(now - 4 * day - 60)), now, daily(3), counter());
+        assert_eq!(r.how, How::Expired);
     }
 
     /// The committed sample (`testdata/nts-cookie-keys`, written by [`render`] from patterned test
@@ -411,7 +487,11 @@ mod tests {
         let saved = parse(text).unwrap();
         assert_eq!(saved.made_unix, 1_795_000_000);
         assert_eq!(saved.keys.current(), (0x6666_6666, [0x66; KEY_LEN]));
-        assert_eq!(saved.keys.previous(), Some((0x5555_5555, [0x55; KEY_LEN])));
+        assert_eq!(kept_ids(&saved.keys), [0x5555_5555]);
+        assert_eq!(
+            saved.keys.kept().next(),
+            Some((0x5555_5555, [0x55; KEY_LEN]))
+        );
         assert_eq!(*render(&saved), text);
     }
 }
