@@ -486,7 +486,9 @@ struct Worker {
 }
 
 impl Worker {
-    fn run<H: BatchHandler>(self, mut handler: H, started: mpsc::Sender<io::Result<()>>) {
+    /// The thread's body: pins the thread, allocates its batches once, then receives, handles
+    /// and sends batch after batch until the stop flag is set.
+    fn run<H: BatchHandler>(self, handler: H, started: mpsc::Sender<io::Result<()>>) {
         let _span = self.span.enter();
         if let Err(e) = self.pin() {
             // The receiver only goes away if `spawn` itself is gone; nothing left to tell.
@@ -494,94 +496,19 @@ impl Worker {
             return;
         }
         // Allocated here, once, so that the loop below never allocates.
-        let mut rx = RxBatch::new(self.batch_size, self.max_datagram);
-        let mut tx = TxBatch::new(self.batch_size, self.max_datagram);
-        // Transmit timestamps come back with the datagram behind its link, IP and UDP headers.
-        let mut looped = RxBatch::new(self.batch_size, self.max_datagram + LOOPED_HEADROOM);
+        let mut batches = BatchLoop::new(&self, handler);
         let _ = started.send(Ok(()));
         drop(started);
         tracing::debug!(cpu = ?self.cpu, "worker started");
-
-        let mut recv_errors = ErrorLog::new("receive");
-        let mut backoff = MIN_BACKOFF;
-        let mut batches_since_drops = 0u32;
-        let report_drops = |handler: &mut H, shedding: &mut Option<Shedding>| {
-            if let Ok(total) = self.socket.receive_drops() {
-                handler.receive_drops(total);
-                if let Some(s) = shedding {
-                    s.shedder.kernel_drops(total);
-                }
-            }
-        };
-        let mut gatherer = self
-            .gather
-            .map(|wait| Gatherer::new(wait, gather_below(rx.capacity()), Instant::now()));
-        let mut shedding = (self.shed).map(|cfg| Shedding::new(cfg, &self.socket));
-        // Relaxed would do for the flag alone; Acquire pairs with the Release in `spawn` and costs
-        // nothing on x86.
+        // Relaxed would do for the flag alone; Acquire pairs with the Release in
+        // `Workers::stop` and costs nothing on x86.
         while !self.stop.load(Ordering::Acquire) {
-            let full;
-            match self.socket.recv_batch(&mut rx) {
-                Ok(0) => {
-                    report_drops(&mut handler, &mut shedding);
-                    handler.idle();
-                    Shedding::idle_if_any(&mut shedding);
-                    continue;
-                }
-                Ok(n) => {
-                    backoff = MIN_BACKOFF;
-                    full = n >= rx.capacity();
-                    if let Some(g) = &mut gatherer
-                        && g.should_wait(n)
-                    {
-                        thread::sleep(g.wait);
-                        if let Err(e) = self.socket.recv_more(&mut rx) {
-                            recv_errors.record(1, &e);
-                            handler.recv_error(&e);
-                        }
-                    }
-                }
-                Err(e) => {
-                    recv_errors.record(1, &e);
-                    handler.recv_error(&e);
-                    Shedding::idle_if_any(&mut shedding);
-                    // Without a pause a persistent error would spin this CPU at 100%.
-                    thread::sleep(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    continue;
-                }
-            }
-            let received = rx.len();
-            let taken =
-                (shedding.as_mut()).map(|s| self.shed_batch(s, (&mut rx, full), &mut handler));
-            let started = gatherer.as_ref().map(|_| sys::thread_cpu_time());
-            handler.handle(&rx, &mut tx);
-            if !tx.is_empty() {
-                self.send(&mut handler, &mut tx, &mut looped, &mut recv_errors);
-            }
-            if let (Some(s), Some(taken)) = (&mut shedding, taken) {
-                s.stalls.handled(taken, Clocks::read());
-            }
-            if let (Some(g), Some(started)) = (&mut gatherer, started) {
-                let took = sys::thread_cpu_time().saturating_sub(started);
-                g.handled(received, took, Instant::now());
-            }
-            batches_since_drops += 1;
-            // While shedding, every batch: the shedder ends when an interval passes without a
-            // drop, and 64 batches of 256 Roughtime requests can take longer than an interval.
-            if batches_since_drops >= DROPS_EVERY
-                || shedding.as_ref().is_some_and(|s| s.shedder.is_shedding())
-            {
-                batches_since_drops = 0;
-                report_drops(&mut handler, &mut shedding);
+            if let Some(batch) = batches.receive() {
+                batches.handle_batch(batch);
+                batches.note_batch();
             }
         }
-        report_drops(&mut handler, &mut shedding);
-        handler.finish();
-        recv_errors.flush();
-        if let Some(s) = &mut shedding {
-            s.resize_errors.flush();
-        }
+        batches.finish();
         tracing::debug!("worker stopped");
     }
 
@@ -597,42 +524,178 @@ impl Worker {
             _ => Ok(()),
         }
     }
+}
 
-    /// Sends the replies in `tx`, and hands the handler their kernel transmit timestamps if it
-    /// asked for them (they come back on the error queue, into `looped`).
-    fn send<H: BatchHandler>(
-        &self,
-        handler: &mut H,
-        tx: &mut TxBatch,
-        looped: &mut RxBatch,
-        recv_errors: &mut ErrorLog,
-    ) {
-        handler.before_send(tx);
-        let stamped = tx.wants_tx_timestamps();
-        let outcome = self.socket.send_batch(tx);
-        handler.after_send(&outcome);
-        if stamped {
-            match self.socket.recv_tx_timestamps(looped) {
-                Ok(0) => {}
-                Ok(_) => handler.tx_timestamps(looped),
-                Err(e) => recv_errors.record(1, &e),
+/// A batch received into a [`BatchLoop`], to be handled.
+#[derive(Clone, Copy, Debug)]
+struct Received {
+    /// The receive filled the batch, so the queue may hold more (for [`Shedder::decide`]).
+    full: bool,
+}
+
+/// A worker's loop, one batch at a time: what it keeps from one batch to the next.
+///
+/// The batches are allocated once, in [`BatchLoop::new`]; nothing after that allocates. Gathering
+/// and shedding are optional ([`WorkerConfig::gather`], [`WorkerConfig::shed`]), each kept here
+/// with its own state, so that the steps below only ask whether each is on. Generic over the
+/// handler, so every call to it is a direct one.
+struct BatchLoop<'w, H> {
+    socket: &'w UdpSocket,
+    handler: H,
+    rx: RxBatch,
+    tx: TxBatch,
+    /// Where transmit timestamps come back, each datagram behind its link, IP and UDP headers.
+    looped: RxBatch,
+    recv_errors: ErrorLog,
+    /// The pause after the next failed receive; doubled by each failure, reset by a success.
+    backoff: Duration,
+    gatherer: Option<Gatherer>,
+    shedding: Option<Shedding>,
+    /// Batches handled since the socket's drop count was last read.
+    batches_since_drops: u32,
+}
+
+impl<'w, H: BatchHandler> BatchLoop<'w, H> {
+    fn new(worker: &'w Worker, handler: H) -> Self {
+        let rx = RxBatch::new(worker.batch_size, worker.max_datagram);
+        let below = gather_below(rx.capacity());
+        Self {
+            socket: &worker.socket,
+            handler,
+            rx,
+            tx: TxBatch::new(worker.batch_size, worker.max_datagram),
+            looped: RxBatch::new(worker.batch_size, worker.max_datagram + LOOPED_HEADROOM),
+            recv_errors: ErrorLog::new("receive"),
+            backoff: MIN_BACKOFF,
+            gatherer: (worker.gather).map(|wait| Gatherer::new(wait, below, Instant::now())),
+            shedding: (worker.shed).map(|cfg| Shedding::new(cfg, &worker.socket)),
+            batches_since_drops: 0,
+        }
+    }
+
+    /// Receives the next batch into `rx`, and with gathering waits for more if the gatherer says
+    /// so. `None` after a receive that found nothing (a timeout, or a stop's wake-up) or failed:
+    /// this has told the handler, and after a failure paused.
+    fn receive(&mut self) -> Option<Received> {
+        match self.socket.recv_batch(&mut self.rx) {
+            Ok(0) => {
+                self.report_drops();
+                self.handler.idle();
+                Shedding::idle_if_any(&mut self.shedding);
+                None
+            }
+            Ok(n) => {
+                self.backoff = MIN_BACKOFF;
+                if let Some(g) = &self.gatherer
+                    && g.should_wait(n)
+                {
+                    thread::sleep(g.wait);
+                    if let Err(e) = self.socket.recv_more(&mut self.rx) {
+                        self.recv_failed(&e);
+                    }
+                }
+                Some(Received {
+                    full: n >= self.rx.capacity(),
+                })
+            }
+            Err(e) => {
+                self.recv_failed(&e);
+                Shedding::idle_if_any(&mut self.shedding);
+                // Without a pause a persistent error would spin this CPU at 100%.
+                thread::sleep(self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                None
             }
         }
     }
 
-    /// Shedding's decision for one received batch (`full`: it filled `rx`), taken now: the
-    /// receive buffer resized as it says, and the requests that waited too long shed from `rx`.
-    /// Returns the clocks as the batch was taken, for [`Stalls::handled`].
-    fn shed_batch<H: BatchHandler>(
-        &self,
-        shedding: &mut Shedding,
-        (rx, full): (&mut RxBatch, bool),
-        handler: &mut H,
-    ) -> Clocks {
+    /// Handles the batch in `rx`: sheds what waited too long (with shedding), hands the rest to
+    /// the handler, sends its replies, and notes what the batch cost, for shedding's stalls and
+    /// gathering's load.
+    fn handle_batch(&mut self, batch: Received) {
+        let received = self.rx.len();
+        let taken = self.shed(batch.full);
+        let started = self.gatherer.as_ref().map(|_| sys::thread_cpu_time());
+        self.handler.handle(&self.rx, &mut self.tx);
+        if !self.tx.is_empty() {
+            self.send();
+        }
+        if let (Some(s), Some(taken)) = (&mut self.shedding, taken) {
+            s.stalls.handled(taken, Clocks::read());
+        }
+        if let (Some(g), Some(started)) = (&mut self.gatherer, started) {
+            let took = sys::thread_cpu_time().saturating_sub(started);
+            g.handled(received, took, Instant::now());
+        }
+    }
+
+    /// Counts a batch handled, and reads the socket's drop count every [`DROPS_EVERY`] batches;
+    /// while shedding, after every batch: the shedder ends when an interval passes without a
+    /// drop, and 64 batches of 256 Roughtime requests can take longer than an interval.
+    fn note_batch(&mut self) {
+        self.batches_since_drops += 1;
+        if self.batches_since_drops >= DROPS_EVERY
+            || (self.shedding.as_ref()).is_some_and(|s| s.shedder.is_shedding())
+        {
+            self.batches_since_drops = 0;
+            self.report_drops();
+        }
+    }
+
+    /// After the last batch: the drop count once more, the handler's `finish`, and the errors
+    /// not yet logged.
+    fn finish(&mut self) {
+        self.report_drops();
+        self.handler.finish();
+        self.recv_errors.flush();
+        if let Some(s) = &mut self.shedding {
+            s.resize_errors.flush();
+        }
+    }
+
+    /// Hands the socket's drop count to the handler, and to the shedder.
+    fn report_drops(&mut self) {
+        if let Ok(total) = self.socket.receive_drops() {
+            self.handler.receive_drops(total);
+            if let Some(s) = &mut self.shedding {
+                s.shedder.kernel_drops(total);
+            }
+        }
+    }
+
+    /// A receive failed: logged (at most once per interval) and told to the handler.
+    fn recv_failed(&mut self, e: &io::Error) {
+        self.recv_errors.record(1, e);
+        self.handler.recv_error(e);
+    }
+
+    /// Sends the replies in `tx`, and hands the handler their kernel transmit timestamps if it
+    /// asked for them (they come back on the error queue, into `looped`).
+    fn send(&mut self) {
+        self.handler.before_send(&mut self.tx);
+        let stamped = self.tx.wants_tx_timestamps();
+        let outcome = self.socket.send_batch(&mut self.tx);
+        self.handler.after_send(&outcome);
+        if stamped {
+            match self.socket.recv_tx_timestamps(&mut self.looped) {
+                Ok(0) => {}
+                Ok(_) => self.handler.tx_timestamps(&self.looped),
+                Err(e) => self.recv_errors.record(1, &e),
+            }
+        }
+    }
+
+    /// With shedding, its decision for the batch in `rx` (`full`: the receive filled it), taken
+    /// now: the receive buffer resized as it says, and the requests that waited too long shed
+    /// from `rx`. Returns the clocks as the batch was taken, for [`Stalls::handled`]; `None`
+    /// without shedding.
+    fn shed(&mut self, full: bool) -> Option<Clocks> {
+        let shedding = self.shedding.as_mut()?;
         let taken = Clocks::read();
-        let stalled = shedding.stalls.before(taken, rx.get(0).0.timestamp);
+        let oldest = self.rx.get(0).0.timestamp;
+        let stalled = shedding.stalls.before(taken, oldest);
         let s = &mut shedding.shedder;
-        let decision = s.decide(taken.wall, rx.get(0).0.timestamp, full, stalled);
+        let decision = s.decide(taken.wall, oldest, full, stalled);
         if let Some(bytes) = decision.recv_buffer {
             match self.socket.resize_recv_buffer(bytes) {
                 Ok(granted) => {
@@ -651,12 +714,12 @@ impl Worker {
             }
         }
         if let Some(cutoff) = decision.cutoff {
-            let shed = rx.shed_received_before(cutoff);
+            let shed = self.rx.shed_received_before(cutoff);
             if shed > 0 {
-                handler.shed(shed);
+                self.handler.shed(shed);
             }
         }
-        taken
+        Some(taken)
     }
 }
 

@@ -17,8 +17,8 @@ use chime_udp::counting_alloc::{
     CountingAlloc, assert_counting, thread_allocations as allocations,
 };
 use chime_udp::{
-    BatchHandler, BoundWorkers, RxBatch, SendOutcome, SocketConfig, Timestamp, TxBatch, UdpSocket,
-    WorkerConfig,
+    BatchHandler, BoundWorkers, RxBatch, SendOutcome, ShedConfig, SocketConfig, Timestamp, TxBatch,
+    UdpSocket, WorkerConfig,
 };
 
 #[global_allocator]
@@ -143,11 +143,29 @@ impl BatchHandler for Watcher {
 
 #[test]
 fn worker_loop_does_not_allocate() {
+    worker_loop_allocates_nothing(|_| {});
+}
+
+/// The same with the loop's optional parts on: gathering (a receive that finds two or three of a
+/// round's four requests waits for the rest) and shedding (a decision and the stall clocks on
+/// every batch).
+#[test]
+fn worker_loop_with_gathering_and_shedding_does_not_allocate() {
+    worker_loop_allocates_nothing(|cfg| {
+        cfg.gather = Some(Duration::from_micros(200));
+        cfg.shed = Some(ShedConfig::default());
+    });
+}
+
+/// Runs a worker configured by `configure` through rounds of requests, and checks that its loop
+/// allocated nothing between one batch and the next.
+fn worker_loop_allocates_nothing(configure: impl FnOnce(&mut WorkerConfig)) {
     assert_counting();
     let mut cfg = WorkerConfig::new("alloc", (Ipv4Addr::LOCALHOST, 0).into(), 1);
     cfg.socket.read_timeout = Some(Duration::from_millis(5));
     cfg.batch_size = 16;
     cfg.max_datagram = 512;
+    configure(&mut cfg);
     let bound = BoundWorkers::bind(cfg).unwrap();
     let addr = bound.local_addr();
     let total = Arc::new(AtomicU64::new(0));
