@@ -200,9 +200,24 @@ impl Shedder {
             return Decision::default();
         };
         let now_ns = now.as_nanos();
-        // Time the thread was kept off the CPU (a CPU quota's throttling, a preempted vCPU) is
-        // not the queue's: the thread would have served it. Every datagram that was queued
-        // before the stall ended waited through it, so the stall is taken out of their waits.
+        let credit = self.stall_credit(now_ns, oldest.as_nanos(), stalled);
+        let waited = now_ns - oldest.as_nanos() - credit;
+        let cutoff = (waited > self.target_ns)
+            .then(|| Timestamp::from_nanos(now_ns - credit - self.target_ns));
+        if self.shedding {
+            self.decide_while_shedding(now_ns, cutoff, full)
+        } else {
+            self.decide_while_answering(now_ns, cutoff, waited, full)
+        }
+    }
+
+    /// Remembers a stall of `stalled` that ended at `now_ns`, and returns how much of the wait of
+    /// a datagram that arrived at `oldest_ns` was the CPU's rather than the queue's.
+    ///
+    /// Time the thread was kept off the CPU (a CPU quota's throttling, a preempted vCPU) is not
+    /// the queue's: the thread would have served it. Every datagram that was queued before the
+    /// stall ended waited through it, so the stall is taken out of their waits.
+    fn stall_credit(&mut self, now_ns: i128, oldest_ns: i128, stalled: Duration) -> i128 {
         let stalled = stalled.as_nanos() as i128;
         // Shorter ones are a wake-up's latency, not worth a place among the stalls remembered.
         if stalled > self.target_ns / 10 {
@@ -212,57 +227,60 @@ impl Shedder {
         // A stall longer than the interval is an outage rather than a scheduler's: as a standing
         // queue must last an interval before it is shed, a stall is the CPU's up to an interval
         // and the queue's beyond it.
-        let credit = self.stalled_since(oldest.as_nanos()).min(self.interval_ns);
-        let waited = now_ns - oldest.as_nanos() - credit;
-        let cutoff = (waited > self.target_ns)
-            .then(|| Timestamp::from_nanos(now_ns - credit - self.target_ns));
-        if self.shedding {
-            self.went_old |= cutoff.is_some();
-            self.ran_dry |= !full;
-            // Over once the queue empties with the whole buffer back, or once the kernel has
-            // dropped nothing for an interval. Not at the first emptied queue: with the buffer
-            // short, a lull in the arrivals empties it while the overload goes on, and a full
-            // buffer would stand again a moment later.
-            let over = !full && self.buffer >= self.full_buffer;
-            let due = now_ns - self.sized_at >= self.interval_ns.max(1);
-            if over || due && !self.dropped {
-                return self.stop(cutoff, now_ns);
-            }
-            let mut recv_buffer = None;
-            if due {
-                recv_buffer = self.resize();
-                self.sized_at = now_ns;
-                self.went_old = false;
-                self.ran_dry = false;
-                self.dropped = false;
-            }
-            return Decision {
-                cutoff,
-                recv_buffer,
-            };
+        self.stalled_since(oldest_ns).min(self.interval_ns)
+    }
+
+    /// [`Self::decide`] while shedding: `cutoff` goes, and every interval the buffer is sized
+    /// again from how the interval went, until the overload is over.
+    fn decide_while_shedding(
+        &mut self,
+        now_ns: i128,
+        cutoff: Option<Timestamp>,
+        full: bool,
+    ) -> Decision {
+        self.went_old |= cutoff.is_some();
+        self.ran_dry |= !full;
+        // Over once the queue empties with the whole buffer back, or once the kernel has dropped
+        // nothing for an interval. Not at the first emptied queue: with the buffer short, a lull
+        // in the arrivals empties it while the overload goes on, and a full buffer would stand
+        // again a moment later.
+        let emptied_at_full_size = !full && self.buffer >= self.full_buffer;
+        let due = self.sizing_due(now_ns);
+        if emptied_at_full_size || (due && !self.dropped) {
+            return self.stop(cutoff, now_ns);
         }
+        let mut recv_buffer = None;
+        if due {
+            recv_buffer = self.resize();
+            self.sized_at = now_ns;
+            self.went_old = false;
+            self.ran_dry = false;
+            self.dropped = false;
+        }
+        Decision {
+            cutoff,
+            recv_buffer,
+        }
+    }
+
+    /// [`Self::decide`] while answering everything: shedding starts once full batches have had
+    /// datagrams older than the target (`cutoff`, after a wait of `waited`) for an interval, or
+    /// at once if it stopped recently; otherwise a buffer shortened by the last overload grows
+    /// back.
+    fn decide_while_answering(
+        &mut self,
+        now_ns: i128,
+        cutoff: Option<Timestamp>,
+        waited: i128,
+        full: bool,
+    ) -> Decision {
         if cutoff.is_some() && full {
             let since = *self.above_since.get_or_insert(now_ns);
             let resumed = (self.stopped_at)
                 .is_some_and(|t| now_ns - t < RESUME_WITHIN * self.interval_ns.max(1));
-            if resumed || now_ns - since >= self.interval_ns {
-                self.shedding = true;
-                self.above_since = None;
-                self.sized_at = now_ns;
-                self.went_old = false;
-                self.ran_dry = false;
-                // The queue stood, so the kernel was (or soon will be) dropping: the first
-                // interval is judged by its own readings.
-                self.dropped = true;
-                // A full queue made the oldest wait `waited`: scaled to half the target, however
-                // far that is. A cap on the first step (it was an eighth) left a queue still
-                // several targets deep, shed for a second while small steps took it down: at 3
-                // times capacity that was 2-4% of the requests received, in the test below.
-                let ratio = (self.target_ns as f64 / 2.0) / waited as f64;
-                return Decision {
-                    cutoff,
-                    recv_buffer: self.scaled(ratio),
-                };
+            let stood_an_interval = now_ns - since >= self.interval_ns;
+            if resumed || stood_an_interval {
+                return self.start(cutoff, now_ns, waited);
             }
         } else {
             // Young, or the queue drained with this batch: a burst, absorbed.
@@ -270,7 +288,7 @@ impl Shedder {
         }
         // After an overload the buffer grows back step by step, twice as large each interval
         // the queue does not stand: a load that comes back finds a short queue to shed.
-        if self.buffer < self.full_buffer && now_ns - self.sized_at >= self.interval_ns.max(1) {
+        if self.buffer < self.full_buffer && self.sizing_due(now_ns) {
             self.sized_at = now_ns;
             return Decision {
                 cutoff: None,
@@ -278,6 +296,12 @@ impl Shedder {
             };
         }
         Decision::default()
+    }
+
+    /// Whether an interval has passed since the buffer was last sized (at least a nanosecond,
+    /// with a zero interval).
+    fn sizing_due(&self, now_ns: i128) -> bool {
+        now_ns - self.sized_at >= self.interval_ns.max(1)
     }
 
     /// How long the thread was stalled since `since`: the time a datagram that arrived then
@@ -288,6 +312,30 @@ impl Shedder {
             .sum()
     }
 
+    /// Shedding starts at `now_ns`, with a standing queue whose oldest datagram waited `waited`:
+    /// `cutoff` goes, and the buffer is sized at once from that wait.
+    fn start(&mut self, cutoff: Option<Timestamp>, now_ns: i128, waited: i128) -> Decision {
+        self.shedding = true;
+        self.above_since = None;
+        self.sized_at = now_ns;
+        self.went_old = false;
+        self.ran_dry = false;
+        // The queue stood, so the kernel was (or soon will be) dropping: the first interval is
+        // judged by its own readings.
+        self.dropped = true;
+        // A full queue made the oldest wait `waited`: scaled to half the target, however far
+        // that is. A cap on the first step (it was an eighth) left a queue still several targets
+        // deep, shed for a second while small steps took it down: at 3 times capacity that was
+        // 2-4% of the requests received, in the test below.
+        let ratio = (self.target_ns as f64 / 2.0) / waited as f64;
+        Decision {
+            cutoff,
+            recv_buffer: self.scaled(ratio),
+        }
+    }
+
+    /// Shedding stops at `now_ns`; this batch's `cutoff` still goes, and the buffer stays as it
+    /// is, to grow back step by step.
     fn stop(&mut self, cutoff: Option<Timestamp>, now_ns: i128) -> Decision {
         self.shedding = false;
         self.stopped_at = Some(now_ns);
