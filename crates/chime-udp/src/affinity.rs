@@ -1,8 +1,9 @@
 //! Pinning worker threads to CPUs.
 //!
 //! A worker pinned to a CPU keeps its socket's data hot in that CPU's caches, and, with the NIC's
-//! receive queues steered to the same CPUs, a datagram is handled where it arrived. The runner
-//! pins each worker as its first act, when [`crate::WorkerConfig::cpus`] asks for it.
+//! receive queues steered to the same CPUs, a datagram is handled where it arrived.
+//! [`crate::Threads::spawn`] pins each worker thread as its first act, when
+//! [`crate::WorkerConfig::cpus`] asks for it.
 
 use std::{io, mem::size_of};
 
@@ -29,7 +30,7 @@ pub fn allowed_cpus() -> io::Result<Vec<usize>> {
 }
 
 /// Restricts the calling thread to run only on `cpu`.
-pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+pub(crate) fn pin_current_thread(cpu: usize) -> io::Result<()> {
     if cpu >= MAX_CPUS {
         return Err(ConfigError::CpuOutOfRange {
             cpu,

@@ -3,7 +3,7 @@
 //! them.
 //!
 //! This is the data plane of `chimed` over sockets, and with chime-xdp (the AF_XDP backend, which
-//! serves the same [`BatchHandler`]s and builds on this crate's batches and thread helpers) the
+//! serves the same [`BatchHandler`]s and builds on this crate's batches and its [`Threads`]) the
 //! only crate of chime allowed `unsafe`. The pipeline for one worker thread:
 //!
 //! 1. [`UdpSocket::bind`] (via [`BoundWorkers::bind`]) binds one `SO_REUSEPORT` socket per thread
@@ -24,8 +24,9 @@
 //!
 //! Module map: `socket` (binding, the two syscalls), `batch` (the preallocated batches), `meta`
 //! (per-datagram metadata), `shed` (which old datagrams to shed under overload), `cmsg`
-//! (control-message encoding and parsing), `sockaddr` (address conversion), `runner` (worker
-//! threads), `affinity` (CPU pinning), `error`, and `sys` (libc helpers shared by the others).
+//! (control-message encoding and parsing), `sockaddr` (address conversion), `runner` (the socket
+//! workers' loop), `threads` (starting, pinning and joining a group of worker threads, for any
+//! backend), `affinity` (CPU pinning), `error`, and `sys` (libc helpers shared by the others).
 
 #![warn(missing_docs)]
 
@@ -44,15 +45,15 @@ mod shed;
 mod sockaddr;
 mod socket;
 mod sys;
+mod threads;
 
 pub use crate::{
-    affinity::{allowed_cpus, pin_current_thread},
+    affinity::allowed_cpus,
     batch::{RxBatch, TxBatch},
     error::ConfigError,
     meta::{RecvMeta, Timestamp},
-    runner::{
-        BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers, await_starts, join_every,
-    },
+    runner::{BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers},
     shed::{Decision, MIN_SHED_BUFFER, ShedConfig, Shedder},
     socket::{Capabilities, SendOutcome, SocketConfig, UdpSocket},
+    threads::{Starting, Threads},
 };

@@ -3,8 +3,9 @@
 //!
 //! Binding ([`BoundWorkers::bind`]) and starting ([`BoundWorkers::spawn`]) are separate steps so
 //! the daemon can bind privileged ports, drop privileges, and only then start threads that touch
-//! client data. The protocol logic lives behind [`BatchHandler`]; this module only moves batches,
-//! pins threads, and deals with socket errors without letting them flood the log or spin a CPU.
+//! client data. The protocol logic lives behind [`BatchHandler`]; this module only moves batches
+//! and deals with socket errors without letting them flood the log or spin a CPU. The threads are
+//! started, pinned and joined as a group by [`crate::Threads`].
 
 use std::{
     io,
@@ -12,15 +13,14 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc,
     },
     thread,
     time::{Duration, Instant},
 };
 
 use crate::{
-    Capabilities, RxBatch, SendOutcome, ShedConfig, Shedder, SocketConfig, Timestamp, TxBatch,
-    UdpSocket, affinity, error::ConfigError, sys,
+    Capabilities, RxBatch, SendOutcome, ShedConfig, Shedder, SocketConfig, Starting, Threads,
+    Timestamp, TxBatch, UdpSocket, affinity, error::ConfigError, sys,
 };
 
 /// The protocol side of a worker: turns each received batch into replies.
@@ -68,8 +68,10 @@ pub trait BatchHandler: Send + 'static {
     fn finish(&mut self) {}
 }
 
-/// Batches between two reads of the socket's drop count: under load (thousands of batches a
-/// second) a few dozen `getsockopt` calls a second, nothing against the batches themselves.
+/// Batches between two calls of [`BatchHandler::receive_drops`] under load, part of that
+/// method's contract for every backend that serves [`BatchHandler`]s (this crate's workers,
+/// chime-xdp's): a few dozen reads of the kernel's drop count a second at thousands of batches a
+/// second, nothing against the batches themselves.
 pub const DROPS_EVERY: u32 = 64;
 
 /// How to bind and run one group of workers: one protocol on one address.
@@ -217,8 +219,9 @@ impl BoundWorkers {
     /// Starts one thread per socket, each running a handler made by `make(i)`, until `stop` is
     /// set.
     ///
-    /// Returns once every thread has started (and pinned itself, if asked). If one cannot start,
-    /// this sets `stop`, waits for the threads already started to finish, and returns the error.
+    /// Returns once every thread has started (and is pinned, if asked). If one cannot start, this
+    /// sets `stop`, waits for the threads already started to finish, and returns the error
+    /// ([`Threads::spawn`]).
     pub fn spawn<H: BatchHandler, F: FnMut(usize) -> H>(
         self,
         stop: Arc<AtomicBool>,
@@ -231,53 +234,30 @@ impl BoundWorkers {
             caps,
         } = self;
         let sockets: Vec<Arc<UdpSocket>> = sockets.into_iter().map(Arc::new).collect();
-        let (started_tx, started_rx) = mpsc::channel();
-        let mut threads = Vec::with_capacity(sockets.len());
-        let mut failure = None;
-        for (i, socket) in sockets.iter().cloned().enumerate() {
+        let threads = sockets.iter().enumerate().map(|(i, socket)| {
             let name = format!("{}-{i}", cfg.name);
+            let cpu = (!cfg.cpus.is_empty()).then(|| cfg.cpus[i % cfg.cpus.len()]);
             let worker = Worker {
                 span: tracing::info_span!("worker", thread = %name),
-                name: name.clone(),
-                socket,
+                socket: Arc::clone(socket),
                 stop: Arc::clone(&stop),
-                cpu: (!cfg.cpus.is_empty()).then(|| cfg.cpus[i % cfg.cpus.len()]),
+                cpu,
                 batch_size: cfg.batch_size,
                 max_datagram: cfg.max_datagram,
                 gather: cfg.gather,
                 shed: cfg.shed,
             };
             let handler = make(i);
-            let started = started_tx.clone();
-            match thread::Builder::new()
-                .name(name)
-                .spawn(move || worker.run(handler, started))
-            {
-                Ok(handle) => threads.push(handle),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(started_tx);
-
-        if let Some(e) = await_starts(threads.len(), &started_rx, "a worker thread") {
-            failure.get_or_insert(e);
-        }
-        let workers = Workers {
+            (name, cpu, move |starting| worker.run(handler, starting))
+        });
+        let threads = Threads::spawn(threads, || stop_workers(&stop, &sockets))?;
+        Ok(Workers {
             threads,
             sockets,
             stop,
             local_addr,
             caps,
-        };
-        if let Some(e) = failure {
-            // A panic here is secondary to the error being returned.
-            let _ = workers.join();
-            return Err(e);
-        }
-        Ok(workers)
+        })
     }
 }
 
@@ -287,7 +267,7 @@ impl BoundWorkers {
 /// down for reading, which wakes a worker blocked waiting for traffic.
 #[derive(Debug)]
 pub struct Workers {
-    threads: Vec<thread::JoinHandle<()>>,
+    threads: Threads,
     sockets: Vec<Arc<UdpSocket>>,
     stop: Arc<AtomicBool>,
     local_addr: SocketAddr,
@@ -308,64 +288,30 @@ impl Workers {
     /// Whether any worker has stopped: after the stop flag was set, or because its handler
     /// panicked. Lets a supervisor notice a dead worker without joining.
     pub fn any_finished(&self) -> bool {
-        self.threads.iter().any(thread::JoinHandle::is_finished)
+        self.threads.any_finished()
     }
 
     /// Asks every worker to stop: sets the stop flag, then wakes the workers by shutting their
     /// sockets down for reading. Each finishes the batch in hand, calls its handler's `finish`,
     /// and exits. Datagrams still queued are not read.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        for socket in &self.sockets {
-            socket.shutdown_read();
-        }
+        stop_workers(&self.stop, &self.sockets);
     }
 
     /// Stops the workers ([`Self::stop`]) and waits for every thread, after the first panic too.
     /// Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop();
-        join_every(std::mem::take(&mut self.threads))
+        self.threads.join()
     }
 }
 
-/// Waits for each of `n` threads just spawned to report that it started (and pinned itself), and
-/// returns the first error reported. Every started thread reports once; a thread that dies first
-/// drops its sender, so this ends rather than waits forever.
-pub fn await_starts(
-    n: usize,
-    started: &mpsc::Receiver<io::Result<()>>,
-    what: &str,
-) -> Option<io::Error> {
-    let mut failure = None;
-    for _ in 0..n {
-        match started.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                failure.get_or_insert(e);
-            }
-            Err(mpsc::RecvError) => {
-                failure.get_or_insert_with(|| {
-                    io::Error::other(format!("{what} exited while starting"))
-                });
-                break;
-            }
-        }
+/// [`Workers::stop`], also for workers not yet handed over as [`Workers`]: one failed to start.
+fn stop_workers(stop: &AtomicBool, sockets: &[Arc<UdpSocket>]) {
+    stop.store(true, Ordering::Release);
+    for socket in sockets {
+        socket.shutdown_read();
     }
-    failure
-}
-
-/// Waits for every thread, after the first panic too; returns the first panic's payload.
-pub fn join_every(threads: Vec<thread::JoinHandle<()>>) -> thread::Result<()> {
-    let mut result = Ok(());
-    for t in threads {
-        if let Err(panic) = t.join()
-            && result.is_ok()
-        {
-            result = Err(panic);
-        }
-    }
-    result
 }
 
 impl Drop for Workers {
@@ -474,7 +420,6 @@ impl Gatherer {
 
 /// Everything one worker thread owns, moved into it at spawn.
 struct Worker {
-    name: String,
     span: tracing::Span,
     socket: Arc<UdpSocket>,
     stop: Arc<AtomicBool>,
@@ -486,19 +431,13 @@ struct Worker {
 }
 
 impl Worker {
-    /// The thread's body: pins the thread, allocates its batches once, then receives, handles
-    /// and sends batch after batch until the stop flag is set.
-    fn run<H: BatchHandler>(self, handler: H, started: mpsc::Sender<io::Result<()>>) {
+    /// The thread's body, on its CPU if it has one: allocates its batches once, then receives,
+    /// handles and sends batch after batch until the stop flag is set.
+    fn run<H: BatchHandler>(self, handler: H, starting: Starting) {
         let _span = self.span.enter();
-        if let Err(e) = self.pin() {
-            // The receiver only goes away if `spawn` itself is gone; nothing left to tell.
-            let _ = started.send(Err(e));
-            return;
-        }
         // Allocated here, once, so that the loop below never allocates.
         let mut batches = BatchLoop::new(&self, handler);
-        let _ = started.send(Ok(()));
-        drop(started);
+        starting.ready();
         tracing::debug!(cpu = ?self.cpu, "worker started");
         // Relaxed would do for the flag alone; Acquire pairs with the Release in
         // `Workers::stop` and costs nothing on x86.
@@ -510,19 +449,6 @@ impl Worker {
         }
         batches.finish();
         tracing::debug!("worker stopped");
-    }
-
-    /// Pins this thread to its CPU, if it has one.
-    fn pin(&self) -> io::Result<()> {
-        match self.cpu.map(|cpu| (cpu, affinity::pin_current_thread(cpu))) {
-            Some((cpu, Err(source))) => Err(ConfigError::Pin {
-                thread: self.name.clone(),
-                cpu,
-                source,
-            }
-            .into()),
-            _ => Ok(()),
-        }
     }
 }
 

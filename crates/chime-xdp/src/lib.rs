@@ -47,7 +47,6 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
-        mpsc,
     },
     thread,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -55,7 +54,9 @@ use std::{
 
 pub use xsk::XdpMode;
 
-use chime_udp::{BatchHandler, RecvMeta, RxBatch, SendOutcome, Timestamp, TxBatch};
+use chime_udp::{
+    BatchHandler, RecvMeta, RxBatch, SendOutcome, Starting, Threads, Timestamp, TxBatch,
+};
 
 /// One protocol served through XDP: the addresses and ports its requests are sent to, and the
 /// longest payload its handler takes.
@@ -339,22 +340,15 @@ impl XdpBound {
         mut make: impl FnMut(usize, usize) -> Box<dyn BatchHandler>,
     ) -> io::Result<XdpWorkers> {
         let stats = Arc::new(XdpStats::default());
-        let (started_tx, started_rx) = mpsc::channel();
-        let mut threads = Vec::new();
-        let mut failure = None;
-        for (i, sock) in self.sockets.into_iter().enumerate() {
-            let groups = self
-                .cfg
-                .groups
-                .iter()
-                .zip(&self.targets)
-                .enumerate()
+        let cfg = &self.cfg;
+        let threads = self.sockets.into_iter().enumerate().map(|(i, sock)| {
+            let groups = (cfg.groups.iter().zip(&self.targets).enumerate())
                 .map(|(g, (group, addrs))| Group {
                     addrs: addrs.clone(),
                     handler: make(i, g),
-                    rx: RxBatch::new(self.cfg.batch_size, group.max_datagram),
-                    tx: TxBatch::new(self.cfg.batch_size, group.max_datagram),
-                    reqs: Vec::with_capacity(self.cfg.batch_size),
+                    rx: RxBatch::new(cfg.batch_size, group.max_datagram),
+                    tx: TxBatch::new(cfg.batch_size, group.max_datagram),
+                    reqs: Vec::with_capacity(cfg.batch_size),
                     built: 0..0,
                 })
                 .collect();
@@ -365,37 +359,19 @@ impl XdpBound {
                 groups,
                 stop: Arc::clone(&stop),
                 stats: Arc::clone(&stats),
-                cpu: (!self.cfg.cpus.is_empty()).then(|| self.cfg.cpus[i % self.cfg.cpus.len()]),
-                batch_size: self.cfg.batch_size,
+                batch_size: cfg.batch_size,
             };
-            let started = started_tx.clone();
-            match thread::Builder::new()
-                .name(name)
-                .spawn(move || worker.run(started))
-            {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(started_tx);
-        if let Some(e) = chime_udp::await_starts(threads.len(), &started_rx, "an XDP worker") {
-            failure.get_or_insert(e);
-        }
-        let workers = XdpWorkers {
+            let cpu = (!cfg.cpus.is_empty()).then(|| cfg.cpus[i % cfg.cpus.len()]);
+            (name, cpu, move |starting| worker.run(starting))
+        });
+        let threads = Threads::spawn(threads, || stop.store(true, Ordering::Release))?;
+        Ok(XdpWorkers {
             threads,
             stop,
             stats,
             mode: self.mode,
             _link: self.link,
-        };
-        if let Some(e) = failure {
-            let _ = workers.join();
-            return Err(e);
-        }
-        Ok(workers)
+        })
     }
 }
 
@@ -442,7 +418,7 @@ pub struct XdpStats {
 /// Running XDP workers; dropping them (or [`Self::join`]) stops them and detaches the program.
 #[derive(Debug)]
 pub struct XdpWorkers {
-    threads: Vec<thread::JoinHandle<()>>,
+    threads: Threads,
     stop: Arc<AtomicBool>,
     stats: Arc<XdpStats>,
     mode: XdpMode,
@@ -464,14 +440,14 @@ impl XdpWorkers {
     /// Whether any worker has stopped: after the stop flag was set, or because its handler
     /// panicked. Lets a supervisor notice a dead worker without joining.
     pub fn any_finished(&self) -> bool {
-        self.threads.iter().any(thread::JoinHandle::is_finished)
+        self.threads.any_finished()
     }
 
     /// Stops the workers, waits for them (at most about 100 ms each, their idle wait), and
     /// detaches the program. Returns the first panic's payload if a handler panicked.
     pub fn join(mut self) -> thread::Result<()> {
         self.stop.store(true, Ordering::Release);
-        chime_udp::join_every(std::mem::take(&mut self.threads))
+        self.threads.join()
     }
 }
 
@@ -500,7 +476,6 @@ struct XdpWorker {
     groups: Vec<Group>,
     stop: Arc<AtomicBool>,
     stats: Arc<XdpStats>,
-    cpu: Option<usize>,
     batch_size: usize,
 }
 
@@ -522,20 +497,10 @@ fn realtime_offset() -> i128 {
 }
 
 impl XdpWorker {
-    fn run(mut self, started: mpsc::Sender<io::Result<()>>) {
+    fn run(mut self, starting: Starting) {
         let span = self.span.clone();
         let _span = span.enter();
-        if let Some(cpu) = self.cpu
-            && let Err(e) = chime_udp::pin_current_thread(cpu)
-        {
-            let _ = started.send(Err(io::Error::new(
-                e.kind(),
-                format!("pinning an XDP worker to CPU {cpu}: {e}"),
-            )));
-            return;
-        }
-        let _ = started.send(Ok(()));
-        drop(started);
+        starting.ready();
         let mut frames: Vec<(u64, usize)> = Vec::with_capacity(self.batch_size);
         let mut out: Vec<(u64, usize)> = Vec::with_capacity(self.batch_size);
         let mut batches = 0u32;
