@@ -127,6 +127,12 @@ pub(crate) const fn socklen_of<T>() -> libc::socklen_t {
 /// A type for which the all-zero byte pattern is a valid value, as it is for C structs made of
 /// integers, arrays and raw pointers.
 ///
+/// Ours, not bytemuck's `Zeroable` or zerocopy's `FromZeros`: the types it is for are `libc`'s,
+/// and the orphan rule lets a crate implement a trait for a type only if the trait or the type is
+/// its own; bytemuck's trait and libc's structs are neither (and zerocopy's traits can only be
+/// derived, on the type's own definition). A newtype of ours around each struct would spread
+/// conversions through the syscall code and still take one `unsafe impl` per struct, as here.
+///
 /// # Safety
 /// An implementor must be valid when every one of its bytes is zero.
 pub(crate) unsafe trait Zeroable: Sized {
@@ -138,6 +144,8 @@ pub(crate) unsafe trait Zeroable: Sized {
 }
 
 /// A type that can be copied to and from raw bytes: control-message payloads and headers.
+///
+/// Ours, not bytemuck's `Pod`, for the reason [`Zeroable`] gives: its implementors are `libc`'s.
 ///
 /// # Safety
 /// An implementor must be valid for every byte pattern of its size (no references, no enums, no

@@ -28,6 +28,11 @@ pub(crate) const fn socklen_of<T>() -> libc::socklen_t {
 /// A type for which the all-zero byte pattern is a valid value, as it is for C structs made of
 /// integers, arrays and raw pointers.
 ///
+/// Ours, not bytemuck's `Zeroable` (nor chime-udp's, which is private to it): the types it is for
+/// are `libc`'s AF_XDP structs, and the orphan rule lets a crate implement a trait for a type only
+/// if the trait or the type is its own. zerocopy's `FromZeros` can only be derived, on the type's
+/// own definition.
+///
 /// # Safety
 /// An implementor must be valid when every one of its bytes is zero.
 pub(crate) unsafe trait Zeroable: Sized {
