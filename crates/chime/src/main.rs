@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod control;
 mod keygen;
 mod ntp;
 mod nts;
@@ -47,6 +48,12 @@ enum Command {
     NtsFleetKey(keygen::FleetArgs),
     /// Load-test a server: open-loop request rates, loss, latency percentiles
     Perf(Box<perf::Args>),
+    /// Ask a local chimed how it is (as chronyc serverstats and tracking): its services' counts,
+    /// the upstream, keys and expiries; exits 2 when chimed says it is unhealthy
+    Status(control::StatusArgs),
+    /// Ask a local chimed who its busiest clients are (as chronyc clients), and how many distinct
+    /// clients it served in the last hour and day
+    Clients(control::ClientsArgs),
     /// Write the manual pages (chime(1) and one per subcommand) and the bash, zsh and fish
     /// completions into DIR (for packaging)
     #[command(hide = true)]
@@ -65,15 +72,19 @@ fn main() -> ExitCode {
         Command::NtsFleetKey(args) => keygen::run_fleet(&args),
         Command::Delegate(args) => keygen::run_delegate(&args),
         Command::Perf(args) => perf::run(&args),
+        Command::Status(args) => return finish(control::run_status(&args)),
+        Command::Clients(args) => control::run_clients(&args),
         Command::GenerateDocs { dir } => generate_docs(&dir),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("chime: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    finish(result.map(|()| ExitCode::SUCCESS))
+}
+
+/// The exit code of a subcommand's result; an error is said on one line, exit 1.
+fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|e| {
+        eprintln!("chime: {e:#}");
+        ExitCode::FAILURE
+    })
 }
 
 /// `chime generate-docs DIR`: the pages and completions, from the flags' own definitions.

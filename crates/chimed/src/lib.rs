@@ -19,6 +19,7 @@
 mod access;
 mod clock;
 mod config;
+mod control;
 pub mod daemon;
 mod ntp;
 mod nts;

@@ -456,6 +456,56 @@ pub(crate) fn refid(state: &ServerState) -> String {
     }
 }
 
+/// The upstream as `chime status` shows it (chronyc's `tracking`): the state as last mirrored,
+/// what a reply sent now says, the offset followed, and the leap second if one is pending. Replies
+/// that say unsynchronised are a problem: clients are not being served time.
+pub(crate) fn status(
+    published: &Published,
+    upstream: SocketAddr,
+    health: &mut crate::control::Health,
+) -> serde_json::Value {
+    let reading = clock::read();
+    let now = reading.ntp();
+    let state = published.load();
+    let served = published.served_at(&state, now);
+    if !served.is_synchronised() {
+        health.problems.push(match state.updated {
+            None => {
+                format!("upstream {upstream}: no good reply yet; clients are told unsynchronised")
+            }
+            Some(_) if state.is_synchronised() => format!(
+                "upstream {upstream}: no good reply for over {} s; clients are told unsynchronised",
+                published.policy().stale_after.as_secs()
+            ),
+            Some(_) => format!("upstream {upstream} is unsynchronised, and clients are told so"),
+        });
+    }
+    let age = |t: Option<NtpTimestamp>| t.map(|t| now.wrapping_diff_seconds(t));
+    serde_json::json!({
+        "address": upstream.to_string(),
+        "synchronised": state.is_synchronised(),
+        "stratum": state.stratum,
+        "reference_id": refid(&state),
+        "reference_age_seconds": age((state.updated.is_some()).then_some(state.reference_ts)),
+        "last_reply_age_seconds": age(state.updated),
+        "root_delay_seconds": state.root_delay.seconds(),
+        "root_dispersion_seconds": state.root_dispersion.seconds(),
+        "served": {
+            "synchronised": served.is_synchronised(),
+            "stratum": served.stratum,
+            "leap": leap_number(served.leap),
+            "root_distance_seconds": served.root_distance(),
+        },
+        "offset_seconds": state.clock.offset_at(now),
+        "offset_error_seconds": state.clock.error_at(now),
+        "offset_rate": state.clock.rate,
+        "leap_pending_seconds": state.announced
+            .map(|a| a.at.wrapping_diff_seconds(state.clock.serve(now))),
+        "leap_smear_offset_seconds": smear_offset(&state, reading, published),
+        "tai_offset_seconds": state.tai_offset_at(now),
+    })
+}
+
 /// Writes the upstream's metrics: the mirrored state as last polled, and what a reply sent now
 /// says about the clock. Read afresh at each scrape.
 pub(crate) fn encode(enc: &mut DescriptorEncoder, published: &Published) -> std::fmt::Result {

@@ -22,9 +22,10 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 
 use super::values::{
-    Absolute, AtLeastOne, Burst, Clients, Gather, GreaseKinds, Interface, Interval, KeThreads,
-    KeptKeys, Kod, Leak, LogLevel, NtpBatch, NtpServer, Positive, RecvBuffer, RoughtimeBatch,
-    Seconds, Share, ShedInterval, ShedTarget, TcpConnections, Threads, TxLogSize, V4, V6, XdpMode,
+    Absolute, AtLeastOne, Burst, Clients, ControlSocket, DEFAULT_CONTROL_SOCKET, Gather,
+    GreaseKinds, Interface, Interval, KeThreads, KeptKeys, Kod, Leak, LogLevel, NtpBatch,
+    NtpServer, Positive, RecvBuffer, RoughtimeBatch, Seconds, Share, ShedInterval, ShedTarget,
+    TcpConnections, Threads, TxLogSize, V4, V6, XdpMode,
 };
 
 /// chimed: serves NTP from every core beside a local chronyd.
@@ -530,6 +531,14 @@ sections! {
     #[arg(id = "observe.metrics-address", long = "metrics-address")]
     #[arg(value_name = "ADDR:PORT")]
     pub(crate) metrics_address: Option<SocketAddr>,
+
+    /// Answer `chime status` and `chime clients` on this Unix socket, as chronyd's command socket:
+    /// made before privileges are dropped, mode 0660 in chimed's group, read-only; `none` turns it
+    /// off. At the default path a socket that cannot be made is a warning (no /run/chimed off the
+    /// unit), elsewhere an error
+    #[arg(id = "observe.control-socket", long = "control-socket", value_name = "PATH")]
+    #[arg(default_value = DEFAULT_CONTROL_SOCKET)]
+    pub(crate) control_socket: ControlSocket,
 }
 
 /// `[process]`: what the process becomes once its sockets are bound.

@@ -120,6 +120,11 @@ checked! {
         true => Ok(()),
         false => Err(format!("{} is not an absolute path", p.display())),
     };
+    /// `observe.control-socket`: an absolute path, or `none`.
+    ControlSocket(PathBuf) = |p| match p.is_absolute() || p.as_os_str() == "none" {
+        true => Ok(()),
+        false => Err(format!("{} is not an absolute path (or none)", p.display())),
+    };
     /// A network interface's name.
     Interface(String) = |i| match i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) {
         true => Err(format!("{i:?} is not an interface name")),
@@ -255,6 +260,21 @@ fn grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
 }
 
 const MAX_THREADS: usize = 1024;
+
+/// Where the control socket is made unless told otherwise: in the unit's runtime directory.
+pub(crate) const DEFAULT_CONTROL_SOCKET: &str = "/run/chimed/chimed.sock";
+
+impl ControlSocket {
+    /// Its path, or `None` when off.
+    pub(crate) fn path(&self) -> Option<&std::path::Path> {
+        (self.0.as_os_str() != "none").then_some(self.0.as_path())
+    }
+
+    /// Whether it is the default path, where failing to make it is only a warning.
+    pub(crate) fn is_default(&self) -> bool {
+        self.0.as_os_str() == DEFAULT_CONTROL_SOCKET
+    }
+}
 /// The smallest receive buffer accepted: below it the kernel would round up anyway, and a buffer
 /// that holds one or two datagrams drops every burst.
 const MIN_RECV_BUFFER: usize = 4096;

@@ -1,14 +1,15 @@
 //! Binding every socket while still privileged (port 123 needs it), before any service starts:
 //! the NTP and Roughtime workers' UDP sockets, Roughtime's TCP listeners on the same ports, the
-//! NTS-KE and metrics listeners, and the AF_XDP sockets.
+//! NTS-KE and metrics listeners, the control socket, and the AF_XDP sockets.
 
 use std::net::{SocketAddr, TcpListener};
 
 use anyhow::{Context, Result};
 use chime_udp::{BoundWorkers, WorkerConfig};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::{Settings, schema, values};
+use crate::control::listen as control;
 use crate::roughtime::tcp as roughtime_tcp;
 use crate::service::WORKER_WAKE;
 
@@ -51,6 +52,8 @@ pub(crate) struct Group {
 /// Everything chimed listens on, bound.
 pub(crate) struct Sockets {
     pub(crate) metrics: Option<TcpListener>,
+    /// `--control-socket`'s, unless off or (at the default path) not to be made.
+    pub(crate) control: Option<std::os::unix::net::UnixListener>,
     pub(crate) ntp: Vec<Group>,
     /// NTS-KE's listener, and the NTP port it names to clients when that is not 123.
     pub(crate) nts: Option<(TcpListener, Option<u16>)>,
@@ -109,12 +112,43 @@ pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
     };
     Ok(Sockets {
         metrics,
+        control: control_socket(settings)?,
         ntp,
         nts,
         roughtime,
         roughtime_tcp,
         xdp,
     })
+}
+
+/// The control socket, in the group of `--user` if given (else the one chimed runs as). At the
+/// default path, one that cannot be made (no /run/chimed off the unit, another chimed answering
+/// there) is a warning: chimed serves on without it.
+fn control_socket(settings: &Settings) -> Result<Option<std::os::unix::net::UnixListener>> {
+    let setting = &settings.observe.control_socket;
+    let Some(path) = setting.path() else {
+        return Ok(None);
+    };
+    let group = match settings.process.user.as_deref() {
+        Some(name) => nix::unistd::User::from_name(name)
+            .with_context(|| format!("--user {name}: cannot look up the user"))?
+            .map(|user| user.gid),
+        None => None,
+    };
+    match control::bind(path, group) {
+        Ok(listener) => {
+            info!(
+                "control: chime status and chime clients answered on {}",
+                path.display()
+            );
+            Ok(Some(listener))
+        }
+        Err(e) if setting.is_default() => {
+            warn!("control: no control socket: {e} (--control-socket PATH, or none)");
+            Ok(None)
+        }
+        Err(e) => Err(e).context("--control-socket: cannot make the socket"),
+    }
 }
 
 /// Roughtime's UDP sockets, and its TCP listeners on the same addresses and ports.

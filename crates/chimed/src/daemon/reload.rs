@@ -49,6 +49,9 @@ pub(crate) struct Reloadable {
     pub(crate) nts: Option<NtsTls>,
     pub(crate) fleet: Option<FleetKeys>,
     pub(crate) roughtime: Option<Arc<crate::roughtime::state::Shared>>,
+    /// The settings the config file changed that take effect at a restart, as the last reload
+    /// found them (for `chime status`).
+    pub(crate) restart: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Reloadable {
@@ -69,6 +72,11 @@ impl Reloadable {
                 for key in &new.restart {
                     warn!("SIGHUP: {key} changed in the config file; it takes effect at a restart");
                 }
+                *self
+                    .restart
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    new.restart.iter().map(ToString::to_string).collect();
                 // Logged once in force, so that whoever reads the line can rely on it.
                 let shown = format!("{:?}", new.acl);
                 self.access.replace(new.acl);

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::clock::{self, upstream};
 use crate::config::Settings;
+use crate::control;
 use crate::daemon::bind::{self, Group, Service, Sockets};
 use crate::daemon::reload::{FleetKeys, NtsTls, Reloadable};
 use crate::daemon::secrets::Secrets;
@@ -111,7 +112,7 @@ pub(crate) fn all(
     if let Some(listener) = sockets.metrics {
         metrics_service(sup, listener, registry);
     }
-    Ok(Running {
+    let running = Running {
         reloadable: Reloadable {
             log: (
                 log,
@@ -122,12 +123,72 @@ pub(crate) fn all(
             nts,
             fleet,
             roughtime: rt_shared,
+            restart: Arc::default(),
         },
         ntp: prepared.ntp.workers.clone(),
         xdp,
         tcp,
         ke_counts,
-    })
+    };
+    if let Some(listener) = sockets.control {
+        let registry = control_sections(settings, &prepared, &running);
+        sup.task("control", control::serve(listener, registry));
+    }
+    Ok(running)
+}
+
+/// What the control socket's `status` reads, section by section, each from the state its service
+/// shares.
+fn control_sections(
+    settings: &Settings,
+    prepared: &Prepared,
+    running: &Running,
+) -> control::Registry {
+    let mut registry = control::Registry::default();
+    let ntp = running.ntp.clone();
+    registry.section("ntp", move |_| ntp.total().as_json());
+    let (clock, upstream) = (prepared.ntp.clock.clone(), settings.upstream.server_address);
+    registry.section("upstream", move |health| {
+        upstream::status(&clock, upstream, health)
+    });
+    if let Some(counts) = running.ke_counts.clone() {
+        registry.section("nts_ke", move |health| counts.status(health));
+    }
+    if let Some(cookies) = prepared.ntp.cookies.clone() {
+        let rotation = nts_keys::Rotation::of(settings);
+        let fleet = running.reloadable.fleet.is_some();
+        registry.section("nts_cookie_keys", move |_| {
+            let keys = cookies.load();
+            serde_json::json!({
+                "current_id": format!("{:08x}", keys.current_id()),
+                "kept": keys.kept().len(),
+                "kept_setting": rotation.kept,
+                "rotation_seconds": rotation.every.as_secs_f64(),
+                "cookie_life_seconds": rotation.cookie_life().as_secs_f64(),
+                "fleet": fleet,
+            })
+        });
+    }
+    if let Some(rt) = running.reloadable.roughtime.clone() {
+        registry.section("roughtime", move |health| online_keys::status(&rt, health));
+    }
+    if let Some((_, workers)) = running.tcp.clone() {
+        registry.section("roughtime_tcp", move |_| workers.total().as_json());
+    }
+    let restart = running.reloadable.restart.clone();
+    registry.section("reload", move |health| {
+        let keys = restart
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for key in &keys {
+            health.warnings.push(format!(
+                "{key} changed in the config file: restart chimed for it"
+            ));
+        }
+        serde_json::json!({ "needs_restart": keys })
+    });
+    registry
 }
 
 /// Starts the metrics endpoint on its listener.

@@ -147,6 +147,43 @@ impl KeCounts {
         line
     }
 
+    /// NTS-KE as `chime status` shows it: the sessions by outcome, and the certificate's expiry.
+    /// An expired certificate is a problem (no client completes a handshake), one within a week
+    /// of it a warning.
+    pub(crate) fn status(&self, health: &mut crate::control::Health) -> serde_json::Value {
+        let not_after = self.certificate_not_after.load(Relaxed);
+        let left = (not_after != i64::MIN).then(|| not_after - crate::clock::read().unix_secs());
+        match left {
+            Some(left) if left <= 0 => health
+                .problems
+                .push("nts: the certificate has expired: renew it and send SIGHUP".into()),
+            Some(left) if left < 7 * 86_400 => health.warnings.push(format!(
+                "nts: the certificate expires in {} h: renew it and send SIGHUP",
+                left / 3600
+            )),
+            _ => {}
+        }
+        let map = |pairs: &[(&str, u64)]| -> serde_json::Map<String, serde_json::Value> {
+            pairs
+                .iter()
+                .map(|(k, n)| ((*k).to_owned(), (*n).into()))
+                .collect()
+        };
+        serde_json::json!({
+            "agreed": self.agreed.load(Relaxed),
+            "refused": self.refused.load(Relaxed),
+            "failed": self.failed.load(Relaxed),
+            "failed_by_kind": map(&self.failures()),
+            "rate_limited": self.rate_limited.load(Relaxed),
+            "address_limited": self.address_limited.load(Relaxed),
+            "denied": self.denied.load(Relaxed),
+            "evicted": self.evicted.load(Relaxed),
+            "pool_sessions": self.pool.load(Relaxed),
+            "keys_by_protocol": map(&self.by_protocol()),
+            "certificate_not_after": (not_after != i64::MIN).then_some(not_after),
+        })
+    }
+
     /// Answers with cookies by the protocol their keys are for, as the metrics label them.
     pub(crate) fn by_protocol(&self) -> [(&'static str, u64); PROTOCOLS.len()] {
         std::array::from_fn(|i| (PROTOCOLS[i], self.keys_protocol[i].load(Relaxed)))

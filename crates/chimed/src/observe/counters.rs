@@ -269,6 +269,30 @@ impl<R: Reason> Counters<R> {
         }
     }
 
+    /// The counters as the control socket's `status` gives them: the totals, `dropped` by reason
+    /// and the service's notes, zeros too, under the labels the log line uses.
+    pub(crate) fn as_json(&self) -> serde_json::Value {
+        let notes: serde_json::Map<_, _> = Note::ALL[R::NOTES.notes()]
+            .iter()
+            .map(|note| (note.label().to_owned(), self.notes[note.index()].into()))
+            .collect();
+        let dropped: serde_json::Map<_, _> = self
+            .drops()
+            .map(|(label, n)| (label.to_owned(), n.into()))
+            .collect();
+        serde_json::json!({
+            "received": self.received,
+            "batches": self.batches,
+            "answered": self.answered,
+            "dropped": self.dropped_total(),
+            "dropped_by_reason": dropped,
+            "shed": self.shed,
+            "send_errors": self.send_errors,
+            "kernel_drops": self.kernel_drops,
+            "replies": notes,
+        })
+    }
+
     /// The counters as one log line, with a `dropped.<label>=n` for each non-zero reason.
     pub(crate) fn display(&self) -> impl fmt::Display + '_ {
         Line {

@@ -245,6 +245,41 @@ pub(crate) fn encode(
     Ok(())
 }
 
+/// Roughtime as `chime status` shows it: the workers' counts, the online key's window, and the
+/// delegation bundle's end. A window that does not cover now is a problem (nothing is signed);
+/// a bundle that runs out within a week, a warning.
+pub(crate) fn status(
+    rt: &crate::roughtime::state::Shared,
+    health: &mut crate::control::Health,
+) -> serde_json::Value {
+    let now = crate::clock::read().unix_secs().max(0) as u64;
+    let d = rt.delegation.load();
+    if !(d.mint_unix_s()..=d.maxt_unix_s()).contains(&now) {
+        health.problems.push(format!(
+            "roughtime: the online key is valid from {} to {} (Unix seconds), not now: nothing is \
+             signed",
+            d.mint_unix_s(),
+            d.maxt_unix_s()
+        ));
+    }
+    let bundle_end =
+        (rt.bundle.as_ref()).map(|b| b.load().windows().last().map_or(0, |d| d.maxt_unix_s()));
+    if let Some(end) = bundle_end
+        && end.saturating_sub(now) < 7 * 86_400
+    {
+        health.warnings.push(format!(
+            "roughtime: the delegation bundle runs out in {} h: make the next one",
+            end.saturating_sub(now) / 3600
+        ));
+    }
+    serde_json::json!({
+        "workers": rt.workers.total().as_json(),
+        "online_key_not_before": d.mint_unix_s(),
+        "online_key_not_after": d.maxt_unix_s(),
+        "delegation_end": bundle_end,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -254,8 +254,16 @@ impl Chimed {
         env: &[(&str, &str)],
         ready: &str,
     ) -> Self {
+        // Each test's chimed makes a control socket only where the test says: at the default
+        // path, tests running side by side would meet.
+        let control = if args.contains(&"--control-socket") {
+            &[][..]
+        } else {
+            &["--control-socket", "none"][..]
+        };
         let mut child = in_netns(netns, workspace_bin("chimed"))
             .args(args)
+            .args(control)
             .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
