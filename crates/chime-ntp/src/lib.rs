@@ -20,6 +20,9 @@
 //! 5. For a request in interleaved mode ([`interleaved_origin`]), the worker takes the previous
 //!    reply's transmit time from a shared [`TxLog`] into the reply ([`make_interleaved`]), and
 //!    saves this reply's once it is known ([`reply_receive_timestamp`]).
+//! 6. Every request, and what became of it ([`Fate`]), goes into a shared [`ClientLog`], from
+//!    which the control plane reads the busiest [`Client`]s and how many [`Distinct`] clients
+//!    were served in the last hour and day.
 //!
 //! The `chime ntp` client uses the same [`Header`] codec and [`NtpTimestamp`] conversions.
 //!
@@ -30,6 +33,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod clients;
 mod follow;
 mod interleave;
 mod leap;
@@ -43,6 +47,7 @@ mod time;
 mod timescale;
 pub mod v5;
 
+pub use clients::{Client, ClientLog, Distinct, Fate};
 pub use follow::{Follower, Sample, ServedClock};
 pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_timestamp};
 pub use leap::{Announced, LeapStep, Smear};

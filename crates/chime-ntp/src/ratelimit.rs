@@ -431,8 +431,8 @@ impl ClientTable {
     }
 }
 
-/// A bijective 64-bit finaliser (MurmurHash3's).
-fn mix(mut x: u64) -> u64 {
+/// A bijective 64-bit finaliser (MurmurHash3's); the client log's hash too.
+pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;

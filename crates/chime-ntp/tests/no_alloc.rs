@@ -157,3 +157,25 @@ fn rate_limiting_interleaving_and_nts_allocate_nothing() {
     let algorithms = nts::Aead::ALL.len();
     assert_eq!(outcomes, (1, algorithms, algorithms));
 }
+
+/// Recording a request into the client log allocates nothing, whether it finds its client, evicts
+/// one for it, or is the first into a new window of the distinct-client sketches (which clears it).
+#[test]
+fn the_client_log_allocates_nothing() {
+    use chime_ntp::{ClientLog, Fate};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let log = ClientLog::new(64, [1, 2]);
+    let count = allocations_in(|| {
+        for i in 0..1024u32 {
+            // Every 100 s, so that a window of ten minutes and one of an hour begin now and then.
+            let now = u64::from(i) * 100_000_000_000;
+            let fate =
+                [Fate::Answered, Fate::Dropped, Fate::RateLimited, Fate::Kod][i as usize % 4];
+            log.record(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i % 8)), now, fate);
+            let v6 = Ipv6Addr::from(0x2001_0db8_u128 << 96 | u128::from(i) << 64);
+            log.record(IpAddr::V6(v6), now, Fate::Answered);
+        }
+    });
+    assert_eq!(count, 0);
+    assert_eq!(log.top(1)[0].requests, 128);
+}
