@@ -78,8 +78,15 @@ fn status_once_received(socket: &Path, n: u64) -> serde_json::Value {
     }
 }
 
+/// `chime clients --json --top N` on `socket`.
+fn clients_json(socket: &Path, top: &str) -> serde_json::Value {
+    let (code, out, err) = chime(&["clients", "--json", "--top", top], socket);
+    assert_eq!(code, 0, "{out}{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
 #[test]
-fn chime_status_counts_what_three_clients_sent() {
+fn chime_status_and_chime_clients_count_what_three_clients_sent() {
     let chronyd = Chronyd::start();
     let dir = tempfile::tempdir().unwrap();
     let (mut chimed, socket) = chimed_with_socket(&chronyd, dir.path());
@@ -101,6 +108,42 @@ fn chime_status_counts_what_three_clients_sent() {
     assert_eq!(code, 0);
     assert!(text.contains("healthy"), "{text}");
     assert!(text.contains("received 600, answered"), "{text}");
+
+    // Each client by its address, the busiest first, with its own count.
+    let c = clients_json(&socket, "10");
+    let listed: Vec<(String, u64)> = c["clients"]
+        .as_array()
+        .expect("no clients list")
+        .iter()
+        .map(|e| {
+            (
+                e["address"].as_str().unwrap().to_owned(),
+                e["requests"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64)> = sent
+        .iter()
+        .map(|(a, n)| ((*a).to_owned(), *n as u64))
+        .collect();
+    assert_eq!(listed, expected, "{c}");
+    for e in c["clients"].as_array().unwrap() {
+        assert_eq!(e["dropped"], 0, "{e}");
+        let interval = e["interval_seconds"].as_f64().expect("no interval");
+        assert!(interval > 0.0 && interval < 1.0, "{e}");
+    }
+    assert_eq!(c["distinct"]["last_hour"], 3, "{c}");
+    assert_eq!(c["distinct"]["last_day"], 3, "{c}");
+    assert_eq!(
+        clients_json(&socket, "1")["clients"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let (code, text, _) = chime(&["clients"], &socket);
+    assert_eq!(code, 0);
+    assert!(text.contains("127.0.0.2") && text.contains("300"), "{text}");
 }
 
 #[test]

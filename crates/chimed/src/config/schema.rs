@@ -22,8 +22,8 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 
 use super::values::{
-    Absolute, AtLeastOne, Burst, Clients, ControlSocket, DEFAULT_CONTROL_SOCKET, Gather,
-    GreaseKinds, Interface, Interval, KeThreads, KeptKeys, Kod, Leak, LogLevel, NtpBatch,
+    Absolute, AtLeastOne, Burst, ClientLogSize, Clients, ControlSocket, DEFAULT_CONTROL_SOCKET,
+    Gather, GreaseKinds, Interface, Interval, KeThreads, KeptKeys, Kod, Leak, LogLevel, NtpBatch,
     NtpServer, Positive, RecvBuffer, RoughtimeBatch, Seconds, Share, ShedInterval, ShedTarget,
     TcpConnections, Threads, TxLogSize, V4, V6, XdpMode,
 };
@@ -539,6 +539,13 @@ sections! {
     #[arg(id = "observe.control-socket", long = "control-socket", value_name = "PATH")]
     #[arg(default_value = DEFAULT_CONTROL_SOCKET)]
     pub(crate) control_socket: ControlSocket,
+
+    /// NTP clients (IPv4 addresses, IPv6 /64s) whose requests are counted for `chime clients`,
+    /// as chronyd's client log: 64 bytes each, fixed at start whatever the number of addresses
+    /// (the busiest are kept), plus 122 KiB for the distinct-client estimates; 0 turns it off
+    #[arg(id = "observe.client-log", long = "client-log", value_name = "N")]
+    #[arg(default_value = "16384")]
+    pub(crate) client_log: ClientLogSize,
 }
 
 /// `[process]`: what the process becomes once its sockets are bound.

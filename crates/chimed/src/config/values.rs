@@ -73,6 +73,8 @@ checked! {
     /// `nts.kept-keys`: earlier cookie keys kept, at least one so that a rotation cuts no client
     /// off.
     KeptKeys(usize) = |n| within(n, 1, chime_ntp::nts::CookieKeys::MAX_KEPT, format!("{n} keys"));
+    /// `observe.client-log`: clients counted for `chime clients`; 0 turns the log off.
+    ClientLogSize(usize) = |n| at_most(n, chime_ntp::ClientLog::MAX_CLIENTS, "is more than");
     /// `nts.ke-threads`: past the cores of any machine chimed runs on, handshakes only contend.
     KeThreads(usize) = |n| within(n, 1, 64, format!("{n} threads"));
     /// `roughtime.tcp.connections`; 0 serves Roughtime over UDP only.

@@ -70,6 +70,11 @@ impl Registry {
         self.sections.push((name, Box::new(report)));
     }
 
+    /// What answers `clients`; without it `clients` is an error saying the log is off.
+    pub(crate) fn clients(&mut self, top: impl Fn(usize) -> Value + Send + Sync + 'static) {
+        self.clients = Some(Box::new(top));
+    }
+
     /// The `status` answer: every section, and whether chimed is healthy.
     pub(crate) fn status(&self) -> Value {
         let mut health = Health::default();
@@ -100,7 +105,7 @@ impl Registry {
             }
             Ok(Request::Clients { top }) => match &self.clients {
                 Some(clients) => Ok(clients(top)),
-                None => Err("the clients table is off (--clients 0)".to_owned()),
+                None => Err("the client log is off (--client-log 0)".to_owned()),
             },
             Err(e) => Err(format!(
                 "not a request ({e}): send {{\"command\":\"status\"}} or \

@@ -147,6 +147,10 @@ fn control_sections(
     let mut registry = control::Registry::default();
     let ntp = running.ntp.clone();
     registry.section("ntp", move |_| ntp.total().as_json());
+    if prepared.ntp.clients.is_some() {
+        let ntp = prepared.ntp.clone();
+        registry.clients(move |top| ntp.clients(top).unwrap_or_default());
+    }
     let (clock, upstream) = (prepared.ntp.clock.clone(), settings.upstream.server_address);
     registry.section("upstream", move |health| {
         upstream::status(&clock, upstream, health)

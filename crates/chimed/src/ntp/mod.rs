@@ -6,7 +6,7 @@ pub(crate) mod worker;
 use std::sync::Arc;
 use std::time::Instant;
 
-use chime_ntp::ClientTable;
+use chime_ntp::{ClientLog, ClientTable};
 use tracing::info;
 
 use crate::access::Rules;
@@ -39,6 +39,15 @@ pub(crate) fn shared(
             table
         }),
         epoch: Instant::now(),
+        clients: (settings.observe.client_log.0 > 0).then(|| {
+            let log = ClientLog::new(settings.observe.client_log.0, rand::random());
+            info!(
+                "ntp: client log on: {} clients tracked ({} KiB), for chime clients",
+                log.capacity(),
+                log.bytes() / 1024
+            );
+            log
+        }),
         txlog: (settings.ntp.interleaved_log.0 > 0).then(|| {
             let log = chime_ntp::TxLog::new(settings.ntp.interleaved_log.0);
             info!(

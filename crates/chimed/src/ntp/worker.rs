@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use chime_ntp::nts::{self, CookieKeys};
 use chime_ntp::v5::{self, BloomFilter};
 use chime_ntp::{
-    ClientTable, Coin, DropReason, NtpTimestamp, ServedClock, ServerState, Smear, TxLog, Verdict,
+    ClientLog, ClientTable, Coin, DropReason, Fate, NtpTimestamp, ServedClock, ServerState, Smear,
+    TxLog, Verdict,
 };
 use chime_udp::{BatchHandler, RxBatch, TxBatch};
 
@@ -89,8 +90,10 @@ pub(crate) struct Shared {
     /// Per-client rate limiting, shared by every NTP worker so that a client is limited as one
     /// whichever threads its requests reach; `None` when off.
     pub(crate) ratelimit: Option<ClientTable>,
-    /// The start of the monotonic time the rate limiter counts in.
+    /// The start of the monotonic time the rate limiter and the client log count in.
     pub(crate) epoch: Instant,
+    /// Every client's requests and their fates, for `chime clients`; `None` when off.
+    pub(crate) clients: Option<ClientLog>,
     /// Transmit times of replies to interleaved-mode clients, shared by every NTP worker since a
     /// client's next request may reach another thread; `None` when interleaved mode is off.
     pub(crate) txlog: Option<TxLog>,
@@ -394,10 +397,9 @@ impl BatchHandler for NtpWorker {
         let cookie_keys = self.shared.cookies.as_ref().map(|k| k.load());
         let filter = clock.filter().map(ReferenceFilter::served);
         let zone = self.zone.clone();
-        let limiter = self.shared.ratelimit.as_ref().map(|table| {
-            let mono = self.shared.epoch.elapsed().as_nanos() as u64;
-            (table, mono, table.limit().interval())
-        });
+        let mono = self.shared.epoch.elapsed().as_nanos() as u64;
+        let limiter = (self.shared.ratelimit.as_ref()).map(|t| (t, mono, t.limit().interval()));
+        let clients = self.shared.clients.as_ref().map(|log| (log, mono));
         let batch = Batch {
             served: &served,
             time: self.time,
@@ -414,12 +416,14 @@ impl BatchHandler for NtpWorker {
             self.stats.counts.received += 1;
             if !acl.serves(meta.src.ip()) {
                 self.stats.counts.drop(NtpDrop::Denied);
+                client_seen(clients, meta, Fate::Dropped);
                 continue;
             }
             if meta.truncated {
                 self.stats
                     .counts
                     .drop(NtpDrop::Request(DropReason::Truncated));
+                client_seen(clients, meta, Fate::Dropped);
                 continue;
             }
             let local = meta.timestamp.map_or(now, clock::from_kernel);
@@ -458,6 +462,13 @@ impl BatchHandler for NtpWorker {
                     tx.request_tx_timestamp();
                 }
             }
+            let fate = match queued {
+                Ok(()) if notes.kissed => Fate::Kod,
+                Ok(()) => Fate::Answered,
+                Err(Some(NtpDrop::RateLimited)) => Fate::RateLimited,
+                Err(_) => Fate::Dropped,
+            };
+            client_seen(clients, meta, fate);
             if let Err(Some(why)) = queued {
                 self.stats.counts.drop(why);
             }
@@ -506,6 +517,43 @@ impl BatchHandler for NtpWorker {
     }
 
     stats::bookkeeping!(stats, "ntp-worker");
+}
+
+impl Shared {
+    /// The client log as `chime clients` shows it: the `top` busiest clients, the distinct ones
+    /// of the last hour and day, and what the log holds; `None` when it is off.
+    pub(crate) fn clients(&self, top: usize) -> Option<serde_json::Value> {
+        let log = self.clients.as_ref()?;
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let clients: Vec<_> = (log.top(top).iter())
+            .map(|c| {
+                serde_json::json!({
+                    "address": c.address.to_string(),
+                    "requests": c.requests,
+                    "dropped": c.dropped,
+                    "rate_limited": c.rate_limited,
+                    "kod": c.kod,
+                    "interval_seconds": c.interval,
+                    "last_seen_seconds_ago": now.saturating_sub(c.last_seen_ns) as f64 / 1e9,
+                })
+            })
+            .collect();
+        let distinct = log.distinct(now);
+        Some(serde_json::json!({
+            "clients": clients,
+            "distinct": { "last_hour": distinct.last_hour, "last_day": distinct.last_day },
+            "capacity": log.capacity(),
+            "bytes": log.bytes(),
+        }))
+    }
+}
+
+/// Counts a request from `meta`'s source in the client log, if it is on (with the batch's
+/// monotonic time).
+fn client_seen(clients: Option<(&ClientLog, u64)>, meta: &chime_udp::RecvMeta, fate: Fate) {
+    if let Some((log, mono)) = clients {
+        log.record(meta.src.ip(), mono, fate);
+    }
 }
 
 impl NtpWorker {
@@ -602,6 +650,7 @@ pub(crate) mod testing {
             stats_interval: None,
             ratelimit: None,
             epoch: Instant::now(),
+            clients: None,
             txlog: None,
         })
     }
