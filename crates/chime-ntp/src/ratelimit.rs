@@ -108,6 +108,23 @@ impl RateLimit {
         self.kod
     }
 
+    /// The limits in one word, for a table that swaps them without a lock.
+    fn pack(self) -> u64 {
+        u64::from(self.interval.to_ne_bytes()[0])
+            | u64::from(self.burst) << 8
+            | u64::from(self.leak) << 16
+            | u64::from(self.kod) << 24
+    }
+
+    fn unpack(bits: u64) -> Self {
+        Self {
+            interval: i8::from_ne_bytes([bits as u8]),
+            burst: (bits >> 8) as u8,
+            leak: (bits >> 16) as u8,
+            kod: (bits >> 24) as u8,
+        }
+    }
+
     /// The time one response costs, in nanoseconds: 2^interval seconds (at least 1 ns).
     fn period_ns(&self) -> u64 {
         const SECOND: u64 = 1_000_000_000;
@@ -296,11 +313,13 @@ impl History {
 /// The shared per-client state. See the module's documentation.
 #[derive(Debug)]
 pub struct ClientTable {
-    limit: RateLimit,
-    period: u64,
-    /// How far ahead of now a client's theoretical arrival time may be and still be answered:
-    /// (burst − 1) periods.
-    tolerance: u64,
+    /// The limits, packed ([`RateLimit::pack`]), and what follows from them: a response's period
+    /// and how far ahead of now a client's theoretical arrival time may be and still be answered,
+    /// (burst − 1) periods. Replaced by [`ClientTable::set_limit`] while threads check; a check
+    /// racing it may take one request by a mix of the old and the new limits.
+    limit: AtomicU64,
+    period: AtomicU64,
+    tolerance: AtomicU64,
     sets: Box<[Set]>,
     mask: usize,
     seed: [u64; 2],
@@ -319,16 +338,27 @@ impl ClientTable {
     pub fn new(limit: RateLimit, clients: usize, seed: [u64; 2]) -> Self {
         let clients = clients.clamp(WAYS, Self::MAX_CLIENTS).next_power_of_two();
         let sets = clients / WAYS;
-        let period = limit.period_ns();
-        Self {
-            limit,
-            period,
-            tolerance: period * (u64::from(limit.burst) - 1),
+        let table = Self {
+            limit: AtomicU64::new(0),
+            period: AtomicU64::new(0),
+            tolerance: AtomicU64::new(0),
             sets: (0..sets).map(|_| Set::default()).collect(),
             mask: sets - 1,
             seed,
             relent: false,
-        }
+        };
+        table.set_limit(limit);
+        table
+    }
+
+    /// Applies `limit` from now on, to every client the table tracks (a reload of the settings):
+    /// what each client has saved is kept, and earns and is spent at the new rate.
+    pub fn set_limit(&self, limit: RateLimit) {
+        let period = limit.period_ns();
+        self.period.store(period, Relaxed);
+        self.tolerance
+            .store(period * (u64::from(limit.burst) - 1), Relaxed);
+        self.limit.store(limit.pack(), Relaxed);
     }
 
     /// The same table with chronyd's NTP-only defence on: for a client whose requests come more
@@ -347,7 +377,7 @@ impl ClientTable {
 
     /// The limits the table applies.
     pub fn limit(&self) -> RateLimit {
-        self.limit
+        RateLimit::unpack(self.limit.load(Relaxed))
     }
 
     /// How many clients the table can track at once.
@@ -386,7 +416,7 @@ impl ClientTable {
         victim.key.store(key, Relaxed);
         victim
             .tat
-            .store(now_ns.saturating_add(self.period), Relaxed);
+            .store(now_ns.saturating_add(self.period.load(Relaxed)), Relaxed);
         if self.relent {
             victim.history.store(History::first(now_ns).pack(), Relaxed);
         }
@@ -397,10 +427,11 @@ impl ClientTable {
         let mut seen = tat.load(Relaxed);
         loop {
             let from = seen.max(now);
-            if from - now > self.tolerance {
+            if from - now > self.tolerance.load(Relaxed) {
                 return self.over_limit(coin, relent);
             }
-            match tat.compare_exchange_weak(seen, from + self.period, Relaxed, Relaxed) {
+            let period = self.period.load(Relaxed);
+            match tat.compare_exchange_weak(seen, from + period, Relaxed, Relaxed) {
                 Ok(_) => return Verdict::Answer,
                 Err(now_there) => seen = now_there,
             }
@@ -409,9 +440,10 @@ impl ClientTable {
 
     /// A request over the limit: leaked once in 2^leak, or with `relent` all but once in 2^leak.
     fn over_limit(&self, coin: &mut Coin, relent: bool) -> Verdict {
-        if coin.one_in(self.limit.leak) != relent {
+        let limit = self.limit();
+        if coin.one_in(limit.leak) != relent {
             Verdict::Answer
-        } else if self.limit.kod > 0 && coin.one_in(self.limit.kod) {
+        } else if limit.kod > 0 && coin.one_in(limit.kod) {
             Verdict::Kod
         } else {
             Verdict::Drop
@@ -743,5 +775,23 @@ mod tests {
         let mut coin = Coin::new(1);
         let [answered, ..] = tally(&t, v4(1), 10 * SEC, 16_000, &mut coin);
         assert!((800..1300).contains(&answered), "leaked {answered}");
+    }
+
+    /// New limits apply at once to the clients tracked, what each had saved kept.
+    #[test]
+    fn set_limit_applies_to_every_client_at_once() {
+        let strict = RateLimit::new(12, 2, 4, 0).unwrap();
+        let t = ClientTable::new(strict, 64, SEED);
+        let mut coin = Coin::new(7);
+        let [answered, ..] = tally(&t, v4(1), 0, 2, &mut coin);
+        assert_eq!(answered, 2);
+        let loose = RateLimit::new(12, 100, 4, 0).unwrap();
+        t.set_limit(loose);
+        assert_eq!(t.limit(), loose);
+        let [answered, ..] = tally(&t, v4(1), 0, 98, &mut coin);
+        assert_eq!(answered, 98, "the new burst not in force");
+        t.set_limit(strict);
+        let [answered, _, dropped] = tally(&t, v4(1), 0, 64, &mut coin);
+        assert!(answered < 16 && dropped > 48, "{answered} {dropped}");
     }
 }

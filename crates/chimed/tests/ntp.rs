@@ -285,6 +285,56 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
     assert!(exchange(chimed.addr, &request, Duration::from_secs(2)).is_some());
 }
 
+/// SIGHUP puts new rate limits in force at once, for every client the table tracks: a client
+/// that had spent its burst of 4 is answered in full once the burst is 255, keeping what it had
+/// saved; the limiter itself turned off waits for a restart, and says so.
+#[test]
+fn sighup_puts_new_rate_limits_in_force() {
+    use nix::sys::signal::{Signal, kill};
+    let chronyd = Chronyd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("chimed.toml");
+    let limits = |burst: u32| {
+        format!("[ratelimit]\nenabled = true\ninterval = 12\nburst = {burst}\nleak = 4\n")
+    };
+    std::fs::write(&conf, limits(4)).unwrap();
+    let mut chimed = chimed_v4(
+        &chronyd,
+        &[
+            "-4",
+            "1",
+            "--recv-buffer",
+            "4194304",
+            "--config",
+            conf.to_str().unwrap(),
+        ],
+    );
+    chimed.wait_for("SIGHUP reloads", Duration::from_secs(5));
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // 4 + 96 / 16 = 10 expected.
+    let before = flood(&sock, chimed.addr, 100).len();
+    assert!(
+        (4..=30).contains(&before),
+        "{before} of 100 answered at burst 4"
+    );
+
+    std::fs::write(&conf, limits(255)).unwrap();
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    chimed.wait_for(
+        "SIGHUP: ratelimit interval 12 burst 255 leak 4 kod 0 in force",
+        Duration::from_secs(5),
+    );
+    let after = flood(&sock, chimed.addr, 100).len();
+    assert_eq!(after, 100, "the new burst is not in force");
+
+    std::fs::write(&conf, "[ratelimit]\nenabled = false\n").unwrap();
+    kill(chimed.pid(), Signal::SIGHUP).unwrap();
+    chimed.wait_for(
+        "SIGHUP: ratelimit.enabled changed in the config file; it takes effect at a restart",
+        Duration::from_secs(5),
+    );
+}
+
 /// Sends `n` client requests from `sock`, each with its index as transmit timestamp, and returns
 /// the replies that come back (by index) before replies stop for a short while.
 fn flood(sock: &std::net::UdpSocket, to: std::net::SocketAddr, n: u64) -> Vec<(u64, [u8; 48])> {

@@ -36,10 +36,25 @@ pub(crate) struct Reloaded {
     pub(crate) log_level: String,
     /// The keys whose value changed but that take effect only at a restart (`ntp.ipv4-threads`).
     pub(crate) restart: Vec<String>,
+    /// The rate limits now in the file, where on (a limiter off at start, or turned on or off,
+    /// waits for a restart: `ratelimit.enabled` is not reloaded).
+    pub(crate) ntp_rate_limit: Option<RateLimit>,
+    pub(crate) nts_rate_limit: Option<RateLimit>,
 }
 
 /// The keys SIGHUP puts in force.
-const RELOADABLE: [&str; 3] = ["access.allow", "access.deny", "observe.log-level"];
+const RELOADABLE: [&str; 10] = [
+    "access.allow",
+    "access.deny",
+    "observe.log-level",
+    "ratelimit.interval",
+    "ratelimit.burst",
+    "ratelimit.leak",
+    "ratelimit.kod",
+    "nts.ratelimit.interval",
+    "nts.ratelimit.burst",
+    "nts.ratelimit.leak",
+];
 
 /// SIGHUP: the config file read again, flags still over it, and every value checked as at start.
 /// `Ok(None)` if there is no file. A broken file changes nothing.
@@ -57,6 +72,8 @@ pub(crate) fn reload(args: &Args, current: &Settings) -> Result<Option<Reloaded>
     restart.sort();
     restart.dedup();
     Ok(Some(Reloaded {
+        ntp_rate_limit: new.ntp_rate_limit().map(|r| r.limit),
+        nts_rate_limit: new.nts_rate_limit().map(|r| r.limit),
         acl: new.acl,
         log_level: new.config.observe.log_level.0,
         restart,

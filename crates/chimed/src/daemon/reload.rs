@@ -1,7 +1,8 @@
 //! SIGHUP: what can change without a restart is loaded again, and anything that fails to load is
 //! reported with the state before kept: the NTS certificate and key, the NTS pool tokens, the NTS
-//! fleet secret, the Roughtime delegation bundle, the access rules from the config file, and the
-//! timezone in timezone-offset mode.
+//! fleet secret, the Roughtime delegation bundle, the access rules and the rate limits (of the
+//! limiters on) from the config file, and the timezone in timezone-offset mode. What changed in
+//! the file and needs a restart is logged by key and kept for `chime status`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub(crate) struct NtsTls {
     pub(crate) counts: Arc<nts_ke::KeCounts>,
     /// `--nts-pool-tokens`'s file, and the tokens in force.
     pub(crate) pool: Option<(PathBuf, Arc<ArcSwap<chime_ntp::nts::PoolTokens>>)>,
+    /// `--nts-ratelimit`'s table, whose limits a reload replaces.
+    pub(crate) limiter: Option<Arc<chime_ntp::ClientTable>>,
 }
 
 /// The log filter in force, which a reload may replace.
@@ -52,6 +55,8 @@ pub(crate) struct Reloadable {
     /// The settings the config file changed that take effect at a restart, as the last reload
     /// found them (for `chime status`).
     pub(crate) restart: Arc<std::sync::Mutex<Vec<String>>>,
+    /// `--ratelimit`'s table, whose limits a reload replaces.
+    pub(crate) ntp_limiter: Option<Arc<chime_ntp::ClientTable>>,
 }
 
 impl Reloadable {
@@ -77,6 +82,18 @@ impl Reloadable {
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) =
                     new.restart.iter().map(ToString::to_string).collect();
+                let nts_limiter = self.nts.as_ref().and_then(|n| n.limiter.as_ref());
+                for (table, limit, name) in [
+                    (self.ntp_limiter.as_ref(), new.ntp_rate_limit, "ratelimit"),
+                    (nts_limiter, new.nts_rate_limit, "ntsratelimit"),
+                ] {
+                    if let (Some(table), Some(limit)) = (table, limit)
+                        && table.limit() != limit
+                    {
+                        table.set_limit(limit);
+                        info!("SIGHUP: {name} {limit} in force");
+                    }
+                }
                 // Logged once in force, so that whoever reads the line can rely on it.
                 let shown = format!("{:?}", new.acl);
                 self.access.replace(new.acl);

@@ -124,6 +124,7 @@ pub(crate) fn all(
             fleet,
             roughtime: rt_shared,
             restart: Arc::default(),
+            ntp_limiter: prepared.ntp.ratelimit.clone(),
         },
         ntp: prepared.ntp.workers.clone(),
         xdp,
@@ -409,7 +410,7 @@ fn nts_ke_service(
             r.limit,
             table.capacity()
         );
-        table
+        Arc::new(table)
     });
     let tls = Arc::new(ArcSwap::new(config.clone()));
     let (pool_file, tokens) = pool.unzip();
@@ -426,7 +427,7 @@ fn nts_ke_service(
         (tls.clone(), cookies.clone(), tokens.clone()),
         negotiation,
         counts.clone(),
-        limiter,
+        limiter.clone(),
         (ntp.access.clone(), ntpv5),
     ));
     let beats = (0..threads).map(|_| sup.beat()).collect();
@@ -447,6 +448,7 @@ fn nts_ke_service(
         files: (certificate.to_owned(), private_key.to_owned()),
         counts: counts.clone(),
         pool: pool_file.map(|file| (file, tokens)),
+        limiter,
     })
 }
 

@@ -36,7 +36,7 @@ pub(crate) fn shared(
                 table.capacity(),
                 table.bytes() / 1024
             );
-            table
+            Arc::new(table)
         }),
         epoch: Instant::now(),
         clients: (settings.observe.client_log.0 > 0).then(|| {

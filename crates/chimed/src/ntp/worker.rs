@@ -89,7 +89,7 @@ pub(crate) struct Shared {
     pub(crate) stats_interval: Option<Duration>,
     /// Per-client rate limiting, shared by every NTP worker so that a client is limited as one
     /// whichever threads its requests reach; `None` when off.
-    pub(crate) ratelimit: Option<ClientTable>,
+    pub(crate) ratelimit: Option<Arc<ClientTable>>,
     /// The start of the monotonic time the rate limiter and the client log count in.
     pub(crate) epoch: Instant,
     /// Every client's requests and their fates, for `chime clients`; `None` when off.
@@ -398,7 +398,7 @@ impl BatchHandler for NtpWorker {
         let filter = clock.filter().map(ReferenceFilter::served);
         let zone = self.zone.clone();
         let mono = self.shared.epoch.elapsed().as_nanos() as u64;
-        let limiter = (self.shared.ratelimit.as_ref()).map(|t| (t, mono, t.limit().interval()));
+        let limiter = (self.shared.ratelimit.as_deref()).map(|t| (t, mono, t.limit().interval()));
         let clients = self.shared.clients.as_ref().map(|log| (log, mono));
         let batch = Batch {
             served: &served,

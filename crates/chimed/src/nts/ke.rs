@@ -569,7 +569,7 @@ pub(crate) struct KeShared {
     pub(crate) pool: Arc<ArcSwap<nts::PoolTokens>>,
     /// Pools' sessions kept open now, at most [`MAX_KEPT_ALIVE`].
     kept_alive: AtomicUsize,
-    limiter: Option<ClientTable>,
+    limiter: Option<Arc<ClientTable>>,
     /// Who is served (NTP's rules, which SIGHUP reloads).
     access: Arc<Rules>,
     /// Whether NTPv5 is offered (the NTP workers speak it).
@@ -586,7 +586,7 @@ impl KeShared {
         (tls, cookies, pool): KeKeys,
         ntp: Arc<nts::NtpNegotiation>,
         counts: Arc<KeCounts>,
-        limiter: Option<ClientTable>,
+        limiter: Option<Arc<ClientTable>>,
         (access, ntpv5): (Arc<Rules>, bool),
     ) -> Self {
         Self {
