@@ -53,7 +53,7 @@ pub use crate::{
     error::ConfigError,
     meta::{RecvMeta, Timestamp},
     runner::{BatchHandler, BoundWorkers, DROPS_EVERY, WorkerConfig, Workers},
-    shed::{Decision, MIN_SHED_BUFFER, ShedConfig, Shedder},
+    shed::{Decision, MIN_SHED_BUFFER, ShedConfig, ShedTuning, Shedder},
     socket::{Capabilities, SendOutcome, SocketConfig, UdpSocket},
     threads::{Starting, Threads},
 };

@@ -19,7 +19,7 @@ use std::{
 };
 
 use crate::{
-    Capabilities, RxBatch, SendOutcome, ShedConfig, Shedder, SocketConfig, Starting, Threads,
+    Capabilities, RxBatch, SendOutcome, ShedTuning, Shedder, SocketConfig, Starting, Threads,
     Timestamp, TxBatch, UdpSocket, affinity, error::ConfigError, sys,
 };
 
@@ -108,8 +108,10 @@ pub struct WorkerConfig {
     /// newest are, and the socket's receive buffer is shortened so that the kernel drops the
     /// excess, until the overload passes. Needs kernel receive timestamps (without them nothing
     /// is shed). While shedding, the socket's drop count is read after every batch, not every
-    /// [`DROPS_EVERY`]. `None` (the default) answers everything however long it waited.
-    pub shed: Option<ShedConfig>,
+    /// [`DROPS_EVERY`]. The settings are shared ([`ShedTuning`]): every worker reads them once
+    /// per batch, so that they may be changed while the workers run. `None` (the default)
+    /// answers everything however long it waited.
+    pub shed: Option<Arc<ShedTuning>>,
 }
 
 impl WorkerConfig {
@@ -245,7 +247,7 @@ impl BoundWorkers {
                 batch_size: cfg.batch_size,
                 max_datagram: cfg.max_datagram,
                 gather: cfg.gather,
-                shed: cfg.shed,
+                shed: cfg.shed.clone(),
             };
             let handler = make(i);
             (name, cpu, move |starting| worker.run(handler, starting))
@@ -427,7 +429,7 @@ struct Worker {
     batch_size: usize,
     max_datagram: usize,
     gather: Option<Duration>,
-    shed: Option<ShedConfig>,
+    shed: Option<Arc<ShedTuning>>,
 }
 
 impl Worker {
@@ -494,7 +496,7 @@ impl<'w, H: BatchHandler> BatchLoop<'w, H> {
             recv_errors: ErrorLog::new("receive"),
             backoff: MIN_BACKOFF,
             gatherer: (worker.gather).map(|wait| Gatherer::new(wait, below, Instant::now())),
-            shedding: (worker.shed).map(|cfg| Shedding::new(cfg, &worker.socket)),
+            shedding: (worker.shed.clone()).map(|tuning| Shedding::new(tuning, &worker.socket)),
             batches_since_drops: 0,
         }
     }
@@ -621,6 +623,7 @@ impl<'w, H: BatchHandler> BatchLoop<'w, H> {
         let oldest = self.rx.get(0).0.timestamp;
         let stalled = shedding.stalls.before(taken, oldest);
         let s = &mut shedding.shedder;
+        s.retune(shedding.tuning.get());
         let decision = s.decide(taken.wall, oldest, full, stalled);
         if let Some(bytes) = decision.recv_buffer {
             match self.socket.resize_recv_buffer(bytes) {
@@ -653,6 +656,8 @@ impl<'w, H: BatchHandler> BatchLoop<'w, H> {
 /// of the waits, and the receive buffer's resizes.
 struct Shedding {
     shedder: Shedder,
+    /// The settings in force, read before each decision.
+    tuning: Arc<ShedTuning>,
     stalls: Stalls,
     resize_errors: ErrorLog,
     /// Whether the kernel's cap on the buffer has been warned about.
@@ -660,9 +665,10 @@ struct Shedding {
 }
 
 impl Shedding {
-    fn new(cfg: ShedConfig, socket: &UdpSocket) -> Self {
+    fn new(tuning: Arc<ShedTuning>, socket: &UdpSocket) -> Self {
         Self {
-            shedder: Shedder::new(cfg, socket.capabilities().recv_buffer),
+            shedder: Shedder::new(tuning.get(), socket.capabilities().recv_buffer),
+            tuning,
             stalls: Stalls::default(),
             resize_errors: ErrorLog::new("receive buffer resize"),
             warned_short: false,

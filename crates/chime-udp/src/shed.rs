@@ -53,6 +53,7 @@
 //! its worth, so every old one goes at once. Sans-IO: the caller reads the clock, passes the
 //! times in and applies the buffer size; [`Shedder`] only decides.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use crate::Timestamp;
@@ -78,6 +79,51 @@ impl Default for ShedConfig {
         }
     }
 }
+
+/// Shedding's settings as every worker that sheds shares them, replaced while they run (a reload
+/// of the settings): each worker reads them once per batch ([`Shedder::retune`]), two relaxed
+/// loads. A worker reading them as they change may take one batch by a mix of the two.
+#[derive(Debug)]
+pub struct ShedTuning {
+    target_ns: AtomicU64,
+    interval_ns: AtomicU64,
+}
+
+impl ShedTuning {
+    /// Shared settings, `cfg` to start with.
+    pub fn new(cfg: ShedConfig) -> Self {
+        let tuning = Self {
+            target_ns: AtomicU64::new(0),
+            interval_ns: AtomicU64::new(0),
+        };
+        tuning.set(cfg);
+        tuning
+    }
+
+    /// `cfg` in force from every worker's next batch.
+    pub fn set(&self, cfg: ShedConfig) {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.target_ns.store(nanos(cfg.target), Relaxed);
+        self.interval_ns.store(nanos(cfg.interval), Relaxed);
+    }
+
+    /// The settings in force.
+    pub fn get(&self) -> ShedConfig {
+        ShedConfig {
+            target: Duration::from_nanos(self.target_ns.load(Relaxed)),
+            interval: Duration::from_nanos(self.interval_ns.load(Relaxed)),
+        }
+    }
+}
+
+/// Equal when the settings in force now are.
+impl PartialEq for ShedTuning {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for ShedTuning {}
 
 /// The smallest receive buffer shedding shrinks to, as the kernel counts it: room for a batch or
 /// so of small datagrams, whatever the waits say.
@@ -155,6 +201,12 @@ impl Shedder {
             stalls: [(0, 0); STALLS],
             next_stall: 0,
         }
+    }
+
+    /// Takes `cfg`'s target and interval from now on ([`ShedTuning`]), keeping what it has seen.
+    pub fn retune(&mut self, cfg: ShedConfig) {
+        self.target_ns = cfg.target.as_nanos() as i128;
+        self.interval_ns = cfg.interval.as_nanos() as i128;
     }
 
     /// Whether the queue is standing and datagrams older than the target are being shed.
@@ -651,6 +703,40 @@ mod tests {
             .filter(|&&(a, w)| a > 300 * MS && w > 15 * MS)
             .count();
         assert!(late > 500_000, "{late} answered late");
+    }
+
+    /// Settings changed through the shared tuning apply from the next decision: a wait under
+    /// the old target and over the new one starts counting the interval, and the new interval
+    /// decides when shedding starts.
+    #[test]
+    fn a_retuned_shedder_follows_the_new_target_and_interval() {
+        let tuning = ShedTuning::new(ShedConfig::default());
+        let mut s = Shedder::new(tuning.get(), 8 << 20);
+        // 3 ms waited, under the default 5 ms target: nothing, for as long as it lasts.
+        for now in [1000, 1100, 1200] {
+            assert_eq!(
+                decide(&mut s, now * MS, at((now - 3) * MS), true),
+                Decision::default()
+            );
+        }
+        let tighter = ShedConfig {
+            target: Duration::from_millis(2),
+            interval: Duration::from_millis(10),
+        };
+        tuning.set(tighter);
+        assert_eq!(tuning.get(), tighter);
+        s.retune(tuning.get());
+        assert_eq!(
+            decide(&mut s, 1300 * MS, at(1297 * MS), true),
+            Decision::default()
+        );
+        let d = decide(&mut s, 1310 * MS, at(1307 * MS), true);
+        assert_eq!(
+            d.cutoff,
+            at(1308 * MS),
+            "not shed at the new target after the new interval"
+        );
+        assert!(s.is_shedding());
     }
 
     #[test]

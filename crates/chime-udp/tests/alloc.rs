@@ -17,8 +17,8 @@ use chime_udp::counting_alloc::{
     CountingAlloc, assert_counting, thread_allocations as allocations,
 };
 use chime_udp::{
-    BatchHandler, BoundWorkers, RxBatch, SendOutcome, ShedConfig, SocketConfig, Timestamp, TxBatch,
-    UdpSocket, WorkerConfig,
+    BatchHandler, BoundWorkers, RxBatch, SendOutcome, ShedConfig, ShedTuning, SocketConfig,
+    Timestamp, TxBatch, UdpSocket, WorkerConfig,
 };
 
 #[global_allocator]
@@ -153,7 +153,7 @@ fn worker_loop_does_not_allocate() {
 fn worker_loop_with_gathering_and_shedding_does_not_allocate() {
     worker_loop_allocates_nothing(|cfg| {
         cfg.gather = Some(Duration::from_micros(200));
-        cfg.shed = Some(ShedConfig::default());
+        cfg.shed = Some(std::sync::Arc::new(ShedTuning::new(ShedConfig::default())));
     });
 }
 

@@ -287,17 +287,26 @@ fn sighup_reloads_allow_and_deny_from_the_config_file() {
 
 /// SIGHUP puts new rate limits in force at once, for every client the table tracks: a client
 /// that had spent its burst of 4 is answered in full once the burst is 255, keeping what it had
-/// saved; the limiter itself turned off waits for a restart, and says so.
+/// saved; shedding's target changes with it (as `chime status` reads it from what the workers
+/// read); the limiter or shedding turned off waits for a restart, and says so.
 #[test]
-fn sighup_puts_new_rate_limits_in_force() {
+fn sighup_puts_new_rate_limits_and_shedding_in_force() {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use nix::sys::signal::{Signal, kill};
     let chronyd = Chronyd::start();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("chimed.toml");
-    let limits = |burst: u32| {
-        format!("[ratelimit]\nenabled = true\ninterval = 12\nburst = {burst}\nleak = 4\n")
+    let limits = |burst: u32, target: &str| {
+        format!(
+            "[ratelimit]\nenabled = true\ninterval = 12\nburst = {burst}\nleak = 4\n\
+             [overload]\nshed-target = {target}\n"
+        )
     };
-    std::fs::write(&conf, limits(4)).unwrap();
+    std::fs::write(&conf, limits(4, "0.005")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("chimed.sock");
+    let socket_flag = socket.to_str().unwrap();
     let mut chimed = chimed_v4(
         &chronyd,
         &[
@@ -307,9 +316,26 @@ fn sighup_puts_new_rate_limits_in_force() {
             "4194304",
             "--config",
             conf.to_str().unwrap(),
+            "--control-socket",
+            socket_flag,
         ],
     );
+    let shed_target = || {
+        let out = common::run(
+            std::process::Command::new(common::workspace_bin("chime")).args([
+                "status",
+                "--json",
+                "--socket",
+                socket_flag,
+            ]),
+        );
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        s["overload"]["shed_target_seconds"]
+            .as_f64()
+            .expect("no overload.shed_target_seconds")
+    };
     chimed.wait_for("SIGHUP reloads", Duration::from_secs(5));
+    assert_eq!(shed_target(), 0.005);
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     // 4 + 96 / 16 = 10 expected.
     let before = flood(&sock, chimed.addr, 100).len();
@@ -318,21 +344,33 @@ fn sighup_puts_new_rate_limits_in_force() {
         "{before} of 100 answered at burst 4"
     );
 
-    std::fs::write(&conf, limits(255)).unwrap();
+    std::fs::write(&conf, limits(255, "0.01")).unwrap();
     kill(chimed.pid(), Signal::SIGHUP).unwrap();
     chimed.wait_for(
         "SIGHUP: ratelimit interval 12 burst 255 leak 4 kod 0 in force",
         Duration::from_secs(5),
     );
+    chimed.wait_for(
+        "SIGHUP: shedding past 10 ms of queueing for 100 ms in force",
+        Duration::from_secs(5),
+    );
+    assert_eq!(shed_target(), 0.01);
     let after = flood(&sock, chimed.addr, 100).len();
     assert_eq!(after, 100, "the new burst is not in force");
 
-    std::fs::write(&conf, "[ratelimit]\nenabled = false\n").unwrap();
+    std::fs::write(
+        &conf,
+        "[ratelimit]\nenabled = false\n[overload]\nshed-target = 0\n",
+    )
+    .unwrap();
     kill(chimed.pid(), Signal::SIGHUP).unwrap();
-    chimed.wait_for(
-        "SIGHUP: ratelimit.enabled changed in the config file; it takes effect at a restart",
-        Duration::from_secs(5),
-    );
+    for key in ["ratelimit.enabled", "overload.shed-target"] {
+        chimed.wait_for(
+            &format!("SIGHUP: {key} changed in the config file; it takes effect at a restart"),
+            Duration::from_secs(5),
+        );
+    }
+    assert_eq!(shed_target(), 0.01, "shedding turned off without a restart");
 }
 
 /// Sends `n` client requests from `sock`, each with its index as transmit timestamp, and returns

@@ -40,7 +40,12 @@ pub(crate) struct Reloaded {
     /// waits for a restart: `ratelimit.enabled` is not reloaded).
     pub(crate) ntp_rate_limit: Option<RateLimit>,
     pub(crate) nts_rate_limit: Option<RateLimit>,
+    /// Shedding's settings now in the file, where on (turning it on or off waits for a restart).
+    pub(crate) shed: Option<ShedConfig>,
 }
+
+/// Shedding's keys, which SIGHUP puts in force while shedding stays on.
+const SHEDDING: [&str; 2] = ["overload.shed-target", "overload.shed-interval"];
 
 /// The keys SIGHUP puts in force.
 const RELOADABLE: [&str; 10] = [
@@ -64,14 +69,18 @@ pub(crate) fn reload(args: &Args, current: &Settings) -> Result<Option<Reloaded>
     }
     let new = resolve::resolve(args)?;
     let (was, now) = (current.values(), new.values());
+    // Shedding's target and interval change while it stays on; on or off waits for a restart.
+    let shedding = current.shed().is_some() && new.shed().is_some();
     let mut restart: Vec<String> = (was.iter().filter(|kv| !now.contains(kv)))
         .chain(now.iter().filter(|kv| !was.contains(kv)))
         .map(|(k, _)| k.clone())
         .filter(|key| !RELOADABLE.contains(&key.as_str()))
+        .filter(|key| !(shedding && SHEDDING.contains(&key.as_str())))
         .collect();
     restart.sort();
     restart.dedup();
     Ok(Some(Reloaded {
+        shed: new.shed(),
         ntp_rate_limit: new.ntp_rate_limit().map(|r| r.limit),
         nts_rate_limit: new.nts_rate_limit().map(|r| r.limit),
         acl: new.acl,

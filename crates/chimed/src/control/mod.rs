@@ -98,13 +98,15 @@ impl Registry {
 
     /// The answer to one request line (without its newline), counted.
     pub(crate) fn answer(&self, line: &[u8]) -> Value {
-        let answer = match serde_json::from_slice::<Request>(line) {
-            Ok(Request::Status) => Ok(self.status()),
-            Ok(Request::Clients { top }) if top > MAX_TOP => {
+        let request = serde_json::from_slice::<Request>(line).map(|r| (r.command, r.top));
+        let answer = match request {
+            Ok((Command::Status, None)) => Ok(self.status()),
+            Ok((Command::Status, Some(_))) => Err("top is for clients, not status".to_owned()),
+            Ok((Command::Clients, Some(top))) if top > MAX_TOP => {
                 Err(format!("top {top} is more than {MAX_TOP}"))
             }
-            Ok(Request::Clients { top }) => match &self.clients {
-                Some(clients) => Ok(clients(top)),
+            Ok((Command::Clients, top)) => match &self.clients {
+                Some(clients) => Ok(clients(top.unwrap_or(DEFAULT_TOP))),
                 None => Err("the client log is off (--client-log 0)".to_owned()),
             },
             Err(e) => Err(format!(
@@ -125,20 +127,24 @@ impl Registry {
     }
 }
 
-/// A question, as its one line of JSON names it.
+/// A question, as its one line of JSON names it: nothing else is taken.
 #[derive(Debug, Deserialize)]
-#[serde(tag = "command", rename_all = "lowercase", deny_unknown_fields)]
-enum Request {
-    Status,
-    Clients {
-        #[serde(default = "default_top")]
-        top: usize,
-    },
+#[serde(deny_unknown_fields)]
+struct Request {
+    command: Command,
+    /// For `clients`: how many.
+    top: Option<usize>,
 }
 
-fn default_top() -> usize {
-    20
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Command {
+    Status,
+    Clients,
 }
+
+/// The clients a `clients` request without `top` gets.
+const DEFAULT_TOP: usize = 20;
 
 /// Answers questions on `listener` (bound before privileges were dropped) until aborted.
 pub(crate) async fn serve(

@@ -3,9 +3,10 @@
 //! NTS-KE and metrics listeners, the control socket, and the AF_XDP sockets.
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use chime_udp::{BoundWorkers, WorkerConfig};
+use chime_udp::{BoundWorkers, ShedTuning, WorkerConfig};
 use tracing::{info, warn};
 
 use crate::config::{Settings, schema, values};
@@ -64,7 +65,7 @@ pub(crate) struct Sockets {
 }
 
 /// Binds everything `settings` asks for.
-pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
+pub(crate) fn all(settings: &Settings, shed: Option<&Arc<ShedTuning>>) -> Result<Sockets> {
     let metrics = match settings.observe.metrics_address {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -85,7 +86,13 @@ pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
             settings.ntp.ipv6_address.0,
         ),
     ] {
-        ntp.extend(group(settings, Service::Ntp, family, threads, addr)?);
+        ntp.extend(group(
+            (settings, shed),
+            Service::Ntp,
+            family,
+            threads,
+            addr,
+        )?);
     }
     let nts = match settings.nts_ke() {
         Some(_) => {
@@ -102,7 +109,7 @@ pub(crate) fn all(settings: &Settings) -> Result<Sockets> {
         }
         None => None,
     };
-    let (roughtime, tcp_listeners) = roughtime(settings)?;
+    let (roughtime, tcp_listeners) = roughtime(settings, shed)?;
     let roughtime_tcp = (settings.roughtime_key())
         .and(roughtime_tcp::Limits::of(&settings.roughtime.tcp))
         .map(|limits| (tcp_listeners, limits));
@@ -152,7 +159,10 @@ fn control_socket(settings: &Settings) -> Result<Option<std::os::unix::net::Unix
 }
 
 /// Roughtime's UDP sockets, and its TCP listeners on the same addresses and ports.
-fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
+fn roughtime(
+    settings: &Settings,
+    shed: Option<&Arc<ShedTuning>>,
+) -> Result<(Vec<Group>, Vec<TcpListener>)> {
     let (mut groups, mut listeners) = (Vec::new(), Vec::new());
     if settings.roughtime_key().is_none() {
         return Ok((groups, listeners));
@@ -167,7 +177,8 @@ fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
         // choose again (a configured port is either free for both or an error).
         let mut tries = 0;
         loop {
-            let Some(bound) = group(settings, Service::Roughtime, family, threads, addr)? else {
+            let Some(bound) = group((settings, shed), Service::Roughtime, family, threads, addr)?
+            else {
                 break;
             };
             if tcp {
@@ -189,7 +200,7 @@ fn roughtime(settings: &Settings) -> Result<(Vec<Group>, Vec<TcpListener>)> {
 }
 
 fn group(
-    settings: &Settings,
+    (settings, shed): (&Settings, Option<&Arc<ShedTuning>>),
     service: Service,
     family: &'static str,
     threads: usize,
@@ -210,7 +221,7 @@ fn group(
     cfg.socket.read_timeout = Some(WORKER_WAKE);
     cfg.batch_size = settings.ntp.batch_size.0;
     cfg.cpus = settings.process.cpus.clone();
-    cfg.shed = settings.shed();
+    cfg.shed = shed.cloned();
     if service == Service::Roughtime {
         let rt = &settings.roughtime;
         cfg.socket.recv_buffer = Some(rt.recv_buffer.0);

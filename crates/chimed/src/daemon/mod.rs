@@ -159,9 +159,12 @@ fn run(
         ntp,
         nts_start,
         roughtime,
+        shed: settings
+            .shed()
+            .map(|cfg| Arc::new(chime_udp::ShedTuning::new(cfg))),
     };
     privileges::raise_open_files(open_files_needed(settings));
-    let sockets = bind::all(settings)?;
+    let sockets = bind::all(settings, prepared.shed.as_ref())?;
     // Before the root changes, while systemd's socket can still be reached.
     let notifier = notify::Notifier::connect();
     let root = settings.process.root.as_ref().map(|r| r.0.as_path());

@@ -57,6 +57,8 @@ pub(crate) struct Reloadable {
     pub(crate) restart: Arc<std::sync::Mutex<Vec<String>>>,
     /// `--ratelimit`'s table, whose limits a reload replaces.
     pub(crate) ntp_limiter: Option<Arc<chime_ntp::ClientTable>>,
+    /// Shedding's settings, if it is on.
+    pub(crate) shed: Option<Arc<chime_udp::ShedTuning>>,
 }
 
 impl Reloadable {
@@ -93,6 +95,16 @@ impl Reloadable {
                         table.set_limit(limit);
                         info!("SIGHUP: {name} {limit} in force");
                     }
+                }
+                if let (Some(tuning), Some(cfg)) = (&self.shed, new.shed)
+                    && tuning.get() != cfg
+                {
+                    tuning.set(cfg);
+                    info!(
+                        "SIGHUP: shedding past {} ms of queueing for {} ms in force",
+                        cfg.target.as_secs_f64() * 1e3,
+                        cfg.interval.as_secs_f64() * 1e3
+                    );
                 }
                 // Logged once in force, so that whoever reads the line can rely on it.
                 let shown = format!("{:?}", new.acl);

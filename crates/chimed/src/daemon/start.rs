@@ -35,6 +35,9 @@ pub(crate) struct Prepared {
     /// their schedule); `None` without NTS.
     pub(crate) nts_start: Option<(CookieKeys, Duration)>,
     pub(crate) roughtime: Option<roughtime::Control>,
+    /// Shedding's settings, which every worker that sheds reads and SIGHUP replaces; `None`
+    /// with shedding off.
+    pub(crate) shed: Option<Arc<chime_udp::ShedTuning>>,
 }
 
 /// What the daemon holds on to while the services run: what a reload replaces, and the counts
@@ -87,7 +90,7 @@ pub(crate) fn all(
             listeners,
             limits,
             shared,
-            (settings, &secrets),
+            (settings, &secrets, prepared.shed.clone()),
         )?),
         _ => None,
     };
@@ -125,6 +128,7 @@ pub(crate) fn all(
             roughtime: rt_shared,
             restart: Arc::default(),
             ntp_limiter: prepared.ntp.ratelimit.clone(),
+            shed: prepared.shed.clone(),
         },
         ntp: prepared.ntp.workers.clone(),
         xdp,
@@ -179,6 +183,15 @@ fn control_sections(
     }
     if let Some((_, workers)) = running.tcp.clone() {
         registry.section("roughtime_tcp", move |_| workers.total().as_json());
+    }
+    if let Some(tuning) = prepared.shed.clone() {
+        registry.section("overload", move |_| {
+            let cfg = tuning.get();
+            serde_json::json!({
+                "shed_target_seconds": cfg.target.as_secs_f64(),
+                "shed_interval_seconds": cfg.interval.as_secs_f64(),
+            })
+        });
     }
     let restart = running.reloadable.restart.clone();
     registry.section("reload", move |health| {
@@ -325,7 +338,7 @@ fn tcp(
     listeners: Vec<std::net::TcpListener>,
     limits: roughtime_tcp::Limits,
     shared: &Arc<crate::roughtime::state::Shared>,
-    (settings, secrets): (&Settings, &Secrets),
+    (settings, secrets, shed): (&Settings, &Secrets, Option<Arc<chime_udp::ShedTuning>>),
 ) -> Result<(
     Arc<roughtime_tcp::Counts>,
     Arc<stats::Workers<crate::roughtime::state::RoughtimeDrop>>,
@@ -362,7 +375,7 @@ fn tcp(
             shared.clone(),
             limits,
             (counts.clone(), workers.clone()),
-            (pq_now, settings.shed()),
+            (pq_now, shed),
             (beat, stop),
         )
     })?;

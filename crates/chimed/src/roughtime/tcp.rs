@@ -163,16 +163,17 @@ impl Counts {
 /// Sans-IO: the caller passes the times in.
 #[derive(Debug)]
 pub(super) struct Ageing {
-    cfg: chime_udp::ShedConfig,
+    /// The settings in force, read at each batch (SIGHUP may change them).
+    tuning: Arc<chime_udp::ShedTuning>,
     /// Since when every full batch's oldest request has waited longer than the target.
     above_since: Option<std::time::Instant>,
     shedding: bool,
 }
 
 impl Ageing {
-    pub(super) fn new(cfg: chime_udp::ShedConfig) -> Self {
+    pub(super) fn new(tuning: Arc<chime_udp::ShedTuning>) -> Self {
         Self {
-            cfg,
+            tuning,
             above_since: None,
             shedding: false,
         }
@@ -186,11 +187,12 @@ impl Ageing {
         oldest: std::time::Instant,
         full: bool,
     ) -> Option<std::time::Instant> {
-        let old = now.saturating_duration_since(oldest) > self.cfg.target;
-        let cutoff = now.checked_sub(self.cfg.target);
+        let cfg = self.tuning.get();
+        let old = now.saturating_duration_since(oldest) > cfg.target;
+        let cutoff = now.checked_sub(cfg.target);
         if !self.shedding && old && full {
             let since = *self.above_since.get_or_insert(now);
-            self.shedding = now.saturating_duration_since(since) >= self.cfg.interval;
+            self.shedding = now.saturating_duration_since(since) >= cfg.interval;
         } else if !old || !full {
             self.above_since = None;
         }
@@ -236,7 +238,7 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     limits: Limits,
     (counts, workers): Counters,
-    (pq, shed): (Option<PqNow>, Option<chime_udp::ShedConfig>),
+    (pq, shed): (Option<PqNow>, Option<Arc<chime_udp::ShedTuning>>),
     (beat, stopped): (Beat, CancellationToken),
 ) -> Result<Service, Error> {
     for l in &listeners {
@@ -822,7 +824,9 @@ mod tests {
     fn the_signer_sheds_only_from_a_standing_queue() {
         use std::time::{Duration, Instant};
         let ms = Duration::from_millis;
-        let mut ageing = Ageing::new(chime_udp::ShedConfig::default());
+        let mut ageing = Ageing::new(Arc::new(chime_udp::ShedTuning::new(
+            chime_udp::ShedConfig::default(),
+        )));
         let t0 = Instant::now() + ms(1000);
         // Full batches whose oldest waited 20 ms, for 90 ms: a burst, answered.
         for at in (0..=90).step_by(10) {
@@ -840,7 +844,9 @@ mod tests {
         assert_eq!(ageing.cutoff(now, now - ms(9), false), Some(now - ms(5)));
         assert_eq!(ageing.cutoff(now + ms(1), now - ms(9), true), None);
         // A batch that drains the queue ends a would-be standing queue too.
-        let mut ageing = Ageing::new(chime_udp::ShedConfig::default());
+        let mut ageing = Ageing::new(Arc::new(chime_udp::ShedTuning::new(
+            chime_udp::ShedConfig::default(),
+        )));
         for at in [0, 50, 99] {
             let full = at != 50;
             assert_eq!(ageing.cutoff(t0 + ms(at), t0 + ms(at) - ms(20), full), None);
@@ -857,10 +863,12 @@ mod tests {
         for (i, job) in jobs.iter_mut().enumerate() {
             job.read_at = now - Duration::from_millis(if i < 4 { 50 } else { 1 });
         }
-        let mut ageing = Ageing::new(chime_udp::ShedConfig {
-            target: Duration::from_millis(5),
-            interval: Duration::ZERO,
-        });
+        let mut ageing = Ageing::new(Arc::new(chime_udp::ShedTuning::new(
+            chime_udp::ShedConfig {
+                target: Duration::from_millis(5),
+                interval: Duration::ZERO,
+            },
+        )));
         let mut stats = stats();
         shed(&mut ageing, &mut jobs, true, &mut stats);
         assert_eq!(jobs.len(), 2);
