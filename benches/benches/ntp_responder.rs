@@ -71,7 +71,7 @@ fn bench(c: &mut Criterion) {
     smeared(&mut g, &served, &req);
     ratelimited(&mut g, &served, &req);
     nts(&mut g, &served, &req);
-    client_log(&mut g);
+    client_log(&mut g, &served, &req);
     g.finish();
 }
 
@@ -228,35 +228,69 @@ fn ratelimited(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 
     });
 }
 
-/// One request recorded into a client log of 65536 clients, as every worker does for every
-/// request: seven in eight from 65536 clients that filled it (172.18.0.0/16, each every 2 s or
-/// so), the eighth from an IPv6 /64 never seen, which raises a register in both of the sketches'
-/// current windows and evicts a client (which may be one of the 65536, then counted anew).
-fn client_log(g: &mut BenchmarkGroup<'_, WallTime>) {
-    let log = ClientLog::new(1 << 16, [1, 2]);
-    let mut mono: u64 = 1_000_000_000;
-    for i in 0..1u32 << 16 {
-        log.record(
-            IpAddr::V4(Ipv4Addr::from(0xac12_0000 | i)),
-            mono,
-            Fate::Answered,
-        );
+/// The clients a log holds in chimed by default (`--client-log`).
+const LOGGED: u32 = 16384;
+
+/// A client log of chimed's default size, filled with that many clients (172.18.0.0/18, each
+/// seen once), and where the next address of [`next_client`] starts.
+fn filled_log(mono: u64) -> ClientLog {
+    let log = ClientLog::new(LOGGED as usize, [1, 2]);
+    for i in 0..LOGGED {
+        let ip = IpAddr::V4(Ipv4Addr::from(0xac12_0000 | i));
+        log.record(ip, mono, Fate::Answered);
     }
+    log
+}
+
+/// The next request's source: seven in eight from the clients that filled the log, in a
+/// scattered order, the eighth from an IPv6 /64 never seen (which raises a register in both of
+/// the sketches' current windows and evicts a client, which may be one of the others, then
+/// counted anew).
+fn next_client(next: &mut u32, new: &mut u64) -> IpAddr {
+    let ip = if *next & 7 == 0 {
+        *new += 1;
+        IpAddr::V6(Ipv6Addr::from(
+            0x2001_0db8_u128 << 96 | u128::from(*new) << 64,
+        ))
+    } else {
+        IpAddr::V4(Ipv4Addr::from(0xac12_0000 | *next % LOGGED))
+    };
+    *next = next.wrapping_add(7919);
+    ip
+}
+
+/// One request recorded into a client log of chimed's default size, as every worker does for
+/// every request; and the batch of 64 with each request recorded, beside `batch_64`, which
+/// records none.
+fn client_log(g: &mut BenchmarkGroup<'_, WallTime>, s: &Served<'_>, req: &[u8; 48]) {
+    let mut mono: u64 = 1_000_000_000;
+    let log = filled_log(mono);
     let (mut next, mut new) = (0u32, 0u64);
     g.throughput(Throughput::Elements(1));
     g.bench_function("client_log_record", |b| {
         b.iter(|| {
             mono += 30_518;
-            let ip = if next & 7 == 0 {
-                new += 1;
-                IpAddr::V6(Ipv6Addr::from(
-                    0x2001_0db8_u128 << 96 | u128::from(new) << 64,
-                ))
-            } else {
-                IpAddr::V4(Ipv4Addr::from(0xac12_0000 | next & 0xffff))
-            };
-            next = next.wrapping_add(7919);
+            let ip = next_client(&mut next, &mut new);
             log.record(black_box(ip), mono, Fate::Answered);
+        })
+    });
+
+    let (state, policy, now) = (s.state, s.policy, s.now);
+    let requests = [*req; BATCH];
+    g.throughput(Throughput::Elements(BATCH as u64));
+    g.bench_function("batch_64_client_log", |b| {
+        let mut replies = [[0u8; 48]; BATCH];
+        b.iter(|| {
+            mono += 1_953_125;
+            let served = state.served_at(black_box(now), policy);
+            for (req, reply) in requests.iter().zip(replies.iter_mut()) {
+                respond(black_box(req), 40000, now, &served, reply).unwrap();
+                log.record(next_client(&mut next, &mut new), mono, Fate::Answered);
+            }
+            for reply in replies.iter_mut() {
+                stamp_transmit(reply, now);
+            }
+            black_box(&replies);
         })
     });
 }
