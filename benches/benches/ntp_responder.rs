@@ -253,7 +253,7 @@ fn next_client(next: &mut u32, new: &mut u64) -> IpAddr {
             0x2001_0db8_u128 << 96 | u128::from(*new) << 64,
         ))
     } else {
-        IpAddr::V4(Ipv4Addr::from(0xac12_0000 | *next % LOGGED))
+        IpAddr::V4(Ipv4Addr::from(0xac12_0000 | (*next % LOGGED)))
     };
     *next = next.wrapping_add(7919);
     ip
