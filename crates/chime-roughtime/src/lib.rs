@@ -32,6 +32,11 @@
 //! [`next_nonce`] chains requests and [`verify_chain`] checks a chain and reports servers that
 //! contradict each other.
 //!
+//! For a measurement across several servers (RFC 10049 §8): [`ServerList::parse`] reads a server
+//! list, [`choose`] picks servers from it at random, a [`Chain`] says whom to ask next with which
+//! request and carries on past servers that do not answer, and [`accusations`] names the servers
+//! behind each contradiction [`verify_chain`] finds.
+//!
 //! # Modules
 //!
 //! Everything above is at this root. Two parts are modules of their own: [`merkle`], the batch's
@@ -45,6 +50,7 @@ mod bundle;
 mod chain;
 mod client;
 mod codec;
+mod ecosystem;
 mod error;
 mod grease;
 mod keyfile;
@@ -68,6 +74,10 @@ pub use chain::{
 };
 pub use chime_keyfile::KeyFileError;
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
+pub use ecosystem::{
+    Accusation, Chain, Failure, FailureReason, ListError, ListedServer, ListedVersion, MIN_SERVERS,
+    Plan, Query, ServerAddress, ServerList, ServerRef, Transport, accusations, choose,
+};
 pub use error::{DecodeError, EncodeError};
 pub use grease::Grease;
 pub use keyfile::{encode_key_file, parse_key_file};
