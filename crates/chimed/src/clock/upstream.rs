@@ -74,12 +74,13 @@ pub(crate) async fn run(
             && let Some(filter) = f.gathered.take()
             && f.last != Some(filter)
         {
+            // Served first, then said: whoever reads the line finds it in force.
+            v5.with_upstream(&filter);
             let bits = filter.bits().count();
             info!(
                 "upstream {upstream} speaks NTPv5: its reference-ID filter ({bits} bits set) is \
                  served with chimed's own"
             );
-            v5.with_upstream(&filter);
             f.last = Some(filter);
         }
         let state = mirror.state();
