@@ -24,12 +24,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::out::outln;
 
+mod ecosystem;
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Servers to query, in order: HOST[:PORT] (port 5319), or KEY@HOST[:PORT] to give each server
     /// of a chain its own public key
-    #[arg(required_unless_present = "check_report", value_name = "SERVER")]
+    #[arg(required_unless_present_any = ["check_report", "server_list"], value_name = "SERVER")]
     servers: Vec<String>,
+    /// Measure as RFC 10049 §8 asks: choose servers at random from this server list (its JSON,
+    /// keys in base64 or hex), ask them in sequence and then again, each nonce chained to the reply
+    /// before; a server that does not answer is named and another takes its place. Exit 1 when
+    /// fewer than three answered or two contradict each other
+    #[arg(long = "servers", value_name = "FILE", conflicts_with_all = ["servers", "public_key", "check_report", "tcp"])]
+    server_list: Option<PathBuf>,
+    /// With --servers: how many servers to choose (at least 3)
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "server_list")]
+    count: usize,
     /// The server's long-term public key (base64 or hex), for servers without KEY@. An ML-DSA-44
     /// key (1312 bytes, base64) asks for the experimental suite 0x90000001, over TCP
     #[arg(long, value_name = "KEY")]
@@ -156,6 +167,17 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         None => vec![Version::Draft12, Version::Rfc10049],
     };
     let timeout = Duration::from_secs_f64(args.timeout);
+    if let Some(file) = &args.server_list {
+        return ecosystem::run(&ecosystem::Measure {
+            file,
+            count: args.count,
+            versions,
+            timeout,
+            policy,
+            report: args.report.as_deref(),
+            json: args.json,
+        });
+    }
     let targets = targets(args)?;
     let (exchanges, reports) = query_chain(&targets, &versions, timeout, args.tcp, &policy)?;
     if let Some(path) = &args.report {
@@ -295,6 +317,21 @@ fn query_chain(
         exchanges.push((request, reply, rand));
     }
     Ok((exchanges, reports))
+}
+
+/// Saves a chain's links as a malfeasance report (the first link has no `rand`, as in RFC
+/// 10049's example).
+fn write_links(path: &Path, links: &[Link<'_>]) -> Result<()> {
+    let responses = links
+        .iter()
+        .map(|l| ReportEntry {
+            public_key: BASE64.encode(l.public_key),
+            rand: l.rand.map(|r| BASE64.encode(r)),
+            request: BASE64.encode(l.request),
+            response: BASE64.encode(l.reply),
+        })
+        .collect();
+    write_report(path, &MalfeasanceReport { responses })
 }
 
 fn write_report(path: &Path, report: &MalfeasanceReport) -> Result<()> {

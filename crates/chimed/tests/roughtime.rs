@@ -901,3 +901,128 @@ fn chime_delegate_refuses_a_long_term_key_others_may_read() {
     common::chime_delegate(&rt.file, &bundle, &[]);
     assert!(bundle.exists());
 }
+
+/// A server list (RFC 10049 §8.3's JSON) of `servers`, each `(name, base64 key, udp address)`.
+fn server_list(dir: &std::path::Path, servers: &[(&str, &str, String)]) -> std::path::PathBuf {
+    let entries: Vec<serde_json::Value> = servers
+        .iter()
+        .map(|(name, key, addr)| {
+            serde_json::json!({
+                "name": name,
+                "version": 1,
+                "publicKeyType": "ed25519",
+                "publicKey": key,
+                "addresses": [{ "protocol": "udp", "address": addr }],
+            })
+        })
+        .collect();
+    let path = dir.join("servers.json");
+    let list = serde_json::json!({ "servers": entries, "reports": "http://127.0.0.1:9/reports" });
+    std::fs::write(&path, list.to_string()).unwrap();
+    path
+}
+
+/// `chime roughtime --servers LIST` with `extra` flags: its exit status and its output.
+fn measure(list: &std::path::Path, extra: &[&str]) -> (bool, String) {
+    let out = Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--timeout", "0.5", "--servers"])
+        .arg(list)
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A measurement from a server list (RFC 10049 §8): three chimeds and an address where nothing
+/// answers, all four chosen: the dead one is named, the three complete the chain, and the report
+/// written passes `--check-report`. Then a chimed serving an upstream an hour ahead takes one
+/// honest server's place: the chain names it in a contradiction, exits 1, and the report proves
+/// it.
+#[test]
+fn a_server_list_measurement_names_the_dead_and_the_liar() {
+    let honest: Vec<Server> = (0..3).map(|_| serve(true, &[])).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let dead = format!("127.0.0.1:{}", common::free_udp_port());
+    let mut servers: Vec<(&str, &str, String)> = ["alpha", "bravo", "charlie"]
+        .iter()
+        .zip(&honest)
+        .map(|(name, s)| (*name, s.public_key.as_str(), s.roughtime.to_string()))
+        .collect();
+    servers.push(("gone", honest[0].public_key.as_str(), dead));
+    let list = server_list(dir.path(), &servers);
+    let report = dir.path().join("report.json");
+    let (ok, text) = measure(
+        &list,
+        &["--count", "4", "--report", report.to_str().unwrap()],
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("Did not answer: gone"), "{text}");
+    assert!(text.contains("no server contradicted another"), "{text}");
+    let check = Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--check-report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+
+    // An upstream an hour ahead: the chimed that follows it signs that time.
+    let ahead = common::standin::StandIn::start(|now| {
+        (
+            now.add_duration(Duration::from_secs(3600)),
+            chime_ntp::Leap::NoWarning,
+        )
+    });
+    let key = chime_keygen();
+    let mut liar = Chimed::mirroring(
+        &ahead.addr.to_string(),
+        &common::roughtime_flags(key.file.to_str().unwrap()),
+    );
+    let liar_addr = liar.roughtime_addr();
+    liar.wait_for("synchronised: stratum 1", Duration::from_secs(10));
+    let servers = [
+        servers[0].clone(),
+        servers[1].clone(),
+        ("liar", key.public_base64.as_str(), liar_addr.to_string()),
+    ];
+    let list = server_list(dir.path(), &servers);
+    let proof = dir.path().join("proof.json");
+    let (ok, text) = measure(&list, &["--report", proof.to_str().unwrap()]);
+    assert!(!ok, "an hour out went unnoticed: {text}");
+    let accused = text.lines().filter(|l| l.starts_with("CONTRADICTION:"));
+    assert!(accused.clone().count() >= 1, "{text}");
+    assert!(accused.clone().all(|l| l.contains("liar")), "{text}");
+    let check = Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--check-report"])
+        .arg(&proof)
+        .output()
+        .unwrap();
+    assert!(
+        !check.status.success(),
+        "the report does not prove it: {check:?}"
+    );
+}
+
+/// Malformed server lists: one line naming the list, the server and the field, exit 1.
+#[test]
+fn a_malformed_server_list_gets_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.json");
+    std::fs::write(
+        &path,
+        r#"{"servers":[{"name":"x","publicKeyType":"ed25519","publicKey":"AAAA","addresses":[{"protocol":"udp","address":"127.0.0.1:1"}]}]}"#,
+    )
+    .unwrap();
+    let (ok, text) = measure(&path, &[]);
+    assert!(!ok);
+    let line = text.trim();
+    assert_eq!(line.lines().count(), 1, "{text}");
+    assert!(
+        line.contains("bad.json") && line.contains("\"x\"") && line.contains("publicKey"),
+        "{text}"
+    );
+}
