@@ -209,6 +209,38 @@ struct Notes {
     tai: Option<u16>,
 }
 
+impl Notes {
+    /// The reply just queued (the last in `tx`): counted by what it was, and marked for the send
+    /// if interleaved mode keeps or saves its transmit time.
+    fn queued(
+        &self,
+        counts: &mut counters::Counters<NtpDrop>,
+        marks: &mut Marks,
+        tx: &mut TxBatch,
+    ) {
+        counts.note(Note::Kod, self.kissed);
+        counts.note(Note::Interleaved, self.interleaved);
+        counts.note(Note::Nts, self.nts == Some(Ok(())));
+        if let Some(Err(why)) = self.nts {
+            counts.note(Note::NtsNak, true);
+            counts.note(Note::NtsNakWhy(why), true);
+        }
+        counts.note(Note::V5, self.v5);
+        counts.note(Note::Upgrade, self.upgrade);
+        counts.note(Note::Tai, self.tai.is_some());
+        let i = tx.len() - 1;
+        if self.keep_transmit {
+            Marks::set(&mut marks.keep_transmit, i);
+            marks.any = true;
+        }
+        if self.save_transmit {
+            Marks::set(&mut marks.save, i);
+            marks.any = true;
+            tx.request_tx_timestamp();
+        }
+    }
+}
+
 /// One request in hand: where it came from, its bytes, and when it arrived (T2).
 struct Incoming<'r> {
     meta: &'r chime_udp::RecvMeta,
@@ -440,27 +472,7 @@ impl BatchHandler for NtpWorker {
                 answer(&batch, &req, coin, buf, &mut notes)
             });
             if queued.is_ok() {
-                let p = &mut self.stats.counts;
-                p.note(Note::Kod, notes.kissed);
-                p.note(Note::Interleaved, notes.interleaved);
-                p.note(Note::Nts, notes.nts == Some(Ok(())));
-                if let Some(Err(why)) = notes.nts {
-                    p.note(Note::NtsNak, true);
-                    p.note(Note::NtsNakWhy(why), true);
-                }
-                p.note(Note::V5, notes.v5);
-                p.note(Note::Upgrade, notes.upgrade);
-                p.note(Note::Tai, notes.tai.is_some());
-                let i = tx.len() - 1;
-                if notes.keep_transmit {
-                    Marks::set(&mut self.marks.keep_transmit, i);
-                    self.marks.any = true;
-                }
-                if notes.save_transmit {
-                    Marks::set(&mut self.marks.save, i);
-                    self.marks.any = true;
-                    tx.request_tx_timestamp();
-                }
+                notes.queued(&mut self.stats.counts, &mut self.marks, tx);
             }
             let fate = match queued {
                 Ok(()) if notes.kissed => Fate::Kod,
