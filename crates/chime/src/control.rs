@@ -244,13 +244,15 @@ fn print_clients(c: &Value) {
         let interval = client["interval_seconds"]
             .as_f64()
             .map_or_else(|| "-".to_owned(), |s| format!("{s:.1} s"));
+        // A JSON value's Display ignores widths: the counts as numbers, so that they line up.
+        let count = |key: &str| client[key].as_u64().unwrap_or(0);
         outln!(
             "{:<40} {:>10} {:>8} {:>8} {:>6} {:>9} {:>8.1} s",
             text(&client["address"]),
-            client["requests"],
-            client["dropped"],
-            client["rate_limited"],
-            client["kod"],
+            count("requests"),
+            count("dropped"),
+            count("rate_limited"),
+            count("kod"),
             interval,
             client["last_seen_seconds_ago"].as_f64().unwrap_or(0.0)
         );

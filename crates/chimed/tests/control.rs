@@ -144,6 +144,9 @@ fn chime_status_and_chime_clients_count_what_three_clients_sent() {
     let (code, text, _) = chime(&["clients"], &socket);
     assert_eq!(code, 0);
     assert!(text.contains("127.0.0.2") && text.contains("300"), "{text}");
+    // In the requests column, under its heading.
+    let row = text.lines().find(|l| l.starts_with("127.0.0.2")).unwrap();
+    assert_eq!(row.get(41..51), Some("       300"), "{text}");
 }
 
 #[test]
