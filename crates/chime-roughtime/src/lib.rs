@@ -76,7 +76,7 @@ pub use chime_keyfile::KeyFileError;
 pub use client::{DraftSpelling, Signed, Verified, VerifyError, VerifyPolicy, verify_reply};
 pub use ecosystem::{
     Accusation, Chain, Failure, FailureReason, ListError, ListedServer, ListedVersion, MIN_SERVERS,
-    Plan, Query, ServerAddress, ServerList, ServerRef, Transport, accusations, choose,
+    Plan, Query, ServerAddress, ServerList, ServerRef, Transport, accusations, choose, suspects,
 };
 pub use error::{DecodeError, EncodeError};
 pub use grease::Grease;

@@ -47,7 +47,8 @@ pub(crate) struct Args {
     public_key: Option<String>,
     /// Protocol version to offer: 1 (RFC 10049), 0x8000000c (drafts 12-19), 0x80000008 to
     /// 0x8000000b (drafts 08-11), 0x80000007 (draft 07), or google [default: offer 1 and
-    /// 0x8000000c]
+    /// 0x8000000c; with --servers, a server whose entry names a version by number is offered
+    /// that one, unless --version is given]
     #[arg(long = "version", value_name = "V", value_parser = parse_version)]
     version: Option<Version>,
     /// Seconds to wait for each reply
@@ -71,6 +72,11 @@ pub(crate) struct Args {
     /// yet; it is written whether or not the servers agree
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// With --servers: when two servers contradict each other, send the report to the list's
+    /// "reports" URL (an HTTP POST of application/roughtime-malfeasance+json, RFC 10049 §8.4) and
+    /// say what the collector answered. Nothing is sent when the servers agree
+    #[arg(long, requires = "server_list")]
+    upload: bool,
     /// Check a malfeasance report instead of querying: every reply's signatures and path, every
     /// nonce derived from the reply before, and whether any two replies contradict each other
     #[arg(long, value_name = "FILE", conflicts_with_all = ["servers", "report", "public_key", "version"])]
@@ -175,6 +181,8 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             timeout,
             policy,
             report: args.report.as_deref(),
+            upload: args.upload,
+            offer_to_all: args.version.is_some(),
             json: args.json,
         });
     }
@@ -319,19 +327,27 @@ fn query_chain(
     Ok((exchanges, reports))
 }
 
-/// Saves a chain's links as a malfeasance report (the first link has no `rand`, as in RFC
-/// 10049's example).
-fn write_links(path: &Path, links: &[Link<'_>]) -> Result<()> {
+/// A chain's links as a malfeasance report. The first link has no `rand`; as for a chain given on
+/// the command line, its entry carries the first nonce itself, which roughly's checker asks for
+/// and RFC 10049's ignores.
+fn report_of(links: &[Link<'_>]) -> MalfeasanceReport {
     let responses = links
         .iter()
-        .map(|l| ReportEntry {
-            public_key: BASE64.encode(l.public_key),
-            rand: l.rand.map(|r| BASE64.encode(r)),
-            request: BASE64.encode(l.request),
-            response: BASE64.encode(l.reply),
+        .map(|l| {
+            let first_nonce = || {
+                chime_roughtime::Request::parse(l.request)
+                    .ok()
+                    .map(|r| BASE64.encode(r.nonce))
+            };
+            ReportEntry {
+                public_key: BASE64.encode(l.public_key),
+                rand: l.rand.map(|r| BASE64.encode(r)).or_else(first_nonce),
+                request: BASE64.encode(l.request),
+                response: BASE64.encode(l.reply),
+            }
         })
         .collect();
-    write_report(path, &MalfeasanceReport { responses })
+    MalfeasanceReport { responses }
 }
 
 fn write_report(path: &Path, report: &MalfeasanceReport) -> Result<()> {

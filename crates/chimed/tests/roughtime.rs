@@ -904,6 +904,15 @@ fn chime_delegate_refuses_a_long_term_key_others_may_read() {
 
 /// A server list (RFC 10049 §8.3's JSON) of `servers`, each `(name, base64 key, udp address)`.
 fn server_list(dir: &std::path::Path, servers: &[(&str, &str, String)]) -> std::path::PathBuf {
+    server_list_reporting_to(dir, servers, "http://127.0.0.1:9/reports")
+}
+
+/// As [`server_list`], with reports going to `reports`.
+fn server_list_reporting_to(
+    dir: &std::path::Path,
+    servers: &[(&str, &str, String)],
+    reports: &str,
+) -> std::path::PathBuf {
     let entries: Vec<serde_json::Value> = servers
         .iter()
         .map(|(name, key, addr)| {
@@ -917,7 +926,7 @@ fn server_list(dir: &std::path::Path, servers: &[(&str, &str, String)]) -> std::
         })
         .collect();
     let path = dir.join("servers.json");
-    let list = serde_json::json!({ "servers": entries, "reports": "http://127.0.0.1:9/reports" });
+    let list = serde_json::json!({ "servers": entries, "reports": reports });
     std::fs::write(&path, list.to_string()).unwrap();
     path
 }
@@ -989,13 +998,18 @@ fn a_server_list_measurement_names_the_dead_and_the_liar() {
         servers[1].clone(),
         ("liar", key.public_base64.as_str(), liar_addr.to_string()),
     ];
-    let list = server_list(dir.path(), &servers);
+    let collector = Collector::start(201, "thank you");
+    let list = server_list_reporting_to(dir.path(), &servers, &collector.url);
     let proof = dir.path().join("proof.json");
-    let (ok, text) = measure(&list, &["--report", proof.to_str().unwrap()]);
+    let (ok, text) = measure(&list, &["--report", proof.to_str().unwrap(), "--upload"]);
     assert!(!ok, "an hour out went unnoticed: {text}");
     let accused = text.lines().filter(|l| l.starts_with("CONTRADICTION:"));
-    assert!(accused.clone().count() >= 1, "{text}");
+    assert!(accused.clone().count() >= 2, "{text}");
     assert!(accused.clone().all(|l| l.contains("liar")), "{text}");
+    assert!(
+        text.contains("In every contradiction: liar\n"),
+        "the liar is not singled out: {text}"
+    );
     let check = Command::new(workspace_bin("chime"))
         .args(["roughtime", "--check-report"])
         .arg(&proof)
@@ -1005,6 +1019,124 @@ fn a_server_list_measurement_names_the_dead_and_the_liar() {
         !check.status.success(),
         "the report does not prove it: {check:?}"
     );
+    // The report went to the list's collector as RFC 10049 §8.4 registers it, and what the
+    // collector said is shown.
+    let (head, body) = collector.received();
+    assert!(head.starts_with("POST /reports HTTP/1.1\r\n"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\ncontent-type: application/roughtime-malfeasance+json\r\n"),
+        "{head}"
+    );
+    let sent: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let kept: serde_json::Value = serde_json::from_slice(&std::fs::read(&proof).unwrap()).unwrap();
+    assert_eq!(sent, kept, "the report sent is not the report kept");
+    assert!(
+        text.contains(&format!(
+            "Report sent to {}: HTTP 201 thank you",
+            collector.url
+        )),
+        "{text}"
+    );
+}
+
+/// `--upload`: refused before any query when the list names no collector; nothing sent when the
+/// servers agree; a collector's refusal is an error that says what it answered.
+#[test]
+fn upload_sends_only_proof_and_says_what_the_collector_answered() {
+    let honest: Vec<Server> = (0..3).map(|_| serve(true, &[])).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let servers: Vec<(&str, &str, String)> = ["alpha", "bravo", "charlie"]
+        .iter()
+        .zip(&honest)
+        .map(|(name, s)| (*name, s.public_key.as_str(), s.roughtime.to_string()))
+        .collect();
+
+    let unlisted = dir.path().join("unlisted.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(server_list(dir.path(), &servers)).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("reports");
+    std::fs::write(&unlisted, json.to_string()).unwrap();
+    let (ok, text) = measure(&unlisted, &["--upload"]);
+    assert!(!ok);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("--upload") && text.contains("unlisted.json") && text.contains("reports"),
+        "{text}"
+    );
+
+    let collector = Collector::start(201, "thanks");
+    let list = server_list_reporting_to(dir.path(), &servers, &collector.url);
+    let (ok, text) = measure(&list, &["--upload"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("Nothing sent"), "{text}");
+    assert!(!collector.was_called(), "a consistent chain was uploaded");
+}
+
+/// A one-shot HTTP collector on loopback: answers the first request with `status` and `answer`
+/// and keeps what it received.
+struct Collector {
+    url: String,
+    received: std::sync::mpsc::Receiver<(String, Vec<u8>)>,
+}
+
+impl Collector {
+    fn start(status: u16, answer: &'static str) -> Self {
+        use std::io::{BufRead as _, Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/reports", listener.local_addr().unwrap());
+        let (tx, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap();
+                }
+                head.push_str(&line);
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let mut stream = stream;
+            write!(
+                stream,
+                "HTTP/1.1 {status} Whatever\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            )
+            .unwrap();
+            let _ = tx.send((head, body));
+        });
+        Self { url, received }
+    }
+
+    /// The request's head and body; fails if none came.
+    fn received(&self) -> (String, Vec<u8>) {
+        self.received
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the collector received no report")
+    }
+
+    fn was_called(&self) -> bool {
+        self.received
+            .recv_timeout(Duration::from_millis(200))
+            .is_ok()
+    }
 }
 
 /// Malformed server lists: one line naming the list, the server and the field, exit 1.

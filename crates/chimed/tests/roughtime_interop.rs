@@ -20,7 +20,11 @@
 //!   08, and Google's protocol, and `chime roughtime` verifies its test server
 //!   (`CLOUDFLARE_TESTSERVER`) in drafts 11 and 08 and Google's protocol;
 //! * malfeasance reports (RFC 10049 §8.4.1) both ways: roughly's checker confirms the reports
-//!   `chime roughtime --report` writes, and `chime roughtime --check-report` checks roughly's.
+//!   `chime roughtime --report` writes, and `chime roughtime --check-report` checks roughly's;
+//! * measurements from a server list (RFC 10049 §8, `chime roughtime --servers`): chimed over TCP,
+//!   roughenough-server, roughly's server and Cloudflare's test server, each in the version its
+//!   entry names, chained past a dead address; and roughenough-server under libfaketime
+//!   (`FAKETIME`, Debian's `faketime`), an hour ahead, named as the liar in every run.
 //!
 //! A missing peer fails the test with a message naming `scripts/setup`; nothing is skipped.
 
@@ -1157,6 +1161,225 @@ fn chime_checks_the_rfc_appendix_b_report() {
         json["servers"][0]["version"], "RFC 10049 (version 1)",
         "{json}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server lists (RFC 10049 §8): `chime roughtime --servers` measuring across independent servers,
+// each asked in the version and over the transport its entry names.
+
+/// One server of a list: its name, `version` number, key as written (base64 or hex), and one
+/// address with its protocol.
+fn listed(name: &str, version: u32, key: &str, protocol: &str, addr: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "version": version,
+        "publicKeyType": "ed25519",
+        "publicKey": key,
+        "addresses": [{ "protocol": protocol, "address": addr }],
+    })
+}
+
+fn write_list(dir: &Path, servers: &[serde_json::Value]) -> PathBuf {
+    let path = dir.join("servers.json");
+    let list = serde_json::json!({ "servers": servers, "reports": "http://127.0.0.1:9/r" });
+    std::fs::write(&path, list.to_string()).unwrap();
+    path
+}
+
+/// `chime roughtime --json --servers LIST` with `extra` flags: exit code, outcome, all output.
+fn measure_list(list: &Path, extra: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+    let out = run(Command::new(workspace_bin("chime"))
+        .args(["roughtime", "--json", "--timeout", "1", "--servers"])
+        .arg(list)
+        .args(extra));
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), json, text(&out))
+}
+
+/// chimed (over TCP), roughenough-server (version 1, its key in hex), roughly's server (offered
+/// 0x8000000c) and Cloudflare's test server (offered draft 11, the only versions it serves but
+/// Google's), and an address where nothing answers, all five chosen: the chain runs through the
+/// four across three versions and two transports, names the dead one, and its report passes
+/// `chime roughtime --check-report` and roughly's checker.
+#[test]
+fn a_list_of_independent_servers_chains_past_a_dead_one() {
+    let chimed = chimed_roughtime();
+    let (rn_key, ry_key, cf_key) = (chime_keygen(), chime_keygen(), chime_keygen());
+    let roughenough = PeerServer::roughenough(&rn_key.seed_hex);
+    let roughly = PeerServer::roughly(&ry_key.seed_hex);
+    let cloudflare = PeerServer::cloudflare(&cf_key.seed_hex);
+    let dead = format!("127.0.0.1:{}", common::free_udp_port());
+    let dir = tempfile::tempdir().unwrap();
+    let at = |a: SocketAddr| a.to_string();
+    let list = write_list(
+        dir.path(),
+        &[
+            listed(
+                "chimed",
+                1,
+                &chimed.key.public_base64,
+                "tcp",
+                &at(chimed.addr),
+            ),
+            listed(
+                "roughenough",
+                1,
+                &rn_key.public_hex,
+                "udp",
+                &at(roughenough.addr),
+            ),
+            listed(
+                "roughly",
+                0x8000_000c,
+                &ry_key.public_base64,
+                "udp",
+                &at(roughly.addr),
+            ),
+            listed(
+                "cloudflare",
+                0x8000_000b,
+                &cf_key.public_hex,
+                "udp",
+                &at(cloudflare.addr),
+            ),
+            listed("gone", 1, &rn_key.public_base64, "udp", &dead),
+        ],
+    );
+    let report = dir.path().join("report.json");
+    let (code, json, all) = measure_list(
+        &list,
+        &["--count", "5", "--report", report.to_str().unwrap()],
+    );
+    let logs = || {
+        format!(
+            "roughly:\n{}\ncloudflare:\n{}",
+            roughly.log(),
+            cloudflare.log()
+        )
+    };
+    assert_eq!(code, Some(0), "{all}\n{}", logs());
+    assert_eq!(json["dead"], serde_json::json!(["gone"]), "{json}");
+    assert_eq!(json["consistent"], true, "{json}");
+    assert_eq!(json["enough"], true, "{json}");
+    let answered = json["answered"].as_array().unwrap();
+    for name in ["chimed", "roughenough", "roughly", "cloudflare"] {
+        let mine: Vec<&serde_json::Value> =
+            answered.iter().filter(|a| a["server"] == name).collect();
+        assert_eq!(mine.len(), 2, "{name} is not in both passes: {json}");
+        for a in mine {
+            assert_near_now(a["midpoint_unix_us"].as_f64().unwrap() / 1e6, name);
+        }
+    }
+    let over_tcp = answered.iter().find(|a| a["server"] == "chimed").unwrap();
+    assert_eq!(
+        over_tcp["address"],
+        format!("tcp:{}", chimed.addr),
+        "{json}"
+    );
+
+    let (code, checked, all) = chime_check_report(&report, &[]);
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(
+        checked["servers"].as_array().map(Vec::len),
+        Some(8),
+        "{checked}"
+    );
+    let versions: std::collections::BTreeSet<&str> = checked["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        versions.len(),
+        3,
+        "three versions in one chain: {versions:?}"
+    );
+    let r = roughly_report(&["check".as_ref(), report.as_os_str()]);
+    assert_eq!(r, serde_json::json!({"valid": true, "malfeasance": false}));
+}
+
+/// An independent server whose clock is an hour ahead (roughenough-server under libfaketime, not
+/// a flag of its own), in a list of three live servers with chimed and roughly's server: every
+/// run, whatever order the servers are drawn in, exits 1 naming the liar alone as the server in
+/// every contradiction, and the report it wrote proves the contradiction to chime's checker and
+/// roughly's.
+#[test]
+fn a_server_an_hour_ahead_under_a_fake_clock_is_named_every_run() {
+    let chimed = chimed_roughtime();
+    let (ry_key, liar_key) = (chime_keygen(), chime_keygen());
+    let roughly = PeerServer::roughly(&ry_key.seed_hex);
+    let liar = PeerServer::roughenough_faked(&liar_key.seed_hex, "+1h");
+    let dir = tempfile::tempdir().unwrap();
+    let list = write_list(
+        dir.path(),
+        &[
+            listed(
+                "chimed",
+                1,
+                &chimed.key.public_base64,
+                "udp",
+                &chimed.addr.to_string(),
+            ),
+            listed(
+                "roughly",
+                1,
+                &ry_key.public_base64,
+                "udp",
+                &roughly.addr.to_string(),
+            ),
+            listed(
+                "liar",
+                1,
+                &liar_key.public_hex,
+                "udp",
+                &liar.addr.to_string(),
+            ),
+        ],
+    );
+    for run in 0..5 {
+        let report = dir.path().join(format!("proof-{run}.json"));
+        let (code, json, all) = measure_list(&list, &["--report", report.to_str().unwrap()]);
+        assert_eq!(
+            code,
+            Some(1),
+            "run {run}: an hour ahead went unnoticed: {all}"
+        );
+        assert_eq!(
+            json["suspects"],
+            serde_json::json!(["liar"]),
+            "run {run}: {json}"
+        );
+        let contradictions = json["contradictions"].as_array().unwrap();
+        assert!(
+            contradictions
+                .iter()
+                .all(|c| c.as_str().unwrap().starts_with("liar (midpoint")),
+            "run {run}: the liar answers first and claims the later time: {json}"
+        );
+        let liar_said = json["answered"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["server"] == "liar")
+            .unwrap()["midpoint_unix_us"]
+            .as_f64()
+            .unwrap();
+        let ahead = liar_said / 1e6 - unix_now();
+        assert!(
+            (3590.0..3610.0).contains(&ahead),
+            "run {run}: {ahead} s ahead"
+        );
+        let (code, _, all) = chime_check_report(&report, &[]);
+        assert_eq!(code, Some(1), "run {run}: {all}");
+        assert!(all.contains("proves that servers contradict"), "{all}");
+        let r = roughly_report(&["check".as_ref(), report.as_os_str()]);
+        assert_eq!(
+            r,
+            serde_json::json!({"valid": true, "malfeasance": true}),
+            "run {run}"
+        );
+    }
 }
 
 fn base64_of(bytes: &[u8]) -> String {

@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use super::list::{ListedServer, ServerList};
+use super::list::{ListedServer, ListedVersion, ServerList};
 use crate::chain::{Link, next_nonce};
 use crate::client::{Verified, VerifyError, VerifyPolicy, verify_reply};
 use crate::keys::{KEY_LEN, srv_value};
@@ -137,6 +137,9 @@ pub struct Chain<'l, R> {
     pass: u8,
     position: usize,
     versions: Vec<Version>,
+    /// For each server of the list, the version its entry names, where that is one this crate
+    /// speaks and can chain; such a server is offered that version alone.
+    listed: Vec<Option<Version>>,
     policy: VerifyPolicy,
     random: R,
     recorded: Vec<Recorded>,
@@ -176,9 +179,14 @@ impl<R> fmt::Debug for Query<'_, '_, R> {
 }
 
 impl<'l, R: FnMut() -> u64> Chain<'l, R> {
-    /// A measurement over the servers of `plan`, chosen from `list`, offering `versions` (which
-    /// must use 32-byte nonces: Google's cannot be chained), accepting replies that pass
+    /// A measurement over the servers of `plan`, chosen from `list`, accepting replies that pass
     /// `policy`, with nonces and replacements drawn from `random`.
+    ///
+    /// A server whose list entry names a version by number that this crate speaks and can chain
+    /// is offered that version alone, so that a list can mix servers that share no version (as
+    /// Cloudflare's drafts-only server and roughenough's version-1-only one do); every other
+    /// server is offered `versions`, which must use 32-byte nonces (Google's cannot be chained).
+    /// [`Chain::offering_only`] offers `versions` to every server instead.
     pub fn new(
         list: &'l ServerList,
         plan: Plan,
@@ -200,11 +208,20 @@ impl<'l, R: FnMut() -> u64> Chain<'l, R> {
             pass: 0,
             position: 0,
             versions: versions.to_vec(),
+            listed: list.servers.iter().map(chainable_version).collect(),
             policy,
             random,
             recorded: Vec::new(),
             failures: Vec::new(),
         })
+    }
+
+    /// Offers the versions given to [`Chain::new`] to every server, whatever its list entry
+    /// names (as a user who asks for one version expects).
+    #[must_use]
+    pub fn offering_only(mut self) -> Self {
+        self.listed.fill(None);
+        self
     }
 
     /// The next server to ask and the request for it, or `None` once the sequence is done.
@@ -219,9 +236,13 @@ impl<'l, R: FnMut() -> u64> Chain<'l, R> {
         };
         let key = &self.list.servers[server].public_key;
         let mut request = vec![0u8; REQUEST_LEN];
-        let len = build_request(&mut request, &self.versions, &nonce, Some(&srv_value(key)))
-            // `new` built a request with these versions and a nonce of this length.
-            .expect("versions checked in Chain::new");
+        let offer = match &self.listed[server] {
+            Some(version) => core::slice::from_ref(version),
+            None => &self.versions[..],
+        };
+        let len = build_request(&mut request, offer, &nonce, Some(&srv_value(key)))
+            // `new` built a request with each offer and a nonce of this length.
+            .expect("offers checked in Chain::new");
         request.truncate(len);
         Some(Query {
             chain: self,
@@ -377,10 +398,27 @@ impl<R: FnMut() -> u64> Chain<'_, R> {
     }
 }
 
+/// The version `server`'s entry names, if it is a number this crate knows and a chained request
+/// (a 32-byte nonce) can be built in it. Google's protocol has no number and cannot be chained;
+/// a name (Cloudflare writes `"IETF-Roughtime"`) or an unknown number leaves the server to the
+/// chain's offer.
+fn chainable_version(server: &ListedServer) -> Option<Version> {
+    let Some(ListedVersion::Number(number)) = server.version else {
+        return None;
+    };
+    let version = Version::from_number(u32::try_from(number).ok()?)?;
+    let mut probe = [0u8; REQUEST_LEN];
+    let srv = srv_value(&server.public_key);
+    build_request(&mut probe, &[version], &[0; 32], Some(&srv))
+        .ok()
+        .map(|_| version)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chain::verify_chain;
+    use crate::ecosystem::list::ListedVersion;
     use crate::ecosystem::testing::{Net, drive, list_of, policy, seeded};
     use crate::ecosystem::verdict::accusations;
     use proptest::prelude::*;
@@ -486,6 +524,52 @@ mod tests {
         assert_eq!(chain.answered(), 2);
         assert!(!chain.has_enough());
         assert!(verify_chain(&chain.links(), &policy()).is_ok());
+    }
+
+    /// The versions a request offers, by number.
+    fn offered(request: &[u8]) -> Vec<u32> {
+        let parsed = crate::request::Request::parse(request).unwrap();
+        parsed.versions.unwrap().iter().collect()
+    }
+
+    #[test]
+    fn a_server_is_offered_the_version_its_entry_names() {
+        let mut net = Net::new(&[0; 4]);
+        let mut list = net.list.clone();
+        // Draft 11 and version 1 by number; a name and an unknown number say nothing usable.
+        list.servers[0].version = Some(ListedVersion::Number(0x8000_000b));
+        list.servers[1].version = Some(ListedVersion::Number(1));
+        list.servers[2].version = Some(ListedVersion::Name("IETF-Roughtime".into()));
+        list.servers[3].version = Some(ListedVersion::Number(0x8000_00ff));
+        let default = [Version::Rfc10049, Version::Draft12];
+        let expected = |server: usize| match server {
+            0 => vec![0x8000_000b],
+            1 => vec![1],
+            _ => vec![1, 0x8000_000c],
+        };
+        let mut random = seeded(5);
+        let plan = choose(&list, 4, &mut random);
+        let mut chain = Chain::new(&list, plan.clone(), &default, policy(), random).unwrap();
+        while let Some(query) = chain.next_query() {
+            let server = query.server();
+            assert_eq!(
+                offered(query.request()),
+                expected(server),
+                "server {server}"
+            );
+            let reply = net.reply(server, query.request());
+            query.answer(&reply).unwrap();
+        }
+        // A chain across versions verifies as one.
+        assert_eq!(chain.link_servers().len(), 8);
+        let report = verify_chain(&chain.links(), &policy()).unwrap();
+        assert!(report.is_consistent());
+
+        let mut chain = Chain::new(&list, plan, &default, policy(), seeded(5))
+            .unwrap()
+            .offering_only();
+        let query = chain.next_query().unwrap();
+        assert_eq!(offered(query.request()), [1, 0x8000_000c]);
     }
 
     #[test]

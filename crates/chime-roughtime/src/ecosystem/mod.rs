@@ -18,7 +18,7 @@ pub use list::{
     ListError, ListedServer, ListedVersion, ServerAddress, ServerList, ServerRef, Transport,
 };
 pub use measure::{Chain, Failure, FailureReason, MIN_SERVERS, Plan, Query, choose};
-pub use verdict::{Accusation, accusations};
+pub use verdict::{Accusation, accusations, suspects};
 
 #[cfg(test)]
 mod testing;

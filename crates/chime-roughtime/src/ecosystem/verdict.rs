@@ -63,13 +63,34 @@ pub fn accusations<'a>(
         .collect()
 }
 
+/// The servers named in every one of `accusations`, in the order first named; none when there
+/// are none. With one liar among honest servers, the measurement's two passes put every honest
+/// server after the liar at least once, so each contradiction names the liar and the liar alone
+/// is in all of them, unless a single contradiction was found, when both of its servers are.
+/// More than one liar can leave no one in every contradiction.
+pub fn suspects<'a>(accusations: &[Accusation<'a>]) -> Vec<&'a str> {
+    let Some(first) = accusations.first() else {
+        return Vec::new();
+    };
+    let mut named = vec![first.earlier];
+    if first.later != first.earlier {
+        named.push(first.later);
+    }
+    named.retain(|name| {
+        accusations
+            .iter()
+            .all(|a| a.earlier == *name || a.later == *name)
+    });
+    named
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chain::verify_chain;
     use crate::ecosystem::measure::{Chain, choose};
     use crate::ecosystem::testing::{Net, drive, policy, seeded};
-    use crate::version::Version;
+    use crate::version::{ContextSpelling, Version};
 
     #[test]
     fn a_slow_clock_is_named_in_the_accusation() {
@@ -92,5 +113,33 @@ mod tests {
         );
         assert!(line.contains(", answering first, contradicts s1 (midpoint 17952851"));
         assert!(line.contains("radius 3.000000 s"), "{line}");
+        if named.len() > 1 {
+            assert_eq!(suspects(&named), ["s1"]);
+        }
+    }
+
+    #[test]
+    fn suspects_are_those_in_every_contradiction() {
+        let v = Verified {
+            version: Version::Rfc10049,
+            midpoint_unix_us: 0,
+            radius_us: 0,
+            mint_unix_us: 0,
+            maxt_unix_us: 0,
+            online_key: [0; 32],
+            cert_spelling: ContextSpelling::Roughtime,
+            srep_spelling: ContextSpelling::Roughtime,
+            index: 0,
+        };
+        let acc = |earlier, later| Accusation {
+            earlier,
+            earlier_reply: v,
+            later,
+            later_reply: v,
+        };
+        assert!(suspects(&[]).is_empty());
+        assert_eq!(suspects(&[acc("liar", "a")]), ["liar", "a"]);
+        assert_eq!(suspects(&[acc("liar", "a"), acc("b", "liar")]), ["liar"]);
+        assert!(suspects(&[acc("x", "a"), acc("y", "b")]).is_empty());
     }
 }

@@ -775,6 +775,8 @@ pub const NTP_CTL: &str = "/opt/chime-peers/bin/ntp-ctl";
 pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 pub const CLOUDFLARE_TESTSERVER: &str = "/opt/chime-peers/cloudflare-roughtime/testserver";
 pub const CLOUDFLARE_GETROUGHTIME: &str = "/opt/chime-peers/cloudflare-roughtime/getroughtime";
+/// libfaketime's wrapper, from Debian's `faketime` package (scripts/setup).
+pub const FAKETIME: &str = "/usr/bin/faketime";
 
 impl PeerServer {
     /// roughenough-server 2.2.0 with this seed (64 hex digits). 2.2.0 has no grease
@@ -787,6 +789,21 @@ impl PeerServer {
 
     /// [`Self::roughenough`] with extra flags, e.g. `--fixed-offset=-3600` for a server that lies.
     pub fn roughenough_with(seed_hex: &str, extra: &[&str]) -> Self {
+        Self::roughenough_under(seed_hex, extra, &[])
+    }
+
+    /// [`Self::roughenough`] run under libfaketime with this offset (`+1h`, `-30m`): a server
+    /// whose own clock is off, as a misconfigured or compromised one's would be. Debian's
+    /// `faketime` package (scripts/setup); `FAKETIME` overrides the path.
+    pub fn roughenough_faked(seed_hex: &str, offset: &str) -> Self {
+        let faketime = peer("FAKETIME", FAKETIME);
+        let faketime = faketime.to_str().unwrap();
+        Self::roughenough_under(seed_hex, &[], &[faketime, "-f", offset])
+    }
+
+    /// roughenough-server with `extra` flags, started by the command `wrapper` when it is not
+    /// empty.
+    fn roughenough_under(seed_hex: &str, extra: &[&str], wrapper: &[&str]) -> Self {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
 
@@ -802,7 +819,14 @@ impl PeerServer {
                 .unwrap();
             writeln!(f, "{seed_hex}").unwrap();
             drop(f);
-            let mut cmd = Command::new(&bin);
+            let mut cmd = match wrapper {
+                [program, args @ ..] => {
+                    let mut cmd = Command::new(program);
+                    cmd.args(args).arg(&bin);
+                    cmd
+                }
+                [] => Command::new(&bin),
+            };
             cmd.args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
                 .args(["--metrics-interval", "86400", "--seed-file"])
                 .arg(&seed_file)
