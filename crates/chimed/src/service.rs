@@ -135,6 +135,64 @@ impl Beat {
     }
 }
 
+/// Accepts connections until the task is aborted, at most `max` at once (one more is closed as
+/// soon as it is accepted), each handled by `handle` in a task of its own. A failing accept (out
+/// of file descriptors and the like) is logged at most once a minute, as `what`, and retried
+/// after 100 ms: it says nothing about the next one. The metrics endpoint and the control socket
+/// both serve this way.
+pub(crate) async fn serve_connections<L, H, F>(what: &str, max: usize, listener: L, handle: H) -> !
+where
+    L: Listener,
+    H: Fn(L::Stream) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    let mut last_error: Option<std::time::Instant> = None;
+    loop {
+        let stream = match listener.accept_one().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    tracing::warn!("{what}: accept failed: {e}");
+                    last_error = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue; // too many at once: this one is closed as it is dropped
+        };
+        let work = handle(stream);
+        tokio::spawn(async move {
+            let _permit = permit;
+            work.await;
+        });
+    }
+}
+
+/// A listening socket that [`serve_connections`] takes connections from.
+pub(crate) trait Listener {
+    /// One accepted connection.
+    type Stream: Send + 'static;
+    /// The next connection, whoever it is from.
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn accept_one(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept_one(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

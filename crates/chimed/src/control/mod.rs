@@ -22,8 +22,6 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
-use tokio::sync::Semaphore;
-use tracing::warn;
 
 use crate::service::ServiceError;
 
@@ -159,30 +157,14 @@ pub(crate) async fn serve(
         .and_then(|()| UnixListener::from_std(listener))
         .map_err(|e| ServiceError::Failed(format!("cannot listen: {e}")))?;
     let registry = Arc::new(registry);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut last_error: Option<std::time::Instant> = None;
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    warn!("control: accept failed: {e}");
-                    last_error = Some(std::time::Instant::now());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // too many at once: this one is closed as it is dropped
-        };
+    crate::service::serve_connections("control", MAX_CONNECTIONS, listener, |stream| {
         let registry = registry.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
+        async move {
             // A client that goes away, or reads too slowly, is its own business.
             let _ = tokio::time::timeout(2 * READ_TIMEOUT, exchange(stream, &registry)).await;
-        });
-    }
+        }
+    })
+    .await
 }
 
 /// One connection: its request line, within the time and length allowed, and the answer.

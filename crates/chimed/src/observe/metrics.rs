@@ -24,8 +24,6 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::info::Info;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tracing::warn;
 
 use crate::observe::counters::{Note, PublishedCounts};
 use crate::observe::stats::{Listed, Published};
@@ -132,27 +130,9 @@ pub(crate) async fn serve(
         .and_then(|()| TcpListener::from_std(listener))
         .map_err(|e| ServiceError::Failed(format!("cannot listen: {e}")))?;
     let registry = Arc::new(registry.finish());
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut last_error: Option<std::time::Instant> = None;
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of file descriptors and the like: say so now and then, and let it pass.
-                if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    warn!("metrics: accept failed: {e}");
-                    last_error = Some(std::time::Instant::now());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // too many at once: this one is closed as it is dropped
-        };
+    crate::service::serve_connections("metrics", MAX_CONNECTIONS, listener, |stream| {
         let registry = registry.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
+        async move {
             let service = hyper::service::service_fn(move |request| {
                 let response = respond(&request, &registry);
                 async move { Ok::<_, std::convert::Infallible>(response) }
@@ -163,10 +143,12 @@ pub(crate) async fn serve(
                 .max_buf_size(MAX_HEAD)
                 .keep_alive(false)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            // A client that goes away mid-answer, or reads it too slowly, is its own business.
+            // A client that goes away mid-answer, or reads it too slowly, is its own
+            // business.
             let _ = tokio::time::timeout(2 * READ_TIMEOUT, connection).await;
-        });
-    }
+        }
+    })
+    .await
 }
 
 type Body = http_body_util::Full<bytes::Bytes>;
