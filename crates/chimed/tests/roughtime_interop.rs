@@ -24,7 +24,7 @@
 //! * measurements from a server list (RFC 10049 §8, `chime roughtime --servers`): chimed over TCP,
 //!   roughenough-server, roughly's server and Cloudflare's test server, each in the version its
 //!   entry names, chained past a dead address; and roughenough-server under libfaketime
-//!   (`FAKETIME`, Debian's `faketime`), an hour ahead, named as the liar in every run.
+//!   (`FAKETIME_LIB`, Debian's `libfaketime`), an hour ahead, named as the liar in every run.
 //!
 //! A missing peer fails the test with a message naming `scripts/setup`; nothing is skipped.
 

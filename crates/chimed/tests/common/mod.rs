@@ -775,8 +775,8 @@ pub const NTP_CTL: &str = "/opt/chime-peers/bin/ntp-ctl";
 pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 pub const CLOUDFLARE_TESTSERVER: &str = "/opt/chime-peers/cloudflare-roughtime/testserver";
 pub const CLOUDFLARE_GETROUGHTIME: &str = "/opt/chime-peers/cloudflare-roughtime/getroughtime";
-/// libfaketime's wrapper, from Debian's `faketime` package (scripts/setup).
-pub const FAKETIME: &str = "/usr/bin/faketime";
+/// libfaketime's thread-safe library, from Debian's `libfaketime` (scripts/setup).
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 impl PeerServer {
     /// roughenough-server 2.2.0 with this seed (64 hex digits). 2.2.0 has no grease
@@ -793,17 +793,24 @@ impl PeerServer {
     }
 
     /// [`Self::roughenough`] run under libfaketime with this offset (`+1h`, `-30m`): a server
-    /// whose own clock is off, as a misconfigured or compromised one's would be. Debian's
-    /// `faketime` package (scripts/setup); `FAKETIME` overrides the path.
+    /// whose own clock is off, as a misconfigured or compromised one's would be. The library is
+    /// preloaded into the server itself, not through the `faketime` wrapper, which would leave
+    /// the server running when killed. Debian's `libfaketime` (scripts/setup installs
+    /// `faketime`); `FAKETIME_LIB` overrides the path.
     pub fn roughenough_faked(seed_hex: &str, offset: &str) -> Self {
-        let faketime = peer("FAKETIME", FAKETIME);
-        let faketime = faketime.to_str().unwrap();
-        Self::roughenough_under(seed_hex, &[], &[faketime, "-f", offset])
+        let lib = peer("FAKETIME_LIB", FAKETIME_LIB);
+        let env = [
+            ("LD_PRELOAD", lib.to_str().unwrap()),
+            ("FAKETIME", offset),
+            // No shared memory: the offset is fixed, and nothing is left in /dev/shm.
+            ("FAKETIME_NO_CACHE", "1"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ];
+        Self::roughenough_under(seed_hex, &[], &env)
     }
 
-    /// roughenough-server with `extra` flags, started by the command `wrapper` when it is not
-    /// empty.
-    fn roughenough_under(seed_hex: &str, extra: &[&str], wrapper: &[&str]) -> Self {
+    /// roughenough-server with `extra` flags and `env` added to its environment.
+    fn roughenough_under(seed_hex: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
 
@@ -819,15 +826,9 @@ impl PeerServer {
                 .unwrap();
             writeln!(f, "{seed_hex}").unwrap();
             drop(f);
-            let mut cmd = match wrapper {
-                [program, args @ ..] => {
-                    let mut cmd = Command::new(program);
-                    cmd.args(args).arg(&bin);
-                    cmd
-                }
-                [] => Command::new(&bin),
-            };
-            cmd.args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
+            let mut cmd = Command::new(&bin);
+            cmd.envs(env.iter().copied())
+                .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-j", "1"])
                 .args(["--metrics-interval", "86400", "--seed-file"])
                 .arg(&seed_file)
                 .args(extra)
