@@ -9,6 +9,7 @@ mod ntp;
 mod nts;
 mod out;
 mod perf;
+mod reference;
 mod roughtime;
 
 use std::process::ExitCode;
@@ -54,8 +55,8 @@ enum Command {
     /// Ask a local chimed who its busiest clients are (as chronyc clients), and how many distinct
     /// clients it served in the last hour and day
     Clients(control::ClientsArgs),
-    /// Write the manual pages (chime(1) and one per subcommand) and the bash, zsh and fish
-    /// completions into DIR (for packaging)
+    /// Write the manual pages (chime(1) and one per subcommand), the bash, zsh and fish
+    /// completions, and the AsciiDoc reference CHIME.adoc into DIR (for packaging and docs/)
     #[command(hide = true)]
     GenerateDocs {
         /// Where to write them
@@ -87,7 +88,8 @@ fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
     })
 }
 
-/// `chime generate-docs DIR`: the pages and completions, from the flags' own definitions.
+/// `chime generate-docs DIR`: the pages, completions and CHIME.adoc, from the flags' own
+/// definitions.
 fn generate_docs(dir: &std::path::Path) -> anyhow::Result<()> {
     let context = || format!("{}", dir.display());
     std::fs::create_dir_all(dir).with_context(context)?;
@@ -100,5 +102,7 @@ fn generate_docs(dir: &std::path::Path) -> anyhow::Result<()> {
     ] {
         clap_complete::generate_to(shell, &mut cmd, "chime", dir).with_context(context)?;
     }
+    let reference = reference::chime_reference(cmd);
+    std::fs::write(dir.join("CHIME.adoc"), reference).with_context(context)?;
     Ok(())
 }
