@@ -1,11 +1,14 @@
-//! The reference keeps up with the code: every flag `chimed --help` lists is in the flag reference
-//! (docs/FLAGS.adoc), in the manual page chimed(8) and, under the section and key it sets, in
-//! chimed.toml(5) and the example config (configs/chimed.toml); every `chime` subcommand has its manual page
-//! naming each of its flags; and the completions are written for bash, zsh and fish.
+//! The reference keeps up with the code. The table of flags in docs/FLAGS.adoc and the config
+//! reference docs/CONFIG.adoc are what `chimed --generate-docs` makes from the schema, byte for
+//! byte (`UPDATE_REFERENCE=1` writes them anew, as an expect test does); every flag `chimed
+//! --help` lists is in the manual page chimed(8) and, under the section and key it sets, in
+//! chimed.toml(5) and the example config (configs/chimed.toml); every `chime` subcommand has its
+//! manual page naming each of its flags; the completions are written for bash, zsh and fish; and
+//! docs/METRICS.adoc names every metric family chimed serves.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::run;
@@ -39,9 +42,40 @@ fn help_of(bin: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 fn repo_file(path: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// How to write the generated references anew, as every failure about them says.
+const UPDATE: &str = "UPDATE_REFERENCE=1 cargo test -p chimed --test reference";
+
+/// `path` (from the repository's root) holds `expected`, or, with `UPDATE_REFERENCE=1`, is made
+/// to; else the first line that differs, and how to write it anew.
+fn expect_file(path: &str, expected: &str) -> Result<(), String> {
+    let committed = std::fs::read_to_string(repo_root().join(path)).unwrap_or_default();
+    if committed == expected {
+        return Ok(());
+    }
+    if std::env::var_os("UPDATE_REFERENCE").is_some_and(|v| v == "1") {
+        std::fs::write(repo_root().join(path), expected).unwrap();
+        eprintln!("{path}: written anew");
+        return Ok(());
+    }
+    let line = (committed.lines().zip(expected.lines()))
+        .position(|(a, b)| a != b)
+        .unwrap_or(committed.lines().count().min(expected.lines().count()));
+    let at = |text: &str| text.lines().nth(line).unwrap_or("(the end)").to_owned();
+    Err(format!(
+        "{path} is not what the code generates: line {}\n  committed: {}\n  generated: {}\n\
+         Write it anew with {UPDATE}, and commit it",
+        line + 1,
+        at(&committed),
+        at(expected),
+    ))
 }
 
 /// Every Rust source under `dir`, one after another.
@@ -103,14 +137,40 @@ fn example_keys(text: &str) -> Vec<String> {
     keys
 }
 
+/// The flag table of docs/FLAGS.adoc (between its first and last lines as generated; the prose
+/// around it is written by hand) and docs/CONFIG.adoc are the schema's, as chimed generates them.
 #[test]
-fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
+fn the_flag_table_and_the_config_reference_are_the_schemas() {
+    let docs = generated("chimed", &["--generate-docs"]);
+    let table = std::fs::read_to_string(docs.path().join("flags-table.adoc")).unwrap();
+    let config = std::fs::read_to_string(docs.path().join("CONFIG.adoc")).unwrap();
+    let flags_doc = repo_file("docs/FLAGS.adoc");
+    let (first, last) = (table.lines().next().unwrap(), table.lines().last().unwrap());
+    let (Some(begins), Some(ends)) = (flags_doc.find(first), flags_doc.find(last)) else {
+        panic!(
+            "docs/FLAGS.adoc has lost its generated table's first line\n{first}\nor last\n{last}"
+        );
+    };
+    let after = &flags_doc[ends + last.len()..];
+    let after = after.strip_prefix('\n').unwrap_or(after);
+    let expected = format!("{}{table}{after}", &flags_doc[..begins]);
+    let results = [
+        expect_file("docs/FLAGS.adoc", &expected),
+        expect_file("docs/CONFIG.adoc", &config),
+    ];
+    let wrong: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+}
+
+/// Every flag is in chimed(8), and every flag that sets a key is in chimed.toml(5) and, set or
+/// commented out, in the example config. (docs/FLAGS.adoc is the generator's own, above.)
+#[test]
+fn every_chimed_flag_is_in_the_manual_and_the_example_config() {
     let flags = long_flags(&help_of("chimed", &[]));
     assert!(
         flags.len() > 60,
         "too few flags read from --help: {flags:?}"
     );
-    let reference = repo_file("docs/FLAGS.adoc");
     let example = example_keys(&repo_file("configs/chimed.toml"));
     let docs = generated("chimed", &["--generate-docs"]);
     let man = std::fs::read_to_string(docs.path().join("chimed.8")).unwrap();
@@ -118,9 +178,6 @@ fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
     let keys = keys_by_flag(&config_man);
     let mut missing = Vec::new();
     for flag in &flags {
-        if !reference.contains(&format!("`--{flag}")) {
-            missing.push(format!("--{flag}: not in docs/FLAGS.adoc"));
-        }
         if !in_roff(&man, &format!("--{flag}")) {
             missing.push(format!("--{flag}: not in chimed(8)"));
         }
@@ -145,7 +202,7 @@ fn every_chimed_flag_is_in_the_reference_the_manual_and_the_example_config() {
         assert!(text.contains("nts-ke-threads"), "{file}");
     }
     // A flag or a key that is not there is noticed: the checks can fail.
-    assert!(!reference.contains("`--no-such-flag"));
+    assert!(!in_roff(&man, "--no-such-flag"));
     assert!(!example.contains(&"[ntp] no-such-key".to_owned()));
 }
 
@@ -189,14 +246,11 @@ fn every_chime_subcommand_has_a_manual_page_naming_its_flags() {
     }
 }
 
-/// docs/METRICS.adoc names every metric family chimed serves (every `"chimed_…"` name written in
-/// the sources: each service's collector is beside the service) and every reason
-/// `chimed_requests_dropped_total` can carry.
-#[test]
-fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
-    let doc = repo_file("docs/METRICS.adoc");
+/// Every metric family chimed serves: every `"chimed_…"` name written in its sources (each
+/// service's collector is beside the service).
+fn metric_families() -> Vec<String> {
     let source = sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
-    let mut families: Vec<&str> = source
+    let mut families: Vec<String> = source
         .split('"')
         .skip(1)
         .step_by(2)
@@ -205,10 +259,21 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
                 && s.chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         })
+        .map(str::to_owned)
         .collect();
     families.sort_unstable();
     families.dedup();
     assert!(families.len() >= 30, "too few families read: {families:?}");
+    families
+}
+
+/// docs/METRICS.adoc names every metric family chimed serves (every `"chimed_…"` name written in
+/// the sources: each service's collector is beside the service) and every reason
+/// `chimed_requests_dropped_total` can carry.
+#[test]
+fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
+    let doc = repo_file("docs/METRICS.adoc");
+    let families = metric_families();
     let mut reasons: Vec<String> = chime_ntp::DropReason::LABELS
         .iter()
         .map(|r| (*r).to_owned())
@@ -235,8 +300,7 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
         assert!(reasons.contains(&own.to_owned()), "{own}: {reasons:?}");
     }
     let missing: Vec<String> = families
-        .iter()
-        .map(|f| (*f).to_owned())
+        .into_iter()
         .chain(reasons)
         .filter(|name| !doc.contains(&format!("`{name}`")))
         .collect();

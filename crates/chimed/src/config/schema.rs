@@ -232,6 +232,7 @@ sections! {
 
     /// Do not serve clients in this subnet (ADDR/PREFIX, ADDR or `all`); repeatable. Wins over an
     /// allow of the same subnet. SIGHUP re-reads allow and deny from the config file
+    /// [default: none]
     #[arg(id = "access.deny", long = "deny", value_name = "NET")]
     pub(crate) deny: Vec<String>,
 }
@@ -280,11 +281,11 @@ sections! {
 /// `[nts]`: NTS key exchange and cookie keys.
 "NTS [nts]" struct Nts {
     /// Serve NTS (RFC 8915): the TLS certificate chain (PEM) of the NTS-KE server. NTS is off
-    /// without it; needs private-key
+    /// without it; needs private-key [default: none]
     #[arg(id = "nts.certificate", long = "nts-certificate", value_name = "FILE")]
     pub(crate) certificate: Option<PathBuf>,
 
-    /// The private key (PEM) of the certificate; must not be readable by everyone
+    /// The private key (PEM) of the certificate; must not be readable by everyone [default: none]
     #[arg(id = "nts.private-key", long = "nts-private-key", value_name = "FILE")]
     pub(crate) private_key: Option<PathBuf>,
 
@@ -316,7 +317,7 @@ sections! {
     /// The NTP server NTS-KE sends clients to (an IP address or a domain name, and :PORT if not
     /// 123; an IPv6 address in brackets then), as chronyd's `ntsntpserver`, when it is not the
     /// NTS-KE server's own address. With it, NTP may be off (-4 0 -6 0): a member serving NTS-KE
-    /// only, for a fleet's NTP servers [default: the same]
+    /// only, for a fleet's NTP servers [default: the NTS-KE server's own address]
     #[arg(id = "nts.ntp-server", long = "nts-ntp-server", value_name = "NAME[:PORT]")]
     pub(crate) ntp_server: Option<NtpServer>,
 
@@ -379,13 +380,14 @@ sections! {
 "Roughtime [roughtime]" struct Roughtime {
     /// Serve Roughtime, signing with the long-term key in this file (made by `chime keygen`;
     /// must not be readable by group or others). Roughtime is off without it or a delegation
+    /// [default: none]
     #[arg(id = "roughtime.key", long = "roughtime-key", value_name = "FILE")]
     pub(crate) key: Option<PathBuf>,
 
     /// Serve Roughtime from this delegation bundle (made by `chime delegate` where the long-term
     /// key lives; must not be readable by group or others) instead of a long-term key: online
     /// keys certified window by window, used in turn as time passes; outside every window
-    /// nothing is signed. Not with key
+    /// nothing is signed. Not with key [default: none]
     #[arg(id = "roughtime.delegation", long = "roughtime-delegation", value_name = "FILE")]
     pub(crate) delegation: Option<PathBuf>,
 
@@ -550,11 +552,11 @@ sections! {
 
 /// `[process]`: what the process becomes once its sockets are bound.
 "Process [process]" struct Process {
-    /// Run as this user after the sockets are bound
+    /// Run as this user after the sockets are bound [default: the user chimed starts as]
     #[arg(id = "process.user", short = 'u', long = "user", value_name = "USER")]
     pub(crate) user: Option<String>,
 
-    /// Change root to this directory after the sockets are bound
+    /// Change root to this directory after the sockets are bound [default: none]
     #[arg(id = "process.root", short = 'r', long = "root", value_name = "DIR")]
     pub(crate) root: Option<Absolute>,
 

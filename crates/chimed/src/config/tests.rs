@@ -300,3 +300,54 @@ fn the_shown_settings_read_back_as_the_same() {
     assert_eq!(again.config, s.config);
     assert_ne!(again.config, Config::default());
 }
+
+/// What each checked type says it accepts (the reference prints it) is what its check accepts:
+/// both ends of each range are taken, and a value past either end refused.
+#[test]
+fn each_range_said_is_the_range_checked() {
+    use values::Accepts;
+    let mut wrong = Vec::new();
+    for (name, accepts, parses) in values::checked_types() {
+        let (inside, outside): (Vec<String>, Vec<String>) = match accepts {
+            Accepts::Whole { min, max } => {
+                let mut inside = vec![min.to_string()];
+                let mut outside = vec![(min - 1).to_string()];
+                match max {
+                    Some(max) => {
+                        inside.push(max.to_string());
+                        outside.push((max + 1).to_string());
+                    }
+                    None => inside.push((min + 1_000_000).to_string()),
+                }
+                (inside, outside)
+            }
+            Accepts::Seconds { above_zero, max } => {
+                let (least, below) = match above_zero {
+                    true => (max / 1e6, 0.0),
+                    false => (0.0, -max / 1e6),
+                };
+                let past = max * (1.0 + 1e-6);
+                let inside = vec![least.to_string(), max.to_string()];
+                (inside, vec![below.to_string(), past.to_string()])
+            }
+            Accepts::Share => (
+                vec!["0".into(), "1".into()],
+                vec!["-0.01".into(), "1.01".into()],
+            ),
+            Accepts::Switch | Accepts::Text(_) | Accepts::AnyText => continue,
+        };
+        wrong.extend(
+            inside
+                .iter()
+                .filter(|v| !parses(v))
+                .map(|v| format!("{name}: {v} refused")),
+        );
+        wrong.extend(
+            outside
+                .iter()
+                .filter(|v| parses(v))
+                .map(|v| format!("{name}: {v} taken")),
+        );
+    }
+    assert!(wrong.is_empty(), "{wrong:?}");
+}

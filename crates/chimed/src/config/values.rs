@@ -1,7 +1,10 @@
 //! Values that are checked where they are parsed: by clap for a flag (so the error names the flag)
 //! and by serde for the file (so it names the file and line). Each range or form and its message
-//! is written once, here; `resolve` keeps only the rules between keys.
+//! is written once, here, beside what it accepts in words (`Accepts`), which the reference prints
+//! (`docs`); `resolve` keeps only the rules between keys.
 
+use std::any::TypeId;
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -9,6 +12,7 @@ use std::time::Duration;
 
 use chime_ntp::RateLimit;
 use chime_roughtime::Grease;
+use clap::ValueEnum as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A value out of its range, or not a value of its type at all. `daemon` prints the first as
@@ -21,9 +25,90 @@ pub(crate) enum Bad {
     Parse(String),
 }
 
-/// Declares `Name(inner)`, valid where `check` gives `Ok`, readable from a flag and from the file.
+/// What a setting accepts, in the words the reference (`docs`) prints beside its default.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Accepts {
+    /// Whole numbers from `min` to `max`, or without limit above.
+    Whole { min: i64, max: Option<i64> },
+    /// Seconds, fractions too, from 0 (or from just above it) to `max`.
+    Seconds { above_zero: bool, max: f64 },
+    /// A share, from 0 to 1.
+    Share,
+    /// `true` or `false`.
+    Switch,
+    /// A string of a form said in words.
+    Text(String),
+    /// Any string (the help says what it is).
+    AnyText,
+}
+
+impl Accepts {
+    /// How a value is written in the config file: `a number`, `true or false`, `a string`.
+    pub(crate) fn toml_type(&self) -> &'static str {
+        match self {
+            Self::Whole { .. } | Self::Seconds { .. } | Self::Share => "a number",
+            Self::Switch => "true or false",
+            Self::Text(_) | Self::AnyText => "a string",
+        }
+    }
+}
+
+impl fmt::Display for Accepts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Whole {
+                min,
+                max: Some(max),
+            } => write!(f, "{min} to {max}"),
+            Self::Whole { min, max: None } => write!(f, "{min} or more"),
+            Self::Seconds {
+                above_zero: false,
+                max,
+            } => write!(f, "0 to {max} s"),
+            Self::Seconds {
+                above_zero: true,
+                max,
+            } => write!(f, "more than 0, up to {max} s"),
+            Self::Share => f.write_str("0 to 1"),
+            Self::Switch => f.write_str("`true`, `false`"),
+            Self::Text(words) => f.write_str(words),
+            Self::AnyText => f.write_str("a string"),
+        }
+    }
+}
+
+/// What a flag parsed by `parsed_as` accepts, for every type the schema uses; `None` for a type
+/// that has no words here yet (a unit test finds it).
+pub(crate) fn accepts(parsed_as: &clap::builder::ValueParser) -> Option<Accepts> {
+    let id = parsed_as.type_id();
+    let words = if id == TypeId::of::<bool>() {
+        Accepts::Switch
+    } else if id == TypeId::of::<usize>() {
+        Accepts::Whole { min: 0, max: None }
+    } else if id == TypeId::of::<SocketAddr>() {
+        text("an IP address and port (an IPv6 address in brackets)")
+    } else if id == TypeId::of::<PathBuf>() {
+        text("a path")
+    } else if id == TypeId::of::<String>() {
+        Accepts::AnyText
+    } else if id == TypeId::of::<XdpMode>() {
+        let names = XdpMode::value_variants()
+            .iter()
+            .filter_map(|m| m.to_possible_value());
+        let names: Vec<_> = names.map(|v| format!("`{}`", v.get_name())).collect();
+        text(&names.join(", "))
+    } else {
+        return accepts_checked(parsed_as);
+    };
+    Some(words)
+}
+
+/// Declares `Name(inner)`, valid where `check` gives `Ok`, readable from a flag and from the file,
+/// and what it accepts in words (`Name::accepts`), for the reference. The two are written side by
+/// side and a unit test holds them together at each range's ends.
 macro_rules! checked {
-    ($($(#[$doc:meta])* $name:ident($inner:ty) = |$v:ident| $check:expr;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident($inner:ty) in $accepts:expr => |$v:ident| $check:expr;)*) => {
+        $(
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq)]
         pub(crate) struct $name(pub(crate) $inner);
@@ -32,6 +117,11 @@ macro_rules! checked {
             fn checked($v: $inner) -> Result<Self, String> {
                 let checked: Result<(), String> = $check;
                 checked.map(|()| Self($v))
+            }
+
+            /// The values it accepts, as the reference says them.
+            pub(crate) fn accepts() -> Accepts {
+                $accepts
             }
         }
 
@@ -54,88 +144,127 @@ macro_rules! checked {
                 self.0.serialize(s)
             }
         }
-    )*};
+        )*
+
+        /// Each checked type by name, what it accepts, and whether a text parses as it: for the
+        /// test that the words and the check agree.
+        #[cfg(test)]
+        pub(crate) fn checked_types() -> Vec<(&'static str, Accepts, fn(&str) -> bool)> {
+            vec![$((stringify!($name), $name::accepts(), |s| s.parse::<$name>().is_ok())),*]
+        }
+
+        /// What a value parsed as `T` accepts, for the checked types.
+        fn accepts_checked(parsed_as: &clap::builder::ValueParser) -> Option<Accepts> {
+            $(if parsed_as.type_id() == TypeId::of::<$name>() {
+                return Some($name::accepts());
+            })*
+            None
+        }
+    };
 }
 
 checked! {
     /// Worker threads of one service on one address family; 0 turns that family off.
-    Threads(usize) = |n| at_most(n, MAX_THREADS, "threads is more than the limit of");
+    Threads(usize) in whole(0, MAX_THREADS)
+        => |n| at_most(n, MAX_THREADS, "threads is more than the limit of");
     /// `ntp.batch-size`.
-    NtpBatch(usize) = |n| within(n, 1, MAX_NTP_BATCH, format!("batch size {n}"));
+    NtpBatch(usize) in whole(1, MAX_NTP_BATCH)
+        => |n| within(n, 1, MAX_NTP_BATCH, format!("batch size {n}"));
     /// `roughtime.batch-size`: the most one signature covers.
-    RoughtimeBatch(usize) = |n| within(n, 1, chime_roughtime::MAX_BATCH_SIZE, format!("batch size {n}"));
+    RoughtimeBatch(usize) in whole(1, chime_roughtime::MAX_BATCH_SIZE)
+        => |n| within(n, 1, chime_roughtime::MAX_BATCH_SIZE, format!("batch size {n}"));
     /// A socket's receive buffer in bytes.
-    RecvBuffer(usize) = |n| within(n, MIN_RECV_BUFFER, MAX_RECV_BUFFER, format!("{n} bytes"));
+    RecvBuffer(usize) in whole(MIN_RECV_BUFFER, MAX_RECV_BUFFER)
+        => |n| within(n, MIN_RECV_BUFFER, MAX_RECV_BUFFER, format!("{n} bytes"));
     /// `ntp.interleaved-log`: transmit times kept; 0 turns interleaved mode off.
-    TxLogSize(usize) = |n| at_most(n, chime_ntp::TxLog::MAX_ENTRIES, "is more than");
+    TxLogSize(usize) in whole(0, chime_ntp::TxLog::MAX_ENTRIES)
+        => |n| at_most(n, chime_ntp::TxLog::MAX_ENTRIES, "is more than");
     /// `ratelimit.clients`: the addresses one rate limit tracks.
-    Clients(usize) = |n| within(n, 4, chime_ntp::ClientTable::MAX_CLIENTS, format!("{n} clients"));
+    Clients(usize) in whole(4, chime_ntp::ClientTable::MAX_CLIENTS)
+        => |n| within(n, 4, chime_ntp::ClientTable::MAX_CLIENTS, format!("{n} clients"));
     /// `nts.kept-keys`: earlier cookie keys kept, at least one so that a rotation cuts no client
     /// off.
-    KeptKeys(usize) = |n| within(n, 1, chime_ntp::nts::CookieKeys::MAX_KEPT, format!("{n} keys"));
+    KeptKeys(usize) in whole(1, chime_ntp::nts::CookieKeys::MAX_KEPT)
+        => |n| within(n, 1, chime_ntp::nts::CookieKeys::MAX_KEPT, format!("{n} keys"));
     /// `observe.client-log`: clients counted for `chime clients`; 0 turns the log off.
-    ClientLogSize(usize) = |n| at_most(n, chime_ntp::ClientLog::MAX_CLIENTS, "is more than");
+    ClientLogSize(usize) in whole(0, chime_ntp::ClientLog::MAX_CLIENTS)
+        => |n| at_most(n, chime_ntp::ClientLog::MAX_CLIENTS, "is more than");
     /// `nts.ke-threads`: past the cores of any machine chimed runs on, handshakes only contend.
-    KeThreads(usize) = |n| within(n, 1, 64, format!("{n} threads"));
+    KeThreads(usize) in whole(1, MAX_KE_THREADS)
+        => |n| within(n, 1, MAX_KE_THREADS, format!("{n} threads"));
     /// `roughtime.tcp.connections`; 0 serves Roughtime over UDP only.
-    TcpConnections(usize) = |n| at_most(n, 1 << 20, "is more than");
+    TcpConnections(usize) in whole(0, MAX_TCP_CONNECTIONS)
+        => |n| at_most(n, MAX_TCP_CONNECTIONS, "is more than");
     /// A count that cannot be 0: `xdp.threads`, `roughtime.tcp.per-address`.
-    AtLeastOne(usize) = |n| if n == 0 { Err("must be at least 1".into()) } else { Ok(()) };
+    AtLeastOne(usize) in Accepts::Whole { min: 1, max: None }
+        => |n| if n == 0 { Err("must be at least 1".into()) } else { Ok(()) };
     /// An interval that must pass between two things, so more than 0 and up to a day.
-    Positive(f64) = |v| seconds(v, MAX_SECONDS).and_then(|()| match v > 0.0 {
+    Positive(f64) in Accepts::Seconds { above_zero: true, max: MAX_SECONDS }
+        => |v| seconds(v, MAX_SECONDS).and_then(|()| match v > 0.0 {
         true => Ok(()),
         false => Err("must be more than 0 seconds".into()),
     });
     /// `observe.stats-interval`; 0 logs the statistics only at exit.
-    Seconds(f64) = |v| seconds(v, MAX_SECONDS);
+    Seconds(f64) in Accepts::Seconds { above_zero: false, max: MAX_SECONDS }
+        => |v| seconds(v, MAX_SECONDS);
     /// `overload.shed-target`: beyond a second a request is stale for any client; 0 turns
     /// shedding off.
-    ShedTarget(f64) = |v| seconds(v, 1.0);
+    ShedTarget(f64) in Accepts::Seconds { above_zero: false, max: MAX_SHED_TARGET }
+        => |v| seconds(v, MAX_SHED_TARGET);
     /// `overload.shed-interval`: beyond ten seconds "standing" means little.
-    ShedInterval(f64) = |v| seconds(v, 10.0);
+    ShedInterval(f64) in Accepts::Seconds { above_zero: false, max: MAX_SHED_INTERVAL }
+        => |v| seconds(v, MAX_SHED_INTERVAL);
     /// `roughtime.gather`: beyond a tenth of a second it only adds delay.
-    Gather(f64) = |v| seconds(v, 0.1);
+    Gather(f64) in Accepts::Seconds { above_zero: false, max: MAX_GATHER }
+        => |v| seconds(v, MAX_GATHER);
     /// `roughtime.grease`: a share of replies.
-    Share(f64) = |v| match v.is_finite() && (0.0..=1.0).contains(&v) {
+    Share(f64) in Accepts::Share => |v| match v.is_finite() && (0.0..=1.0).contains(&v) {
         true => Ok(()),
         false => Err(format!("{v} is not a share of replies between 0 and 1")),
     };
     /// A rate limit's log2 of the seconds between responses, in chronyd's range.
-    Interval(i64) = |v| limit(RateLimit::new(v, 8, 2, 0));
+    Interval(i64) in range_of(RateLimit::new(i64::MIN, 8, 2, 0))
+        => |v| limit(RateLimit::new(v, 8, 2, 0));
     /// A rate limit's burst.
-    Burst(i64) = |v| limit(RateLimit::new(3, v, 2, 0));
+    Burst(i64) in range_of(RateLimit::new(3, i64::MIN, 2, 0))
+        => |v| limit(RateLimit::new(3, v, 2, 0));
     /// A rate limit's leak: one in 2^leak over the limit is served anyway.
-    Leak(i64) = |v| limit(RateLimit::new(3, 8, v, 0));
+    Leak(i64) in range_of(RateLimit::new(3, 8, i64::MIN, 0))
+        => |v| limit(RateLimit::new(3, 8, v, 0));
     /// A rate limit's Kiss-o'-Death share.
-    Kod(i64) = |v| limit(RateLimit::new(3, 8, 2, v));
+    Kod(i64) in range_of(RateLimit::new(3, 8, 2, i64::MIN))
+        => |v| limit(RateLimit::new(3, 8, 2, v));
     /// An IPv4 address and port.
-    V4(SocketAddr) = |a| family(a, true);
+    V4(SocketAddr) in text("an IPv4 address and port") => |a| family(a, true);
     /// An IPv6 address and port.
-    V6(SocketAddr) = |a| family(a, false);
+    V6(SocketAddr) in text("an IPv6 address in brackets and port") => |a| family(a, false);
     /// A log level or tracing filter.
-    LogLevel(String) = |l| match l.parse::<tracing_subscriber::EnvFilter>() {
+    LogLevel(String) in text("`error`, `warn`, `info`, `debug`, `trace`, or a tracing filter")
+        => |l| match l.parse::<tracing_subscriber::EnvFilter>() {
         Ok(_) => Ok(()),
         Err(_) => Err(format!("'{l}' is not a log level or filter")),
     };
     /// A directory to change root to.
-    Absolute(PathBuf) = |p| match p.is_absolute() {
+    Absolute(PathBuf) in text("an absolute path") => |p| match p.is_absolute() {
         true => Ok(()),
         false => Err(format!("{} is not an absolute path", p.display())),
     };
     /// `observe.control-socket`: an absolute path, or `none`.
-    ControlSocket(PathBuf) = |p| match p.is_absolute() || p.as_os_str() == "none" {
+    ControlSocket(PathBuf) in text("an absolute path, or `none`")
+        => |p| match p.is_absolute() || p.as_os_str() == "none" {
         true => Ok(()),
         false => Err(format!("{} is not an absolute path (or none)", p.display())),
     };
     /// A network interface's name.
-    Interface(String) = |i| match i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) {
+    Interface(String) in text("an interface name (1 to 15 bytes, no `/` or space)")
+        => |i| match i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) {
         true => Err(format!("{i:?} is not an interface name")),
         false => Ok(()),
     };
     /// `nts.ntp-server`: NAME[:PORT].
-    NtpServer(String) = |s| split_ntp_server(&s).map(drop);
+    NtpServer(String) in text(NTP_SERVER_FORM) => |s| split_ntp_server(&s).map(drop);
     /// `roughtime.grease-kinds`: comma-separated kinds of grease, at least one, no repeats.
-    GreaseKinds(String) = |s| grease_kinds(&s).map(drop);
+    GreaseKinds(String) in grease_kinds_accepted() => |s| grease_kinds(&s).map(drop);
 }
 
 /// Seconds as a `Duration`; of those where 0 turns something off, `None` for 0.
@@ -177,6 +306,41 @@ pub(crate) enum XdpMode {
     Copy,
     ZeroCopy,
 }
+
+fn whole(min: usize, max: usize) -> Accepts {
+    let int = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    Accepts::Whole {
+        min: int(min),
+        max: Some(int(max)),
+    }
+}
+
+/// A rate limit option's range, from the error `RateLimit::new` gives for a value below it.
+fn range_of(below: Result<RateLimit, chime_ntp::RateLimitError>) -> Accepts {
+    let e = below.expect_err("i64::MIN is in no option's range");
+    Accepts::Whole {
+        min: e.min,
+        max: Some(e.max),
+    }
+}
+
+fn text(words: &str) -> Accepts {
+    Accepts::Text(words.to_owned())
+}
+
+fn grease_kinds_accepted() -> Accepts {
+    let kinds: Vec<_> = Grease::ALL
+        .iter()
+        .map(|k| format!("`{}`", k.label()))
+        .collect();
+    text(&format!(
+        "comma-separated, each at most once: {}",
+        kinds.join(", ")
+    ))
+}
+
+const NTP_SERVER_FORM: &str =
+    "an IP address or a domain name, then `:PORT` if not 123 (an IPv6 address in brackets then)";
 
 fn at_most(n: usize, max: usize, says: &str) -> Result<(), String> {
     match n <= max {
@@ -262,6 +426,14 @@ fn grease_kinds(list: &str) -> Result<Vec<Grease>, String> {
 }
 
 const MAX_THREADS: usize = 1024;
+/// The most NTS-KE threads.
+const MAX_KE_THREADS: usize = 64;
+/// The most Roughtime TCP connections open at once.
+const MAX_TCP_CONNECTIONS: usize = 1 << 20;
+/// The longest shedding target, interval and Roughtime gathering time.
+const MAX_SHED_TARGET: f64 = 1.0;
+const MAX_SHED_INTERVAL: f64 = 10.0;
+const MAX_GATHER: f64 = 0.1;
 
 /// Where the control socket is made unless told otherwise: in the unit's runtime directory.
 pub(crate) const DEFAULT_CONTROL_SOCKET: &str = "/run/chimed/chimed.sock";
