@@ -3,8 +3,9 @@
 //! byte (`UPDATE_REFERENCE=1` writes them anew, as an expect test does); every flag `chimed
 //! --help` lists is in the manual page chimed(8) and, under the section and key it sets, in
 //! chimed.toml(5) and the example config (configs/chimed.toml); every `chime` subcommand has its
-//! manual page naming each of its flags; the completions are written for bash, zsh and fish; and
-//! docs/METRICS.adoc names every metric family chimed serves.
+//! manual page naming each of its flags; the completions are written for bash, zsh and fish;
+//! docs/METRICS.adoc names every metric family chimed serves; and every `--flag` and `chimed_…`
+//! metric the README and docs/ name exists.
 
 mod common;
 
@@ -305,4 +306,252 @@ fn every_metric_and_drop_reason_is_in_the_metrics_reference() {
         .filter(|name| !doc.contains(&format!("`{name}`")))
         .collect();
     assert!(missing.is_empty(), "not in docs/METRICS.adoc: {missing:?}");
+}
+
+/// Long flags of other programs that the docs name, each with the program's name. A flag of
+/// chimed, of a chime subcommand or of one of the repository's scripts needs no entry.
+const OTHER_PROGRAMS_FLAGS: &[(&str, &str)] = &[
+    ("--all-features", "cargo"),
+    ("--all-targets", "cargo"),
+    ("--bench", "cargo"),
+    ("--bins", "cargo"),
+    ("--features", "cargo"),
+    ("--lib", "cargo"),
+    ("--locked", "cargo"),
+    ("--no-fail-fast", "cargo"),
+    ("--release", "cargo"),
+    ("--test", "cargo"),
+    ("--workspace", "cargo"),
+    ("--check", "cargo-fmt"),
+    ("--measurement-time", "criterion"),
+    ("--warm-up-time", "criterion"),
+    ("--argjson", "jq"),
+    ("--now", "systemctl"),
+    ("--system", "sysctl/useradd"),
+    ("--no-create-home", "useradd"),
+    ("--shell", "useradd"),
+    // `chime keygen --mldsa` is a flag of a chime built with the `mldsa` feature only.
+    ("--mldsa", "chime-mldsa"),
+];
+
+/// Every `--flag` the README and docs/ name in code (between backticks, or in a listing or
+/// literal block) is a flag of chimed, of some chime subcommand, of one of the repository's
+/// scripts, or of another program named in `OTHER_PROGRAMS_FLAGS`; and every `chimed_…` name is
+/// a metric chimed serves: a family, a counter's without `_total` (its `# TYPE` line), an info
+/// metric's with `_info`, or a histogram's series. One line per offender, file:line.
+#[test]
+fn every_flag_and_metric_the_docs_name_exists() {
+    let flags = known_flags();
+    assert!(flags.len() > 150, "too few flags read: {}", flags.len());
+    let metrics = metric_names();
+    let tests = test_names();
+    let mut docs = vec![repo_root().join("README.adoc")];
+    let mut in_docs: Vec<PathBuf> = std::fs::read_dir(repo_root().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "adoc"))
+        .collect();
+    in_docs.sort();
+    docs.extend(in_docs);
+    let mut unknown = Vec::new();
+    for path in &docs {
+        let name = path
+            .strip_prefix(repo_root())
+            .unwrap()
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(path).unwrap();
+        for (line, flag) in code_flags(&text) {
+            if !flags.contains(&flag) && !OTHER_PROGRAMS_FLAGS.iter().any(|(f, _)| *f == flag) {
+                unknown.push(format!("{name}:{line}: {flag}: no program's flag"));
+            }
+        }
+        for (line, metric) in metric_mentions(&text) {
+            let exists = match metric.strip_suffix('*') {
+                Some(prefix) => metrics.iter().any(|m| m.starts_with(prefix)),
+                None => metrics.contains(&metric) || tests.contains(&metric),
+            };
+            if !exists {
+                unknown.push(format!(
+                    "{name}:{line}: {metric}: not a metric chimed serves"
+                ));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "the docs name flags or metrics that do not exist (a flag of another program goes in \
+         OTHER_PROGRAMS_FLAGS, with the program):\n{}",
+        unknown.join("\n")
+    );
+}
+
+/// The long flags of chimed, of chime and each of its subcommands (from their `--help`), and of
+/// the repository's scripts (their `case` arms, `== --flag` tests and argparse arguments).
+fn known_flags() -> Vec<String> {
+    let mut flags: Vec<String> = long_flags(&help_of("chimed", &[]));
+    let mut commands = vec![Vec::<String>::new()];
+    while let Some(command) = commands.pop() {
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        let help = help_of("chime", &args);
+        flags.extend(long_flags(&help));
+        for sub in subcommands(&help) {
+            commands.push(command.iter().cloned().chain([sub]).collect());
+        }
+    }
+    flags.extend(["help".to_owned(), "version".to_owned()]);
+    let mut known: Vec<String> = flags.into_iter().map(|f| format!("--{f}")).collect();
+    for dir in ["scripts", "ntpperf-results/scripts"] {
+        for entry in std::fs::read_dir(repo_root().join(dir)).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+            known.extend(script_flags(&text));
+        }
+    }
+    known.sort();
+    known.dedup();
+    known
+}
+
+/// The subcommands a `--help` lists under `Commands:`, but `help`.
+fn subcommands(help: &str) -> Vec<String> {
+    let Some((_, commands)) = help.split_once("Commands:\n") else {
+        return Vec::new();
+    };
+    let listed = commands.lines().take_while(|l| l.starts_with("  "));
+    let names = listed.filter_map(|l| l.split_whitespace().next());
+    names.filter(|n| *n != "help").map(str::to_owned).collect()
+}
+
+/// The flags a shell or Python script takes: `--a | --b)` case arms, `== --flag` tests and
+/// `add_argument("--flag"`.
+fn script_flags(text: &str) -> Vec<String> {
+    let mut flags = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        let arm = line.split_once(')').map(|(pattern, _)| pattern);
+        let arm = arm.filter(|p| p.starts_with("--") && p.split('|').all(|f| is_flag(f.trim())));
+        flags.extend(
+            arm.into_iter()
+                .flat_map(|p| p.split('|').map(|f| f.trim().to_owned())),
+        );
+        for marker in ["== --", "add_argument(\"--"] {
+            for (at, _) in line.match_indices(marker) {
+                let name = flag_at(&line[at + marker.len() - 2..]);
+                flags.extend(name);
+            }
+        }
+    }
+    flags
+}
+
+fn is_flag(word: &str) -> bool {
+    word.strip_prefix("--").is_some_and(|name| {
+        name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    })
+}
+
+/// The `--flag` at the start of `text`, without a `=VALUE` or a trailing `-`.
+fn flag_at(text: &str) -> Option<String> {
+    let end = text[2..]
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .map_or(text.len(), |n| n + 2);
+    let flag = text[..end].trim_end_matches('-');
+    is_flag(flag).then(|| flag.to_owned())
+}
+
+/// Each `--flag` written as code, by line: between backticks (which may span lines, within a
+/// paragraph) or in a listing (`----`) or literal (`....`) block. Comments (`//`, and `////`
+/// blocks) are skipped.
+fn code_flags(text: &str) -> Vec<(usize, String)> {
+    /// A line of four or more of one of these opens a block, and the same line closes it.
+    const DELIMITERS: [u8; 3] = [b'-', b'.', b'/'];
+    let mut found = Vec::new();
+    let (mut block, mut in_backticks) = (None::<&str>, false);
+    for (n, line) in text.lines().enumerate() {
+        let delimiter = line.len() >= 4 && DELIMITERS.iter().any(|d| line.bytes().all(|b| b == *d));
+        if delimiter {
+            block = if block == Some(line) {
+                None
+            } else {
+                block.or(Some(line))
+            };
+            in_backticks = false;
+            continue;
+        }
+        let comment = block.is_some_and(|b| b.starts_with('/'));
+        if comment || block.is_none() && (line.trim().is_empty() || line.starts_with("//")) {
+            in_backticks = false;
+            continue;
+        }
+        let mut previous = ' ';
+        for (at, c) in line.char_indices() {
+            if c == '`' {
+                in_backticks = !in_backticks;
+            } else if c == '-'
+                && (block.is_some() || in_backticks)
+                && !(previous.is_alphanumeric() || previous == '-')
+                && line[at..].starts_with("--")
+            {
+                found.extend(flag_at(&line[at..]).map(|flag| (n + 1, flag)));
+            }
+            previous = c;
+        }
+    }
+    found
+}
+
+/// Every name of a metric chimed serves, as a scrape or an alert rule may write it.
+fn metric_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for family in metric_families() {
+        if let Some(counter) = family.strip_suffix("_total") {
+            names.push(counter.to_owned());
+        }
+        for suffix in ["", "_info", "_bucket", "_sum", "_count", "_created"] {
+            names.push(format!("{family}{suffix}"));
+        }
+    }
+    names
+}
+
+/// Each `chimed_…` name in the text, by line; `chimed_ntp_*` stands for every name it begins.
+fn metric_mentions(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for (at, _) in line.match_indices("chimed_") {
+            let before = line[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name: String = line[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            match line[at + name.len()..].starts_with('*') {
+                true => found.push((n + 1, format!("{name}*"))),
+                false => found.push((n + 1, name.trim_end_matches('_').to_owned())),
+            }
+        }
+    }
+    found
+}
+
+/// The tests named `chimed_…` (a doc may name a test by its function), from every crate's tests.
+fn test_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(repo_root().join("crates")).unwrap() {
+        let tests = entry.unwrap().path().join("tests");
+        if !tests.is_dir() {
+            continue;
+        }
+        let text = sources(&tests);
+        for (at, _) in text.match_indices("fn chimed_") {
+            let name = text[at + 3..].split('(').next().unwrap_or("");
+            names.push(name.to_owned());
+        }
+    }
+    names
 }
