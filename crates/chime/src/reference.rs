@@ -7,6 +7,12 @@ use std::fmt::Write as _;
 
 use clap::{Arg, ArgAction, Command};
 
+/// The help-to-AsciiDoc helpers chimed's references use too.
+#[path = "../../chimed/src/config/docs/text.rs"]
+mod text;
+
+use text::{cell, inline, split_default};
+
 /// The reference of `cli` (chime's root command) and all its visible subcommands.
 pub(crate) fn chime_reference(mut cli: Command) -> String {
     cli.build();
@@ -132,67 +138,10 @@ fn is_switch(arg: &Arg) -> bool {
     matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse)
 }
 
-/// A help text without its `[default: …]`, and what that said.
-fn split_default(help: &str) -> (String, Option<String>) {
-    let Some(at) = help.find("[default: ") else {
-        return (help.to_owned(), None);
-    };
-    let rest = &help[at + "[default: ".len()..];
-    let Some(end) = rest.find(']') else {
-        return (help.to_owned(), None);
-    };
-    let before = help[..at].trim_end();
-    (
-        format!("{before}{}", &rest[end + 1..]),
-        Some(rest[..end].to_owned()),
-    )
-}
-
 /// `Query, verify …` as it reads after a colon.
 fn lower_first(text: &str) -> String {
     let mut chars = text.chars();
     chars
         .next()
         .map_or(String::new(), |c| c.to_lowercase().chain(chars).collect())
-}
-
-/// A table cell's text: a `|` would end the cell.
-fn cell(text: &str) -> String {
-    text.replace('|', "\\|")
-}
-
-/// Help text as AsciiDoc: each `--flag` outside backticks put in them, so that it reads as code.
-fn inline(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 16);
-    for (i, part) in text.split('`').enumerate() {
-        if i > 0 {
-            out.push('`');
-        }
-        if i % 2 == 1 {
-            out.push_str(part);
-            continue;
-        }
-        let mut rest = part;
-        while let Some(at) = rest.find("--") {
-            let starts = rest[..at]
-                .chars()
-                .next_back()
-                .is_none_or(|c| !c.is_alphanumeric() && c != '-');
-            let name_len = rest[at + 2..]
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '='))
-                .unwrap_or(rest.len() - at - 2);
-            let token = rest[at..at + 2 + name_len].trim_end_matches(['-', '=']);
-            let is_flag = token.len() > 2 && token.as_bytes()[2].is_ascii_lowercase();
-            if starts && is_flag {
-                out.push_str(&rest[..at]);
-                let _ = write!(out, "`{token}`");
-                rest = &rest[at + token.len()..];
-            } else {
-                out.push_str(&rest[..at + 2]);
-                rest = &rest[at + 2..];
-            }
-        }
-        out.push_str(rest);
-    }
-    out
 }

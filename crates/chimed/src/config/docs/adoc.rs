@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::model::{FILE_DESCRIPTION, FILE_EXAMPLE, Flag, Unset};
+use super::text::{cell, inline};
 
 /// The first and last lines of the generated table in docs/FLAGS.adoc.
 const TABLE_BEGINS: &str = "// Generated from the schema by chimed --generate-docs: \
@@ -99,61 +100,5 @@ fn default(flag: &Flag) -> String {
         Some(Unset::Value(v)) => format!("`{v}`"),
         Some(Unset::Words(w)) => w.clone(),
         None => String::new(),
-    }
-}
-
-/// A table cell's text: a `|` would end the cell.
-fn cell(text: &str) -> String {
-    text.replace('|', "\\|")
-}
-
-/// Help text as AsciiDoc: each `--flag` (and `--flag=VALUE`) outside backticks put in them, so
-/// that it reads as code, as the flags written by hand do.
-fn inline(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 16);
-    for (i, part) in text.split('`').enumerate() {
-        if i > 0 {
-            out.push('`');
-        }
-        if i % 2 == 1 {
-            out.push_str(part);
-            continue;
-        }
-        let mut rest = part;
-        while let Some(at) = rest.find("--") {
-            let starts = rest[..at]
-                .chars()
-                .next_back()
-                .is_none_or(|c| !c.is_alphanumeric() && c != '-');
-            let name_len = rest[at + 2..]
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '='))
-                .unwrap_or(rest.len() - at - 2);
-            let token = rest[at..at + 2 + name_len].trim_end_matches(['-', '=']);
-            let is_flag = token.len() > 2 && token.as_bytes()[2].is_ascii_lowercase();
-            if starts && is_flag {
-                out.push_str(&rest[..at]);
-                let _ = write!(out, "`{token}`");
-                rest = &rest[at + token.len()..];
-            } else {
-                out.push_str(&rest[..at + 2]);
-                rest = &rest[at + 2..];
-            }
-        }
-        out.push_str(rest);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::inline;
-
-    #[test]
-    fn flags_in_help_are_put_in_backticks() {
-        assert_eq!(
-            inline("--ntpv5=false turns off `v5 = true`; -4 0, --nts-dump-dir."),
-            "`--ntpv5=false` turns off `v5 = true`; -4 0, `--nts-dump-dir`."
-        );
-        assert_eq!(inline("`--allow` and a--b -- c"), "`--allow` and a--b -- c");
     }
 }

@@ -10,6 +10,7 @@
 mod adoc;
 mod man;
 mod model;
+mod text;
 
 use std::io;
 use std::path::Path;

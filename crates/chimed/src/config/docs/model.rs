@@ -4,6 +4,7 @@
 
 use clap::{Arg, ArgAction, Command};
 
+use super::text::split_default;
 use crate::config::values::{self, Accepts};
 
 /// One flag of chimed.
@@ -178,20 +179,6 @@ fn flag(arg: &Arg) -> Flag {
         },
         meaning,
     }
-}
-
-/// A help text without its `[default: …]`, and what that said.
-fn split_default(help: &str) -> (String, Option<String>) {
-    let Some(at) = help.find("[default: ") else {
-        return (help.to_owned(), None);
-    };
-    let rest = &help[at + "[default: ".len()..];
-    let Some(end) = rest.find(']') else {
-        return (help.to_owned(), None);
-    };
-    let before = help[..at].trim_end();
-    let after = &rest[end + 1..];
-    (format!("{before}{after}"), Some(rest[..end].to_owned()))
 }
 
 fn capitalised(text: &str) -> String {
