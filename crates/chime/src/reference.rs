@@ -48,13 +48,8 @@ fn about(cmd: &Command) -> String {
 fn subcommand(t: &mut String, cmd: &Command, level: usize) {
     let usage = cmd.clone().render_usage().to_string();
     let usage = usage.trim_start_matches("Usage: ");
-    let name = usage
-        .split(" [")
-        .next()
-        .unwrap_or(usage)
-        .split(" <")
-        .next()
-        .unwrap_or(usage);
+    // Built, every subcommand knows its whole name (`chime perf ntp`).
+    let name = cmd.get_bin_name().unwrap_or(cmd.get_name());
     let about = about(cmd);
     let _ = write!(
         t,
