@@ -40,8 +40,9 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) check_config: bool,
 
-    /// Write the manual pages chimed(8) and chimed.toml(5) and the bash, zsh and fish completions
-    /// into DIR and exit (for packaging)
+    /// Write the manual pages chimed(8) and chimed.toml(5), the bash, zsh and fish completions,
+    /// and the AsciiDoc references of docs/ (FLAGS.adoc's table, CONFIG.adoc) into DIR and exit
+    /// (for packaging and the reference test)
     #[arg(long, value_name = "DIR", hide = true)]
     pub(crate) generate_docs: Option<PathBuf>,
 
