@@ -23,6 +23,7 @@ use std::{
     ptr,
 };
 
+use crate::asm::*;
 use crate::sys::cvt;
 
 /// What the program writes ahead of each frame it redirects (XDP metadata, read back by the
@@ -33,171 +34,100 @@ pub(crate) const META_LEN: usize = 16;
 /// so that a frame whose metadata was not copied cannot pass off a stale time as its own.
 pub(crate) const META_MAGIC: u64 = 0x6368_696d_6578_6470; // "chimexdp"
 
-/// One BPF instruction, as the kernel reads it (`struct bpf_insn`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(C)]
-pub(crate) struct Insn {
-    code: u8,
-    /// Destination register in the low nibble, source register in the high one.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-// Opcodes (include/uapi/linux/bpf.h, bpf_common.h): class | size/op | mode/source.
-const ALU64_MOV_K: u8 = 0xb7;
-const ALU64_MOV_X: u8 = 0xbf;
-const ALU64_ADD_K: u8 = 0x07;
-const ALU64_AND_K: u8 = 0x57;
-const LDX_W: u8 = 0x61;
-const LDX_H: u8 = 0x69;
-const LDX_B: u8 = 0x71;
-const STX_DW: u8 = 0x7b;
-const LD_IMM64: u8 = 0x18;
-const JMP_JA: u8 = 0x05;
-const JMP_JGT_X: u8 = 0x2d;
-const JMP32_JEQ_K: u8 = 0x16;
-const JMP32_JNE_K: u8 = 0x56;
-const JMP_CALL: u8 = 0x85;
-const JMP_EXIT: u8 = 0x95;
-const PSEUDO_MAP_FD: u8 = 1;
-
-// Helpers by number (the `___BPF_FUNC_MAPPER` order).
-const FN_KTIME_GET_NS: i32 = 5;
-const FN_REDIRECT_MAP: i32 = 51;
-const FN_XDP_ADJUST_META: i32 = 54;
-
-const XDP_PASS: i32 = 2;
-
-// `struct xdp_md` offsets.
-const MD_DATA: i16 = 0;
-const MD_DATA_END: i16 = 4;
-const MD_DATA_META: i16 = 8;
-const MD_RX_QUEUE_INDEX: i16 = 16;
-
-/// A jump target, resolved when the program is finished.
-#[derive(Clone, Copy, Debug)]
-struct Label(usize);
-
-/// Builds a program instruction by instruction, with forward jumps to labels.
-#[derive(Debug, Default)]
-struct Asm {
-    insns: Vec<Insn>,
-    /// Where each label points, once placed.
-    labels: Vec<Option<usize>>,
-    /// Jumps to patch: the instruction's index and its label.
-    fixups: Vec<(usize, Label)>,
-}
-
-impl Asm {
-    fn emit(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
-        self.insns.push(Insn {
-            code,
-            regs: (src << 4) | dst,
-            off,
-            imm,
-        });
-    }
-
-    fn label(&mut self) -> Label {
-        self.labels.push(None);
-        Label(self.labels.len() - 1)
-    }
-
-    fn place(&mut self, l: Label) {
-        self.labels[l.0] = Some(self.insns.len());
-    }
-
-    fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: Label) {
-        self.fixups.push((self.insns.len(), to));
-        self.emit(code, dst, src, 0, imm);
-    }
-
-    fn mov_imm(&mut self, dst: u8, imm: i32) {
-        self.emit(ALU64_MOV_K, dst, 0, 0, imm);
-    }
-
-    fn mov(&mut self, dst: u8, src: u8) {
-        self.emit(ALU64_MOV_X, dst, src, 0, 0);
-    }
-
-    fn ld_imm64(&mut self, dst: u8, src: u8, value: u64) {
-        self.emit(LD_IMM64, dst, src, 0, value as u32 as i32);
-        self.emit(0, 0, 0, 0, (value >> 32) as u32 as i32);
-    }
-
-    /// `if dst + len > data_end goto to`, with `scratch` clobbered: the bounds check the verifier
-    /// wants before any read of the frame.
-    fn check_len(&mut self, scratch: u8, data: u8, data_end: u8, len: i32, to: Label) {
-        self.mov(scratch, data);
-        self.emit(ALU64_ADD_K, scratch, 0, 0, len);
-        self.jump(JMP_JGT_X, scratch, data_end, 0, to);
-    }
-
-    fn finish(mut self) -> Vec<Insn> {
-        for &(at, label) in &self.fixups {
-            let target = self.labels[label.0].expect("every label used is placed");
-            let off = target as isize - at as isize - 1;
-            self.insns[at].off = i16::try_from(off).expect("the program is short");
-        }
-        self.insns
-    }
-}
-
 /// A UDP destination the program steers to the sockets; `None` as the address matches any.
 pub(crate) type Target = (Option<IpAddr>, u16);
+
+/// Where [`frame_to_target`] sends a frame to one target: to `v4` if it is IPv4, to `v6` if IPv6.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Route {
+    pub(crate) target: Target,
+    pub(crate) v4: Label,
+    pub(crate) v6: Label,
+}
+
+/// The context (`struct xdp_md *`), kept from entry to the end.
+pub(crate) const CTX: Reg = R6;
+/// The `CLOCK_MONOTONIC` reading taken at entry, for the metadata of a frame for the sockets.
+pub(crate) const RX_MONO: Reg = R9;
+/// The frame's start and end while it is parsed: what a route's label starts with.
+pub(crate) const DATA: Reg = R2;
+pub(crate) const DATA_END: Reg = R3;
+
+/// Ethernet (14) + IPv4 (20) + UDP (8): the shortest frame of interest.
+pub(crate) const ETH_LEN: i16 = 14;
+pub(crate) const IPV4_LEN: i16 = 20;
+pub(crate) const IPV6_LEN: i16 = 40;
+pub(crate) const UDP_LEN: i16 = 8;
 
 /// Assembles the program for `targets`, redirecting through the XSKMAP whose file descriptor is
 /// `map_fd`.
 pub(crate) fn program(map_fd: RawFd, targets: &[Target]) -> Vec<Insn> {
-    // Registers: r1-r5 arguments and scratch (clobbered by calls), r6 the context, r9 the clock
-    // reading, r2 data and r3 data_end while parsing.
     let mut a = Asm::default();
     let pass = a.label();
     let redirect = a.label();
-    let v4 = a.label();
-    let v6 = a.label();
-
-    a.mov(6, 1);
-    a.emit(JMP_CALL, 0, 0, 0, FN_KTIME_GET_NS);
-    a.mov(9, 0);
-    a.emit(LDX_W, 2, 6, MD_DATA, 0);
-    a.emit(LDX_W, 3, 6, MD_DATA_END, 0);
-    // Ethernet (14) + IPv4 (20) + UDP (8): the shortest frame of interest.
-    a.check_len(4, 2, 3, 42, pass);
-    a.emit(LDX_H, 4, 2, 12, 0);
-    // The EtherType as a little-endian load of its network-order bytes.
-    a.jump(JMP32_JEQ_K, 4, 0, i32::from(0x0800u16.swap_bytes()), v4);
-    a.jump(JMP32_JEQ_K, 4, 0, i32::from(0x86ddu16.swap_bytes()), v6);
-    a.jump(JMP_JA, 0, 0, 0, pass);
-
-    a.place(v4);
-    ipv4(&mut a, targets, (redirect, pass));
-    a.place(v6);
-    ipv6(&mut a, targets, (redirect, pass));
+    let routes: Vec<Route> = (targets.iter())
+        .map(|&target| Route {
+            target,
+            v4: redirect,
+            v6: redirect,
+        })
+        .collect();
+    frame_to_target(&mut a, &routes, pass);
     a.place(redirect);
     to_socket(&mut a, map_fd, pass);
     a.place(pass);
-    a.mov_imm(0, XDP_PASS);
-    a.emit(JMP_EXIT, 0, 0, 0, 0);
+    a.exit_with(XDP_PASS);
     a.finish()
 }
 
-/// An IPv4 frame: UDP without options or fragments, to one of `targets`, jumps to `redirect`;
-/// anything else to `pass`.
-fn ipv4(a: &mut Asm, targets: &[Target], (redirect, pass): (Label, Label)) {
-    a.emit(LDX_B, 4, 2, 14, 0);
+/// The start of the program: reads the clock into [`RX_MONO`],
+/// and sends a frame that is plain Ethernet + IPv4 (no options, not a fragment) or IPv6 (no
+/// extension header) + UDP to a route's target on to that route's label, with [`CTX`],
+/// [`DATA`] and [`DATA_END`] set and at least the headers checked to be in the frame;
+/// everything else to `pass`.
+pub(crate) fn frame_to_target(a: &mut Asm, routes: &[Route], pass: Label) {
+    let v4 = a.label();
+    let v6 = a.label();
+    a.mov(CTX, R1);
+    a.call(FN_KTIME_GET_NS);
+    a.mov(RX_MONO, R0);
+    a.ldx(Size::W, DATA, CTX, MD_DATA);
+    a.ldx(Size::W, DATA_END, CTX, MD_DATA_END);
+    a.check_len(
+        R4,
+        DATA,
+        DATA_END,
+        i32::from(ETH_LEN + IPV4_LEN + UDP_LEN),
+        pass,
+    );
+    a.ldx(Size::H, R4, DATA, 12);
+    // The EtherType as a little-endian load of its network-order bytes.
+    a.jmp32_k(JEQ, R4, i32::from(0x0800u16.swap_bytes()), v4);
+    a.jmp32_k(JEQ, R4, i32::from(0x86ddu16.swap_bytes()), v6);
+    a.ja(pass);
+
+    a.place(v4);
+    ipv4(a, routes, pass);
+    a.place(v6);
+    ipv6(a, routes, pass);
+}
+
+/// An IPv4 frame: UDP without options or fragments, to one of the routes' targets, jumps to its
+/// route's `v4`; anything else to `pass`.
+fn ipv4(a: &mut Asm, routes: &[Route], pass: Label) {
+    a.ldx(Size::B, R4, DATA, 14);
     // Version 4 and a 20-byte header: frames with options go to the kernel.
-    a.jump(JMP32_JNE_K, 4, 0, 0x45, pass);
-    a.emit(LDX_H, 4, 2, 20, 0);
+    a.jmp32_k(JNE, R4, 0x45, pass);
+    a.ldx(Size::H, R4, DATA, 20);
     // More-fragments and the fragment offset (0x3fff in network order): fragments go to the kernel.
-    a.emit(ALU64_AND_K, 4, 0, 0, i32::from(0x3fffu16.swap_bytes()));
-    a.jump(JMP32_JNE_K, 4, 0, 0, pass);
-    a.emit(LDX_B, 4, 2, 23, 0);
-    a.jump(JMP32_JNE_K, 4, 0, i32::from(libc::IPPROTO_UDP as u8), pass);
-    a.emit(LDX_W, 4, 2, 30, 0);
-    a.emit(LDX_H, 5, 2, 36, 0);
-    for &(addr, port) in targets {
+    a.alu_k(AND, R4, i32::from(0x3fffu16.swap_bytes()));
+    a.jmp32_k(JNE, R4, 0, pass);
+    a.ldx(Size::B, R4, DATA, 23);
+    a.jmp32_k(JNE, R4, i32::from(libc::IPPROTO_UDP as u8), pass);
+    a.ldx(Size::W, R4, DATA, 30);
+    a.ldx(Size::H, R5, DATA, 36);
+    for route in routes {
+        let (addr, port) = route.target;
         let ip = match addr {
             None => None,
             Some(IpAddr::V4(ip)) => Some(ip),
@@ -205,73 +135,73 @@ fn ipv4(a: &mut Asm, targets: &[Target], (redirect, pass): (Label, Label)) {
         };
         let next = a.label();
         if let Some(ip) = ip {
-            a.jump(
-                JMP32_JNE_K,
-                4,
-                0,
-                u32::from_ne_bytes(ip.octets()) as i32,
-                next,
-            );
+            a.jmp32_k(JNE, R4, u32::from_ne_bytes(ip.octets()) as i32, next);
         }
-        a.jump(JMP32_JEQ_K, 5, 0, i32::from(port.swap_bytes()), redirect);
+        a.jmp32_k(JEQ, R5, i32::from(port.swap_bytes()), route.v4);
         a.place(next);
     }
-    a.jump(JMP_JA, 0, 0, 0, pass);
+    a.ja(pass);
 }
 
-/// An IPv6 frame: UDP with no extension header, to one of `targets`, jumps to `redirect`;
-/// anything else to `pass`.
-fn ipv6(a: &mut Asm, targets: &[Target], (redirect, pass): (Label, Label)) {
-    // Ethernet (14) + IPv6 (40) + UDP (8).
-    a.check_len(4, 2, 3, 62, pass);
-    a.emit(LDX_B, 4, 2, 14, 0);
-    a.emit(ALU64_AND_K, 4, 0, 0, 0xf0);
-    a.jump(JMP32_JNE_K, 4, 0, 0x60, pass);
+/// An IPv6 frame: UDP with no extension header, to one of the routes' targets, jumps to its
+/// route's `v6`; anything else to `pass`.
+fn ipv6(a: &mut Asm, routes: &[Route], pass: Label) {
+    a.check_len(
+        R4,
+        DATA,
+        DATA_END,
+        i32::from(ETH_LEN + IPV6_LEN + UDP_LEN),
+        pass,
+    );
+    a.ldx(Size::B, R4, DATA, 14);
+    a.alu_k(AND, R4, 0xf0);
+    a.jmp32_k(JNE, R4, 0x60, pass);
     // Next header UDP: any extension header (fragments among them) goes to the kernel.
-    a.emit(LDX_B, 4, 2, 20, 0);
-    a.jump(JMP32_JNE_K, 4, 0, i32::from(libc::IPPROTO_UDP as u8), pass);
-    a.emit(LDX_H, 5, 2, 56, 0);
-    for &(addr, port) in targets {
+    a.ldx(Size::B, R4, DATA, 20);
+    a.jmp32_k(JNE, R4, i32::from(libc::IPPROTO_UDP as u8), pass);
+    a.ldx(Size::H, R5, DATA, 56);
+    for route in routes {
+        let (addr, port) = route.target;
         let ip = match addr {
             None => None,
             Some(IpAddr::V6(ip)) => Some(ip),
             Some(IpAddr::V4(_)) => continue,
         };
         let next = a.label();
-        a.jump(JMP32_JNE_K, 5, 0, i32::from(port.swap_bytes()), next);
+        a.jmp32_k(JNE, R5, i32::from(port.swap_bytes()), next);
         if let Some(ip) = ip {
             for (i, word) in ip.octets().chunks_exact(4).enumerate() {
                 let word = u32::from_ne_bytes(word.try_into().expect("4 bytes"));
-                a.emit(LDX_W, 4, 2, 38 + 4 * i as i16, 0);
-                a.jump(JMP32_JNE_K, 4, 0, word as i32, next);
+                a.ldx(Size::W, R4, DATA, 38 + 4 * i as i16);
+                a.jmp32_k(JNE, R4, word as i32, next);
             }
         }
-        a.jump(JMP_JA, 0, 0, 0, redirect);
+        a.ja(route.v6);
         a.place(next);
     }
-    a.jump(JMP_JA, 0, 0, 0, pass);
+    a.ja(pass);
 }
 
 /// A frame for the sockets: the clock reading goes into its metadata, then it is redirected to
 /// its receive queue's socket through the XSKMAP `map_fd` (to `pass` if there is no room).
 fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
-    a.mov(1, 6);
-    a.mov_imm(2, -(META_LEN as i32));
-    a.emit(JMP_CALL, 0, 0, 0, FN_XDP_ADJUST_META);
+    a.mov(R1, CTX);
+    a.mov_imm(R2, -(META_LEN as i32));
+    a.call(FN_XDP_ADJUST_META);
     // Without room for the metadata the frame goes to the kernel, whose socket answers it.
-    a.jump(JMP32_JNE_K, 0, 0, 0, pass);
-    a.emit(LDX_W, 2, 6, MD_DATA_META, 0);
-    a.emit(LDX_W, 3, 6, MD_DATA, 0);
-    a.check_len(4, 2, 3, META_LEN as i32, pass);
-    a.emit(STX_DW, 2, 9, 0, 0);
-    a.ld_imm64(4, 0, META_MAGIC);
-    a.emit(STX_DW, 2, 4, 8, 0);
-    a.ld_imm64(1, PSEUDO_MAP_FD, map_fd as u32 as u64);
-    a.emit(LDX_W, 2, 6, MD_RX_QUEUE_INDEX, 0);
+    a.jmp32_k(JNE, R0, 0, pass);
+    a.ldx(Size::W, R2, CTX, MD_DATA_META);
+    a.ldx(Size::W, R3, CTX, MD_DATA);
+    a.check_len(R4, R2, R3, META_LEN as i32, pass);
+    a.stx(Size::DW, R2, 0, RX_MONO);
+    a.ld_imm64(R4, META_MAGIC);
+    a.stx(Size::DW, R2, 8, R4);
+    a.ld_map(R1, map_fd);
+    a.ldx(Size::W, R2, CTX, MD_RX_QUEUE_INDEX);
     // The low bits of the flags are the action when the queue has no socket: the kernel's.
-    a.mov_imm(3, XDP_PASS);
-    a.emit(JMP_CALL, 0, 0, 0, FN_REDIRECT_MAP);
-    a.emit(JMP_EXIT, 0, 0, 0, 0);
+    a.mov_imm(R3, XDP_PASS);
+    a.call(FN_REDIRECT_MAP);
+    a.exit();
 }
 
 // bpf(2) commands and the types and flags used with them.
@@ -466,29 +396,6 @@ mod tests {
             (Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))), 2002),
             (Some(IpAddr::V6(Ipv6Addr::LOCALHOST)), 123),
         ];
-        let insns = program(3, &targets);
-        for (i, insn) in insns.iter().enumerate() {
-            let class = insn.code & 0x07;
-            let is_jump =
-                (class == 0x05 || class == 0x06) && insn.code != JMP_CALL && insn.code != JMP_EXIT;
-            if is_jump {
-                let target = i as isize + 1 + insn.off as isize;
-                assert!(
-                    (0..insns.len() as isize).contains(&target),
-                    "jump at {i} to {target}"
-                );
-            }
-        }
-        assert_eq!(insns.last().unwrap().code, JMP_EXIT);
-    }
-
-    #[test]
-    fn the_instruction_layout_is_the_kernels() {
-        assert_eq!(size_of::<Insn>(), 8);
-        let mut a = Asm::default();
-        a.emit(LDX_H, 4, 2, 12, 0);
-        let i = a.finish()[0];
-        // dst r4 in the low nibble, src r2 in the high one.
-        assert_eq!(i.regs, 0x24);
+        assert_jumps_land_inside(&program(3, &targets));
     }
 }

@@ -24,15 +24,17 @@
 //! (`ring`, tested without the kernel, and `xsk`), the `bpf(2)` calls (`bpf`) and `getifaddrs`
 //! here. Linux only.
 //!
-//! Module map: `bpf` (the program and the calls that load and attach it), `xsk` (one AF_XDP
-//! socket), `ring` (the mapping and the rings shared with the kernel), `frame` (requests read out
-//! of frames, replies made in place), and `sys` (libc helpers).
+//! Module map: `asm` (the assembler the program is written with), `bpf` (the program and the
+//! calls that load and attach it), `xsk` (one AF_XDP socket), `ring` (the mapping and the rings
+//! shared with the kernel), `frame` (requests read out of frames, replies made in place), and `sys`
+//! (libc helpers).
 
 #![warn(missing_docs)]
 
 #[cfg(not(target_os = "linux"))]
 compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 
+mod asm;
 mod bpf;
 mod frame;
 mod ring;
