@@ -1,9 +1,9 @@
-//! A small assembler for the XDP program (`bpf`): BPF instructions as the kernel reads them, named
-//! registers and opcodes, and forward jumps to labels.
+//! A small assembler for the XDP programs (`bpf`, `responder`): BPF instructions as the kernel reads
+//! them, named registers and opcodes, and forward jumps to labels.
 //!
-//! The program is short enough to write instruction by instruction, which keeps a BPF toolchain
+//! The programs are short enough to write instruction by instruction, which keeps a BPF toolchain
 //! (clang, bpf-linker) out of the build and an object file out of the repository; the kernel's
-//! verifier checks every instruction at load.
+//! verifier checks every instruction at load, and the tests load both programs.
 
 /// One BPF instruction, as the kernel reads it (`struct bpf_insn`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,11 +26,16 @@ pub(crate) const R3: Reg = 3;
 pub(crate) const R4: Reg = 4;
 pub(crate) const R5: Reg = 5;
 pub(crate) const R6: Reg = 6;
+pub(crate) const R7: Reg = 7;
+pub(crate) const R8: Reg = 8;
 pub(crate) const R9: Reg = 9;
+pub(crate) const FP: Reg = 10;
 
 // Instruction classes (include/uapi/linux/bpf.h, bpf_common.h).
 const CLASS_LDX: u8 = 0x01;
+const CLASS_ST: u8 = 0x02;
 const CLASS_STX: u8 = 0x03;
+const CLASS_ALU: u8 = 0x04;
 const CLASS_JMP: u8 = 0x05;
 const CLASS_JMP32: u8 = 0x06;
 const CLASS_ALU64: u8 = 0x07;
@@ -50,8 +55,18 @@ pub(crate) enum Size {
 /// An ALU operation (64-bit: `ALU64`).
 pub(crate) type AluOp = u8;
 pub(crate) const ADD: AluOp = 0x00;
+pub(crate) const SUB: AluOp = 0x10;
+pub(crate) const MUL: AluOp = 0x20;
+pub(crate) const DIV: AluOp = 0x30;
+pub(crate) const OR: AluOp = 0x40;
 pub(crate) const AND: AluOp = 0x50;
+pub(crate) const LSH: AluOp = 0x60;
+pub(crate) const RSH: AluOp = 0x70;
+const NEG: AluOp = 0x80;
+pub(crate) const MOD: AluOp = 0x90;
+pub(crate) const XOR: AluOp = 0xa0;
 const MOV: AluOp = 0xb0;
+const END: AluOp = 0xd0;
 
 /// A jump condition; the unsigned ones compare as `u64` (or `u32` in a 32-bit jump), the `S` ones
 /// as signed.
@@ -59,21 +74,30 @@ pub(crate) type JmpOp = u8;
 const JA: JmpOp = 0x00;
 pub(crate) const JEQ: JmpOp = 0x10;
 pub(crate) const JGT: JmpOp = 0x20;
+pub(crate) const JSET: JmpOp = 0x40;
 pub(crate) const JNE: JmpOp = 0x50;
+pub(crate) const JSGT: JmpOp = 0x60;
+pub(crate) const JSGE: JmpOp = 0x70;
 const CALL: JmpOp = 0x80;
 const EXIT: JmpOp = 0x90;
+pub(crate) const JLT: JmpOp = 0xa0;
+pub(crate) const JSLT: JmpOp = 0xc0;
 
 /// `src` of a 64-bit immediate load that makes it a map's file descriptor, which the kernel
 /// replaces with the map at load.
 const PSEUDO_MAP_FD: u8 = 1;
 
 // Helpers by number (the `___BPF_FUNC_MAPPER` order).
+pub(crate) const FN_MAP_LOOKUP_ELEM: i32 = 1;
 pub(crate) const FN_KTIME_GET_NS: i32 = 5;
 pub(crate) const FN_REDIRECT_MAP: i32 = 51;
 pub(crate) const FN_XDP_ADJUST_META: i32 = 54;
+pub(crate) const FN_KTIME_GET_TAI_NS: i32 = 208;
 
 // XDP verdicts.
+pub(crate) const XDP_ABORTED: i32 = 0;
 pub(crate) const XDP_PASS: i32 = 2;
+pub(crate) const XDP_TX: i32 = 3;
 
 // `struct xdp_md` offsets.
 pub(crate) const MD_DATA: i16 = 0;
@@ -124,6 +148,11 @@ impl Asm {
         self.jump(CLASS_JMP | JA, 0, 0, 0, to);
     }
 
+    /// `if dst <op> imm goto to`, 64-bit (the immediate sign-extended).
+    pub(crate) fn jmp_k(&mut self, op: JmpOp, dst: Reg, imm: i32, to: Label) {
+        self.jump(CLASS_JMP | op, dst, 0, imm, to);
+    }
+
     /// `if dst <op> src goto to`, 64-bit.
     pub(crate) fn jmp_x(&mut self, op: JmpOp, dst: Reg, src: Reg, to: Label) {
         self.jump(CLASS_JMP | SRC_X | op, dst, src, 0, to);
@@ -162,6 +191,28 @@ impl Asm {
         self.emit(CLASS_ALU64 | op, dst, 0, 0, imm);
     }
 
+    /// `dst <op>= src`, 64-bit.
+    pub(crate) fn alu_x(&mut self, op: AluOp, dst: Reg, src: Reg) {
+        self.emit(CLASS_ALU64 | SRC_X | op, dst, src, 0, 0);
+    }
+
+    /// `dst = -dst`.
+    pub(crate) fn neg(&mut self, dst: Reg) {
+        self.emit(CLASS_ALU64 | NEG, dst, 0, 0, 0);
+    }
+
+    /// Keeps the low 32 bits of `dst`.
+    pub(crate) fn zext32(&mut self, dst: Reg) {
+        self.alu_k(LSH, dst, 32);
+        self.alu_k(RSH, dst, 32);
+    }
+
+    /// Converts the low `bits` (16, 32 or 64) of `dst` to big-endian, zeroing the rest: a value
+    /// so converted is stored in network order.
+    pub(crate) fn host_to_be(&mut self, dst: Reg, bits: i32) {
+        self.emit(CLASS_ALU | SRC_X | END, dst, 0, 0, bits);
+    }
+
     pub(crate) fn ld_imm64(&mut self, dst: Reg, value: u64) {
         self.ld_imm64_src(dst, 0, value);
     }
@@ -184,6 +235,11 @@ impl Asm {
     /// `*(size *)(dst + off) = src`.
     pub(crate) fn stx(&mut self, size: Size, dst: Reg, off: i16, src: Reg) {
         self.emit(CLASS_STX | MODE_MEM | size as u8, dst, src, off, 0);
+    }
+
+    /// `*(size *)(dst + off) = imm`.
+    pub(crate) fn st(&mut self, size: Size, dst: Reg, off: i16, imm: i32) {
+        self.emit(CLASS_ST | MODE_MEM | size as u8, dst, 0, off, imm);
     }
 
     /// `if dst + len > data_end goto to`, with `scratch` clobbered: the bounds check the verifier
@@ -211,8 +267,8 @@ impl Asm {
     }
 }
 
-/// Checks that every jump of `insns` lands inside it and that it ends in `exit`: for the program's
-/// tests.
+/// Checks that every jump of `insns` lands inside it and that it ends in `exit`: for the tests of
+/// each program.
 #[cfg(test)]
 pub(crate) fn assert_jumps_land_inside(insns: &[Insn]) {
     const CALL_CODE: u8 = CLASS_JMP | CALL;
@@ -253,10 +309,13 @@ mod tests {
         // A few against their values in include/uapi/linux/bpf.h, composed by hand.
         let mut a = Asm::default();
         a.stx(Size::DW, R2, 0, R9); // BPF_STX | BPF_MEM | BPF_DW
-        a.ldx(Size::W, R2, R6, 0); // BPF_LDX | BPF_MEM | BPF_W
-        a.alu_k(AND, R4, 0xf0); // BPF_ALU64 | BPF_K | BPF_AND
-        a.mov(R6, R1); // BPF_ALU64 | BPF_X | BPF_MOV
+        a.st(Size::W, FP, -4, 0); // BPF_ST | BPF_MEM | BPF_W
+        a.ldx(Size::DW, R1, R7, 8); // BPF_LDX | BPF_MEM | BPF_DW
+        a.alu_x(MUL, R1, R2); // BPF_ALU64 | BPF_X | BPF_MUL
+        a.alu_k(RSH, R1, 32); // BPF_ALU64 | BPF_K | BPF_RSH
+        a.host_to_be(R1, 64); // BPF_ALU | BPF_END | BPF_TO_BE
+        a.neg(R1); // BPF_ALU64 | BPF_NEG
         let codes: Vec<u8> = a.finish().iter().map(|i| i.code).collect();
-        assert_eq!(codes, [0x7b, 0x61, 0x57, 0xbf]);
+        assert_eq!(codes, [0x7b, 0x62, 0x79, 0x2f, 0x77, 0xdc, 0x87]);
     }
 }

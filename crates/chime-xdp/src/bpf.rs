@@ -18,7 +18,7 @@ use std::{
     ffi::CStr,
     io,
     mem::size_of,
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     ptr,
 };
@@ -36,6 +36,13 @@ pub(crate) const META_MAGIC: u64 = 0x6368_696d_6578_6470; // "chimexdp"
 
 /// A UDP destination the program steers to the sockets; `None` as the address matches any.
 pub(crate) type Target = (Option<IpAddr>, u16);
+
+/// The targets of socket addresses: an unspecified IP matches any of its family's.
+pub(crate) fn targets(addrs: &[SocketAddr]) -> Vec<Target> {
+    (addrs.iter())
+        .map(|a| ((!a.ip().is_unspecified()).then(|| a.ip()), a.port()))
+        .collect()
+}
 
 /// Where [`frame_to_target`] sends a frame to one target: to `v4` if it is IPv4, to `v6` if IPv6.
 #[derive(Clone, Copy, Debug)]
@@ -80,7 +87,7 @@ pub(crate) fn program(map_fd: RawFd, targets: &[Target]) -> Vec<Insn> {
     a.finish()
 }
 
-/// The start of the program: reads the clock into [`RX_MONO`],
+/// The start of both programs (this one and `responder`'s): reads the clock into [`RX_MONO`],
 /// and sends a frame that is plain Ethernet + IPv4 (no options, not a fragment) or IPv6 (no
 /// extension header) + UDP to a route's target on to that route's label, with [`CTX`],
 /// [`DATA`] and [`DATA_END`] set and at least the headers checked to be in the frame;
@@ -184,7 +191,7 @@ fn ipv6(a: &mut Asm, routes: &[Route], pass: Label) {
 
 /// A frame for the sockets: the clock reading goes into its metadata, then it is redirected to
 /// its receive queue's socket through the XSKMAP `map_fd` (to `pass` if there is no room).
-fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
+pub(crate) fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
     a.mov(R1, CTX);
     a.mov_imm(R2, -(META_LEN as i32));
     a.call(FN_XDP_ADJUST_META);
@@ -208,7 +215,9 @@ fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
@@ -257,6 +266,24 @@ struct ProgLoadAttr {
     prog_name: [u8; 16],
     prog_ifindex: u32,
     expected_attach_type: u32,
+}
+
+/// The leading fields of `union bpf_attr` for `BPF_PROG_TEST_RUN`.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
 }
 
 /// The leading fields of `union bpf_attr` for `BPF_LINK_CREATE`.
@@ -318,12 +345,29 @@ pub(crate) fn create_xskmap(queues: u32) -> io::Result<OwnedFd> {
 
 /// Puts the AF_XDP socket `xsk` in `map` for receive queue `queue`.
 pub(crate) fn set_xskmap(map: &OwnedFd, queue: u32, xsk: RawFd) -> io::Result<()> {
-    let key = queue;
-    let value = xsk as u32;
+    update_elem(map, queue, &(xsk as u32))
+}
+
+/// Makes an array map of one entry of `value_size` bytes, all zero, named `name`.
+pub(crate) fn create_array(name: &str, value_size: usize) -> io::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: value_size as u32,
+        max_entries: 1,
+        map_name: name16(name),
+        ..Default::default()
+    };
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
+/// Writes `value` as `map`'s entry `key`. `V` must be the map's value type, `#[repr(C)]` and
+/// without padding, so that every byte the kernel copies is initialised.
+pub(crate) fn update_elem<V: Copy>(map: &OwnedFd, key: u32, value: &V) -> io::Result<()> {
     let mut attr = MapElemAttr {
         map_fd: map.as_raw_fd() as u32,
         key: ptr::from_ref(&key) as u64,
-        value: ptr::from_ref(&value) as u64,
+        value: ptr::from_ref(value) as u64,
         ..Default::default()
     };
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
@@ -369,6 +413,66 @@ pub(crate) fn load_xdp(insns: &[Insn]) -> io::Result<OwnedFd> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// What one run of an XDP program on a frame gave ([`test_run`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TestRun {
+    /// The program's verdict (`XDP_PASS`, `XDP_TX`, ...).
+    pub(crate) verdict: u32,
+    /// The metadata the program left ahead of the frame (empty if it left none).
+    pub(crate) meta: Vec<u8>,
+    /// The frame as the program left it.
+    pub(crate) frame: Vec<u8>,
+}
+
+/// `struct xdp_md` as `BPF_PROG_TEST_RUN` reads and writes it: offsets into its data.
+#[repr(C)]
+#[derive(Default)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+/// Runs the XDP program `prog` once on `frame` with `BPF_PROG_TEST_RUN`, as on a frame received
+/// on queue 0 of the loopback interface: the kernel's own run of the program, on no interface.
+/// The kernel refuses (`EINVAL`) frames shorter than an Ethernet header.
+pub(crate) fn test_run(prog: &OwnedFd, frame: &[u8]) -> io::Result<TestRun> {
+    // Room for the frame and for metadata the program may put ahead of it.
+    let mut out = vec![0u8; frame.len() + 256];
+    // The frame starts the data, with no metadata before it; the kernel says where it ends up.
+    let ctx_in = XdpMd {
+        data_end: frame.len() as u32,
+        ..Default::default()
+    };
+    let mut ctx_out = XdpMd::default();
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: frame.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ctx_size_in: size_of::<XdpMd>() as u32,
+        ctx_size_out: size_of::<XdpMd>() as u32,
+        ctx_in: ptr::from_ref(&ctx_in) as u64,
+        ctx_out: ptr::from_mut(&mut ctx_out) as u64,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    // The kernel copies out from the metadata's start; `ctx_out` says where the frame begins.
+    let len = (attr.data_size_out as usize).min(out.len());
+    let data = (ctx_out.data as usize).min(len);
+    let end = (ctx_out.data_end as usize).clamp(data, len);
+    Ok(TestRun {
+        verdict: attr.retval,
+        meta: out[..data].to_vec(),
+        frame: out[data..end].to_vec(),
+    })
 }
 
 /// Attaches `prog` to interface `ifindex` in driver mode, through a link that detaches it when

@@ -24,10 +24,16 @@
 //! (`ring`, tested without the kernel, and `xsk`), the `bpf(2)` calls (`bpf`) and `getifaddrs`
 //! here. Linux only.
 //!
-//! Module map: `asm` (the assembler the program is written with), `bpf` (the program and the
-//! calls that load and attach it), `xsk` (one AF_XDP socket), `ring` (the mapping and the rings
-//! shared with the kernel), `frame` (requests read out of frames, replies made in place), and `sys`
-//! (libc helpers).
+//! A second program (`responder`) answers plain NTP client requests in the driver itself, from a
+//! [`DriverState`] in a BPF map, and steers everything else as the first does; [`prog_test_run`]
+//! runs either on frames through the kernel without a network, which is how the tests see it.
+//! chimed does not attach it yet.
+//!
+//! Module map: `asm` (the assembler both programs are written with), `bpf` (the steering program
+//! and the calls that load, attach and test-run programs), `responder` (the answering program and
+//! its state), `prog_test_run` (either program run on frames), `xsk` (one AF_XDP socket), `ring`
+//! (the mapping and the rings shared with the kernel), `frame` (requests read out of frames,
+//! replies made in place), and `sys` (libc helpers).
 
 #![warn(missing_docs)]
 
@@ -37,6 +43,8 @@ compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 mod asm;
 mod bpf;
 mod frame;
+pub mod prog_test_run;
+mod responder;
 mod ring;
 mod sys;
 mod xsk;
@@ -54,6 +62,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+pub use responder::{ANSWER, DriverInput, DriverState, RATE_NEGATIVE, SYNCHRONISED};
 pub use xsk::XdpMode;
 
 use chime_udp::{

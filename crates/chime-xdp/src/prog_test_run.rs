@@ -1,0 +1,116 @@
+//! chime's XDP programs loaded on no interface and run on frames with `BPF_PROG_TEST_RUN`: the
+//! kernel verifies and runs the very instructions it would run in a driver, without a network.
+//! How the tests see what each program does to a frame. Loading needs root (`CAP_BPF` and
+//! `CAP_NET_ADMIN`).
+
+use std::{
+    io,
+    net::SocketAddr,
+    os::fd::{AsRawFd, OwnedFd},
+};
+
+use crate::{
+    asm::{XDP_PASS, XDP_TX},
+    bpf,
+    responder::{self, DriverState},
+};
+
+/// One of the programs, loaded with its maps: an XSKMAP of one queue, which holds no socket, and
+/// for the answering program its state, all zero (the in-driver path off) until
+/// [`Self::set_state`].
+#[derive(Debug)]
+pub struct XdpProgram {
+    prog: OwnedFd,
+    _xsks: OwnedFd,
+    state: Option<OwnedFd>,
+    len: usize,
+}
+
+/// Where a frame went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `XDP_PASS` with no metadata: to the kernel's stack.
+    Kernel,
+    /// To the AF_XDP socket of its queue: its receive time and the magic in its metadata, then
+    /// the redirect. The XSKMAP here holds no socket, so the redirect returns its fallback,
+    /// `XDP_PASS`, as on a queue without an XDP thread.
+    Socket,
+    /// `XDP_TX`: sent back out of the interface it came in on.
+    Tx,
+    /// Anything else: the verdict, and the length of the metadata left.
+    Other(u32, usize),
+}
+
+/// One run: where the frame went, and the frame as the program left it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Where the frame went.
+    pub outcome: Outcome,
+    /// The frame as the program left it (without its metadata).
+    pub frame: Vec<u8>,
+}
+
+impl XdpProgram {
+    /// The steering program, as [`crate::XdpBound`] attaches it, for `targets`; an unspecified
+    /// address stands for every address of its family.
+    pub fn steering(targets: &[SocketAddr]) -> io::Result<Self> {
+        let xsks = bpf::create_xskmap(1)?;
+        let insns = bpf::program(xsks.as_raw_fd(), &bpf::targets(targets));
+        Ok(Self {
+            prog: bpf::load_xdp(&insns)?,
+            _xsks: xsks,
+            state: None,
+            len: insns.len(),
+        })
+    }
+
+    /// The answering program for `targets`, answering NTP requests to those of `ntp` (which
+    /// must be among them) in the driver.
+    pub fn answering(targets: &[SocketAddr], ntp: &[SocketAddr]) -> io::Result<Self> {
+        let xsks = bpf::create_xskmap(1)?;
+        let state = bpf::create_array("chimed_ntp", size_of::<DriverState>())?;
+        let insns = responder::program(
+            xsks.as_raw_fd(),
+            state.as_raw_fd(),
+            &bpf::targets(targets),
+            &bpf::targets(ntp),
+        );
+        Ok(Self {
+            prog: bpf::load_xdp(&insns)?,
+            _xsks: xsks,
+            state: Some(state),
+            len: insns.len(),
+        })
+    }
+
+    /// The program's length in instructions.
+    pub fn instructions(&self) -> usize {
+        self.len
+    }
+
+    /// Writes the answering program's state.
+    ///
+    /// # Panics
+    /// On the steering program, which has none.
+    pub fn set_state(&self, state: &DriverState) -> io::Result<()> {
+        let map = self.state.as_ref().expect("the answering program");
+        bpf::update_elem(map, 0, state)
+    }
+
+    /// Runs the program once on `frame`. The kernel refuses (`EINVAL`) a frame shorter than an
+    /// Ethernet header.
+    pub fn run(&self, frame: &[u8]) -> io::Result<Run> {
+        let run = bpf::test_run(&self.prog, frame)?;
+        let magic = bpf::META_MAGIC.to_ne_bytes();
+        let outcome = match (run.verdict, run.meta.len()) {
+            (v, 0) if v == XDP_PASS as u32 => Outcome::Kernel,
+            (v, bpf::META_LEN) if v == XDP_PASS as u32 && run.meta[8..] == magic => Outcome::Socket,
+            (v, 0) if v == XDP_TX as u32 => Outcome::Tx,
+            (v, meta) => Outcome::Other(v, meta),
+        };
+        Ok(Run {
+            outcome,
+            frame: run.frame,
+        })
+    }
+}
