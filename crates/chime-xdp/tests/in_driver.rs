@@ -1,0 +1,887 @@
+//! The answering XDP program, run by the kernel on crafted frames through `BPF_PROG_TEST_RUN`:
+//! what it answers is answered as chime-ntp's socket path answers it, in a frame whose headers
+//! and checksums hold (all checked here independently of the crate's own frame code); what it
+//! does not answer goes exactly where the steering program sends it, untouched.
+//!
+//! Needs root, to load XDP programs: in `scripts/test`'s system tier.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use chime_ntp::{
+    Header, Leap, Mode, NtpShort, NtpTimestamp, ServedClock, ServedHeader, ServerState, StalePolicy,
+};
+use chime_xdp::prog_test_run::{Outcome, XdpProgram};
+use chime_xdp::{ANSWER, DriverInput, DriverState};
+use proptest::prelude::*;
+
+const SERVER_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const SERVER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
+const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 7);
+const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+/// The TAI offset the tests' states hold: the program's clock is `CLOCK_TAI` less this, whatever
+/// the kernel's own offset is.
+const TAI_OFFSET: i64 = 37;
+
+fn server(v6: bool, port: u16) -> SocketAddr {
+    match v6 {
+        false => SocketAddr::new(IpAddr::V4(SERVER_V4), port),
+        true => SocketAddr::new(IpAddr::V6(SERVER_V6), port),
+    }
+}
+
+fn client(v6: bool) -> SocketAddr {
+    match v6 {
+        false => SocketAddr::new(IpAddr::V4(CLIENT_V4), 40_123),
+        true => SocketAddr::new(IpAddr::V6(CLIENT_V6), 40_123),
+    }
+}
+
+/// NTP on both families' port 123, Roughtime on 2002 beside it.
+fn targets() -> Vec<SocketAddr> {
+    vec![server(false, 123), server(true, 123), server(false, 2002)]
+}
+
+fn ntp_targets() -> Vec<SocketAddr> {
+    vec![server(false, 123), server(true, 123)]
+}
+
+fn assert_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests load XDP programs (CAP_BPF, CAP_NET_ADMIN): run them as root"
+    );
+}
+
+/// Both programs, for the same targets.
+struct Programs {
+    steering: XdpProgram,
+    answering: XdpProgram,
+}
+
+impl Programs {
+    fn load(state: &DriverState) -> Self {
+        assert_root();
+        let answering = XdpProgram::answering(&targets(), &ntp_targets()).unwrap();
+        answering.set_state(state).unwrap();
+        Self {
+            steering: XdpProgram::steering(&targets()).unwrap(),
+            answering,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frames, built and checked here without the crate's frame code.
+
+/// The RFC 1071 sum of `data` as big-endian 16-bit words, folded, not complemented.
+fn ones_sum(data: &[u8]) -> u16 {
+    let mut acc: u64 = 0;
+    for pair in data.chunks(2) {
+        acc += u64::from(pair[0]) << 8 | u64::from(*pair.get(1).unwrap_or(&0));
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// The UDP pseudo-header for `udp` between `src` and `dst`.
+fn pseudo(src: IpAddr, dst: IpAddr, udp_len: usize) -> Vec<u8> {
+    let mut p = Vec::new();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend(s.octets());
+            p.extend(d.octets());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            p.extend(s.octets());
+            p.extend(d.octets());
+        }
+        _ => unreachable!(),
+    }
+    p.extend([0, 17]);
+    p.extend((udp_len as u16).to_be_bytes());
+    p
+}
+
+/// A frame carrying `payload` from `src` to `dst`, with the IP fields a client's kernel might
+/// set (TOS, identification, TTL, a flow label), and right checksums.
+fn frame(src: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend(SERVER_MAC);
+    f.extend(CLIENT_MAC);
+    let udp_len = 8 + payload.len();
+    let ip_at = 14;
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            f.extend(0x0800u16.to_be_bytes());
+            f.extend([0x45, 0xb8]);
+            f.extend(((20 + udp_len) as u16).to_be_bytes());
+            f.extend([0x12, 0x34, 0, 0, 57, 17, 0, 0]);
+            f.extend(s.octets());
+            f.extend(d.octets());
+            let c = !ones_sum(&f[ip_at..ip_at + 20]);
+            f[ip_at + 10..ip_at + 12].copy_from_slice(&c.to_be_bytes());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            f.extend(0x86ddu16.to_be_bytes());
+            f.extend([0x6b, 0x81, 0x23, 0x45]);
+            f.extend((udp_len as u16).to_be_bytes());
+            f.extend([17, 57]);
+            f.extend(s.octets());
+            f.extend(d.octets());
+        }
+        _ => unreachable!(),
+    }
+    let udp_at = f.len();
+    f.extend(src.port().to_be_bytes());
+    f.extend(dst.port().to_be_bytes());
+    f.extend((udp_len as u16).to_be_bytes());
+    f.extend([0, 0]);
+    f.extend(payload);
+    let mut sum = pseudo(src.ip(), dst.ip(), udp_len);
+    sum.extend(&f[udp_at..]);
+    let c = match !ones_sum(&sum) {
+        0 => 0xffff,
+        c => c,
+    };
+    f[udp_at + 6..udp_at + 8].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// The payload's offset in a frame of `v6` or not.
+fn payload_at(v6: bool) -> usize {
+    if v6 { 62 } else { 42 }
+}
+
+/// An NTP client request of `version` and `mode`, with every field the client may fill busy
+/// (poll, precision, the other timestamps) and `origin` as its origin timestamp.
+fn ntp_request(version: u8, mode: u8, origin: u64, transmit: u64) -> [u8; 48] {
+    let mut h = Header::request(version, Mode::Client, NtpTimestamp(transmit));
+    h.poll = 6;
+    h.precision = -18;
+    h.origin_ts = NtpTimestamp(origin);
+    h.receive_ts = NtpTimestamp(0xE000_0000_1234_5678);
+    let mut b = [0; 48];
+    h.encode(&mut b);
+    b[0] = (b[0] & 0xc0) | (version << 3) | mode;
+    b
+}
+
+/// The reply the test expects for `request`, built here: the MACs, addresses and ports swapped,
+/// the IP header as the AF_XDP path writes it (TOS 0, identification 0, DF, TTL / hop limit 64;
+/// traffic class and flow label 0), `ntp` as the payload, and checksums made here.
+fn expected_reply(request: &[u8], v6: bool, ntp: &[u8; 48]) -> Vec<u8> {
+    let mut f = request.to_vec();
+    f[0..6].copy_from_slice(&request[6..12]);
+    f[6..12].copy_from_slice(&request[0..6]);
+    let (src, dst, udp_at) = if v6 {
+        f[14..18].copy_from_slice(&[0x60, 0, 0, 0]);
+        f[21] = 64;
+        let (s, d) = (request[22..38].to_vec(), request[38..54].to_vec());
+        f[22..38].copy_from_slice(&d);
+        f[38..54].copy_from_slice(&s);
+        let ip = |b: &[u8]| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).unwrap()));
+        (ip(&f[22..38]), ip(&f[38..54]), 54)
+    } else {
+        f[15] = 0;
+        f[18..22].copy_from_slice(&[0, 0, 0x40, 0]);
+        f[22] = 64;
+        let (s, d) = (request[26..30].to_vec(), request[30..34].to_vec());
+        f[26..30].copy_from_slice(&d);
+        f[30..34].copy_from_slice(&s);
+        f[24..26].fill(0);
+        let c = !ones_sum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        let ip = |b: &[u8]| IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(b).unwrap()));
+        (ip(&f[26..30]), ip(&f[30..34]), 34)
+    };
+    let (sport, dport) = (
+        request[udp_at..udp_at + 2].to_vec(),
+        request[udp_at + 2..udp_at + 4].to_vec(),
+    );
+    f[udp_at..udp_at + 2].copy_from_slice(&dport);
+    f[udp_at + 2..udp_at + 4].copy_from_slice(&sport);
+    f[udp_at + 8..].copy_from_slice(ntp);
+    f[udp_at + 6..udp_at + 8].fill(0);
+    let mut sum = pseudo(src, dst, 56);
+    sum.extend(&f[udp_at..]);
+    let c = match !ones_sum(&sum) {
+        0 => 0xffff,
+        c => c,
+    };
+    f[udp_at + 6..udp_at + 8].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// A reply frame's checksums hold, as a receiver checks them.
+fn checksums_hold(reply: &[u8], v6: bool) -> bool {
+    let (src, dst, udp_at) = if v6 {
+        let ip = |b: &[u8]| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).unwrap()));
+        (ip(&reply[22..38]), ip(&reply[38..54]), 54)
+    } else {
+        if ones_sum(&reply[14..34]) != 0xffff {
+            return false;
+        }
+        let ip = |b: &[u8]| IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(b).unwrap()));
+        (ip(&reply[26..30]), ip(&reply[30..34]), 34)
+    };
+    let mut sum = pseudo(src, dst, reply.len() - udp_at);
+    sum.extend(&reply[udp_at..]);
+    reply[udp_at + 6..udp_at + 8] != [0, 0] && ones_sum(&sum) == 0xffff
+}
+
+// ---------------------------------------------------------------------------------------------
+// The clock and the state.
+
+/// `clock` now, in nanoseconds.
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one live timespec for the kernel to write.
+    assert_eq!(unsafe { libc::clock_gettime(clock, &mut ts) }, 0);
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+/// The program's local clock now: `CLOCK_TAI` less [`TAI_OFFSET`], as chime-ntp converts it.
+fn program_clock() -> NtpTimestamp {
+    let ns = clock_ns(libc::CLOCK_TAI) - i128::from(TAI_OFFSET) * 1_000_000_000;
+    NtpTimestamp::from_unix((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as u32)
+}
+
+/// A synchronised state, last updated `age` seconds ago, with every field distinct, served
+/// through `clock`.
+fn synced(age: f64, clock: ServedClock) -> ServerState {
+    let now = program_clock();
+    ServerState {
+        leap: Leap::NoWarning,
+        stratum: 2,
+        precision: -23,
+        reference_id: [192, 0, 2, 99],
+        reference_ts: now.sub_duration(Duration::from_secs(300)),
+        root_delay: NtpShort(0x0000_0345),
+        root_dispersion: NtpShort(0x0000_0678),
+        updated: Some(now.sub_duration(Duration::from_secs_f64(age))),
+        clock,
+        announced: None,
+        tai_offset: Some(TAI_OFFSET as u16),
+        leap_step: chime_ntp::LeapStep::NONE,
+    }
+}
+
+/// A followed clock: `offset` seconds ahead, moving at `rate`, anchored `since` seconds ago (a
+/// negative `since` is in the future: the clock stepped back since).
+fn followed(offset: f64, rate: f64, since: f64) -> ServedClock {
+    let now = program_clock();
+    let anchor = if since >= 0.0 {
+        now.sub_duration(Duration::from_secs_f64(since))
+    } else {
+        now.add_duration(Duration::from_secs_f64(-since))
+    };
+    ServedClock {
+        anchor,
+        offset,
+        rate,
+        error: 0.000_4,
+        error_rate: 2e-6,
+    }
+}
+
+/// What chimed will hand [`DriverState::new`]: its state and stale policy, as plain numbers.
+fn input(state: &ServerState, policy: &StalePolicy) -> DriverInput {
+    DriverInput {
+        answer: true,
+        leap: state.leap as u8,
+        leap_announced: state.announced.is_some(),
+        stratum: state.stratum,
+        precision: state.precision,
+        reference_id: state.reference_id,
+        reference_ts: state.reference_ts.0,
+        root_delay: state.root_delay.0,
+        root_dispersion: state.root_dispersion.0,
+        updated: state.updated.map(|t| t.0),
+        stale_after_ns: policy.stale_after.as_nanos() as u64,
+        dispersion_rate: policy.dispersion_rate,
+        anchor: state.clock.anchor.0,
+        offset: state.clock.offset,
+        rate: state.clock.rate,
+        error: state.clock.error,
+        error_rate: state.clock.error_rate,
+        tai_offset: TAI_OFFSET,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running frames.
+
+/// Runs `request` through both programs: if the answering one answers, checks the reply in full
+/// against the socket path's for `state` and returns it; if not, checks that it went where the
+/// steering program sends it, untouched, and returns that outcome.
+fn run(
+    p: &Programs,
+    request: &[u8],
+    state: &ServerState,
+    policy: &StalePolicy,
+) -> Result<Vec<u8>, Outcome> {
+    let before = program_clock();
+    let answered = p.answering.run(request).unwrap();
+    let after = program_clock();
+    let steered = p.steering.run(request).unwrap();
+    assert_eq!(
+        steered.frame, request,
+        "the steering program changed a frame"
+    );
+    if answered.outcome != Outcome::Tx {
+        assert_eq!(
+            answered.outcome, steered.outcome,
+            "not where the steering program sends it"
+        );
+        assert_eq!(answered.frame, request, "a frame handed on was changed");
+        return Err(answered.outcome);
+    }
+    check_reply(request, &answered.frame, state, policy, (before, after));
+    Ok(answered.frame)
+}
+
+/// Checks `reply` to `request`, made between the program clock's `before` and `after`:
+/// the whole frame as [`expected_reply`] builds it from the socket path's NTP header for the same
+/// request and state, with the program's timestamps, which must lie between the served times of
+/// `before` and `after`.
+fn check_reply(
+    request: &[u8],
+    reply: &[u8],
+    state: &ServerState,
+    policy: &StalePolicy,
+    (before, after): (NtpTimestamp, NtpTimestamp),
+) {
+    let v6 = request[12..14] == [0x86, 0xdd];
+    assert!(
+        answerable(request),
+        "answered a request the socket path would not have"
+    );
+    assert_eq!(reply.len(), request.len(), "a reply the request's size");
+    assert!(checksums_hold(reply, v6), "checksums");
+    let at = payload_at(v6);
+    let ntp: [u8; 48] = reply[at..].try_into().expect("48 bytes of NTP");
+    let got = Header::parse(&ntp).unwrap();
+    let (rx, tx) = (got.receive_ts, got.transmit_ts);
+    let (lo, hi) = (state.clock.serve(before), state.clock.serve(after));
+    // A unit of 2^-32 s either side: the receive mark, and rounding in the served offset.
+    assert!(
+        lo.0 <= rx.0 + 1 && rx.0 <= tx.0 + 1 && tx.0 <= hi.0 + 1,
+        "times out of order: {lo:x} ≤ {rx:x} ≤ {tx:x} ≤ {hi:x}"
+    );
+    assert_eq!((rx.0 & 1, tx.0 & 1), (1, 0), "the interleaved-mode marks");
+    // The socket path's header, at a time around the program's: where the two agree (the root
+    // dispersion did not cross a unit between them), that is the one; else either.
+    let port = u16::from_be_bytes([request[at - 8], request[at - 7]]);
+    let socket = |now: NtpTimestamp| {
+        let served: ServedHeader = state.served_at(now, policy);
+        let mut out = [0u8; 48];
+        chime_ntp::respond(&request[at..], port, rx, &served, &mut out).expect("answered");
+        chime_ntp::stamp_transmit(&mut out, tx);
+        out
+    };
+    let (early, late) = (socket(before), socket(after));
+    let want = if ntp == late { late } else { early };
+    assert_eq!(
+        Header::parse(&ntp).unwrap(),
+        Header::parse(&want).unwrap(),
+        "the NTP header"
+    );
+    assert_eq!(reply, expected_reply(request, v6, &want), "the frame");
+}
+
+/// The request is one the AF_XDP worker and chime-ntp would answer and the program may: lengths
+/// that match the frame, checksums that hold (or no UDP checksum, over IPv4), NTP version 1–4
+/// mode 3, not in the interleaved form, not asking to upgrade.
+fn answerable(request: &[u8]) -> bool {
+    let v6 = request[12..14] == [0x86, 0xdd];
+    let at = payload_at(v6);
+    let lengths = if v6 {
+        request.len() == 110 && request[18..20] == [0, 56] && request[58..60] == [0, 56]
+    } else {
+        request.len() == 90 && request[16..18] == [0, 76] && request[38..40] == [0, 56]
+    };
+    if !lengths {
+        return false;
+    }
+    let udp_checksum = if v6 {
+        &request[60..62]
+    } else {
+        &request[40..42]
+    };
+    let sums = if !v6 && udp_checksum == [0, 0] {
+        ones_sum(&request[14..34]) == 0xffff
+    } else {
+        checksums_hold(request, v6)
+    };
+    let ntp = &request[at..];
+    let version = (ntp[0] >> 3) & 7;
+    sums && (1..=4).contains(&version)
+        && ntp[0] & 7 == 3
+        && ntp[31] & 1 == 0
+        && ntp[16..24] != *b"NTP5DRFT"
+}
+
+fn policy() -> StalePolicy {
+    StalePolicy::default()
+}
+
+fn loaded(state: &ServerState) -> Programs {
+    Programs::load(&DriverState::new(&input(state, &policy())))
+}
+
+/// A request of `version` and mode 3 from the client to the NTP port of `v6`'s family.
+fn request(v6: bool, version: u8, origin: u64) -> Vec<u8> {
+    let ntp = ntp_request(version, 3, origin, 0xE111_2222_3333_4444);
+    frame(client(v6), server(v6, 123), &ntp)
+}
+
+#[test]
+fn client_requests_of_every_version_are_answered_as_the_socket_path_answers_them() {
+    // 2.5 s old: 2.5 s at 15 ppm and the followed offset's error bound make 29.07 units of
+    // 2^-16 s of growth, far from a whole unit.
+    let state = synced(2.5, followed(0.25, 2e-5, 3.0));
+    let p = loaded(&state);
+    eprintln!(
+        "the answering program: {} instructions (the steering one {})",
+        p.answering.instructions(),
+        p.steering.instructions()
+    );
+    for v6 in [false, true] {
+        for version in 1..=4 {
+            let req = request(v6, version, 0);
+            let reply = run(&p, &req, &state, &policy()).expect("answered");
+            let h = Header::parse(&reply[payload_at(v6)..]).unwrap();
+            assert_eq!((h.version, h.mode), (version, Mode::Server));
+            assert_eq!(h.origin_ts, NtpTimestamp(0xE111_2222_3333_4444));
+            assert_eq!((h.leap, h.stratum, h.precision), (Leap::NoWarning, 2, -23));
+            assert_eq!(h.reference_id, [192, 0, 2, 99]);
+            assert_eq!(h.root_delay, NtpShort(0x0345));
+            assert_eq!(h.root_dispersion, NtpShort(0x0678 + 30));
+            assert_eq!(h.poll, 6, "the request's poll");
+        }
+    }
+    // An old ntpd's request echoes our last transmit timestamp (even) as its origin: basic mode.
+    let reply = run(
+        &p,
+        &request(false, 4, 0xE000_0001_0000_0002),
+        &state,
+        &policy(),
+    );
+    assert!(reply.is_ok());
+}
+
+#[test]
+fn replies_carry_the_served_time() {
+    // A second ahead and slewing, anchored 20 s ago (past the 16 s the rate is applied for), then
+    // 2 s ago before and after the anchor.
+    for (offset, rate, since) in [(1.0, 5e-4, 20.0), (-0.75, -3e-4, 2.0), (0.5, 1e-3, -2.0)] {
+        let state = synced(1.0, followed(offset, rate, since));
+        let p = loaded(&state);
+        for v6 in [false, true] {
+            run(&p, &request(v6, 4, 0), &state, &policy()).expect("answered");
+        }
+    }
+}
+
+#[test]
+fn the_root_dispersion_saturates() {
+    let mut state = synced(4.0, followed(0.0, 0.0, 0.0));
+    state.root_dispersion = NtpShort(0xffff_fff0);
+    let p = loaded(&state);
+    let reply = run(&p, &request(false, 4, 0), &state, &policy()).expect("answered");
+    assert_eq!(
+        Header::parse(&reply[42..]).unwrap().root_dispersion,
+        NtpShort::MAX
+    );
+}
+
+#[test]
+fn an_unsynchronised_server_is_answered_as_the_socket_path_answers_it() {
+    let stale = synced(8.5, followed(0.0, 0.0, 0.0));
+    let leap3 = ServerState {
+        leap: Leap::Unsynchronised,
+        ..synced(1.0, ServedClock::LOCAL)
+    };
+    let stratum16 = ServerState {
+        stratum: 16,
+        ..synced(1.0, ServedClock::LOCAL)
+    };
+    for state in [ServerState::unsynchronised(), stale, leap3, stratum16] {
+        let p = loaded(&state);
+        for v6 in [false, true] {
+            let reply = run(&p, &request(v6, 4, 0), &state, &policy()).expect("answered");
+            let h = Header::parse(&reply[payload_at(v6)..]).unwrap();
+            assert_eq!((h.leap, h.stratum), (Leap::Unsynchronised, 0));
+        }
+    }
+    // Just inside the stale time: synchronised still.
+    let fresh = synced(7.5, followed(0.0, 0.0, 0.0));
+    let reply = run(&loaded(&fresh), &request(false, 4, 0), &fresh, &policy()).unwrap();
+    assert_eq!(Header::parse(&reply[42..]).unwrap().leap, Leap::NoWarning);
+}
+
+/// `request` goes where the steering program sends it (checked by [`run`]), which is `want`.
+fn handed_on(p: &Programs, state: &ServerState, request: &[u8], want: Outcome) {
+    assert_eq!(run(p, request, state, &policy()), Err(want));
+}
+
+#[test]
+fn what_is_not_a_plain_client_request_goes_to_the_socket() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    for v6 in [false, true] {
+        let ntp = ntp_request(4, 3, 0, 0xE111_2222_3333_4444);
+        let to = |payload: &[u8]| frame(client(v6), server(v6, 123), payload);
+        // Not 48 bytes: an extension field or a MAC, or not NTP.
+        for len in [47, 49, 52, 68, 72] {
+            let mut payload = ntp.to_vec();
+            payload.resize(len, 0);
+            handed_on(&p, &state, &to(&payload), Outcome::Socket);
+        }
+        for version in [0, 5, 6, 7] {
+            handed_on(
+                &p,
+                &state,
+                &to(&ntp_request(version, 3, 0, 1)),
+                Outcome::Socket,
+            );
+        }
+        for mode in [0, 1, 2, 4, 5, 6, 7] {
+            handed_on(
+                &p,
+                &state,
+                &to(&ntp_request(4, mode, 0, 1)),
+                Outcome::Socket,
+            );
+        }
+        // The interleaved form: the origin has the receive mark.
+        handed_on(
+            &p,
+            &state,
+            &to(&ntp_request(4, 3, 0xE000_0001_0000_0003, 1)),
+            Outcome::Socket,
+        );
+        // Asking to upgrade to NTPv5.
+        let mut upgrade = ntp;
+        upgrade[16..24].copy_from_slice(b"NTP5DRFT");
+        handed_on(&p, &state, &to(&upgrade), Outcome::Socket);
+    }
+    // Roughtime's port.
+    let roughtime = frame(client(false), server(false, 2002), &ntp_request(4, 3, 0, 1));
+    handed_on(&p, &state, &roughtime, Outcome::Socket);
+}
+
+#[test]
+fn frames_the_worker_would_drop_go_to_the_socket_to_be_counted() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    for v6 in [false, true] {
+        let good = request(v6, 4, 0);
+        let udp_sum = if v6 { 60 } else { 40 };
+        let mut bad = good.clone();
+        bad[udp_sum + 1] ^= 1;
+        handed_on(&p, &state, &bad, Outcome::Socket);
+        // A payload byte changed under the checksum.
+        let mut bad = good.clone();
+        *bad.last_mut().unwrap() ^= 0x80;
+        handed_on(&p, &state, &bad, Outcome::Socket);
+        // Ethernet padding, or anything else after the datagram.
+        handed_on(
+            &p,
+            &state,
+            &[good.clone(), vec![0; 4]].concat(),
+            Outcome::Socket,
+        );
+        if !v6 {
+            let mut bad = good.clone();
+            bad[24] ^= 1; // the IPv4 header checksum
+            handed_on(&p, &state, &bad, Outcome::Socket);
+            // No UDP checksum, which IPv4 allows: answered.
+            let mut none = good.clone();
+            none[40..42].fill(0);
+            assert!(run(&p, &none, &state, &policy()).is_ok());
+        }
+    }
+}
+
+#[test]
+fn other_traffic_goes_to_the_kernel() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    let ntp = ntp_request(4, 3, 0, 1);
+    for v6 in [false, true] {
+        // Another port, another address.
+        handed_on(
+            &p,
+            &state,
+            &frame(client(v6), server(v6, 124), &ntp),
+            Outcome::Kernel,
+        );
+        let elsewhere = match v6 {
+            false => SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2)), 123),
+            true => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 123),
+        };
+        handed_on(
+            &p,
+            &state,
+            &frame(client(v6), elsewhere, &ntp),
+            Outcome::Kernel,
+        );
+        // A VLAN tag.
+        let good = request(v6, 4, 0);
+        let tagged = [&good[..12], &[0x81, 0x00, 0x00, 0x07], &good[12..]].concat();
+        handed_on(&p, &state, &tagged, Outcome::Kernel);
+    }
+    let good = request(false, 4, 0);
+    // IPv4 options (a 24-byte header), a fragment (more fragments; an offset).
+    let mut options = good.clone();
+    options[14] = 0x46;
+    handed_on(&p, &state, &options, Outcome::Kernel);
+    for (at, bits) in [(20, 0x20), (21, 0x01)] {
+        let mut fragment = good.clone();
+        fragment[at] |= bits;
+        handed_on(&p, &state, &fragment, Outcome::Kernel);
+    }
+    // An IPv6 extension header: hop-by-hop options, or a fragment header.
+    for next in [0, 44] {
+        let mut ext = request(true, 4, 0);
+        ext[20] = next;
+        handed_on(&p, &state, &ext, Outcome::Kernel);
+    }
+}
+
+#[test]
+fn a_truncated_frame_is_never_answered() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    for v6 in [false, true] {
+        let good = request(v6, 4, 0);
+        for len in 0..good.len() {
+            let cut = &good[..len];
+            if len < 14 {
+                // The kernel runs no program on less than an Ethernet header.
+                for prog in [&p.answering, &p.steering] {
+                    let e = prog.run(cut).expect_err("too short to run");
+                    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{len} bytes");
+                }
+                continue;
+            }
+            let want = if len < 42 || (v6 && len < 62) {
+                Outcome::Kernel
+            } else {
+                Outcome::Socket
+            };
+            handed_on(&p, &state, cut, want);
+        }
+        assert!(run(&p, &good, &state, &policy()).is_ok());
+    }
+}
+
+#[test]
+fn nothing_is_answered_unless_the_state_says_so() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let req = request(false, 4, 0);
+    // Never written: all zero.
+    assert_root();
+    let answering = XdpProgram::answering(&targets(), &ntp_targets()).unwrap();
+    assert_eq!(answering.run(&req).unwrap().outcome, Outcome::Socket);
+    // chimed's flag off (rules, rate limiting, ...).
+    let off = DriverInput {
+        answer: false,
+        ..input(&state, &policy())
+    };
+    handed_on(
+        &Programs::load(&DriverState::new(&off)),
+        &state,
+        &req,
+        Outcome::Socket,
+    );
+    // A leap second announced: the workers say what happens at it.
+    let warning = ServerState {
+        leap: Leap::AddSecond,
+        ..state
+    };
+    let p = loaded(&warning);
+    handed_on(&p, &warning, &req, Outcome::Socket);
+    assert_eq!(
+        DriverState::new(&input(&warning, &policy())).flags & ANSWER,
+        0
+    );
+}
+
+/// Makes a frame's checksums hold over what it carries, whatever its length fields say: so that
+/// a mutated frame reaches the checks after the checksums'.
+fn refix_checksums(f: &mut [u8]) {
+    let v6 = f.len() >= 62 && f[12..14] == [0x86, 0xdd];
+    let v4 = f.len() >= 42 && f[12..14] == [0x08, 0x00] && f[14] == 0x45;
+    let udp_at = match (v4, v6) {
+        (true, _) => {
+            f[24..26].fill(0);
+            let c = !ones_sum(&f[14..34]);
+            f[24..26].copy_from_slice(&c.to_be_bytes());
+            34
+        }
+        (_, true) => 54,
+        _ => return,
+    };
+    let (src, dst) = if v6 {
+        let ip = |b: &[u8]| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).unwrap()));
+        (ip(&f[22..38]), ip(&f[38..54]))
+    } else {
+        let ip = |b: &[u8]| IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(b).unwrap()));
+        (ip(&f[26..30]), ip(&f[30..34]))
+    };
+    f[udp_at + 6..udp_at + 8].fill(0);
+    let mut sum = pseudo(src, dst, f.len() - udp_at);
+    sum.extend(&f[udp_at..]);
+    let c = match !ones_sum(&sum) {
+        0 => 0xffff,
+        c => c,
+    };
+    f[udp_at + 6..udp_at + 8].copy_from_slice(&c.to_be_bytes());
+}
+
+/// A request as a client might send it, then perhaps damaged: another version, mode, origin or
+/// port, another length, bytes flipped (with the checksums made to hold again, or not), cut
+/// short, or with bytes after it.
+fn requests() -> impl Strategy<Value = Vec<u8>> {
+    // Weighted towards what is answered, so that both kinds are many.
+    let header = (
+        any::<bool>(),
+        prop::sample::select(vec![4u8, 4, 4, 4, 3, 2, 1, 0, 5, 6, 7]),
+        prop::sample::select(vec![3u8, 3, 3, 3, 3, 3, 3, 0, 1, 2, 4, 5, 6, 7]),
+        any::<u64>(),
+        any::<u64>(),
+    );
+    let shape = (
+        prop::sample::select(vec![123u16, 123, 123, 123, 124, 2002]),
+        prop::sample::select(vec![48usize, 48, 48, 48, 48, 47, 49, 52, 68]),
+        any::<bool>(),
+    );
+    let flips = prop::collection::vec((any::<prop::sample::Index>(), 1..=255u8), 1..3);
+    let damage = (
+        prop::option::weighted(0.4, flips).prop_map(Option::unwrap_or_default),
+        any::<bool>(),
+        prop::option::weighted(0.1, any::<prop::sample::Index>()),
+        prop::sample::select(vec![0usize, 0, 0, 0, 0, 0, 0, 0, 1, 4]),
+    );
+    (header, shape, damage).prop_map(
+        |(
+            (v6, version, mode, origin, transmit),
+            (port, len, zero_sum),
+            (flips, refix, cut, tail),
+        )| {
+            // Half the origins even (basic mode's), half anything.
+            let origin = if origin & 2 == 0 { origin & !1 } else { origin };
+            let mut payload = ntp_request(version, mode, origin, transmit).to_vec();
+            payload.resize(len, 0x5a);
+            let mut f = frame(client(v6), server(v6, port), &payload);
+            if zero_sum && !v6 {
+                f[40..42].fill(0);
+            }
+            for (at, bits) in &flips {
+                let at = at.index(f.len());
+                f[at] ^= bits;
+            }
+            if refix && !flips.is_empty() {
+                refix_checksums(&mut f);
+            }
+            if let Some(cut) = cut {
+                f.truncate(cut.index(f.len() + 1).max(14));
+            }
+            f.extend(std::iter::repeat_n(0, tail));
+            f
+        },
+    )
+}
+
+#[test]
+fn a_frame_is_answered_only_with_a_right_reply_and_otherwise_goes_where_it_went() {
+    let state = synced(2.5, followed(0.25, 2e-5, 3.0));
+    let p = loaded(&state);
+    let config = proptest::test_runner::Config::with_cases(6000);
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let answered = std::cell::Cell::new(0);
+    runner
+        .run(&requests(), |f| {
+            if run(&p, &f, &state, &policy()).is_ok() {
+                answered.set(answered.get() + 1);
+            }
+            Ok(())
+        })
+        .unwrap();
+    // Random bytes: nearly all to the kernel.
+    let random = prop::collection::vec(any::<u8>(), 14..200);
+    runner
+        .run(&random, |f| {
+            run(&p, &f, &state, &policy()).ok();
+            Ok(())
+        })
+        .unwrap();
+    // Enough of each kind ran.
+    assert!(answered.get() > 200, "{} answered", answered.get());
+    assert!(answered.get() < 5800, "{} answered", answered.get());
+}
+
+/// A state of any age within (and past) its stale time, with a followed clock anywhere around its
+/// anchor, and rates and bounds of every size chimed sees.
+fn states() -> impl Strategy<Value = (ServerState, StalePolicy)> {
+    let clock = (
+        -5.0..5.0f64,
+        -2e-3..2e-3f64,
+        -30.0..30.0f64,
+        0.0..0.05f64,
+        0.0..1e-3f64,
+    );
+    let policy = (1.0..64.0f64, 0.0..1e-4f64);
+    (clock, policy, 0.0..1.1f64, any::<u32>(), any::<bool>()).prop_map(
+        |(
+            (offset, rate, since, error, error_rate),
+            (stale, dispersion_rate),
+            age,
+            dispersion,
+            still,
+        )| {
+            let mut clock = followed(offset, rate, since);
+            clock.error = error;
+            clock.error_rate = error_rate;
+            if still {
+                clock.rate = 0.0;
+                clock.error_rate = 0.0;
+            }
+            let mut state = synced(age * stale, clock);
+            state.root_dispersion = NtpShort(dispersion >> 8);
+            let policy = StalePolicy {
+                stale_after: Duration::from_secs_f64(stale),
+                dispersion_rate,
+            };
+            (state, policy)
+        },
+    )
+}
+
+#[test]
+fn the_state_is_aged_and_the_time_served_as_the_socket_path_does() {
+    let p = loaded(&synced(1.0, ServedClock::LOCAL));
+    let config = proptest::test_runner::Config::with_cases(1000);
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    runner
+        .run(&(states(), any::<bool>()), |((state, policy), v6)| {
+            let driver = DriverState::new(&input(&state, &policy));
+            prop_assert_eq!(driver.flags & ANSWER, ANSWER);
+            p.answering.set_state(&driver).unwrap();
+            run(&p, &request(v6, 4, 0), &state, &policy).expect("answered");
+            Ok(())
+        })
+        .unwrap();
+}
