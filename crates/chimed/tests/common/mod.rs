@@ -795,16 +795,16 @@ impl PeerServer {
     /// [`Self::roughenough`] run under libfaketime with this offset (`+1h`, `-30m`): a server
     /// whose own clock is off, as a misconfigured or compromised one's would be. The library is
     /// preloaded into the server itself, not through the `faketime` wrapper, which would leave
-    /// the server running when killed. Debian's `libfaketime` (scripts/setup installs
-    /// `faketime`); `FAKETIME_LIB` overrides the path.
+    /// the server running when killed. Debian's `libfaketime` (scripts/setup);
+    /// `FAKETIME_LIB` overrides the path.
     pub fn roughenough_faked(seed_hex: &str, offset: &str) -> Self {
         let lib = peer("FAKETIME_LIB", FAKETIME_LIB);
         let env = [
             ("LD_PRELOAD", lib.to_str().unwrap()),
             ("FAKETIME", offset),
-            // No shared memory: the offset is fixed, and nothing is left in /dev/shm.
+            // The offset is fixed: nothing to read again.
             ("FAKETIME_NO_CACHE", "1"),
-            ("DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ];
         Self::roughenough_under(seed_hex, &[], &env)
     }
@@ -949,6 +949,16 @@ impl PeerServer {
     pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // libfaketime, preloaded into a server (`roughenough_faked`), keeps a shared-memory
+        // segment and a semaphore named after the process, which it removes only when the
+        // process exits on its own: a killed server leaves them in /dev/shm.
+        let pid = self.child.id();
+        for name in [
+            format!("faketime_shm_{pid}"),
+            format!("sem.faketime_sem_{pid}"),
+        ] {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+        }
     }
 }
 
