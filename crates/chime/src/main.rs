@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod addr;
 mod control;
 mod keygen;
 mod ntp;

@@ -4,7 +4,7 @@
 
 pub(crate) mod v5;
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -218,21 +218,7 @@ fn check_synchronised(args: &Args, report: &Report) -> Result<()> {
 }
 
 fn resolve(server: &str) -> Result<SocketAddr> {
-    if let Ok(addr) = server.parse::<SocketAddr>() {
-        return Ok(addr);
-    }
-    if let Ok(ip) = server.parse::<IpAddr>() {
-        return Ok((ip, 123).into());
-    }
-    let spec = if server.contains(':') {
-        server.to_owned()
-    } else {
-        format!("{server}:123")
-    };
-    spec.to_socket_addrs()
-        .with_context(|| format!("{server}: cannot resolve"))?
-        .next()
-        .with_context(|| format!("{server}: no address"))
+    crate::addr::resolve(server, 123)
 }
 
 fn query(server: SocketAddr, version: u8, timeout: Duration) -> Result<Report> {

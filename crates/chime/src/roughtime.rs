@@ -7,7 +7,7 @@
 //! implementation (roughly writes a bare list of the same entries).
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -619,21 +619,7 @@ fn unix_us() -> u64 {
 }
 
 fn resolve(server: &str) -> Result<SocketAddr> {
-    if let Ok(addr) = server.parse::<SocketAddr>() {
-        return Ok(addr);
-    }
-    if let Ok(ip) = server.parse::<std::net::IpAddr>() {
-        return Ok((ip, 5319).into());
-    }
-    let spec = if server.contains(':') {
-        server.to_owned()
-    } else {
-        format!("{server}:5319")
-    };
-    spec.to_socket_addrs()
-        .with_context(|| format!("{server}: cannot resolve"))?
-        .next()
-        .with_context(|| format!("{server}: no address"))
+    crate::addr::resolve(server, 5319)
 }
 
 /// An ML-DSA-44 public key (1312 bytes, base64), if `s` is one.
