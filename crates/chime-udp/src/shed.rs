@@ -22,9 +22,9 @@
 //! - The socket's receive buffer shrinks so that a full queue waits about half the target,
 //!   sized at once from what was measured (the buffer scaled by the half target over the
 //!   standing queue's wait, down to [`MIN_SHED_BUFFER`] if that is what it says), and is sized
-//!   again every interval: a quarter smaller while datagrams still
-//!   wait past the target, twice as large when the queue ran dry while the kernel dropped
-//!   (arrivals come in bursts, and a buffer shorter than a burst idles the thread between them).
+//!   again every interval: a tenth smaller while datagrams still wait past the target, half as
+//!   large again when the queue ran dry while the kernel dropped (arrivals come in bursts, and a
+//!   buffer shorter than a burst idles the thread between them).
 //!   The kernel then drops what the thread cannot serve in time as it arrives, before the
 //!   thread spends anything on it: shedding in the thread costs a receive per datagram, which
 //!   at twice the capacity is a fifth of the replies; a short kernel queue costs none.
