@@ -213,11 +213,14 @@ pub(crate) fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
 
 // bpf(2) commands and the types and flags used with them.
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
@@ -361,6 +364,76 @@ pub(crate) fn create_array(name: &str, value_size: usize) -> io::Result<OwnedFd>
     bpf(BPF_MAP_CREATE, &mut attr).map(owned)
 }
 
+/// Makes an array of maps of one entry, empty, whose maps are like `inner` (an array map made by
+/// [`create_array`] of the same value size): a program looks the map up, then its value.
+pub(crate) fn create_map_of_one(name: &str, inner: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY_OF_MAPS,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        inner_map_fd: inner.as_raw_fd() as u32,
+        map_name: name16(name),
+        ..Default::default()
+    };
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
+/// Makes a per-CPU array of `entries` counters (`u64`), all zero, named `name`.
+pub(crate) fn create_percpu_counters(name: &str, entries: u32) -> io::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_PERCPU_ARRAY,
+        key_size: 4,
+        value_size: 8,
+        max_entries: entries,
+        map_name: name16(name),
+        ..Default::default()
+    };
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
+/// The sum over every CPU of counter `key` of a map made by [`create_percpu_counters`]; `cpus`
+/// is [`possible_cpus`], the number of values the kernel copies out.
+pub(crate) fn sum_percpu_counter(map: &OwnedFd, key: u32, cpus: usize) -> io::Result<u64> {
+    let mut values = vec![0u64; cpus];
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        key: ptr::from_ref(&key) as u64,
+        value: values.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr)?;
+    Ok(values.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+}
+
+/// The CPUs the kernel may ever run (`/sys/devices/system/cpu/possible`, e.g. `0-3` or `0,2-5`):
+/// a per-CPU map's lookup copies out one value for each.
+pub(crate) fn possible_cpus() -> io::Result<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    cpus_in_list(text.trim()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("/sys/devices/system/cpu/possible: {text:?} is not a CPU list"),
+        )
+    })
+}
+
+/// The number of CPUs in a kernel CPU list (`0-3,5`).
+fn cpus_in_list(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<usize>().ok()?, hi.parse::<usize>().ok()?),
+            None => {
+                let one = part.parse::<usize>().ok()?;
+                (one, one)
+            }
+        };
+        n += hi.checked_sub(lo)? + 1;
+    }
+    Some(n)
+}
+
 /// Writes `value` as `map`'s entry `key`. `V` must be the map's value type, `#[repr(C)]` and
 /// without padding, so that every byte the kernel copies is initialised.
 pub(crate) fn update_elem<V: Copy>(map: &OwnedFd, key: u32, value: &V) -> io::Result<()> {
@@ -501,5 +574,15 @@ mod tests {
             (Some(IpAddr::V6(Ipv6Addr::LOCALHOST)), 123),
         ];
         assert_jumps_land_inside(&program(3, &targets));
+    }
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(cpus_in_list("0"), Some(1));
+        assert_eq!(cpus_in_list("0-1"), Some(2));
+        assert_eq!(cpus_in_list("0,2-5"), Some(5));
+        assert_eq!(cpus_in_list("0-3,8-11"), Some(8));
+        assert_eq!(cpus_in_list("3-1"), None);
+        assert_eq!(cpus_in_list(""), None);
     }
 }

@@ -27,7 +27,8 @@
 //! A second program (`responder`) answers plain NTP client requests in the driver itself, from a
 //! [`DriverState`] in a BPF map, and steers everything else as the first does; [`prog_test_run`]
 //! runs either on frames through the kernel without a network, which is how the tests see it.
-//! chimed does not attach it yet.
+//! [`XdpConfig::in_driver`] attaches it instead of the first, with its [`DriverMaps`] for the
+//! caller to keep the state current in and read the counts from.
 //!
 //! Module map: `asm` (the assembler both programs are written with), `bpf` (the steering program
 //! and the calls that load, attach and test-run programs), `responder` (the answering program and
@@ -62,7 +63,9 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-pub use responder::{ANSWER, DriverInput, DriverState, RATE_NEGATIVE, SYNCHRONISED};
+pub use responder::{
+    ANSWER, DriverInput, DriverMaps, DriverOutcome, DriverState, RATE_NEGATIVE, SYNCHRONISED,
+};
 pub use xsk::XdpMode;
 
 use chime_udp::{
@@ -97,6 +100,10 @@ pub struct XdpConfig {
     /// handler is given at once (a handler whose own limit is lower drops and counts the rest,
     /// as Roughtime's does past its batch size).
     pub batch_size: usize,
+    /// Answer plain NTP client requests to the first group's addresses in the driver: attach
+    /// the answering program (`responder`) instead of the steering one. It answers nothing
+    /// until a state is written through [`XdpBound::driver_maps`].
+    pub in_driver: bool,
 }
 
 impl XdpConfig {
@@ -109,6 +116,7 @@ impl XdpConfig {
             mode: None,
             cpus: Vec::new(),
             batch_size: 64,
+            in_driver: false,
         }
     }
 }
@@ -130,6 +138,7 @@ pub struct XdpBound {
     _map: OwnedFd,
     mode: XdpMode,
     targets: Vec<Vec<SocketAddr>>,
+    driver: Option<Arc<DriverMaps>>,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -247,6 +256,26 @@ fn socket_waiting_out_the_last(ifindex: u32, queue: u32, mode: XdpMode) -> io::R
     }
 }
 
+/// The program to attach: the steering one through the XSKMAP `map` to `prog_targets`, or with
+/// `driver`'s maps the answering one, answering NTP (the first group of `targets`) in the driver.
+fn program(
+    map: &OwnedFd,
+    prog_targets: &[bpf::Target],
+    targets: &[Vec<SocketAddr>],
+    driver: Option<&DriverMaps>,
+) -> Vec<asm::Insn> {
+    let map = std::os::fd::AsRawFd::as_raw_fd(map);
+    match driver {
+        None => bpf::program(map, prog_targets),
+        Some(maps) => {
+            let ntp: Vec<bpf::Target> = (targets.first().into_iter().flatten())
+                .map(|a| (Some(a.ip()), a.port()))
+                .collect();
+            responder::program(map, maps.fds(), prog_targets, &ntp)
+        }
+    }
+}
+
 impl XdpBound {
     /// Makes one AF_XDP socket per thread on queues `0..threads`, loads the program for the
     /// groups' addresses and attaches it to the interface.
@@ -310,11 +339,13 @@ impl XdpBound {
             bpf::set_xskmap(&map, q, sock.fd()).map_err(|e| ctx("filling the socket map", e))?;
             sockets.push(sock);
         }
-        let prog = bpf::load_xdp(&bpf::program(
-            std::os::fd::AsRawFd::as_raw_fd(&map),
-            &prog_targets,
-        ))
-        .map_err(|e| ctx("loading the XDP program", e))?;
+        let driver = (cfg.in_driver)
+            .then(DriverMaps::new)
+            .transpose()
+            .map_err(|e| ctx("making the in-driver maps", e))?
+            .map(Arc::new);
+        let insns = program(&map, &prog_targets, &targets, driver.as_deref());
+        let prog = bpf::load_xdp(&insns).map_err(|e| ctx("loading the XDP program", e))?;
         let link =
             bpf::attach_xdp(&prog, ifindex).map_err(|e| ctx("attaching the XDP program", e))?;
         tracing::info!(
@@ -322,6 +353,7 @@ impl XdpBound {
             threads = cfg.threads,
             ?mode,
             targets = ?prog_targets,
+            in_driver = driver.is_some(),
             "XDP program attached"
         );
         Ok(Self {
@@ -331,7 +363,14 @@ impl XdpBound {
             _map: map,
             mode,
             targets,
+            driver,
         })
+    }
+
+    /// With [`XdpConfig::in_driver`], the answering program's maps: where its state is written,
+    /// and its counts.
+    pub fn driver_maps(&self) -> Option<Arc<DriverMaps>> {
+        self.driver.clone()
     }
 
     /// Copy mode or zero-copy, as the driver granted.

@@ -12,17 +12,17 @@ use std::{
 use crate::{
     asm::{XDP_PASS, XDP_TX},
     bpf,
-    responder::{self, DriverState},
+    responder::{self, DriverMaps, DriverOutcome, DriverState},
 };
 
 /// One of the programs, loaded with its maps: an XSKMAP of one queue, which holds no socket, and
-/// for the answering program its state, all zero (the in-driver path off) until
+/// for the answering program its [`DriverMaps`], with no state (nothing answered) until
 /// [`Self::set_state`].
 #[derive(Debug)]
 pub struct XdpProgram {
     prog: OwnedFd,
     _xsks: OwnedFd,
-    state: Option<OwnedFd>,
+    maps: Option<DriverMaps>,
     len: usize,
 }
 
@@ -59,7 +59,7 @@ impl XdpProgram {
         Ok(Self {
             prog: bpf::load_xdp(&insns)?,
             _xsks: xsks,
-            state: None,
+            maps: None,
             len: insns.len(),
         })
     }
@@ -68,17 +68,17 @@ impl XdpProgram {
     /// must be among them) in the driver.
     pub fn answering(targets: &[SocketAddr], ntp: &[SocketAddr]) -> io::Result<Self> {
         let xsks = bpf::create_xskmap(1)?;
-        let state = bpf::create_array("chimed_ntp", size_of::<DriverState>())?;
+        let maps = DriverMaps::new()?;
         let insns = responder::program(
             xsks.as_raw_fd(),
-            state.as_raw_fd(),
+            maps.fds(),
             &bpf::targets(targets),
             &bpf::targets(ntp),
         );
         Ok(Self {
             prog: bpf::load_xdp(&insns)?,
             _xsks: xsks,
-            state: Some(state),
+            maps: Some(maps),
             len: insns.len(),
         })
     }
@@ -88,13 +88,28 @@ impl XdpProgram {
         self.len
     }
 
-    /// Writes the answering program's state.
+    /// Makes `state` the answering program's ([`DriverMaps::set_state`]).
     ///
     /// # Panics
     /// On the steering program, which has none.
     pub fn set_state(&self, state: &DriverState) -> io::Result<()> {
-        let map = self.state.as_ref().expect("the answering program");
-        bpf::update_elem(map, 0, state)
+        self.driver_maps().set_state(state)
+    }
+
+    /// The answering program's counts so far ([`DriverMaps::counts`]).
+    ///
+    /// # Panics
+    /// On the steering program, which has none.
+    pub fn counts(&self) -> io::Result<Vec<(DriverOutcome, u64)>> {
+        self.driver_maps().counts()
+    }
+
+    /// The answering program's maps, which a test may write from another thread.
+    ///
+    /// # Panics
+    /// On the steering program, which has none.
+    pub fn driver_maps(&self) -> &DriverMaps {
+        self.maps.as_ref().expect("the answering program")
     }
 
     /// Runs the program once on `frame`. The kernel refuses (`EINVAL`) a frame shorter than an

@@ -22,8 +22,11 @@
 //!   frame's, or with bytes after the datagram: the AF_XDP worker drops and counts those;
 //! - every request while [`DriverState`] does not say the in-driver path is on.
 //!
-//! The server's side of the reply comes from one [`DriverState`] in a BPF array map, which the
-//! program's loader keeps up to date. The program reads the clock with `bpf_ktime_get_tai_ns`
+//! The server's side of the reply comes from one [`DriverState`], which the program's loader
+//! keeps up to date through [`DriverMaps`]: each state is written once into a map of its own, then
+//! put in the one slot of an array of maps the program looks it up through, so a reply never mixes
+//! two states. The program counts what it does with each frame to a served address by
+//! [`DriverOutcome`] in a per-CPU array, which [`DriverMaps::counts`] sums. The program reads the clock with `bpf_ktime_get_tai_ns`
 //! (`CLOCK_TAI`, the only clock of the time of day a program can read) less the TAI offset the
 //! state holds: that is `CLOCK_REALTIME`, the clock chimed's workers read. It ages the state exactly as
 //! chime-ntp's `ServerState::served_at` does (the root dispersion grows with the time since the
@@ -31,8 +34,9 @@
 //! unsynchronised), and serves the time chimed follows (`ServedClock::serve`: an offset, and a
 //! rate applied for at most 16 s from its anchor).
 
+use std::io;
 use std::mem::offset_of;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use crate::asm::*;
 use crate::bpf::{self, CTX, DATA, DATA_END, ETH_LEN, IPV4_LEN, IPV6_LEN, Route, Target, UDP_LEN};
@@ -41,7 +45,7 @@ use crate::bpf::{self, CTX, DATA, DATA_END, ETH_LEN, IPV4_LEN, IPV6_LEN, Route, 
 /// of this program (for chimed: no `--allow`/`--deny`, no rate limiting, no client log, no leap
 /// smear, no timezone mode), and [`DriverState::new`] clears it when the state cannot be served
 /// exactly (a leap warning or a leap second announced; values past the ranges the program's
-/// arithmetic holds exactly). All zero, as a new map is, the state is off.
+/// arithmetic holds exactly). Until a state is set, nothing is answered.
 pub const ANSWER: u32 = 1 << 0;
 /// The state is synchronised and was updated at least once (it is still unsynchronised once it
 /// is older than its stale time).
@@ -94,9 +98,8 @@ pub struct DriverInput {
 /// The map's one value, as the program reads it: the reply's fields in the forms it writes them,
 /// and the numbers it ages them and reads the time with, in fixed point.
 ///
-/// A write (`BPF_MAP_UPDATE_ELEM`) copies over the value the program reads, so a frame answered
-/// during it can mix the old state and the new: a writer that updates it while frames arrive must
-/// keep readers off the copy being written (two entries and the index of the live one, say).
+/// [`DriverMaps::set_state`] writes each one into a map of its own before the program can see it,
+/// and never writes it again, so a reply never mixes two states.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DriverState {
@@ -208,6 +211,116 @@ impl DriverState {
     }
 }
 
+/// What the answering program did with a frame to a served address: answered it, or the first
+/// reason it found to hand it on to the AF_XDP socket. Frames for the kernel are not counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverOutcome {
+    /// Answered in the driver (`XDP_TX`).
+    Answered,
+    /// To a served address that is not NTP's (Roughtime's).
+    NotNtp,
+    /// Not exactly a frame of 48 bytes of UDP payload: extension fields, a MAC, anything after
+    /// the datagram.
+    Length,
+    /// Length fields that disagree with the frame, or a checksum that does not hold.
+    Malformed,
+    /// Not a client request (mode 3).
+    Mode,
+    /// NTP version 0, or 5 to 7.
+    Version,
+    /// The interleaved form: the origin timestamp has the receive mark.
+    Interleaved,
+    /// A request to upgrade to NTPv5.
+    Upgrade,
+    /// The state says not to answer, or no state was written yet.
+    Off,
+}
+
+impl DriverOutcome {
+    /// Every outcome, in the order of their counters.
+    pub const ALL: [Self; 9] = [
+        Self::Answered,
+        Self::NotNtp,
+        Self::Length,
+        Self::Malformed,
+        Self::Mode,
+        Self::Version,
+        Self::Interleaved,
+        Self::Upgrade,
+        Self::Off,
+    ];
+
+    /// Its name, for metrics' labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::NotNtp => "not_ntp",
+            Self::Length => "length",
+            Self::Malformed => "malformed",
+            Self::Mode => "mode",
+            Self::Version => "version",
+            Self::Interleaved => "interleaved",
+            Self::Upgrade => "upgrade",
+            Self::Off => "off",
+        }
+    }
+}
+
+/// The answering program's maps: the slot its state is looked up through, and its counters.
+#[derive(Debug)]
+pub struct DriverMaps {
+    /// An array of maps of one slot, each map put there holding one [`DriverState`].
+    state: OwnedFd,
+    /// [`DriverOutcome`]'s counters, per CPU.
+    counts: OwnedFd,
+    /// CPUs the kernel keeps a counter for.
+    cpus: usize,
+}
+
+impl DriverMaps {
+    /// Makes the maps: no state yet (nothing answered), every count zero.
+    pub(crate) fn new() -> io::Result<Self> {
+        let template = bpf::create_array("chimed_ntp", size_of::<DriverState>())?;
+        Ok(Self {
+            state: bpf::create_map_of_one("chimed_ntp_slot", &template)?,
+            counts: bpf::create_percpu_counters(
+                "chimed_ntp_outc",
+                DriverOutcome::ALL.len() as u32,
+            )?,
+            cpus: bpf::possible_cpus()?,
+        })
+    }
+
+    /// The file descriptors the program is assembled with: the state's slot and the counters.
+    pub(crate) fn fds(&self) -> (RawFd, RawFd) {
+        (self.state.as_raw_fd(), self.counts.as_raw_fd())
+    }
+
+    /// Makes `state` the one the program answers from: written into a new map, which then
+    /// replaces the last in the slot. A frame answered meanwhile has the last state or this one,
+    /// whole: the kernel frees the last map only once no program can still be reading it (RCU),
+    /// and nothing writes a map after it is in the slot. (Two entries and an index of the live one
+    /// would leave an entry being rewritten while a reader that took the index two writes ago
+    /// still reads it; only timing would rule that out.)
+    pub fn set_state(&self, state: &DriverState) -> io::Result<()> {
+        let map = bpf::create_array("chimed_ntp", size_of::<DriverState>())?;
+        bpf::update_elem(&map, 0, state)?;
+        bpf::update_elem(&self.state, 0, &(map.as_raw_fd() as u32))
+    }
+
+    /// The totals over every CPU, by outcome, in [`DriverOutcome::ALL`]'s order.
+    pub fn counts(&self) -> io::Result<Vec<(DriverOutcome, u64)>> {
+        (DriverOutcome::ALL.iter())
+            .map(|&o| {
+                Ok((
+                    o,
+                    bpf::sum_percpu_counter(&self.counts, o as u32, self.cpus)?,
+                ))
+            })
+            .collect()
+    }
+}
+
 /// Where a field of [`DriverState`] is (`offset_of!`), for the program's loads.
 fn state_at(offset: usize) -> i16 {
     offset as i16
@@ -220,6 +333,8 @@ const NTP: Reg = R8;
 
 // Stack slots (offsets from the frame pointer).
 const KEY: i16 = -4;
+/// The [`DriverOutcome`] to count.
+const OUTCOME: i16 = -8;
 /// 4 or 6: which family's headers finish the reply.
 const FAMILY: i16 = -16;
 /// The local clock at the request's arrival, NTP 32.32.
@@ -257,34 +372,49 @@ const PSEUDO_REST: i32 = (((UDP_NTP_LEN.swap_bytes() as u32) << 16) | 0x1100) as
 const UPGRADE: [u8; 8] = *b"NTP5DRFT";
 
 /// Assembles the answering program for `targets`, of which those in `ntp` are answered in the
-/// driver, through the XSKMAP `xsks` and the state map `state`.
-pub(crate) fn program(xsks: RawFd, state: RawFd, targets: &[Target], ntp: &[Target]) -> Vec<Insn> {
+/// driver, through the XSKMAP `xsks`, the state's slot `state` and the counters `counts`
+/// ([`DriverMaps::fds`]).
+pub(crate) fn program(
+    xsks: RawFd,
+    (state, counts): (RawFd, RawFd),
+    targets: &[Target],
+    ntp: &[Target],
+) -> Vec<Insn> {
     let mut a = Asm::default();
     let pass = a.label();
-    let redirect = a.label();
     let abort = a.label();
     let v4 = a.label();
     let v6 = a.label();
     let answer = a.label();
+    let hand_on = HandOn(std::array::from_fn(|_| a.label()));
     let routes: Vec<Route> = (targets.iter())
         .map(|&target| {
             let ours = ntp.contains(&target);
+            let other = hand_on.to(DriverOutcome::NotNtp);
             Route {
                 target,
-                v4: if ours { v4 } else { redirect },
-                v6: if ours { v6 } else { redirect },
+                v4: if ours { v4 } else { other },
+                v6: if ours { v6 } else { other },
             }
         })
         .collect();
     bpf::frame_to_target(&mut a, &routes, pass);
     a.place(v4);
-    ipv4_request(&mut a, redirect, answer);
+    ipv4_request(&mut a, &hand_on, answer);
     a.place(v6);
-    ipv6_request(&mut a, redirect, answer);
+    ipv6_request(&mut a, &hand_on, answer);
     a.place(answer);
-    ntp_request(&mut a, state, redirect);
-    reply(&mut a, abort);
-    a.place(redirect);
+    ntp_request(&mut a, state, &hand_on);
+    reply(&mut a, counts, abort);
+    // Each reason to hand a frame on: counted, then to the socket.
+    let counted = a.label();
+    for o in &DriverOutcome::ALL[1..] {
+        a.place(hand_on.to(*o));
+        a.st(Size::W, FP, OUTCOME, *o as i32);
+        a.ja(counted);
+    }
+    a.place(counted);
+    count(&mut a, counts);
     bpf::to_socket(&mut a, xsks, pass);
     a.place(pass);
     a.exit_with(XDP_PASS);
@@ -293,24 +423,50 @@ pub(crate) fn program(xsks: RawFd, state: RawFd, targets: &[Target], ntp: &[Targ
     a.finish()
 }
 
+/// Where the program jumps to hand a frame on for each [`DriverOutcome`] but `Answered`.
+struct HandOn([Label; DriverOutcome::ALL.len()]);
+
+impl HandOn {
+    fn to(&self, o: DriverOutcome) -> Label {
+        self.0[o as usize]
+    }
+}
+
+/// Adds one to the counter of the [`DriverOutcome`] at [`OUTCOME`] in the per-CPU map `counts`,
+/// clobbering r0–r5. Per CPU, so a plain add: no other CPU writes this CPU's counter, and a
+/// program runs to its end on one CPU.
+fn count(a: &mut Asm, counts: RawFd) {
+    let done = a.label();
+    a.ld_map(R1, counts);
+    a.mov(R2, FP);
+    a.alu_k(ADD, R2, i32::from(OUTCOME));
+    a.call(FN_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, done);
+    a.ldx(Size::DW, R1, R0, 0);
+    a.alu_k(ADD, R1, 1);
+    a.stx(Size::DW, R0, 0, R1);
+    a.place(done);
+}
+
 /// An IPv4 datagram of 48 bytes whose lengths and checksums hold goes on to `answer`, with
-/// [`NTP`] at its payload; anything else to `redirect`.
-fn ipv4_request(a: &mut Asm, redirect: Label, answer: Label) {
-    exactly(a, V4_FRAME, redirect);
+/// [`NTP`] at its payload; anything else is handed on.
+fn ipv4_request(a: &mut Asm, hand_on: &HandOn, answer: Label) {
+    let malformed = hand_on.to(DriverOutcome::Malformed);
+    exactly(a, V4_FRAME, hand_on.to(DriverOutcome::Length));
     a.ldx(Size::H, R4, DATA, ETH_LEN + 2);
     a.jmp32_k(
         JNE,
         R4,
         i32::from((IPV4_LEN as u16 + UDP_NTP_LEN).swap_bytes()),
-        redirect,
+        malformed,
     );
     a.ldx(Size::H, R4, DATA, ETH_LEN + IPV4_LEN + 4);
-    a.jmp32_k(JNE, R4, i32::from(UDP_NTP_LEN.swap_bytes()), redirect);
+    a.jmp32_k(JNE, R4, i32::from(UDP_NTP_LEN.swap_bytes()), malformed);
     // The header checksum: its words, checksum included, sum to all ones.
     a.mov_imm(R0, 0);
     sum_words(a, ETH_LEN..ETH_LEN + IPV4_LEN);
     fold(a);
-    a.jmp32_k(JNE, R0, 0xffff, redirect);
+    a.jmp32_k(JNE, R0, 0xffff, malformed);
     // The UDP checksum, where there is one (zero is none, which IPv4 allows).
     let checked = a.label();
     a.ldx(Size::H, R4, DATA, ETH_LEN + IPV4_LEN + 6);
@@ -319,7 +475,7 @@ fn ipv4_request(a: &mut Asm, redirect: Label, answer: Label) {
     // The addresses (the pseudo-header's), then the datagram.
     sum_words(a, ETH_LEN + 12..V4_FRAME);
     fold(a);
-    a.jmp32_k(JNE, R0, 0xffff, redirect);
+    a.jmp32_k(JNE, R0, 0xffff, malformed);
     a.place(checked);
     a.mov(NTP, DATA);
     a.alu_k(ADD, NTP, i32::from(ETH_LEN + IPV4_LEN + UDP_LEN));
@@ -329,16 +485,17 @@ fn ipv4_request(a: &mut Asm, redirect: Label, answer: Label) {
 }
 
 /// [`ipv4_request`] for IPv6, where the UDP checksum is mandatory.
-fn ipv6_request(a: &mut Asm, redirect: Label, answer: Label) {
-    exactly(a, V6_FRAME, redirect);
+fn ipv6_request(a: &mut Asm, hand_on: &HandOn, answer: Label) {
+    let malformed = hand_on.to(DriverOutcome::Malformed);
+    exactly(a, V6_FRAME, hand_on.to(DriverOutcome::Length));
     a.ldx(Size::H, R4, DATA, ETH_LEN + 4);
-    a.jmp32_k(JNE, R4, i32::from(UDP_NTP_LEN.swap_bytes()), redirect);
+    a.jmp32_k(JNE, R4, i32::from(UDP_NTP_LEN.swap_bytes()), malformed);
     a.ldx(Size::H, R4, DATA, ETH_LEN + IPV6_LEN + 4);
-    a.jmp32_k(JNE, R4, i32::from(UDP_NTP_LEN.swap_bytes()), redirect);
+    a.jmp32_k(JNE, R4, i32::from(UDP_NTP_LEN.swap_bytes()), malformed);
     a.mov_imm(R0, PSEUDO_REST);
     sum_words(a, ETH_LEN + 8..V6_FRAME);
     fold(a);
-    a.jmp32_k(JNE, R0, 0xffff, redirect);
+    a.jmp32_k(JNE, R0, 0xffff, malformed);
     a.mov(NTP, DATA);
     a.alu_k(ADD, NTP, i32::from(ETH_LEN + IPV6_LEN + UDP_LEN));
     a.mov_imm(R1, 6);
@@ -382,37 +539,47 @@ fn fold(a: &mut Asm) {
 }
 
 /// The NTP checks, then the state: a client request (version 1–4, mode 3) that is not in the
-/// interleaved form and does not ask to upgrade, while the state says to answer, goes on; any
-/// other to `redirect`.
-fn ntp_request(a: &mut Asm, state: RawFd, redirect: Label) {
+/// interleaved form and does not ask to upgrade, while the state in the slot `state` says to
+/// answer, goes on with [`STATE`] at that state; any other is handed on.
+fn ntp_request(a: &mut Asm, state: RawFd, hand_on: &HandOn) {
+    use DriverOutcome::*;
     a.ldx(Size::B, R1, NTP, LVM);
     a.mov(R2, R1);
     a.alu_k(AND, R2, 0x07);
-    a.jmp32_k(JNE, R2, 3, redirect);
+    a.jmp32_k(JNE, R2, 3, hand_on.to(Mode));
     a.alu_k(RSH, R1, 3);
     a.alu_k(AND, R1, 0x07);
-    a.jmp32_k(JEQ, R1, 0, redirect);
-    a.jmp32_k(JGT, R1, 4, redirect);
+    a.jmp32_k(JEQ, R1, 0, hand_on.to(Version));
+    a.jmp32_k(JGT, R1, 4, hand_on.to(Version));
     // The receive mark in the origin timestamp: the interleaved form.
     a.ldx(Size::B, R1, NTP, ORIGIN_TS + 7);
-    a.jmp_k(JSET, R1, 1, redirect);
+    a.jmp_k(JSET, R1, 1, hand_on.to(Interleaved));
     a.ldx(Size::DW, R1, NTP, REFERENCE_TS);
     a.ld_imm64(R2, u64::from_ne_bytes(UPGRADE));
-    a.jmp_x(JEQ, R1, R2, redirect);
+    a.jmp_x(JEQ, R1, R2, hand_on.to(Upgrade));
+    // The map in the slot, then its state: the map is never written once there, so every field
+    // read below is of the one state.
     a.st(Size::W, FP, KEY, 0);
     a.ld_map(R1, state);
     a.mov(R2, FP);
     a.alu_k(ADD, R2, i32::from(KEY));
     a.call(FN_MAP_LOOKUP_ELEM);
-    a.jmp_k(JEQ, R0, 0, redirect);
+    a.jmp_k(JEQ, R0, 0, hand_on.to(Off));
+    a.mov(R1, R0);
+    a.mov(R2, FP);
+    a.alu_k(ADD, R2, i32::from(KEY));
+    a.call(FN_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, hand_on.to(Off));
     a.mov(STATE, R0);
     a.ldx(Size::W, R1, STATE, state_at(offset_of!(DriverState, flags)));
     a.alu_k(AND, R1, ANSWER as i32);
-    a.jmp_k(JEQ, R1, 0, redirect);
+    a.jmp_k(JEQ, R1, 0, hand_on.to(Off));
 }
 
-/// Writes the reply over the request and sends it: from here the frame is answered.
-fn reply(a: &mut Asm, abort: Label) {
+/// Writes the reply over the request and sends it: from here the frame is answered, and counted.
+fn reply(a: &mut Asm, counts: RawFd, abort: Label) {
+    a.st(Size::W, FP, OUTCOME, DriverOutcome::Answered as i32);
+    count(a, counts);
     // The receive time, and the served time's offset from it.
     local_now(a, R0);
     a.stx(Size::DW, FP, LOCAL, R0);
@@ -775,7 +942,7 @@ mod tests {
             (Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))), 2002),
             ntp[1],
         ];
-        assert_jumps_land_inside(&program(3, 4, &targets, &ntp));
+        assert_jumps_land_inside(&program(3, (4, 5), &targets, &ntp));
     }
 
     #[test]

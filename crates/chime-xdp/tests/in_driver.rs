@@ -6,13 +6,14 @@
 //! Needs root, to load XDP programs: in `scripts/test`'s system tier.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chime_ntp::{
     Header, Leap, Mode, NtpShort, NtpTimestamp, ServedClock, ServedHeader, ServerState, StalePolicy,
 };
 use chime_xdp::prog_test_run::{Outcome, XdpProgram};
-use chime_xdp::{ANSWER, DriverInput, DriverState};
+use chime_xdp::{ANSWER, DriverInput, DriverOutcome, DriverState};
 use proptest::prelude::*;
 
 const SERVER_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -691,7 +692,7 @@ fn a_truncated_frame_is_never_answered() {
 fn nothing_is_answered_unless_the_state_says_so() {
     let state = synced(1.0, ServedClock::LOCAL);
     let req = request(false, 4, 0);
-    // Never written: all zero.
+    // No state written yet.
     assert_root();
     let answering = XdpProgram::answering(&targets(), &ntp_targets()).unwrap();
     assert_eq!(answering.run(&req).unwrap().outcome, Outcome::Socket);
@@ -884,4 +885,140 @@ fn the_state_is_aged_and_the_time_served_as_the_socket_path_does() {
             Ok(())
         })
         .unwrap();
+}
+
+/// The answering program's counts, by name, those that are not zero.
+fn counts(p: &Programs) -> Vec<(&'static str, u64)> {
+    let all = p.answering.counts().unwrap();
+    assert_eq!(
+        all.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        DriverOutcome::ALL,
+        "every outcome, in order"
+    );
+    (all.into_iter())
+        .filter(|&(_, n)| n > 0)
+        .map(|(o, n)| (o.name(), n))
+        .collect()
+}
+
+#[test]
+fn each_frame_to_a_served_address_is_counted_by_what_was_done_with_it() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    assert!(counts(&p).is_empty(), "counts before any frame");
+    let go = |f: &[u8], want| assert_eq!(p.answering.run(f).unwrap().outcome, want);
+    for v6 in [false, true, false] {
+        go(&request(v6, 4, 0), Outcome::Tx);
+    }
+    let to = |payload: &[u8]| frame(client(false), server(false, 123), payload);
+    let ntp = ntp_request(4, 3, 0, 0xE111_2222_3333_4444);
+    go(
+        &frame(client(false), server(false, 2002), &ntp),
+        Outcome::Socket,
+    );
+    let mut long = ntp.to_vec();
+    long.resize(68, 0);
+    go(&to(&long), Outcome::Socket);
+    go(&[request(true, 4, 0), vec![0; 4]].concat(), Outcome::Socket);
+    let mut bad = request(false, 4, 0);
+    bad[41] ^= 1;
+    go(&bad, Outcome::Socket);
+    go(&to(&ntp_request(4, 4, 0, 1)), Outcome::Socket);
+    go(&to(&ntp_request(5, 3, 0, 1)), Outcome::Socket);
+    go(&to(&ntp_request(0, 3, 0, 1)), Outcome::Socket);
+    go(
+        &to(&ntp_request(4, 3, 0xE000_0001_0000_0003, 1)),
+        Outcome::Socket,
+    );
+    let mut upgrade = ntp;
+    upgrade[16..24].copy_from_slice(b"NTP5DRFT");
+    go(&to(&upgrade), Outcome::Socket);
+    // Not to a served address and port: the kernel's, not counted.
+    go(
+        &frame(client(false), server(false, 124), &ntp),
+        Outcome::Kernel,
+    );
+    let off = DriverInput {
+        answer: false,
+        ..input(&state, &policy())
+    };
+    p.answering.set_state(&DriverState::new(&off)).unwrap();
+    go(&request(true, 4, 0), Outcome::Socket);
+    assert_eq!(
+        counts(&p),
+        [
+            ("answered", 3),
+            ("not_ntp", 1),
+            ("length", 2),
+            ("malformed", 1),
+            ("mode", 1),
+            ("version", 2),
+            ("interleaved", 1),
+            ("upgrade", 1),
+            ("off", 1),
+        ]
+    );
+}
+
+#[test]
+fn no_reply_mixes_two_states_while_the_state_changes() {
+    // Two states that differ in every field a reply carries, the served time by seconds.
+    let a = synced(1.0, followed(0.25, 2e-5, 3.0));
+    let b = ServerState {
+        stratum: 3,
+        precision: -20,
+        reference_id: [198, 51, 100, 1],
+        root_delay: NtpShort(0x0000_1000),
+        root_dispersion: NtpShort(0x0000_2000),
+        ..synced(3.0, followed(-4.5, -3e-5, 1.0))
+    };
+    let driver = |s: &ServerState| DriverState::new(&input(s, &policy()));
+    let (da, db) = (driver(&a), driver(&b));
+    let p = loaded(&a);
+    // Each write waits for the programs reading the last state to finish (an RCU grace period,
+    // milliseconds), so the frames go on until there have been enough writes.
+    let writes = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let (mut seen_a, mut seen_b, mut frames) = (0, 0, 0);
+    std::thread::scope(|scope| {
+        let maps = p.answering.driver_maps();
+        // Stops the writer however the loop below ends, a failed check included.
+        let _stop = StopOnDrop(&stop);
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                maps.set_state(&db).unwrap();
+                maps.set_state(&da).unwrap();
+                writes.fetch_add(2, Ordering::Relaxed);
+            }
+        });
+        while frames < 20_000 || writes.load(Ordering::Relaxed) < 200 {
+            let v6 = frames % 2 == 1;
+            let req = request(v6, 4, 0);
+            let before = program_clock();
+            let answered = p.answering.run(&req).unwrap();
+            let after = program_clock();
+            assert_eq!(answered.outcome, Outcome::Tx);
+            let stratum = answered.frame[payload_at(v6) + 1];
+            let state = if stratum == 2 { &a } else { &b };
+            if stratum == 2 {
+                seen_a += 1;
+            } else {
+                seen_b += 1;
+            }
+            check_reply(&req, &answered.frame, state, &policy(), (before, after));
+            frames += 1;
+        }
+    });
+    let writes = writes.into_inner();
+    eprintln!("{seen_a} replies from one state, {seen_b} from the other, {writes} writes");
+    assert!(seen_a > 100 && seen_b > 100, "{seen_a} and {seen_b}");
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
