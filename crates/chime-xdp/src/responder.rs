@@ -406,9 +406,14 @@ pub(crate) fn program(
     a.place(answer);
     ntp_request(&mut a, state, &hand_on);
     reply(&mut a, counts, abort);
-    // Each reason to hand a frame on: counted, then to the socket.
+    // Each reason to hand a frame on: counted, then to the socket. Without a target but NTP's,
+    // nothing jumps to `NotNtp`'s, which the verifier would refuse as unreachable.
     let counted = a.label();
+    let others = targets.iter().any(|t| !ntp.contains(t));
     for o in &DriverOutcome::ALL[1..] {
+        if *o == DriverOutcome::NotNtp && !others {
+            continue;
+        }
         a.place(hand_on.to(*o));
         a.st(Size::W, FP, OUTCOME, *o as i32);
         a.ja(counted);

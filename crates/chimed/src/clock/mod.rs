@@ -62,12 +62,24 @@ pub(crate) fn now() -> NtpTimestamp {
 /// `leapsectz`), or `None` while it is unset: the kernel's is 0 until something sets it, and
 /// TAI has been at least 10 s ahead of UTC since 1972.
 pub(crate) fn tai_offset() -> Option<u16> {
+    let seconds = kernel_tai_offset();
+    (10..=1000).contains(&seconds).then_some(seconds as u16)
+}
+
+/// CLOCK_TAI less CLOCK_REALTIME in whole seconds, as the kernel keeps it (the `tai` of
+/// `adjtimex`), 0 while unset: what the program in the driver subtracts from CLOCK_TAI, the one
+/// clock of the time of day it can read, to get chimed's. The two readings are nanoseconds
+/// apart, and the kernel's offset is whole seconds, so rounding gives it exactly.
+pub(crate) fn kernel_tai_offset() -> i64 {
     use nix::time::{ClockId, clock_gettime};
-    let utc = clock_gettime(ClockId::CLOCK_REALTIME).ok()?;
-    let tai = clock_gettime(ClockId::CLOCK_TAI).ok()?;
+    let (Ok(utc), Ok(tai)) = (
+        clock_gettime(ClockId::CLOCK_REALTIME),
+        clock_gettime(ClockId::CLOCK_TAI),
+    ) else {
+        return 0;
+    };
     let diff = (tai.tv_sec() - utc.tv_sec()) as f64 + (tai.tv_nsec() - utc.tv_nsec()) as f64 * 1e-9;
-    let seconds = diff.round();
-    (10.0..=1000.0).contains(&seconds).then_some(seconds as u16)
+    diff.round() as i64
 }
 
 /// A kernel receive timestamp (CLOCK_REALTIME) as an NTP timestamp.

@@ -1,14 +1,17 @@
 //! The clock as published: what the upstream poller last mirrored from chronyd, and what every
 //! service reads to serve it (NTP, NTS, Roughtime, the metrics). The poller is its one writer; the
-//! workers load it once per batch.
+//! workers load it once per batch. With `--xdp-in-driver` each state published is also written
+//! where the program that answers in the driver reads it, so that program is one more reader.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use chime_ntp::v5::{self, BloomFilter};
 use chime_ntp::{Leap, NtpTimestamp, ServedHeader, ServerState, Smear, StalePolicy};
-use tracing::info;
+use chime_xdp::{DriverInput, DriverMaps, DriverState};
+use tracing::{info, warn};
 
 use crate::clock::{self, tz::Zone};
 use crate::config::Settings;
@@ -27,6 +30,10 @@ pub(crate) struct Published {
     filter: Option<ReferenceFilter>,
     /// Where the monotonic clock is read from, to see the system clock step.
     epoch: Instant,
+    /// `--xdp-in-driver`: the maps of the program that answers in the driver, once attached.
+    driver: OnceLock<Arc<DriverMaps>>,
+    /// The last write there failed (logged once until one succeeds).
+    driver_failed: AtomicBool,
 }
 
 impl Published {
@@ -66,6 +73,8 @@ impl Published {
             zone: ArcSwapOption::empty(),
             filter,
             epoch: Instant::now(),
+            driver: OnceLock::new(),
+            driver_failed: AtomicBool::new(false),
         }
     }
 
@@ -74,9 +83,42 @@ impl Published {
         self.state.load()
     }
 
-    /// Publishes a newly mirrored state (the poller's).
+    /// Publishes a newly mirrored state (the poller's), in the driver too if it answers there.
     pub(crate) fn publish(&self, state: ServerState) {
         self.state.store(Arc::new(state));
+        self.to_driver();
+    }
+
+    /// From now on, every state published is also written into `maps`, the answering program's
+    /// (`--xdp-in-driver`); the one in force is written at once. Set once, at start.
+    pub(crate) fn answer_in_driver(&self, maps: Arc<DriverMaps>) {
+        if self.driver.set(maps).is_ok() {
+            self.to_driver();
+        }
+    }
+
+    /// Writes the state in force where the program in the driver reads it. Only when it changes:
+    /// the program ages it as [`ServerState::served_at`] does, turning it unsynchronised past the
+    /// stale time, so a poller that hears nothing more need write nothing more.
+    fn to_driver(&self) {
+        let Some(maps) = self.driver.get() else {
+            return;
+        };
+        let input = driver_input(&self.load(), &self.policy, clock::kernel_tai_offset());
+        match maps.set_state(&DriverState::new(&input)) {
+            Ok(()) => {
+                if self.driver_failed.swap(false, Ordering::Relaxed) {
+                    info!("xdp: the state in the driver is written again");
+                }
+            }
+            Err(e) => {
+                if !self.driver_failed.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        "xdp: cannot write the state into the driver ({e}): it keeps the last                          one, which it turns unsynchronised past the stale time"
+                    );
+                }
+            }
+        }
     }
 
     /// How the state ages when chronyd goes quiet.
@@ -133,6 +175,33 @@ impl Published {
     /// the system clock is stepped.
     pub(crate) fn realtime_minus_monotonic(&self, reading: clock::Reading) -> f64 {
         reading.since_epoch.as_secs_f64() - self.epoch.elapsed().as_secs_f64()
+    }
+}
+
+/// What the program in the driver is given for `state` under `policy`, with the kernel's TAI
+/// offset `tai` (`CLOCK_TAI` less `CLOCK_REALTIME`, which the program subtracts from the one
+/// clock it can read). Answering is allowed: the settings that would forbid it are refused with
+/// `--xdp-in-driver`, and [`DriverState::new`] turns it off around a leap second.
+pub(crate) fn driver_input(state: &ServerState, policy: &StalePolicy, tai: i64) -> DriverInput {
+    DriverInput {
+        answer: true,
+        leap: state.leap as u8,
+        leap_announced: state.announced.is_some(),
+        stratum: state.stratum,
+        precision: state.precision,
+        reference_id: state.reference_id,
+        reference_ts: state.reference_ts.0,
+        root_delay: state.root_delay.0,
+        root_dispersion: state.root_dispersion.0,
+        updated: state.updated.map(|t| t.0),
+        stale_after_ns: u64::try_from(policy.stale_after.as_nanos()).unwrap_or(u64::MAX),
+        dispersion_rate: policy.dispersion_rate,
+        anchor: state.clock.anchor.0,
+        offset: state.clock.offset,
+        rate: state.clock.rate,
+        error: state.clock.error,
+        error_rate: state.clock.error_rate,
+        tai_offset: tai,
     }
 }
 

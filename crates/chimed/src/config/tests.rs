@@ -351,3 +351,36 @@ fn each_range_said_is_the_range_checked() {
     }
     assert!(wrong.is_empty(), "{wrong:?}");
 }
+
+#[test]
+fn answering_in_the_driver_is_refused_beside_what_the_program_does_not_do() {
+    let on = ["--xdp", "eth0", "--xdp-in-driver"];
+    assert!(resolve_with("", &on).unwrap().xdp.in_driver);
+    assert!(!resolve_with("", &["--xdp", "eth0"]).unwrap().xdp.in_driver);
+    let e = resolve_with("", &["--xdp-in-driver"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--xdp-in-driver: only takes effect with --xdp"),
+        "{e}"
+    );
+    for (file, flags, names) in [
+        ("", &["--allow", "192.0.2.0/24"][..], "--allow"),
+        ("[access]\ndeny = [\"192.0.2.0/24\"]\n", &[][..], "--deny"),
+        ("", &["--ratelimit"][..], "--ratelimit"),
+        ("", &["--leap-smear"][..], "--leap-smear"),
+        ("", &["--tz-offset", "--timezone", "UTC"][..], "--tz-offset"),
+        ("", &["--ntpv5"][..], "--ntpv5"),
+    ] {
+        let argv = [&on[..], flags].concat();
+        let e = resolve_with(file, &argv).unwrap_err().to_string();
+        let says = format!(
+            "--xdp-in-driver: not with {names}: the program that answers in the driver does not do it"
+        );
+        assert!(e.ends_with(&says), "{e}");
+    }
+    // In the file, named as the file names them.
+    let file = "[xdp]\ninterface = \"eth0\"\nin-driver = true\n[ratelimit]\nenabled = true\n";
+    let e = resolve_with(file, &[]).unwrap_err().to_string();
+    assert!(e.contains("not with ratelimit.enabled"), "{e}");
+}

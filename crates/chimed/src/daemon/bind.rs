@@ -264,6 +264,7 @@ fn xdp(
         values::XdpMode::ZeroCopy => Some(XdpMode::ZeroCopy),
     };
     cfg.cpus = settings.process.cpus.clone();
+    cfg.in_driver = x.in_driver;
     // Frames taken per loop: enough for a whole batch of either protocol, so that a Roughtime
     // signature can cover as many requests as on its sockets.
     let roughtime = settings.roughtime_key().is_some();
@@ -287,11 +288,16 @@ fn xdp(
         Ok(b) => {
             info!(
                 "xdp on {}: {} thread(s), {} mode, receive times from the XDP program; serving \
-                 {:?}; interleaved NTP requests get basic replies on this path",
+                 {:?}; interleaved NTP requests get basic replies on this path{}",
                 interface,
                 x.threads.0,
                 mode_name(b.mode()),
-                b.addrs()
+                b.addrs(),
+                if x.in_driver {
+                    "; plain NTP client requests are answered in the driver"
+                } else {
+                    ""
+                }
             );
             Ok(Some(b))
         }

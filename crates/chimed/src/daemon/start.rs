@@ -300,6 +300,11 @@ fn xdp(
 ) -> Result<Arc<chime_xdp::XdpStats>> {
     let rt_batch = settings.roughtime.batch_size.0;
     let mode = bind::mode_name(bound.mode());
+    let driver = bound.driver_maps();
+    if let Some(maps) = &driver {
+        // The program answers nothing until this first write.
+        ntp.clock.answer_in_driver(maps.clone());
+    }
     let make = |i, group| -> Box<dyn BatchHandler> {
         let beat = sup.beat();
         match (group, rt_shared) {
@@ -326,6 +331,7 @@ fn xdp(
                 interface: interface.0.clone(),
                 mode,
                 stats: stats.clone(),
+                driver,
             },
         );
     }

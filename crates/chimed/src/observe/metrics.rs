@@ -107,6 +107,8 @@ pub(crate) struct Xdp {
     pub(crate) interface: String,
     pub(crate) mode: &'static str,
     pub(crate) stats: Arc<chime_xdp::XdpStats>,
+    /// `--xdp-in-driver`: the answering program's maps, whose counts are read at each scrape.
+    pub(crate) driver: Option<Arc<chime_xdp::DriverMaps>>,
 }
 
 /// The longest request head hyper buffers (its minimum); a longer one gets 431.
@@ -467,6 +469,17 @@ fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
         ]
         .map(|(source, n)| (vec![("source", source.to_string())], n.load(Relaxed))),
     )?;
+    // Summed over the CPUs from the kernel's map; a read that fails leaves the family out.
+    if let Some(counts) = x.driver.as_ref().and_then(|d| d.counts().ok()) {
+        counters(
+            enc,
+            "chimed_xdp_driver_frames_total",
+            "What the program in the driver did with each frame to a served address \
+             (--xdp-in-driver): answered, or why it handed the frame on to the AF_XDP workers \
+             (not_ntp, length, malformed, mode, version, interleaved, upgrade, off).",
+            (counts.into_iter()).map(|(o, n)| (vec![("outcome", o.name().to_string())], n)),
+        )?;
+    }
     Ok(())
 }
 
