@@ -12,6 +12,9 @@
 //! has them: by default a veth leaves the checksum to be finished by hardware that is not there,
 //! which the kernel's own receive path trusts and chimed's, seeing only the frame, cannot.
 //!
+//! With `--xdp-in-driver`, plain requests are answered in the driver with XDP_TX, which a veth
+//! delivers only to a peer with an XDP program of its own: that test gives the client's end one.
+//!
 //! Fixed ports are fine here: each namespace has its own, with nothing else in it.
 
 mod common;
@@ -620,4 +623,164 @@ fn an_xdp_worker_that_ends_takes_chimed_down_naming_it() {
         let env = [("FAILPOINTS", failpoints.as_str())];
         chimed_running(&pair, IFACE, &[], &env).assert_fails_naming(&failpoints, named);
     }
+}
+
+/// ntpdig's offset of the server's IPv4 address from the client, seconds: one request.
+fn ntpdig_offset(pair: &Pair) -> f64 {
+    let out = run(pair.in_client("ntpdig").args(["-j", "-t", "2", SERVER_V4]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ntpdig: {out:?}");
+    let r: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("ntpdig's output is not JSON ({e}): {stdout}"));
+    r["offset"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no offset from ntpdig: {stdout}"))
+}
+
+/// chronyd -Q's offset of the server's IPv4 address from the client, seconds, over `samples`
+/// requests ("System clock wrong by X seconds").
+fn chronyd_offset(pair: &Pair, dir: &std::path::Path, samples: u32) -> f64 {
+    let out = run(pair.in_client(common::CHRONYD).args([
+        "-Q",
+        "-t",
+        "10",
+        "-u",
+        "root",
+        &format!("server {SERVER_V4} iburst maxsamples {samples}"),
+        &format!("pidfile {}/q.pid", dir.display()),
+        "cmdport 0",
+    ]));
+    let text = format!("{out:?}");
+    text.split("System clock wrong by ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no offset from chronyd -Q: {text}"))
+}
+
+/// The median of `n` of ntpdig's offsets.
+fn ntpdig_median(pair: &Pair, n: usize) -> f64 {
+    let mut offsets: Vec<f64> = (0..n).map(|_| ntpdig_offset(pair)).collect();
+    offsets.sort_by(f64::total_cmp);
+    offsets[n / 2]
+}
+
+/// The program in the driver's count of `outcome`, from the metrics in the server's namespace.
+fn driver_count(pair: &Pair, outcome: &str) -> u64 {
+    let page = common::scrape_in(&pair.server, "127.0.0.1:9123".parse().unwrap());
+    let series =
+        format!("chimed_xdp_driver_frames_total{{service=\"xdp\",outcome=\"{outcome}\"}} ");
+    (page.lines())
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {series:?} in the metrics:\n{page}"))
+}
+
+/// With `--xdp-in-driver`, plain client requests (ntpdig's, chronyd's) are answered in the driver,
+/// not by the AF_XDP workers, and their offsets agree with the same clients' against chimed on
+/// its sockets; an NTS request still goes to the workers.
+#[test]
+fn plain_ntp_is_answered_in_the_driver_as_on_the_sockets() {
+    const SAMPLES: usize = 7;
+    assert_root();
+    let pair = Pair::build("driver");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let dir = tempfile::tempdir().unwrap();
+    // A veth takes the frames its peer sends with XDP_TX only while it has an XDP program of its
+    // own (GRO on is not enough, docs/XDP.adoc): a chimed on the client's end, serving another
+    // port, attaches one, which passes the replies on to the client's stack.
+    let _peer = Chimed::start_with_env(
+        Some(&pair.client),
+        &[
+            "-s",
+            "127.0.0.1:9",
+            "-4",
+            "1",
+            "-a",
+            "0.0.0.0:1123",
+            "-6",
+            "0",
+            "--xdp",
+            "xc0",
+            "--control-socket",
+            "none",
+            "--client-log",
+            "0",
+        ],
+        &[],
+        "running:",
+    );
+
+    // chimed on its sockets alone: what the same clients measure there.
+    let upstream = format!("127.0.0.1:{MIRROR_PORT}");
+    let sockets_only = ["-s", &upstream, "-4", "1", "-a", "0.0.0.0:123"];
+    let mut sockets = Chimed::start_with_env(Some(&pair.server), &sockets_only, &[], "running:");
+    sockets.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let on_sockets = (
+        ntpdig_median(&pair, SAMPLES),
+        chronyd_offset(&pair, dir.path(), 4),
+    );
+    sockets.terminate();
+    drop(sockets);
+
+    let (cert, key) = certificate_for(dir.path(), "xdp", &format!("IP:{SERVER_V4}"));
+    let mut server = chimed(
+        &pair,
+        &[
+            "--xdp-in-driver",
+            "--metrics-address",
+            "127.0.0.1:9123",
+            "--nts-certificate",
+            cert.to_str().unwrap(),
+            "--nts-private-key",
+            key.to_str().unwrap(),
+            "--nts-ke-address",
+            "0.0.0.0:4460",
+        ],
+    );
+    server.wait_for("answered in the driver", Duration::from_secs(1));
+    let answered = driver_count(&pair, "answered");
+    let ntpdig = ntpdig_median(&pair, SAMPLES);
+    assert_eq!(
+        driver_count(&pair, "answered"),
+        answered + SAMPLES as u64,
+        "ntpdig's requests answered in the driver"
+    );
+    let chronyd = chronyd_offset(&pair, dir.path(), 4);
+    let by_chronyd = driver_count(&pair, "answered") - answered - SAMPLES as u64;
+    assert!(
+        (1..=8).contains(&by_chronyd),
+        "{by_chronyd} of chronyd -Q's"
+    );
+    eprintln!(
+        "offsets: ntpdig {:.1} µs on the sockets, {:.1} µs in the driver; chronyd -Q {:.1} and \
+         {:.1} µs",
+        on_sockets.0 * 1e6,
+        ntpdig * 1e6,
+        on_sockets.1 * 1e6,
+        chronyd * 1e6
+    );
+    assert!(
+        (ntpdig - on_sockets.0).abs() < 50e-6,
+        "ntpdig: {on_sockets:?} {ntpdig}"
+    );
+    assert!(
+        (chronyd - on_sockets.1).abs() < 50e-6,
+        "chronyd: {on_sockets:?} {chronyd}"
+    );
+
+    // NTS: its request carries extension fields, so the program hands it on.
+    let length = driver_count(&pair, "length");
+    let ca = cert.to_str().unwrap();
+    chime_ntp(&pair, SERVER_V4, &["--nts", "--nts-ca", ca]).expect("chime ntp --nts");
+    assert_eq!(driver_count(&pair, "length"), length + 1);
+
+    server.terminate();
+    server.wait_for("ntp totals at exit", Duration::from_secs(2));
+    let log = server.log();
+    let xdp_ntp = (log.lines())
+        .find(|l| l.contains("worker{thread=xdp-0}") && l.contains("ntp stats at exit"))
+        .unwrap_or_else(|| panic!("no XDP NTP stats: {log}"));
+    assert_eq!(count_in(xdp_ntp, "answered"), 1, "only NTS's: {xdp_ntp}");
+    assert_eq!(count_in(xdp_ntp, "nts"), 1, "{xdp_ntp}");
 }
