@@ -772,6 +772,8 @@ pub const RKIK: &str = "/opt/chime-peers/bin/rkik";
 /// ntpd-rs 1.9.0's daemon and its control tool (scripts/setup).
 pub const NTP_DAEMON: &str = "/opt/chime-peers/bin/ntp-daemon";
 pub const NTP_CTL: &str = "/opt/chime-peers/bin/ntp-ctl";
+/// Our query program over beevik/ntp 1.4.3, a Go NTP client library (scripts/setup).
+pub const BEEVIK_NTP: &str = "/opt/chime-peers/bin/beevik-ntp";
 pub const ROUGHLY: &str = "/opt/chime-peers/roughly-venv/bin/roughly";
 pub const CLOUDFLARE_TESTSERVER: &str = "/opt/chime-peers/cloudflare-roughtime/testserver";
 pub const CLOUDFLARE_GETROUGHTIME: &str = "/opt/chime-peers/cloudflare-roughtime/getroughtime";
@@ -1127,6 +1129,17 @@ pub fn ntpd_rs(
     source: &str,
     done: impl Fn(&str, &str) -> bool,
 ) -> (String, String) {
+    ntpd_rs_in(None, dir, source, done)
+}
+
+/// [`ntpd_rs`] with its daemon in network namespace `netns` (its control tool reaches it through a
+/// socket in `dir`, from any namespace).
+pub fn ntpd_rs_in(
+    netns: Option<&str>,
+    dir: &std::path::Path,
+    source: &str,
+    done: impl Fn(&str, &str) -> bool,
+) -> (String, String) {
     let conf = dir.join("ntp.toml");
     std::fs::write(
         &conf,
@@ -1144,7 +1157,7 @@ pub fn ntpd_rs(
     let log = std::fs::File::create(&log_path).unwrap();
     // Ended when this returns or panics: a daemon left behind would poll on after the test.
     let _daemon = Killed(
-        Command::new(peer("NTP_DAEMON", NTP_DAEMON))
+        in_netns(netns, peer("NTP_DAEMON", NTP_DAEMON))
             .arg("-c")
             .arg(&conf)
             .stdout(log.try_clone().unwrap())
