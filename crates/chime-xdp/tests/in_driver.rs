@@ -446,6 +446,26 @@ fn request(v6: bool, version: u8, origin: u64) -> Vec<u8> {
     frame(client(v6), server(v6, 123), &ntp)
 }
 
+/// A server of one family only (chimed's `-6 0`, or IPv6 alone) gets a program the verifier
+/// takes, which answers that family and hands the other's frames to the kernel untouched.
+#[test]
+fn a_program_for_one_family_loads_and_answers_it() {
+    assert_root();
+    let state = DriverState::new(&input(&synced(0.5, ServedClock::LOCAL), &policy()));
+    for v6 in [false, true] {
+        let ntp = [server(v6, 123)];
+        let family = if v6 { "IPv6" } else { "IPv4" };
+        let answering =
+            XdpProgram::answering(&ntp, &ntp).unwrap_or_else(|e| panic!("{family} only: {e}"));
+        answering.set_state(&state).unwrap();
+        let ours = answering.run(&request(v6, 4, 0)).unwrap();
+        assert_eq!(ours.outcome, Outcome::Tx, "{family} only");
+        let other = answering.run(&request(!v6, 4, 0)).unwrap();
+        assert_eq!(other.outcome, Outcome::Kernel, "{family} only");
+        assert_eq!(other.frame, request(!v6, 4, 0), "{family} only");
+    }
+}
+
 #[test]
 fn client_requests_of_every_version_are_answered_as_the_socket_path_answers_them() {
     // 2.5 s old: 2.5 s at 15 ppm and the followed offset's error bound make 29.07 units of
