@@ -5,6 +5,12 @@
 # with the order rotated (the cores here drift between a slow and a fast state; rotation gives
 # each server both).
 #
+# --servers picks and orders them; the first is the one the others' ratios are taken against.
+# chimed-driver (NTP only) is chimed answering plain NTP in the driver (--xdp --xdp-in-driver).
+# A veth delivers the XDP_TX replies only to a peer with an XDP program of its own, so with it the
+# client's end gets one for the whole run, for every server alike: a chimed there (CPU 1) with
+# --xdp vc, serving a port nothing sends to, whose program passes every other frame to the stack.
+#
 # --napi-threads yes receives each side's packets in a NAPI kernel thread pinned with its side
 # (vs's with the server on CPU 0, vc's with chime perf on CPU 1), so that everything the server's
 # kernel does for a request, XDP program and copies or IP/UDP stack and socket queue, runs on the
@@ -30,6 +36,7 @@
 # Usage: sudo run-xdp-roughtime.sh --out DIR [--protocol roughtime|ntp] [--napi-threads yes|no]
 #                                  [--rounds N] [--rate R] [--duration S]
 #                                  [--chimed PATH] [--chime PATH] [--roughenough PATH]
+#                                  [--servers "chimed-driver chimed-xdp chimed"]
 # Outputs in DIR: <server>-round<N>.json (chime perf's), rounds.csv, summary.txt.
 
 set -euo pipefail
@@ -48,6 +55,7 @@ chime=$repo/target/release/chime
 roughenough=/opt/chime-peers/bin/roughenough_server
 protocol=roughtime
 napi=no
+servers=
 die() { echo "run-xdp-roughtime.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
     [[ $# -ge 2 ]] || die "option $1 needs a value"
@@ -61,6 +69,7 @@ while [[ $# -gt 0 ]]; do
         --roughenough) roughenough=$2 ;;
         --protocol) protocol=$2 ;;
         --napi-threads) napi=$2 ;;
+        --servers) servers=$2 ;;
         *) die "unknown option $1" ;;
     esac
     shift 2
@@ -83,8 +92,10 @@ NS_C=chime-xrt-c-$tag
 work=$(mktemp -d)
 server_pid=
 mirror_pid=
+peer_pid=
 cleanup() {
     [[ -z $server_pid ]] || kill "$server_pid" 2>/dev/null || true
+    [[ -z $peer_pid ]] || kill "$peer_pid" 2>/dev/null || true
     [[ -z $mirror_pid ]] || kill "$mirror_pid" 2>/dev/null || true
     wait 2>/dev/null || true
     ip netns del "$NS_S" 2>/dev/null || true
@@ -138,7 +149,7 @@ start_server() {
     local name=$1
     local -a cmd
     case $name in
-        chimed-xdp | chimed)
+        chimed-driver | chimed-xdp | chimed)
             if [[ $protocol == ntp ]]; then
                 cmd=("$chimed" -4 1 -a 10.97.0.1:123 -6 0 -s 127.0.0.1:11123 --stats-interval 0)
             else
@@ -147,6 +158,7 @@ start_server() {
                     --roughtime-ipv4-threads 1 --roughtime-ipv6-threads 0)
             fi
             [[ $name == chimed ]] || cmd+=(--xdp vs)
+            [[ $name != chimed-driver ]] || cmd+=(--xdp-in-driver)
             ;;
         roughenough-server)
             cmd=(env NO_COLOR=1 "$roughenough" -i 10.97.0.1 -p 2002 -j 1 -q
@@ -172,8 +184,31 @@ start_server() {
 }
 
 # The server's own process: `ip netns exec` and `env` exec it, so server_pid is it.
-servers=(chimed-xdp chimed roughenough-server)
-[[ $protocol == roughtime ]] || servers=(chimed-xdp chimed)
+if [[ -n $servers ]]; then
+    read -r -a servers <<<"$servers"
+else
+    servers=(chimed-xdp chimed roughenough-server)
+    [[ $protocol == roughtime ]] || servers=(chimed-xdp chimed)
+fi
+for name in "${servers[@]}"; do
+    case $name in
+        chimed | chimed-xdp) ;;
+        roughenough-server) [[ $protocol == roughtime ]] || die "roughenough-server serves Roughtime only" ;;
+        chimed-driver) [[ $protocol == ntp ]] || die "chimed-driver answers NTP only" ;;
+        *) die "--servers: unknown server '$name'" ;;
+    esac
+done
+echo "servers, the first the reference: ${servers[*]}" >>"$out/setup.txt"
+if [[ " ${servers[*]} " == *" chimed-driver "* ]]; then
+    ip netns exec "$NS_C" taskset -c 1 "$chimed" -4 1 -a 10.97.0.2:1123 -6 0 -s 127.0.0.1:9 \
+        --stats-interval 0 --control-socket none --client-log 0 --xdp vc >"$work/peer.log" 2>&1 &
+    peer_pid=$!
+    for _ in $(seq 50); do
+        ip -n "$NS_C" link show vc | grep -q xdp && break
+        kill -0 "$peer_pid" 2>/dev/null || { cat "$work/peer.log" >&2; die "the client's XDP program did not attach"; }
+        sleep 0.1
+    done
+fi
 echo "round,server,offered_per_s,answered_per_s,accepted_per_s,stale_pct,lost_pct,cpu_us_per_reply" >"$out/rounds.csv"
 for round in $(seq "$rounds"); do
     shift_by=$(((round - 1) % ${#servers[@]}))
@@ -210,7 +245,8 @@ answered = s["answered_rate"]
 accepted = s["accepted_rate"]
 stale = s["stale_pct"]
 lost = s["loss_pct"]
-cpu = (s.get("server_cpu") or {}).get("us_per_reply") or float("nan")
+cpu = (s.get("server_cpu") or {}).get("us_per_reply")
+cpu = float("nan") if cpu is None else cpu
 # Add the server's NAPI threads (--napi-threads yes): their ticks over the warm-up second and the
 # step, spread over the replies of both at the step's rate (an estimate: the warm-up is not in
 # the step's counts).
@@ -222,26 +258,31 @@ EOF
     done
 done
 
-python3 - "$out/rounds.csv" >"$out/summary.txt" <<'EOF'
+python3 - "$out/rounds.csv" "${servers[0]}" >"$out/summary.txt" <<'EOF'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
+ref = sys.argv[2]
 by = {}
 for r in rows:
     by.setdefault(r["server"], []).append(r)
-print("One core, over veth: replies accepted per second (answered, less stale) and the")
-print("server's CPU per reply; ratios are chimed-xdp's over each other server's, per round and of means")
+print("One core, over veth: replies accepted per second (answered, less stale) and the server's")
+print(f"CPU per reply; 'accepted' is {ref}'s accepted over each server's, 'cheaper' each server's")
+print(f"CPU per reply over {ref}'s: per round, then of means")
 print()
-print(f"{'round':6}{'server':20}{'accepted/s':>12}{'lost %':>8}{'CPU us':>9}{'ratio':>8}")
+print(f"{'round':6}{'server':20}{'accepted/s':>12}{'lost %':>8}{'CPU us':>9}{'accepted':>10}{'cheaper':>9}")
 for r in rows:
-    xdp = next(x for x in rows if x["round"] == r["round"] and x["server"] == "chimed-xdp")
-    ratio = float(xdp["accepted_per_s"]) / max(float(r["accepted_per_s"]), 1)
-    print(f"{r['round']:6}{r['server']:20}{float(r['accepted_per_s']):12.0f}{float(r['lost_pct']):8.2f}{float(r['cpu_us_per_reply']):9.2f}{ratio:8.2f}")
+    x = next(x for x in rows if x["round"] == r["round"] and x["server"] == ref)
+    acc = float(x["accepted_per_s"]) / max(float(r["accepted_per_s"]), 1)
+    cpu = float(r["cpu_us_per_reply"]) / float(x["cpu_us_per_reply"])
+    print(f"{r['round']:6}{r['server']:20}{float(r['accepted_per_s']):12.0f}{float(r['lost_pct']):8.2f}{float(r['cpu_us_per_reply']):9.2f}{acc:10.2f}{cpu:9.2f}")
 print()
 mean = {k: sum(float(x["accepted_per_s"]) for x in v) / len(v) for k, v in by.items()}
-for k, v in mean.items():
-    if k == "chimed-xdp":
-        print(f"mean {k:20}{v:12.0f} accepted/s")
-        continue
-    print(f"mean {k:20}{v:12.0f} accepted/s  chimed-xdp / {k}: {mean['chimed-xdp'] / v:.2f}")
+cpu = {k: sum(float(x["cpu_us_per_reply"]) for x in v) / len(v) for k, v in by.items()}
+lost = {k: max(float(x["lost_pct"]) for x in v) for k, v in by.items()}
+for k in by:
+    line = f"mean {k:20}{mean[k]:12.0f} accepted/s, {cpu[k]:.2f} us CPU per reply, lost at most {lost[k]:.2f}%"
+    if k != ref:
+        line += f"; {ref} accepts {mean[ref] / mean[k]:.2f}x, {cpu[k] / cpu[ref]:.2f}x cheaper per reply"
+    print(line)
 EOF
 cat "$out/summary.txt"
