@@ -96,6 +96,7 @@ pub(crate) const FN_KTIME_GET_TAI_NS: i32 = 208;
 
 // XDP verdicts.
 pub(crate) const XDP_ABORTED: i32 = 0;
+pub(crate) const XDP_DROP: i32 = 1;
 pub(crate) const XDP_PASS: i32 = 2;
 pub(crate) const XDP_TX: i32 = 3;
 

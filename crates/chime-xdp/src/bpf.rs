@@ -215,11 +215,13 @@ pub(crate) fn to_socket(a: &mut Asm, map_fd: RawFd, pass: Label) {
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
 const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
@@ -379,6 +381,29 @@ pub(crate) fn create_map_of_one(name: &str, inner: &OwnedFd) -> io::Result<Owned
     bpf(BPF_MAP_CREATE, &mut attr).map(owned)
 }
 
+/// Makes a longest-prefix-match trie of at most `entries` entries (at least one) whose keys are
+/// `key_size` bytes (a `u32` prefix length in bits, then the data it counts) and whose values
+/// `value_size`, named `name`. The kernel allocates its entries as they are added
+/// (`BPF_F_NO_PREALLOC`, which it requires of a trie).
+pub(crate) fn create_lpm_trie(
+    name: &str,
+    key_size: usize,
+    value_size: usize,
+    entries: u32,
+) -> io::Result<OwnedFd> {
+    const BPF_F_NO_PREALLOC: u32 = 1;
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_LPM_TRIE,
+        key_size: key_size as u32,
+        value_size: value_size as u32,
+        max_entries: entries.max(1),
+        map_flags: BPF_F_NO_PREALLOC,
+        map_name: name16(name),
+        ..Default::default()
+    };
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
 /// Makes a per-CPU array of `entries` counters (`u64`), all zero, named `name`.
 pub(crate) fn create_percpu_counters(name: &str, entries: u32) -> io::Result<OwnedFd> {
     let mut attr = MapCreateAttr {
@@ -444,6 +469,32 @@ pub(crate) fn update_elem<V: Copy>(map: &OwnedFd, key: u32, value: &V) -> io::Re
         ..Default::default()
     };
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// Writes `value` under `key` in `map`, whatever the key's type: as [`update_elem`], with `K`
+/// the map's key type under the same conditions.
+pub(crate) fn update_keyed<K: Copy, V: Copy>(map: &OwnedFd, key: &K, value: &V) -> io::Result<()> {
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        key: ptr::from_ref(key) as u64,
+        value: ptr::from_ref(value) as u64,
+        ..Default::default()
+    };
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// Removes `map`'s entry `key`; an entry already absent is no error. For an array of maps, the
+/// slot is then empty, and the map it held is freed once no program can still be reading it.
+pub(crate) fn delete_elem(map: &OwnedFd, key: u32) -> io::Result<()> {
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        key: ptr::from_ref(&key) as u64,
+        ..Default::default()
+    };
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other.map(drop),
+    }
 }
 
 /// Loads `insns` as an XDP program. On a verifier rejection the error carries the verifier's

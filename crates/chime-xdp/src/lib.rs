@@ -32,7 +32,7 @@
 //!
 //! Module map: `asm` (the assembler both programs are written with), `bpf` (the steering program
 //! and the calls that load, attach and test-run programs), `responder` (the answering program and
-//! its state), `prog_test_run` (either program run on frames), `xsk` (one AF_XDP socket), `ring`
+//! its state), `access` (the allow/deny rules it answers by), `prog_test_run` (either program run on frames), `xsk` (one AF_XDP socket), `ring`
 //! (the mapping and the rings shared with the kernel), `frame` (requests read out of frames,
 //! replies made in place), and `sys` (libc helpers).
 
@@ -41,6 +41,7 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 
+mod access;
 mod asm;
 mod bpf;
 mod frame;
@@ -63,6 +64,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+pub use access::DriverRule;
 pub use responder::{
     ANSWER, DriverInput, DriverMaps, DriverOutcome, DriverState, RATE_NEGATIVE, SYNCHRONISED,
 };
@@ -271,7 +273,7 @@ fn program(
             let ntp: Vec<bpf::Target> = (targets.first().into_iter().flatten())
                 .map(|a| (Some(a.ip()), a.port()))
                 .collect();
-            responder::program(map, maps.fds(), prog_targets, &ntp)
+            responder::program(map, maps.fds(), maps.access_fd(), prog_targets, &ntp)
         }
     }
 }

@@ -10,7 +10,8 @@ use std::{
 };
 
 use crate::{
-    asm::{XDP_PASS, XDP_TX},
+    access::DriverRule,
+    asm::{XDP_DROP, XDP_PASS, XDP_TX},
     bpf,
     responder::{self, DriverMaps, DriverOutcome, DriverState},
 };
@@ -37,6 +38,8 @@ pub enum Outcome {
     Socket,
     /// `XDP_TX`: sent back out of the interface it came in on.
     Tx,
+    /// `XDP_DROP` with no metadata: dropped.
+    Drop,
     /// Anything else: the verdict, and the length of the metadata left.
     Other(u32, usize),
 }
@@ -72,6 +75,7 @@ impl XdpProgram {
         let insns = responder::program(
             xsks.as_raw_fd(),
             maps.fds(),
+            maps.access_fd(),
             &bpf::targets(targets),
             &bpf::targets(ntp),
         );
@@ -94,6 +98,14 @@ impl XdpProgram {
     /// On the steering program, which has none.
     pub fn set_state(&self, state: &DriverState) -> io::Result<()> {
         self.driver_maps().set_state(state)
+    }
+
+    /// Makes `rules` the answering program's ([`DriverMaps::set_access`]).
+    ///
+    /// # Panics
+    /// On the steering program, which has none.
+    pub fn set_access(&self, rules: &[DriverRule]) -> io::Result<()> {
+        self.driver_maps().set_access(rules)
     }
 
     /// The answering program's counts so far ([`DriverMaps::counts`]).
@@ -121,6 +133,7 @@ impl XdpProgram {
             (v, 0) if v == XDP_PASS as u32 => Outcome::Kernel,
             (v, bpf::META_LEN) if v == XDP_PASS as u32 && run.meta[8..] == magic => Outcome::Socket,
             (v, 0) if v == XDP_TX as u32 => Outcome::Tx,
+            (v, 0) if v == XDP_DROP as u32 => Outcome::Drop,
             (v, meta) => Outcome::Other(v, meta),
         };
         Ok(Run {

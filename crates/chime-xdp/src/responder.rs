@@ -22,6 +22,9 @@
 //!   frame's, or with bytes after the datagram: the AF_XDP worker drops and counts those;
 //! - every request while [`DriverState`] does not say the in-driver path is on.
 //!
+//! A request it would answer from a source the allow/deny rules deny (`access`,
+//! [`DriverMaps::set_access`]) is dropped, as chimed's workers drop it.
+//!
 //! The server's side of the reply comes from one [`DriverState`], which the program's loader
 //! keeps up to date through [`DriverMaps`]: each state is written once into a map of its own, then
 //! put in the one slot of an array of maps the program looks it up through, so a reply never mixes
@@ -38,13 +41,13 @@ use std::io;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use crate::access::{self, ALLOW, FAMILY_BITS, FAMILY_V4, FAMILY_V6};
 use crate::asm::*;
 use crate::bpf::{self, CTX, DATA, DATA_END, ETH_LEN, IPV4_LEN, IPV6_LEN, Route, Target, UDP_LEN};
 
 /// The in-driver path is on. Its writer sets it only when nothing it does to a reply is left out
-/// of this program (for chimed: no `--allow`/`--deny`, no rate limiting, no client log, no leap
-/// smear, no timezone mode), and [`DriverState::new`] clears it when the state cannot be served
-/// exactly (a leap warning or a leap second announced; values past the ranges the program's
+/// of this program (for chimed: no rate limiting, no client log, no leap smear, no timezone
+/// mode), and [`DriverState::new`] clears it when the state cannot be served exactly (a leap warning or a leap second announced; values past the ranges the program's
 /// arithmetic holds exactly). Until a state is set, nothing is answered.
 pub const ANSWER: u32 = 1 << 0;
 /// The state is synchronised and was updated at least once (it is still unsynchronised once it
@@ -211,8 +214,9 @@ impl DriverState {
     }
 }
 
-/// What the answering program did with a frame to a served address: answered it, or the first
-/// reason it found to hand it on to the AF_XDP socket. Frames for the kernel are not counted.
+/// What the answering program did with a frame to a served address: answered it, dropped it
+/// ([`Self::Denied`]), or the first reason it found to hand it on to the AF_XDP socket. Frames for
+/// the kernel are not counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DriverOutcome {
     /// Answered in the driver (`XDP_TX`).
@@ -234,11 +238,14 @@ pub enum DriverOutcome {
     Upgrade,
     /// The state says not to answer, or no state was written yet.
     Off,
+    /// A request it would answer from a source the rules ([`DriverMaps::set_access`]) deny:
+    /// dropped (`XDP_DROP`), as chimed's workers drop it, unanswered.
+    Denied,
 }
 
 impl DriverOutcome {
     /// Every outcome, in the order of their counters.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Answered,
         Self::NotNtp,
         Self::Length,
@@ -248,6 +255,7 @@ impl DriverOutcome {
         Self::Interleaved,
         Self::Upgrade,
         Self::Off,
+        Self::Denied,
     ];
 
     /// Its name, for metrics' labels.
@@ -262,15 +270,19 @@ impl DriverOutcome {
             Self::Interleaved => "interleaved",
             Self::Upgrade => "upgrade",
             Self::Off => "off",
+            Self::Denied => "denied",
         }
     }
 }
 
-/// The answering program's maps: the slot its state is looked up through, and its counters.
+/// The answering program's maps: the slot its state is looked up through, the slot of its
+/// allow/deny rules, and its counters.
 #[derive(Debug)]
 pub struct DriverMaps {
     /// An array of maps of one slot, each map put there holding one [`DriverState`].
     state: OwnedFd,
+    /// An array of maps of one slot, empty or holding the trie of the rules in force (`access`).
+    pub(crate) access: OwnedFd,
     /// [`DriverOutcome`]'s counters, per CPU.
     counts: OwnedFd,
     /// CPUs the kernel keeps a counter for.
@@ -278,11 +290,13 @@ pub struct DriverMaps {
 }
 
 impl DriverMaps {
-    /// Makes the maps: no state yet (nothing answered), every count zero.
+    /// Makes the maps: no state yet (nothing answered), no rules (every source answered), every
+    /// count zero.
     pub(crate) fn new() -> io::Result<Self> {
         let template = bpf::create_array("chimed_ntp", size_of::<DriverState>())?;
         Ok(Self {
             state: bpf::create_map_of_one("chimed_ntp_slot", &template)?,
+            access: bpf::create_map_of_one("chimed_acl_slot", &access::trie(1)?)?,
             counts: bpf::create_percpu_counters(
                 "chimed_ntp_outc",
                 DriverOutcome::ALL.len() as u32,
@@ -373,10 +387,11 @@ const UPGRADE: [u8; 8] = *b"NTP5DRFT";
 
 /// Assembles the answering program for `targets`, of which those in `ntp` are answered in the
 /// driver, through the XSKMAP `xsks`, the state's slot `state` and the counters `counts`
-/// ([`DriverMaps::fds`]).
+/// ([`DriverMaps::fds`]), and the rules' slot `rules` ([`DriverMaps::access_fd`]).
 pub(crate) fn program(
     xsks: RawFd,
     (state, counts): (RawFd, RawFd),
+    rules: RawFd,
     targets: &[Target],
     ntp: &[Target],
 ) -> Vec<Insn> {
@@ -412,6 +427,7 @@ pub(crate) fn program(
     }
     a.place(answer);
     ntp_request(&mut a, state, &hand_on);
+    allowed(&mut a, rules, counts);
     reply(&mut a, counts, abort);
     // Each reason to hand a frame on: counted, then to the socket. Without a target but NTP's,
     // nothing jumps to `NotNtp`'s, which the verifier would refuse as unreachable.
@@ -419,6 +435,10 @@ pub(crate) fn program(
     let others = targets.iter().any(|t| !ntp.contains(t));
     for o in &DriverOutcome::ALL[1..] {
         if *o == DriverOutcome::NotNtp && !others {
+            continue;
+        }
+        // Dropped, not handed on: `allowed` counts it.
+        if *o == DriverOutcome::Denied {
             continue;
         }
         a.place(hand_on.to(*o));
@@ -586,6 +606,70 @@ fn ntp_request(a: &mut Asm, state: RawFd, hand_on: &HandOn) {
     a.ldx(Size::W, R1, STATE, state_at(offset_of!(DriverState, flags)));
     a.alu_k(AND, R1, ANSWER as i32);
     a.jmp_k(JEQ, R1, 0, hand_on.to(Off));
+}
+
+/// Where the key of the rules' trie is built: [`access::Key`], 24 bytes, below [`DELTA`].
+const ACL_KEY: i16 = -56;
+
+/// The allow/deny rules: with rules in the slot `rules`, a request from a source they deny is
+/// counted [`DriverOutcome::Denied`] and dropped; any other goes on to be answered. The source
+/// address is read at its place before the payload at [`NTP`]; an IPv4-mapped IPv6 source is
+/// looked up as the IPv4 address it stands for. Clobbers r0–r5.
+fn allowed(a: &mut Asm, rules: RawFd, counts: RawFd) {
+    const V4_SOURCE: i16 = -(UDP_LEN + IPV4_LEN) + 12;
+    const V6_SOURCE: i16 = -(UDP_LEN + IPV6_LEN) + 8;
+    let answer = a.label();
+    let v6 = a.label();
+    let v4_at = a.label();
+    let look_up = a.label();
+    // The trie in the slot; none while there are no rules.
+    a.st(Size::W, FP, KEY, 0);
+    a.ld_map(R1, rules);
+    a.mov(R2, FP);
+    a.alu_k(ADD, R2, i32::from(KEY));
+    a.call(FN_MAP_LOOKUP_ELEM);
+    a.jmp_k(JEQ, R0, 0, answer);
+    // The key: every byte written, as the verifier wants of a key on the stack.
+    a.st(Size::DW, FP, ACL_KEY + 8, 0);
+    a.st(Size::DW, FP, ACL_KEY + 16, 0);
+    a.ldx(Size::DW, R1, FP, FAMILY);
+    a.jmp_k(JNE, R1, 4, v6);
+    a.ldx(Size::W, R1, NTP, V4_SOURCE);
+    a.ja(v4_at);
+    // IPv6: ::ffff:0:0/96 is the IPv4 address in its last 4 bytes.
+    a.place(v6);
+    let plain = a.label();
+    a.ldx(Size::DW, R1, NTP, V6_SOURCE);
+    a.jmp_k(JNE, R1, 0, plain);
+    a.ldx(Size::W, R1, NTP, V6_SOURCE + 8);
+    a.jmp32_k(JNE, R1, i32::from_ne_bytes([0, 0, 0xff, 0xff]), plain);
+    a.ldx(Size::W, R1, NTP, V6_SOURCE + 12);
+    a.place(v4_at);
+    a.stx(Size::W, FP, ACL_KEY + 8, R1);
+    a.st(Size::W, FP, ACL_KEY, (FAMILY_BITS + 32) as i32);
+    a.st(Size::W, FP, ACL_KEY + 4, i32::from_ne_bytes(FAMILY_V4));
+    a.ja(look_up);
+    a.place(plain);
+    a.ldx(Size::DW, R1, NTP, V6_SOURCE);
+    a.stx(Size::DW, FP, ACL_KEY + 8, R1);
+    a.ldx(Size::DW, R1, NTP, V6_SOURCE + 8);
+    a.stx(Size::DW, FP, ACL_KEY + 16, R1);
+    a.st(Size::W, FP, ACL_KEY, (FAMILY_BITS + 128) as i32);
+    a.st(Size::W, FP, ACL_KEY + 4, i32::from_ne_bytes(FAMILY_V6));
+    a.place(look_up);
+    a.mov(R1, R0);
+    a.mov(R2, FP);
+    a.alu_k(ADD, R2, i32::from(ACL_KEY));
+    a.call(FN_MAP_LOOKUP_ELEM);
+    // Every trie holds the entry of prefix 0, so a lookup finds one; the verifier wants the
+    // check all the same.
+    a.jmp_k(JEQ, R0, 0, answer);
+    a.ldx(Size::B, R1, R0, 0);
+    a.jmp_k(JEQ, R1, i32::from(ALLOW), answer);
+    a.st(Size::W, FP, OUTCOME, DriverOutcome::Denied as i32);
+    count(a, counts);
+    a.exit_with(XDP_DROP);
+    a.place(answer);
 }
 
 /// Writes the reply over the request and sends it: from here the frame is answered, and counted.
@@ -954,7 +1038,7 @@ mod tests {
             (Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))), 2002),
             ntp[1],
         ];
-        assert_jumps_land_inside(&program(3, (4, 5), &targets, &ntp));
+        assert_jumps_land_inside(&program(3, (4, 5), 6, &targets, &ntp));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The answering XDP program, run by the kernel on crafted frames through `BPF_PROG_TEST_RUN`:
 //! what it answers is answered as chime-ntp's socket path answers it, in a frame whose headers
 //! and checksums hold (all checked here independently of the crate's own frame code); what it
-//! does not answer goes exactly where the steering program sends it, untouched.
+//! does not answer goes exactly where the steering program sends it, untouched. Under allow/deny
+//! rules, a request it would answer from a denied source is dropped, as chronyd's rules say
+//! (a model of them here is the table's oracle).
 //!
 //! Needs root, to load XDP programs: in `scripts/test`'s system tier.
 
@@ -13,8 +15,9 @@ use chime_ntp::{
     Header, Leap, Mode, NtpShort, NtpTimestamp, ServedClock, ServedHeader, ServerState, StalePolicy,
 };
 use chime_xdp::prog_test_run::{Outcome, XdpProgram};
-use chime_xdp::{ANSWER, DriverInput, DriverOutcome, DriverState};
+use chime_xdp::{ANSWER, DriverInput, DriverOutcome, DriverRule, DriverState};
 use proptest::prelude::*;
+use proptest::sample;
 
 const SERVER_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const SERVER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
@@ -1043,4 +1046,350 @@ impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allow and deny.
+
+/// A rule from text as chimed's `--allow`/`--deny` take it: `ADDR/PREFIX`.
+fn rule(allow: bool, subnet: &str) -> DriverRule {
+    let (addr, prefix) = subnet.split_once('/').expect("ADDR/PREFIX");
+    let (v6, addr) = match addr.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(a) => (false, u128::from(u32::from(a))),
+        IpAddr::V6(a) => (true, u128::from(a)),
+    };
+    DriverRule {
+        v6,
+        addr,
+        prefix: prefix.parse().unwrap(),
+        allow,
+    }
+}
+
+fn rules(allow: &[&str], deny: &[&str]) -> Vec<DriverRule> {
+    let allowed = allow.iter().map(|s| rule(true, s));
+    allowed.chain(deny.iter().map(|s| rule(false, s))).collect()
+}
+
+/// chronyd's rules, as chimed's `Acl::permits` applies them, written here apart from both: of
+/// the rules of the source's family that hold it (an IPv4-mapped source is IPv4), the longest
+/// prefix decides, deny if any of that prefix denies; with none, the source is served only if no
+/// rule allows.
+fn permits(rules: &[DriverRule], source: IpAddr) -> bool {
+    let (v6, addr) = match source {
+        IpAddr::V4(a) => (false, u128::from(u32::from(a))),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(m) => (false, u128::from(u32::from(m))),
+            None => (true, u128::from(a)),
+        },
+    };
+    let width = if v6 { 128 } else { 32 };
+    let holds = |r: &&DriverRule| {
+        r.v6 == v6 && {
+            let host = width - u32::from(r.prefix);
+            r.prefix == 0 || addr >> host == r.addr >> host
+        }
+    };
+    let longest = rules.iter().filter(holds).map(|r| r.prefix).max();
+    match longest {
+        None => !rules.iter().any(|r| r.allow),
+        Some(p) => (rules.iter().filter(holds)).all(|r| r.prefix != p || r.allow),
+    }
+}
+
+/// A request from `source` to the NTP address of its family (IPv4-mapped sources to IPv6's).
+fn request_from(source: IpAddr) -> Vec<u8> {
+    let ntp = ntp_request(4, 3, 0, 0xE111_2222_3333_4444);
+    frame(
+        SocketAddr::new(source, 40_123),
+        server(source.is_ipv6(), 123),
+        &ntp,
+    )
+}
+
+/// Runs a request from `source`: answered (the reply checked in full) or dropped unchanged;
+/// returns whether it was answered.
+fn answered_from(p: &Programs, state: &ServerState, source: IpAddr) -> bool {
+    let req = request_from(source);
+    let before = program_clock();
+    let answered = p.answering.run(&req).unwrap();
+    let after = program_clock();
+    match answered.outcome {
+        Outcome::Drop => {
+            assert_eq!(answered.frame, req, "a dropped frame was changed");
+            false
+        }
+        Outcome::Tx => {
+            check_reply(&req, &answered.frame, state, &policy(), (before, after));
+            true
+        }
+        other => panic!("{source}: {other:?}"),
+    }
+}
+
+/// One program, rule sets given in turn, and the requests sent and dropped.
+struct Cases {
+    state: ServerState,
+    p: Programs,
+    sent: u64,
+    denied: u64,
+}
+
+impl Cases {
+    fn new() -> Self {
+        let state = synced(1.0, ServedClock::LOCAL);
+        let p = loaded(&state);
+        Self {
+            state,
+            p,
+            sent: 0,
+            denied: 0,
+        }
+    }
+
+    /// Sets `rules` and checks each `(source, answered)` of `cases` against the program and
+    /// against [`permits`].
+    fn case(&mut self, rules: &[DriverRule], cases: &[(&str, bool)]) {
+        self.p.answering.set_access(rules).unwrap();
+        for &(source, want) in cases {
+            let ip: IpAddr = source.parse().unwrap();
+            assert_eq!(permits(rules, ip), want, "the table, for {source}");
+            let got = answered_from(&self.p, &self.state, ip);
+            assert_eq!(got, want, "the program, for {source} under {rules:?}");
+            self.sent += 1;
+            self.denied += u64::from(!want);
+        }
+    }
+
+    /// Every request dropped is counted `denied`, every other `answered`.
+    fn counted(&self) {
+        assert_eq!(
+            counts(&self.p),
+            [
+                ("answered", self.sent - self.denied),
+                ("denied", self.denied)
+            ],
+            "{} sent",
+            self.sent
+        );
+    }
+}
+
+#[test]
+fn the_longest_prefix_decides_and_deny_wins_for_the_same_subnet() {
+    let mut c = Cases::new();
+    // No rules: everyone, without a lookup.
+    c.case(
+        &[],
+        &[
+            ("198.51.100.7", true),
+            ("2001:db8:c::7", true),
+            ("::ffff:198.51.100.7", true),
+        ],
+    );
+    // The longest prefix decides, both ways; what no rule covers is not served beside allows.
+    let nested = rules(
+        &[
+            "10.0.0.0/8",
+            "10.1.2.3/32",
+            "2001:db8::/32",
+            "2001:db8:c::7/128",
+        ],
+        &["10.1.0.0/16", "2001:db8:c::/48"],
+    );
+    c.case(
+        &nested,
+        &[
+            ("10.9.9.9", true),
+            ("10.1.9.9", false),
+            ("10.1.2.3", true),
+            ("10.1.2.4", false),
+            ("198.51.100.7", false),
+            ("2001:db8:1::5", true),
+            ("2001:db8:c::8", false),
+            ("2001:db8:c::7", true),
+            ("2001:db9::1", false),
+            ("::ffff:10.1.2.3", true),
+            ("::ffff:10.1.9.9", false),
+            ("::ffff:198.51.100.7", false),
+        ],
+    );
+    // Only deny rules: everyone else is served.
+    c.case(
+        &rules(&[], &["198.51.100.0/24", "2001:db8:c::/48"]),
+        &[
+            ("198.51.100.7", false),
+            ("198.51.101.7", true),
+            ("2001:db8:c::7", false),
+            ("2001:db8:d::7", true),
+            ("::ffff:198.51.100.9", false),
+        ],
+    );
+    // Deny wins for the same subnet, whatever the order given; a longer allow inside it wins.
+    for same in [
+        rules(&["198.51.100.0/24"], &["198.51.100.0/24"]),
+        [
+            rule(false, "198.51.100.0/24"),
+            rule(true, "198.51.100.0/24"),
+        ]
+        .to_vec(),
+    ] {
+        c.case(&same, &[("198.51.100.7", false), ("198.51.100.200", false)]);
+    }
+    c.case(
+        &rules(
+            &["198.51.100.0/24", "198.51.100.7/32"],
+            &["198.51.100.0/24"],
+        ),
+        &[("198.51.100.7", true), ("198.51.100.8", false)],
+    );
+    c.counted();
+}
+
+#[test]
+fn families_stay_apart_and_rules_are_replaced_whole() {
+    let mut c = Cases::new();
+    // The families stay apart: IPv4 rules say nothing of IPv6 sources but IPv4-mapped ones, and
+    // IPv6 rules nothing of those.
+    c.case(
+        &rules(&["0.0.0.0/0", "::/0"], &["0.0.0.0/0"]),
+        &[
+            ("198.51.100.7", false),
+            ("::ffff:198.51.100.7", false),
+            ("2001:db8:c::7", true),
+        ],
+    );
+    c.case(
+        &rules(&[], &["::/0"]),
+        &[
+            ("2001:db8:c::7", false),
+            ("::ffff:198.51.100.7", true),
+            ("198.51.100.7", true),
+            ("::198.51.100.7", false),
+        ],
+    );
+    c.case(
+        &rules(&["::ffff:0:0/96"], &[]),
+        &[("::ffff:198.51.100.7", false), ("::fffe:c633:6407", false)],
+    );
+    c.case(
+        &rules(&[], &["::ffff:0:0/96"]),
+        &[("::ffff:198.51.100.7", true), ("::fffe:c633:6407", true)],
+    );
+    // Replaced, and removed: the rules in force are the last set.
+    c.case(
+        &rules(&[], &["198.51.100.7/32"]),
+        &[("198.51.100.7", false), ("198.51.100.8", true)],
+    );
+    c.case(&[], &[("198.51.100.7", true), ("2001:db8:c::8", true)]);
+    c.counted();
+}
+
+#[test]
+fn requests_the_program_hands_on_are_not_judged_by_it() {
+    // The workers apply the rules to these; the program hands them on as without rules.
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    p.answering
+        .set_access(&rules(&[], &["0.0.0.0/0", "::/0"]))
+        .unwrap();
+    let from = |v6| SocketAddr::new(client(v6).ip(), 40_123);
+    for v6 in [false, true] {
+        handed_on(
+            &p,
+            &state,
+            &frame(from(v6), server(v6, 123), &ntp_request(4, 4, 0, 1)),
+            Outcome::Socket,
+        );
+        handed_on(
+            &p,
+            &state,
+            &frame(from(v6), server(v6, 123), &ntp_request(4, 3, 0, 1)[..40]),
+            Outcome::Socket,
+        );
+    }
+    handed_on(
+        &p,
+        &state,
+        &frame(from(false), server(false, 2002), &[0; 48]),
+        Outcome::Socket,
+    );
+    assert_eq!(
+        counts(&p),
+        [("not_ntp", 1), ("length", 2), ("mode", 2)],
+        "none denied"
+    );
+}
+
+/// Rules and sources near each other, so that subnets nest, overlap and repeat: IPv4 in
+/// 198.51.100.0/24 and 10.0.0.0/8, IPv6 in 2001:db8:c::/48, with prefix lengths from a few, and
+/// IPv4-mapped sources.
+fn access_cases() -> impl Strategy<Value = (Vec<DriverRule>, Vec<IpAddr>)> {
+    let v4 = prop_oneof![
+        any::<u8>().prop_map(|b| u32::from_be_bytes([198, 51, 100, b])),
+        any::<u8>().prop_map(|b| u32::from_be_bytes([10, b & 3, 0, b])),
+    ];
+    let v6 = any::<u16>().prop_map(|w| {
+        let mut a = u128::from(Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 0));
+        a |= u128::from(w & 0xff) | (u128::from(w >> 8) << 64);
+        a
+    });
+    let rule = prop_oneof![
+        (
+            v4.clone(),
+            sample::select(&[0u8, 8, 16, 24, 26, 28, 30, 31, 32][..]),
+            any::<bool>()
+        )
+            .prop_map(|(a, prefix, allow)| DriverRule {
+                v6: false,
+                addr: u128::from(a),
+                prefix,
+                allow,
+            }),
+        (
+            v6.clone(),
+            sample::select(&[0u8, 32, 48, 56, 64, 72, 120, 126, 127, 128][..]),
+            any::<bool>()
+        )
+            .prop_map(|(addr, prefix, allow)| DriverRule {
+                v6: true,
+                addr,
+                prefix,
+                allow,
+            }),
+    ];
+    let source = prop_oneof![
+        v4.clone().prop_map(|a| IpAddr::V4(Ipv4Addr::from(a))),
+        v4.prop_map(|a| IpAddr::V6(Ipv4Addr::from(a).to_ipv6_mapped())),
+        v6.prop_map(|a| IpAddr::V6(Ipv6Addr::from(a))),
+    ];
+    (
+        proptest::collection::vec(rule, 0..8),
+        proptest::collection::vec(source, 1..16),
+    )
+}
+
+#[test]
+fn any_rules_are_applied_to_any_source_as_chronyd_applies_them() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    let config = ProptestConfig {
+        cases: 128,
+        ..ProptestConfig::default()
+    };
+    proptest::test_runner::TestRunner::new(config)
+        .run(&access_cases(), |(rules, sources)| {
+            p.answering.set_access(&rules).unwrap();
+            for source in sources {
+                prop_assert_eq!(
+                    answered_from(&p, &state, source),
+                    permits(&rules, source),
+                    "{} under {:?}",
+                    source,
+                    rules
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
 }
