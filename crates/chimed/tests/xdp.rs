@@ -13,7 +13,8 @@
 //! which the kernel's own receive path trusts and chimed's, seeing only the frame, cannot.
 //!
 //! With `--xdp-in-driver`, plain requests are answered in the driver with XDP_TX, which a veth
-//! delivers only to a peer with an XDP program of its own: that test gives the client's end one.
+//! delivers only to a peer with an XDP program of its own: those tests give the client's end one.
+//! Under `--allow`/`--deny`, a denied address's requests are dropped there as on the sockets.
 //!
 //! Fixed ports are fine here: each namespace has its own, with nothing else in it.
 
@@ -849,4 +850,170 @@ fn plain_ntp_is_answered_in_the_driver_as_on_the_sockets() {
         .unwrap_or_else(|| panic!("no XDP NTP stats: {log}"));
     assert_eq!(count_in(xdp_ntp, "answered"), 1, "only NTS's: {xdp_ntp}");
     assert_eq!(count_in(xdp_ntp, "nts"), 1, "{xdp_ntp}");
+}
+
+/// A second address on the client's veth end, allowed where the first is denied.
+const CLIENT_V4_ALLOWED: &str = "10.201.0.3";
+
+/// Sends `n` plain client requests from `source` in the client's namespace to the server's IPv4
+/// NTP port, one at a time, each waiting up to `wait_ms` for its reply; returns how many were
+/// answered.
+fn requests_from(pair: &Pair, source: &str, n: u32, wait_ms: u32) -> u32 {
+    let script = "import socket,sys\n\
+                  src,dst,n,t=sys.argv[1],sys.argv[2],int(sys.argv[3]),int(sys.argv[4])/1000\n\
+                  s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+                  s.bind((src,0))\n\
+                  s.settimeout(t)\n\
+                  got=0\n\
+                  for i in range(n):\n\
+                  \x20   s.sendto(bytes([0x23])+bytes(39)+(0xe1112222_33334444+i).to_bytes(8,'big'),(dst,123))\n\
+                  \x20   try:\n\
+                  \x20       s.recv(100)\n\
+                  \x20       got+=1\n\
+                  \x20   except socket.timeout:\n\
+                  \x20       pass\n\
+                  print(got)\n";
+    let (n, wait) = (n.to_string(), wait_ms.to_string());
+    let out = run(pair
+        .in_client("python3")
+        .args(["-c", script, source, SERVER_V4, &n, &wait]));
+    assert!(out.status.success(), "requests from {source}: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {text:?}"))
+}
+
+/// The NTP requests chimed's workers (on sockets and AF_XDP alike) dropped as denied, from the
+/// metrics in the server's namespace.
+fn denied_by_workers(pair: &Pair) -> u64 {
+    let page = common::scrape_in(&pair.server, "127.0.0.1:9123".parse().unwrap());
+    (page.lines())
+        .filter(|l| {
+            l.starts_with("chimed_requests_dropped_total{")
+                && l.contains("service=\"ntp\"")
+                && l.contains("reason=\"denied\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// A chimed on the client's veth end, serving another port, for the XDP program it attaches: a
+/// veth takes the frames its peer sends with XDP_TX only while it has one (docs/XDP.adoc).
+fn client_xdp_program(pair: &Pair) -> Chimed {
+    let args = [
+        "-s",
+        "127.0.0.1:9",
+        "-4",
+        "1",
+        "-a",
+        "0.0.0.0:1123",
+        "-6",
+        "0",
+        "--xdp",
+        "xc0",
+        "--control-socket",
+        "none",
+        "--client-log",
+        "0",
+    ];
+    Chimed::start_with_env(Some(&pair.client), &args, &[], "running:")
+}
+
+/// `--allow` and `--deny` hold in the driver as on the sockets: the same requests from a denied
+/// address are dropped unanswered and counted `denied` by each, one for one; an allowed address
+/// is answered, in the driver; a SIGHUP that changes the rules changes them in the driver too.
+#[test]
+fn a_denied_address_is_dropped_in_the_driver_as_on_the_sockets() {
+    const SENT: u32 = 10;
+    assert_root();
+    let pair = Pair::build("acl");
+    ip(&[
+        "-n",
+        &pair.client,
+        "addr",
+        "add",
+        &format!("{CLIENT_V4_ALLOWED}/24"),
+        "dev",
+        "xc0",
+    ]);
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let _peer = client_xdp_program(&pair);
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("chimed.toml");
+    let rules = |deny: &str| {
+        let text = format!("[access]\nallow = [\"10.201.0.0/24\"]\ndeny = [\"{deny}\"]\n");
+        std::fs::write(&conf, text).unwrap();
+    };
+    rules(CLIENT_V4);
+    let config = ["--config", conf.to_str().unwrap()];
+    let metrics = ["--metrics-address", "127.0.0.1:9123"];
+
+    // On the sockets.
+    let upstream = format!("127.0.0.1:{MIRROR_PORT}");
+    let sockets_only = [
+        &["-s", &upstream, "-4", "1", "-a", "0.0.0.0:123"][..],
+        &config,
+        &metrics,
+    ];
+    let mut sockets =
+        Chimed::start_with_env(Some(&pair.server), &sockets_only.concat(), &[], "running:");
+    sockets.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    assert_eq!(requests_from(&pair, CLIENT_V4_ALLOWED, 2, 2000), 2);
+    let before = denied_by_workers(&pair);
+    assert_eq!(requests_from(&pair, CLIENT_V4, SENT, 300), 0, "answered");
+    let on_sockets = denied_by_workers(&pair) - before;
+    assert_eq!(on_sockets, u64::from(SENT), "denied on the sockets");
+    sockets.terminate();
+    drop(sockets);
+
+    // In the driver.
+    let mut server = chimed(
+        &pair,
+        &[&["--xdp-in-driver"][..], &config, &metrics].concat(),
+    );
+    server.wait_for("answered in the driver", Duration::from_secs(1));
+    let (answered, denied) = (
+        driver_count(&pair, "answered"),
+        driver_count(&pair, "denied"),
+    );
+    let by_workers = denied_by_workers(&pair);
+    assert_eq!(requests_from(&pair, CLIENT_V4, SENT, 300), 0, "answered");
+    assert_eq!(
+        driver_count(&pair, "denied") - denied,
+        on_sockets,
+        "denied in the driver as on the sockets"
+    );
+    assert_eq!(requests_from(&pair, CLIENT_V4_ALLOWED, SENT, 2000), SENT);
+    assert_eq!(
+        driver_count(&pair, "answered") - answered,
+        u64::from(SENT),
+        "the allowed address answered in the driver"
+    );
+    assert_eq!(
+        denied_by_workers(&pair),
+        by_workers,
+        "none reached the workers"
+    );
+
+    // Rules changed by SIGHUP are the driver's: the other address is now the denied one.
+    rules(CLIENT_V4_ALLOWED);
+    signal::kill(server.pid(), Signal::SIGHUP).unwrap();
+    server.wait_for(
+        "access rules reloaded: [deny 10.201.0.3/32",
+        Duration::from_secs(5),
+    );
+    let (answered, denied) = (
+        driver_count(&pair, "answered"),
+        driver_count(&pair, "denied"),
+    );
+    assert_eq!(requests_from(&pair, CLIENT_V4_ALLOWED, SENT, 300), 0);
+    assert_eq!(requests_from(&pair, CLIENT_V4, SENT, 2000), SENT);
+    assert_eq!(driver_count(&pair, "denied") - denied, u64::from(SENT));
+    assert_eq!(driver_count(&pair, "answered") - answered, u64::from(SENT));
+    assert_eq!(
+        denied_by_workers(&pair),
+        by_workers,
+        "none reached the workers"
+    );
 }

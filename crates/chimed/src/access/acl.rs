@@ -71,6 +71,19 @@ impl Acl {
         self.is_open() || self.permits(ip)
     }
 
+    /// The rules as the program that answers in the driver takes them, which applies them as
+    /// [`Self::permits`] does (`DriverMaps::set_access`); none for no rules.
+    pub(crate) fn driver_rules(&self) -> Vec<chime_xdp::DriverRule> {
+        (self.rules.iter())
+            .map(|r| chime_xdp::DriverRule {
+                v6: !r.v4,
+                addr: r.net,
+                prefix: r.prefix,
+                allow: r.allow,
+            })
+            .collect()
+    }
+
     /// Whether `ip` is served.
     pub(crate) fn permits(&self, ip: IpAddr) -> bool {
         let (v4, addr) = match ip {
@@ -242,6 +255,30 @@ mod tests {
         assert!(!ok(&a, "192.0.2.1"));
         let a = acl(&[], &["2001:db8::1/0"]);
         assert!(!ok(&a, "::1") && ok(&a, "127.0.0.1"));
+    }
+
+    #[test]
+    fn the_driver_is_given_every_rule() {
+        use chime_xdp::DriverRule;
+        let a = acl(&["10.0.0.0/8", "all"], &["2001:db8::1/32"]);
+        let rule = |v6, addr, prefix, allow| DriverRule {
+            v6,
+            addr,
+            prefix,
+            allow,
+        };
+        let mut got = a.driver_rules();
+        got.sort_by_key(|r| (r.v6, r.prefix, r.allow));
+        assert_eq!(
+            got,
+            [
+                rule(false, 0, 0, true),
+                rule(false, 0x0a00_0000, 8, true),
+                rule(true, 0, 0, true),
+                rule(true, 0x2001_0db8 << 96, 32, false),
+            ]
+        );
+        assert!(acl(&[], &[]).driver_rules().is_empty());
     }
 
     #[test]

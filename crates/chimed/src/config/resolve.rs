@@ -252,9 +252,7 @@ fn rules(c: &Config, s: &Sources) -> Result<(), ConfigError> {
 
 /// What the program that answers in the driver does not do: each of these changes a reply, or
 /// refuses one, on the other paths.
-const NOT_IN_DRIVER: [&str; 6] = [
-    "access.allow",
-    "access.deny",
+const NOT_IN_DRIVER: [&str; 4] = [
     "ratelimit.enabled",
     "ntp.leap-smear",
     "tz-offset.enabled",

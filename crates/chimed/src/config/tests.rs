@@ -364,9 +364,10 @@ fn answering_in_the_driver_is_refused_beside_what_the_program_does_not_do() {
         e.contains("--xdp-in-driver: only takes effect with --xdp"),
         "{e}"
     );
+    // Allow and deny are applied in the driver too.
+    let rules = [&on[..], &["--allow", "192.0.2.0/24", "--deny", "192.0.2.1"]].concat();
+    assert!(resolve_with("", &rules).unwrap().xdp.in_driver);
     for (file, flags, names) in [
-        ("", &["--allow", "192.0.2.0/24"][..], "--allow"),
-        ("[access]\ndeny = [\"192.0.2.0/24\"]\n", &[][..], "--deny"),
         ("", &["--ratelimit"][..], "--ratelimit"),
         ("", &["--leap-smear"][..], "--leap-smear"),
         ("", &["--tz-offset", "--timezone", "UTC"][..], "--tz-offset"),

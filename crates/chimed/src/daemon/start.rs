@@ -302,7 +302,9 @@ fn xdp(
     let mode = bind::mode_name(bound.mode());
     let driver = bound.driver_maps();
     if let Some(maps) = &driver {
-        // The program answers nothing until this first write.
+        // The rules before the state: the program answers nothing until the state's first write.
+        (ntp.access.answer_in_driver(maps.clone()))
+            .context("cannot write the access rules into the driver")?;
         ntp.clock.answer_in_driver(maps.clone());
     }
     let make = |i, group| -> Box<dyn BatchHandler> {

@@ -475,8 +475,9 @@ fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
             enc,
             "chimed_xdp_driver_frames_total",
             "What the program in the driver did with each frame to a served address \
-             (--xdp-in-driver): answered, or why it handed the frame on to the AF_XDP workers \
-             (not_ntp, length, malformed, mode, version, interleaved, upgrade, off).",
+             (--xdp-in-driver): answered, denied (dropped unanswered: --allow/--deny), or why it \
+             handed the frame on to the AF_XDP workers (not_ntp, length, malformed, mode, \
+             version, interleaved, upgrade, off).",
             (counts.into_iter()).map(|(o, n)| (vec![("outcome", o.name().to_string())], n)),
         )?;
     }
