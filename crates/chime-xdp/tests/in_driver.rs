@@ -1393,3 +1393,47 @@ fn any_rules_are_applied_to_any_source_as_chronyd_applies_them() {
         })
         .unwrap();
 }
+
+#[test]
+fn no_frame_is_judged_by_two_rule_sets_while_they_change() {
+    // Two rule sets under which one source is always answered and another always dropped, but
+    // a mix of one's rules and the other's default for uncovered sources flips one of them.
+    let (answered, dropped): (IpAddr, IpAddr) = (
+        "198.51.100.7".parse().unwrap(),
+        "198.51.100.9".parse().unwrap(),
+    );
+    let a = rules(&[], &["198.51.100.9/32"]);
+    let b = rules(&["198.51.100.7/32"], &[]);
+    for set in [&a, &b] {
+        assert!(permits(set, answered) && !permits(set, dropped));
+    }
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    p.answering.set_access(&a).unwrap();
+    let writes = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let mut frames = 0;
+    std::thread::scope(|scope| {
+        let maps = p.answering.driver_maps();
+        let _stop = StopOnDrop(&stop);
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                maps.set_access(&b).unwrap();
+                maps.set_access(&a).unwrap();
+                writes.fetch_add(2, Ordering::Relaxed);
+            }
+        });
+        while frames < 20_000 || writes.load(Ordering::Relaxed) < 200 {
+            let req = request_from(if frames % 2 == 0 { answered } else { dropped });
+            let got = p.answering.run(&req).unwrap().outcome;
+            let want = if frames % 2 == 0 {
+                Outcome::Tx
+            } else {
+                Outcome::Drop
+            };
+            assert_eq!(got, want, "frame {frames}");
+            frames += 1;
+        }
+    });
+    eprintln!("{frames} frames, {} writes", writes.into_inner());
+}
