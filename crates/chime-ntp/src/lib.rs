@@ -53,7 +53,7 @@ pub use interleave::{TxLog, interleaved_origin, make_interleaved, reply_receive_
 pub use leap::{Announced, LeapStep, Smear};
 pub use mirror::{Mirror, MirrorError};
 pub use packet::{ExtensionError, Header, Leap, Mode, ParseError, check_extensions};
-pub use ratelimit::{ClientTable, Coin, RateLimit, RateLimitError, Verdict};
+pub use ratelimit::{ClientTable, Coin, RateLimit, RateLimitError, Verdict, address_hash};
 pub use responder::{DropReason, kiss_of_death, respond, stamp_transmit, suggest_poll};
 pub use state::{ServedHeader, ServerState, StalePolicy};
 pub use time::{NtpShort, NtpTimestamp};

@@ -450,17 +450,23 @@ impl ClientTable {
         }
     }
 
-    /// A keyed 64-bit hash of the address. An IPv4 address and its IPv4-mapped IPv6 form are
-    /// the same client. Both halves go through a bijective mixer, so two addresses of one /64
-    /// never share a key.
     fn hash(&self, ip: IpAddr) -> u64 {
-        let bits = match ip {
-            IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
-            IpAddr::V6(a) => a.to_bits(),
-        };
-        let (high, low) = ((bits >> 64) as u64, bits as u64);
-        mix(low ^ self.seed[1] ^ mix(high ^ self.seed[0]))
+        address_hash(ip, self.seed)
     }
+}
+
+/// The keyed 64-bit hash a [`ClientTable`] made with `seed` files `ip` under: bits 40 and up
+/// pick its set, and the hash with the lowest bit set is its key. An IPv4 address and its
+/// IPv4-mapped IPv6 form are the same client. Both halves go through a bijective mixer, so two
+/// addresses of one /64 never share a key. Public for the table chimed keeps in the driver,
+/// which must file addresses the same way.
+pub fn address_hash(ip: IpAddr, seed: [u64; 2]) -> u64 {
+    let bits = match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().to_bits(),
+        IpAddr::V6(a) => a.to_bits(),
+    };
+    let (high, low) = ((bits >> 64) as u64, bits as u64);
+    mix(low ^ seed[1] ^ mix(high ^ seed[0]))
 }
 
 /// A bijective 64-bit finaliser (MurmurHash3's); the client log's hash too.

@@ -90,6 +90,7 @@ const PSEUDO_MAP_FD: u8 = 1;
 // Helpers by number (the `___BPF_FUNC_MAPPER` order).
 pub(crate) const FN_MAP_LOOKUP_ELEM: i32 = 1;
 pub(crate) const FN_KTIME_GET_NS: i32 = 5;
+pub(crate) const FN_GET_PRANDOM_U32: i32 = 7;
 pub(crate) const FN_REDIRECT_MAP: i32 = 51;
 pub(crate) const FN_XDP_ADJUST_META: i32 = 54;
 pub(crate) const FN_KTIME_GET_TAI_NS: i32 = 208;

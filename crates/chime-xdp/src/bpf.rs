@@ -366,6 +366,19 @@ pub(crate) fn create_array(name: &str, value_size: usize) -> io::Result<OwnedFd>
     bpf(BPF_MAP_CREATE, &mut attr).map(owned)
 }
 
+/// Makes an array map of `entries` entries of `value_size` bytes, all zero, named `name`.
+pub(crate) fn create_table(name: &str, value_size: usize, entries: u32) -> io::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: value_size as u32,
+        max_entries: entries,
+        map_name: name16(name),
+        ..Default::default()
+    };
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
 /// Makes an array of maps of one entry, empty, whose maps are like `inner` (an array map made by
 /// [`create_array`] of the same value size): a program looks the map up, then its value.
 pub(crate) fn create_map_of_one(name: &str, inner: &OwnedFd) -> io::Result<OwnedFd> {
@@ -495,6 +508,19 @@ pub(crate) fn delete_elem(map: &OwnedFd, key: u32) -> io::Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other.map(drop),
     }
+}
+
+/// `map`'s entry `key`. `V` must be the map's value type, `#[repr(C)]` and valid for any bytes.
+pub(crate) fn lookup_elem<V: Copy + Default>(map: &OwnedFd, key: u32) -> io::Result<V> {
+    let mut value = V::default();
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        key: ptr::from_ref(&key) as u64,
+        value: ptr::from_mut(&mut value) as u64,
+        ..Default::default()
+    };
+    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr)?;
+    Ok(value)
 }
 
 /// Loads `insns` as an XDP program. On a verifier rejection the error carries the verifier's

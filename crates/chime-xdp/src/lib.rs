@@ -66,7 +66,8 @@ use std::{
 
 pub use access::DriverRule;
 pub use responder::{
-    ANSWER, DriverInput, DriverMaps, DriverOutcome, DriverState, RATE_NEGATIVE, SYNCHRONISED,
+    ANSWER, DriverInput, DriverLimits, DriverMaps, DriverOutcome, DriverState, RATE_NEGATIVE,
+    SYNCHRONISED,
 };
 pub use xsk::XdpMode;
 
@@ -106,6 +107,10 @@ pub struct XdpConfig {
     /// the answering program (`responder`) instead of the steering one. It answers nothing
     /// until a state is written through [`XdpBound::driver_maps`].
     pub in_driver: bool,
+    /// With [`Self::in_driver`], the client addresses its rate limiter tracks, rounded up to a
+    /// power of two, at least 4 and at most 2^20 (96 bytes of kernel memory for every four);
+    /// its limits are written through [`XdpBound::driver_maps`] ([`DriverMaps::set_limits`]).
+    pub driver_clients: usize,
 }
 
 impl XdpConfig {
@@ -119,6 +124,7 @@ impl XdpConfig {
             cpus: Vec::new(),
             batch_size: 64,
             in_driver: false,
+            driver_clients: 0,
         }
     }
 }
@@ -273,7 +279,14 @@ fn program(
             let ntp: Vec<bpf::Target> = (targets.first().into_iter().flatten())
                 .map(|a| (Some(a.ip()), a.port()))
                 .collect();
-            responder::program(map, maps.fds(), maps.access_fd(), prog_targets, &ntp)
+            responder::program(
+                map,
+                maps.fds(),
+                maps.access_fd(),
+                maps.limiter(),
+                prog_targets,
+                &ntp,
+            )
         }
     }
 }
@@ -342,7 +355,7 @@ impl XdpBound {
             sockets.push(sock);
         }
         let driver = (cfg.in_driver)
-            .then(DriverMaps::new)
+            .then(|| DriverMaps::new(cfg.driver_clients))
             .transpose()
             .map_err(|e| ctx("making the in-driver maps", e))?
             .map(Arc::new);

@@ -68,14 +68,28 @@ impl XdpProgram {
     }
 
     /// The answering program for `targets`, answering NTP requests to those of `ntp` (which
-    /// must be among them) in the driver.
+    /// must be among them) in the driver; its rate limiter's table of 4 addresses, the limits
+    /// off.
     pub fn answering(targets: &[SocketAddr], ntp: &[SocketAddr]) -> io::Result<Self> {
+        Self::answering_limited(targets, ntp, 4, [0x5eed, 0x5eed])
+    }
+
+    /// [`Self::answering`] with a rate limiter's table for `clients` addresses, its hash keyed
+    /// by `seed` (as chime-ntp's `ClientTable::new(limit, clients, seed)`), the limits off until
+    /// [`DriverMaps::set_limits`].
+    pub fn answering_limited(
+        targets: &[SocketAddr],
+        ntp: &[SocketAddr],
+        clients: usize,
+        seed: [u64; 2],
+    ) -> io::Result<Self> {
         let xsks = bpf::create_xskmap(1)?;
-        let maps = DriverMaps::new()?;
+        let maps = DriverMaps::with_seed(clients, seed)?;
         let insns = responder::program(
             xsks.as_raw_fd(),
             maps.fds(),
             maps.access_fd(),
+            maps.limiter(),
             &bpf::targets(targets),
             &bpf::targets(ntp),
         );

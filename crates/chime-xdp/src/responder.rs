@@ -36,6 +36,11 @@
 //! last good poll and with the followed offset's error bound; past the stale time the reply says
 //! unsynchronised), and serves the time chimed follows (`ServedClock::serve`: an offset, and a
 //! rate applied for at most 16 s from its anchor).
+//!
+//! With [`DriverLimits`] on, each request it would answer first goes through its rate limiter
+//! (`ratelimit`), chime-ntp's `ClientTable` as chimed's NTP workers use it: answered as above,
+//! with the poll the limit suggests; answered with a Kiss-o'-Death RATE; or dropped there
+//! (`XDP_DROP`).
 
 use std::io;
 use std::mem::offset_of;
@@ -45,9 +50,14 @@ use crate::access::{self, ALLOW, FAMILY_BITS, FAMILY_V4, FAMILY_V6};
 use crate::asm::*;
 use crate::bpf::{self, CTX, DATA, DATA_END, ETH_LEN, IPV4_LEN, IPV6_LEN, Route, Target, UDP_LEN};
 
+mod ratelimit;
+
+pub use ratelimit::DriverLimits;
+
 /// The in-driver path is on. Its writer sets it only when nothing it does to a reply is left out
-/// of this program (for chimed: no rate limiting, no client log, no leap smear, no timezone
-/// mode), and [`DriverState::new`] clears it when the state cannot be served exactly (a leap warning or a leap second announced; values past the ranges the program's
+/// of this program (for chimed: no client log, no leap smear, no timezone mode), and
+/// [`DriverState::new`] clears it when the state cannot be served
+/// exactly (a leap warning or a leap second announced; values past the ranges the program's
 /// arithmetic holds exactly). Until a state is set, nothing is answered.
 pub const ANSWER: u32 = 1 << 0;
 /// The state is synchronised and was updated at least once (it is still unsynchronised once it
@@ -241,11 +251,15 @@ pub enum DriverOutcome {
     /// A request it would answer from a source the rules ([`DriverMaps::set_access`]) deny:
     /// dropped (`XDP_DROP`), as chimed's workers drop it, unanswered.
     Denied,
+    /// Over the rate limit ([`DriverLimits`]), answered with a Kiss-o'-Death RATE (`XDP_TX`).
+    Kod,
+    /// Over the rate limit, neither leaked nor kissed: dropped (`XDP_DROP`).
+    RateLimited,
 }
 
 impl DriverOutcome {
     /// Every outcome, in the order of their counters.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::Answered,
         Self::NotNtp,
         Self::Length,
@@ -256,6 +270,8 @@ impl DriverOutcome {
         Self::Upgrade,
         Self::Off,
         Self::Denied,
+        Self::Kod,
+        Self::RateLimited,
     ];
 
     /// Its name, for metrics' labels.
@@ -271,6 +287,8 @@ impl DriverOutcome {
             Self::Upgrade => "upgrade",
             Self::Off => "off",
             Self::Denied => "denied",
+            Self::Kod => "kod",
+            Self::RateLimited => "rate_limited",
         }
     }
 }
@@ -287,12 +305,20 @@ pub struct DriverMaps {
     counts: OwnedFd,
     /// CPUs the kernel keeps a counter for.
     cpus: usize,
+    /// The rate limiter's table and limits.
+    limiter: ratelimit::Limiter,
 }
 
 impl DriverMaps {
     /// Makes the maps: no state yet (nothing answered), no rules (every source answered), every
-    /// count zero.
-    pub(crate) fn new() -> io::Result<Self> {
+    /// count zero, a rate limiter's table for `clients` addresses (see [`Self::set_limits`])
+    /// keyed by random bits, its limits off.
+    pub(crate) fn new(clients: usize) -> io::Result<Self> {
+        Self::with_seed(clients, ratelimit::random_seed()?)
+    }
+
+    /// [`Self::new`] with the rate limiter's address hash keyed by `seed`.
+    pub(crate) fn with_seed(clients: usize, seed: [u64; 2]) -> io::Result<Self> {
         let template = bpf::create_array("chimed_ntp", size_of::<DriverState>())?;
         Ok(Self {
             state: bpf::create_map_of_one("chimed_ntp_slot", &template)?,
@@ -302,7 +328,36 @@ impl DriverMaps {
                 DriverOutcome::ALL.len() as u32,
             )?,
             cpus: bpf::possible_cpus()?,
+            limiter: ratelimit::Limiter::new(clients, seed)?,
         })
+    }
+
+    /// The rate limiter's maps, for the program.
+    pub(crate) fn limiter(&self) -> ratelimit::LimiterFds {
+        self.limiter.fds()
+    }
+
+    /// Puts `limits` in force for every request checked from now on ([`DriverLimits::OFF`]: none
+    /// limited). What each client has saved is kept, as chime-ntp's `ClientTable::set_limit`
+    /// keeps it.
+    pub fn set_limits(&self, limits: &DriverLimits) -> io::Result<()> {
+        self.limiter.set_limits(limits)
+    }
+
+    /// How many client addresses the rate limiter's table tracks at once.
+    pub fn clients_capacity(&self) -> usize {
+        self.limiter.capacity()
+    }
+
+    /// The memory the rate limiter's table takes in the kernel, bytes.
+    pub fn clients_bytes(&self) -> usize {
+        self.limiter.bytes()
+    }
+
+    /// Set `index` of the rate limiter's table: each of its four slots' key, theoretical arrival
+    /// time and history, as chime-ntp's `ClientTable` lays them out. For tests.
+    pub fn client_set(&self, index: u32) -> io::Result<[[u64; 3]; 4]> {
+        self.limiter.set(index)
     }
 
     /// The file descriptors the program is assembled with: the state's slot and the counters.
@@ -387,11 +442,13 @@ const UPGRADE: [u8; 8] = *b"NTP5DRFT";
 
 /// Assembles the answering program for `targets`, of which those in `ntp` are answered in the
 /// driver, through the XSKMAP `xsks`, the state's slot `state` and the counters `counts`
-/// ([`DriverMaps::fds`]), and the rules' slot `rules` ([`DriverMaps::access_fd`]).
+/// ([`DriverMaps::fds`]), the rules' slot `rules` ([`DriverMaps::access_fd`]) and the rate
+/// limiter's maps `limiter` ([`DriverMaps::limiter`]).
 pub(crate) fn program(
     xsks: RawFd,
     (state, counts): (RawFd, RawFd),
     rules: RawFd,
+    limiter: ratelimit::LimiterFds,
     targets: &[Target],
     ntp: &[Target],
 ) -> Vec<Insn> {
@@ -428,13 +485,17 @@ pub(crate) fn program(
     a.place(answer);
     ntp_request(&mut a, state, &hand_on);
     allowed(&mut a, rules, counts);
+    a.st(Size::W, FP, OUTCOME, DriverOutcome::Answered as i32);
+    ratelimit::check(&mut a, limiter, counts);
     reply(&mut a, counts, abort);
     // Each reason to hand a frame on: counted, then to the socket. Without a target but NTP's,
     // nothing jumps to `NotNtp`'s, which the verifier would refuse as unreachable.
     let counted = a.label();
     let others = targets.iter().any(|t| !ntp.contains(t));
     for o in &DriverOutcome::ALL[1..] {
-        if *o == DriverOutcome::NotNtp && !others {
+        if *o == DriverOutcome::NotNtp && !others
+            || matches!(o, DriverOutcome::Kod | DriverOutcome::RateLimited)
+        {
             continue;
         }
         // Dropped, not handed on: `allowed` counts it.
@@ -608,8 +669,9 @@ fn ntp_request(a: &mut Asm, state: RawFd, hand_on: &HandOn) {
     a.jmp_k(JEQ, R1, 0, hand_on.to(Off));
 }
 
-/// Where the key of the rules' trie is built: [`access::Key`], 24 bytes, below [`DELTA`].
-const ACL_KEY: i16 = -56;
+/// Where the key of the rules' trie is built: [`access::Key`], 24 bytes, below the rate
+/// limiter's slots.
+const ACL_KEY: i16 = -144;
 
 /// The allow/deny rules: with rules in the slot `rules`, a request from a source they deny is
 /// counted [`DriverOutcome::Denied`] and dropped; any other goes on to be answered. The source
@@ -672,9 +734,9 @@ fn allowed(a: &mut Asm, rules: RawFd, counts: RawFd) {
     a.place(answer);
 }
 
-/// Writes the reply over the request and sends it: from here the frame is answered, and counted.
+/// Writes the reply over the request and sends it: from here the frame is answered, and counted
+/// by the outcome at [`OUTCOME`] (`Answered`, or the rate limiter's `Kod`).
 fn reply(a: &mut Asm, counts: RawFd, abort: Label) {
-    a.st(Size::W, FP, OUTCOME, DriverOutcome::Answered as i32);
     count(a, counts);
     // The receive time, and the served time's offset from it.
     local_now(a, R0);
@@ -698,6 +760,7 @@ fn reply(a: &mut Asm, counts: RawFd, abort: Label) {
     a.alu_k(AND, R0, -2);
     a.host_to_be(R0, 64);
     a.stx(Size::DW, NTP, TRANSMIT_TS, R0);
+    ratelimit::finish_reply(a);
     let v6 = a.label();
     a.ldx(Size::DW, R1, FP, FAMILY);
     a.jmp_k(JNE, R1, 4, v6);
@@ -1038,7 +1101,13 @@ mod tests {
             (Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))), 2002),
             ntp[1],
         ];
-        assert_jumps_land_inside(&program(3, (4, 5), 6, &targets, &ntp));
+        let limiter = ratelimit::LimiterFds {
+            limits: 7,
+            clients: 8,
+            mask: 15,
+            seed: [1, 2],
+        };
+        assert_jumps_land_inside(&program(3, (4, 5), 6, limiter, &targets, &ntp));
     }
 
     #[test]

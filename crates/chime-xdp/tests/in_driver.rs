@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use chime_ntp::{
-    Header, Leap, Mode, NtpShort, NtpTimestamp, ServedClock, ServedHeader, ServerState, StalePolicy,
+    ClientTable, Coin, Header, Leap, Mode, NtpShort, NtpTimestamp, RateLimit, ServedClock,
+    ServedHeader, ServerState, StalePolicy, Verdict,
 };
 use chime_xdp::prog_test_run::{Outcome, XdpProgram};
-use chime_xdp::{ANSWER, DriverInput, DriverOutcome, DriverRule, DriverState};
+use chime_xdp::{ANSWER, DriverInput, DriverLimits, DriverOutcome, DriverRule, DriverState};
 use proptest::prelude::*;
 use proptest::sample;
 
@@ -363,7 +364,20 @@ fn check_reply(
     reply: &[u8],
     state: &ServerState,
     policy: &StalePolicy,
+    times: (NtpTimestamp, NtpTimestamp),
+) {
+    check_reply_as(request, reply, state, policy, times, &|_| {});
+}
+
+/// [`check_reply`], the socket path's header passed through `finish` as chimed's worker passes
+/// it after `respond` (the rate limiter's KoD and suggested poll).
+fn check_reply_as(
+    request: &[u8],
+    reply: &[u8],
+    state: &ServerState,
+    policy: &StalePolicy,
     (before, after): (NtpTimestamp, NtpTimestamp),
+    finish: &dyn Fn(&mut [u8; 48]),
 ) {
     let v6 = request[12..14] == [0x86, 0xdd];
     assert!(
@@ -391,6 +405,7 @@ fn check_reply(
         let mut out = [0u8; 48];
         chime_ntp::respond(&request[at..], port, rx, &served, &mut out).expect("answered");
         chime_ntp::stamp_transmit(&mut out, tx);
+        finish(&mut out);
         out
     };
     let (early, late) = (socket(before), socket(after));
@@ -1436,4 +1451,302 @@ fn no_frame_is_judged_by_two_rule_sets_while_they_change() {
         }
     });
     eprintln!("{frames} frames, {} writes", writes.into_inner());
+}
+
+// Rate limiting, against chime-ntp's `ClientTable` as chimed's NTP workers use it (relenting).
+
+const SEED: [u64; 2] = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
+const CLIENTS: usize = 4096;
+
+/// The answering program serving `state`, its rate limiter's table for [`CLIENTS`] keyed by
+/// [`SEED`], limited by `limit`.
+fn limited(state: &ServerState, limit: RateLimit) -> XdpProgram {
+    assert_root();
+    let p = XdpProgram::answering_limited(&targets(), &ntp_targets(), CLIENTS, SEED).unwrap();
+    p.set_state(&DriverState::new(&input(state, &policy())))
+        .unwrap();
+    let l = DriverLimits::new(limit.interval(), limit.burst(), limit.leak(), limit.kod());
+    p.driver_maps().set_limits(&l).unwrap();
+    p
+}
+
+/// The table chimed's workers check, for the same limits, size and seed.
+fn table(limit: RateLimit) -> ClientTable {
+    ClientTable::new(limit, CLIENTS, SEED).relenting()
+}
+
+/// `CLOCK_MONOTONIC`, the time both tables count in.
+fn mono() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC) as u64
+}
+
+/// Verdicts as counted here: answered, KoD, dropped.
+fn slot(v: Verdict) -> usize {
+    match v {
+        Verdict::Answer => 0,
+        Verdict::Kod => 1,
+        Verdict::Drop => 2,
+    }
+}
+
+/// Runs `request` through the limiting program `p`: a reply is checked in full against the
+/// socket path's for `state` as chimed's worker finishes it for `limit` (`suggest_poll`, and
+/// `kiss_of_death` for a KoD RATE); a drop must be `XDP_DROP`. Returns the verdict.
+fn limited_run(p: &XdpProgram, request: &[u8], state: &ServerState, limit: RateLimit) -> Verdict {
+    let before = program_clock();
+    let run = p.run(request).unwrap();
+    let after = program_clock();
+    match run.outcome {
+        Outcome::Drop => return Verdict::Drop,
+        Outcome::Tx => {}
+        other => panic!("neither answered nor dropped: {other:?}"),
+    }
+    let v6 = request[12..14] == [0x86, 0xdd];
+    let at = payload_at(v6);
+    let kod = run.frame[at + 12..at + 16] == *b"RATE";
+    let finish = |out: &mut [u8; 48]| {
+        if kod {
+            chime_ntp::kiss_of_death(out, *b"RATE");
+        }
+        chime_ntp::suggest_poll(out, limit.interval());
+    };
+    check_reply_as(
+        request,
+        &run.frame,
+        state,
+        &policy(),
+        (before, after),
+        &finish,
+    );
+    if kod { Verdict::Kod } else { Verdict::Answer }
+}
+
+/// `p`'s counts, by name, those that are not zero.
+fn named_counts(p: &XdpProgram) -> Vec<(&'static str, u64)> {
+    (p.counts().unwrap().into_iter())
+        .filter(|&(_, n)| n > 0)
+        .map(|(o, n)| (o.name(), n))
+        .collect()
+}
+
+/// `got` within `sds` standard deviations of `n` draws at probability `p`.
+fn within_sd(what: &str, got: usize, n: usize, p: f64, sds: f64) {
+    let (n, expect) = (n as f64, n as f64 * p);
+    let sd = (n * p * (1.0 - p)).sqrt();
+    assert!(
+        (got as f64 - expect).abs() < sds * sd,
+        "{what}: {got}, expected {expect:.0} ± {:.0}",
+        sds * sd
+    );
+}
+
+#[test]
+fn a_flooding_address_is_limited_in_the_driver_as_by_chime_ntps_table() {
+    // One response per 4096 s, a burst of 5; over the limit one in 4 leaked, half of the rest a
+    // KoD: of the requests over the limit 1/4 answered, 3/8 KoD, 3/8 dropped.
+    let limit = RateLimit::new(12, 5, 2, 1).unwrap();
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = limited(&state, limit);
+    let t = table(limit);
+    let mut coin = Coin::new(7);
+    let flooder = IpAddr::V4(CLIENT_V4);
+    let req = request_from(flooder);
+    for i in 0..5 {
+        let now = mono();
+        assert_eq!(
+            limited_run(&p, &req, &state, limit),
+            Verdict::Answer,
+            "request {i} of the burst, in the driver"
+        );
+        assert_eq!(t.check(flooder, now, &mut coin), Verdict::Answer);
+    }
+    // The flood: both tables see the same arrival times, so whatever the retry heuristic makes
+    // of a pause between two requests, it makes of it in both.
+    const N: usize = 4000;
+    let (mut driver, mut user) = ([0usize; 3], [0usize; 3]);
+    for _ in 0..N {
+        let now = mono();
+        driver[slot(limited_run(&p, &req, &state, limit))] += 1;
+        user[slot(t.check(flooder, now, &mut coin))] += 1;
+    }
+    eprintln!("over the limit: in the driver {driver:?}, chime-ntp's table {user:?}");
+    for (i, (what, share)) in [("answered", 0.25), ("kod", 0.375), ("dropped", 0.375)]
+        .into_iter()
+        .enumerate()
+    {
+        within_sd(&format!("{what} in the driver"), driver[i], N, share, 6.0);
+        within_sd(&format!("{what} by chime-ntp"), user[i], N, share, 6.0);
+        let sd = (N as f64 * share * (1.0 - share)).sqrt();
+        assert!(
+            (driver[i] as f64 - user[i] as f64).abs() < 5.0 * sd * 2f64.sqrt(),
+            "{what}: {} in the driver, {} by chime-ntp",
+            driver[i],
+            user[i]
+        );
+    }
+    // Other addresses start with their own burst.
+    for other in [
+        IpAddr::V4(Ipv4Addr::new(198, 51, 100, 8)),
+        IpAddr::V6(CLIENT_V6),
+    ] {
+        for i in 0..5 {
+            assert_eq!(
+                limited_run(&p, &request_from(other), &state, limit),
+                Verdict::Answer,
+                "{other}'s request {i}"
+            );
+        }
+    }
+    let answered = (5 + driver[0] + 10) as u64;
+    assert_eq!(
+        named_counts(&p),
+        [
+            ("answered", answered),
+            ("kod", driver[1] as u64),
+            ("rate_limited", driver[2] as u64)
+        ]
+    );
+    // Each address is filed where chime-ntp's table files it: in the set its hash's top bits
+    // pick, under its hash with the lowest bit set.
+    for ip in [flooder, IpAddr::V6(CLIENT_V6)] {
+        let h = chime_ntp::address_hash(ip, SEED);
+        let set = ((h >> 40) as usize & (CLIENTS / 4 - 1)) as u32;
+        let slots = p.driver_maps().client_set(set).unwrap();
+        assert!(
+            slots.iter().any(|s| s[0] == h | 1),
+            "{ip} not in set {set}: {slots:x?}"
+        );
+    }
+}
+
+#[test]
+fn the_burst_is_exactly_as_long_in_the_driver_as_in_chime_ntps_table() {
+    // 256 addresses, each sends its burst of 3 and one more: the burst is always answered, and
+    // the request after it only when leaked (one in 4), in both tables.
+    let limit = RateLimit::new(12, 3, 2, 0).unwrap();
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = limited(&state, limit);
+    let t = table(limit);
+    let mut coin = Coin::new(9);
+    let (mut driver, mut user) = (0, 0);
+    for k in 0..=255u8 {
+        let ip = IpAddr::V4(Ipv4Addr::new(203, 0, 113, k));
+        let req = request_from(ip);
+        for i in 0..3 {
+            let now = mono();
+            assert_eq!(
+                limited_run(&p, &req, &state, limit),
+                Verdict::Answer,
+                "{ip}: request {i} of the burst"
+            );
+            assert_eq!(t.check(ip, now, &mut coin), Verdict::Answer);
+        }
+        let now = mono();
+        driver += usize::from(limited_run(&p, &req, &state, limit) == Verdict::Answer);
+        user += usize::from(t.check(ip, now, &mut coin) == Verdict::Answer);
+    }
+    eprintln!("the request after the burst answered: {driver} in the driver, {user} by chime-ntp");
+    within_sd("leaked in the driver", driver, 256, 0.25, 5.0);
+    within_sd("leaked by chime-ntp", user, 256, 0.25, 5.0);
+    assert_eq!(
+        named_counts(&p),
+        [
+            ("answered", (3 * 256 + driver) as u64),
+            ("rate_limited", (256 - driver) as u64)
+        ]
+    );
+}
+
+/// A client that waits `answered` after a reply and `dropped` after a drop, against `check`,
+/// for `run` from `start`: the share of its requests answered, and how many it sent.
+fn retrying(
+    mut check: impl FnMut(u64) -> Verdict,
+    (answered, dropped): (u64, u64),
+    (start, run): (u64, u64),
+    mut wait: impl FnMut(u64) -> u64,
+) -> (f64, u64) {
+    let (mut now, mut sent, mut ok) = (start, 0u64, 0u64);
+    while now < start + run {
+        sent += 1;
+        now = wait(if check(now) == Verdict::Drop {
+            dropped
+        } else {
+            ok += 1;
+            answered
+        });
+    }
+    (ok as f64 / sent as f64, sent)
+}
+
+#[test]
+fn a_client_that_retries_faster_when_dropped_is_mostly_answered_in_the_driver_too() {
+    // chime-ntp's own case a thousand times faster: one response per 62.5 ms, burst 1, leak 2; the
+    // client waits 16 ms when answered and 2 ms when not, for 2 s of real time in the driver and
+    // of simulated time in chime-ntp's tables.
+    const MS: u64 = 1_000_000;
+    let limit = RateLimit::new(-4, 1, 2, 0).unwrap();
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = limited(&state, limit);
+    let req = request_from(IpAddr::V4(CLIENT_V4));
+    let pace = (16 * MS, 2 * MS);
+    let (driver, sent) = retrying(
+        |_| limited_run(&p, &req, &state, limit),
+        pace,
+        (mono(), 2000 * MS),
+        |ns| {
+            std::thread::sleep(Duration::from_nanos(ns));
+            mono()
+        },
+    );
+    let simulated = |t: ClientTable| {
+        let mut coin = Coin::new(21);
+        let ip = IpAddr::V4(CLIENT_V4);
+        let mut now = 0;
+        retrying(
+            |at| t.check(ip, at, &mut coin),
+            pace,
+            (1_000 * MS, 2000 * MS),
+            |ns| {
+                now += ns;
+                1_000 * MS + now
+            },
+        )
+    };
+    let (relenting, relenting_sent) = simulated(table(limit));
+    let (plain, plain_sent) = simulated(ClientTable::new(limit, CLIENTS, SEED));
+    eprintln!(
+        "answered: {driver:.2} of {sent} in the driver, {relenting:.2} of {relenting_sent} by \
+         chime-ntp's table as chimed's workers use it, {plain:.2} of {plain_sent} without the \
+         retry heuristic"
+    );
+    assert!(plain < 0.4, "without the heuristic: {plain}");
+    assert!(relenting > 0.6, "chime-ntp relenting: {relenting}");
+    assert!(driver > 0.6, "in the driver: {driver} of {sent}");
+}
+
+#[test]
+fn with_the_limits_off_nothing_is_limited_and_the_poll_is_the_requests() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = limited(&state, RateLimit::new(12, 1, 4, 4).unwrap());
+    p.driver_maps().set_limits(&DriverLimits::OFF).unwrap();
+    let req = request_from(IpAddr::V4(CLIENT_V4));
+    for _ in 0..100 {
+        let run = p.run(&req).unwrap();
+        assert_eq!(run.outcome, Outcome::Tx);
+        assert_eq!(run.frame[payload_at(false) + 2], 6, "the request's poll");
+        assert_ne!(&run.frame[payload_at(false) + 12..][..4], b"RATE");
+    }
+    assert_eq!(named_counts(&p), [("answered", 100)]);
+    // On again (what a reload does): the client's saved responses are kept, here none.
+    let limit = RateLimit::new(12, 1, 4, 0).unwrap();
+    let l = DriverLimits::new(limit.interval(), limit.burst(), limit.leak(), limit.kod());
+    p.driver_maps().set_limits(&l).unwrap();
+    let fates: Vec<Verdict> = (0..64)
+        .map(|_| limited_run(&p, &req, &state, limit))
+        .collect();
+    let answered = fates.iter().filter(|&&v| v == Verdict::Answer).count();
+    assert!(
+        answered < 20,
+        "{answered} of 64 answered with the limits on"
+    );
 }
