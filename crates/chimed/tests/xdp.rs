@@ -758,30 +758,7 @@ fn plain_ntp_is_answered_in_the_driver_as_on_the_sockets() {
     let pair = Pair::build("driver");
     let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
     let dir = tempfile::tempdir().unwrap();
-    // A veth takes the frames its peer sends with XDP_TX only while it has an XDP program of its
-    // own (GRO on is not enough, docs/XDP.adoc): a chimed on the client's end, serving another
-    // port, attaches one, which passes the replies on to the client's stack.
-    let _peer = Chimed::start_with_env(
-        Some(&pair.client),
-        &[
-            "-s",
-            "127.0.0.1:9",
-            "-4",
-            "1",
-            "-a",
-            "0.0.0.0:1123",
-            "-6",
-            "0",
-            "--xdp",
-            "xc0",
-            "--control-socket",
-            "none",
-            "--client-log",
-            "0",
-        ],
-        &[],
-        "running:",
-    );
+    let _peer = client_xdp_program(&pair);
 
     // chimed on its sockets alone: what the same clients measure there.
     let upstream = format!("127.0.0.1:{MIRROR_PORT}");
@@ -899,7 +876,8 @@ fn denied_by_workers(pair: &Pair) -> u64 {
 }
 
 /// A chimed on the client's veth end, serving another port, for the XDP program it attaches: a
-/// veth takes the frames its peer sends with XDP_TX only while it has one (docs/XDP.adoc).
+/// veth takes the frames its peer sends with XDP_TX only while it has one (GRO on is not enough,
+/// docs/XDP.adoc), and that program passes the replies on to the client's stack.
 fn client_xdp_program(pair: &Pair) -> Chimed {
     let args = [
         "-s",
@@ -1016,4 +994,135 @@ fn a_denied_address_is_dropped_in_the_driver_as_on_the_sockets() {
         by_workers,
         "none reached the workers"
     );
+}
+
+/// Sends `n` plain requests (poll 6) from the client's namespace to the server's IPv4 NTP port,
+/// from one address and socket, in bursts of 25 with the replies read in between, then reads
+/// replies until none has come for 300 ms: the plain replies and the KoD RATEs received. Every
+/// reply must suggest poll `poll`.
+fn flood_from_client(pair: &Pair, n: u64, poll: u8) -> (u64, u64) {
+    common::within(&pair.client, move || {
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        // Room for every reply at once: a frame passed up by the client's XDP program takes a
+        // page of the receive buffer, and the default buffer holds about fifty.
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBufForce, &(8 << 20))
+            .unwrap();
+        let to: std::net::SocketAddr = format!("{SERVER_V4}:123").parse().unwrap();
+        let (mut answered, mut kod) = (0, 0);
+        let mut read = |sock: &std::net::UdpSocket| {
+            let mut buf = [0u8; 64];
+            while let Ok(48) = sock.recv(&mut buf) {
+                assert_eq!(buf[2], poll, "the poll suggested: {buf:02x?}");
+                if buf[1] == 0 && buf[12..16] == *b"RATE" {
+                    assert_eq!(buf[0] >> 6, 3, "a KoD's leap: {buf:02x?}");
+                    kod += 1;
+                } else {
+                    assert_eq!(buf[1], 3, "stratum: {buf:02x?}");
+                    answered += 1;
+                }
+            }
+        };
+        sock.set_nonblocking(true).unwrap();
+        for i in 0..n {
+            let mut p = [0u8; 48];
+            p[0] = 0x23;
+            p[2] = 6;
+            p[40..48].copy_from_slice(&(i + 1).to_be_bytes());
+            sock.send_to(&p, to).unwrap();
+            if i % 25 == 24 {
+                read(&sock);
+            }
+        }
+        sock.set_nonblocking(false).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        read(&sock);
+        (answered, kod)
+    })
+}
+
+/// With `--ratelimit` (burst 4, one response per 4096 s, leak 2, kod 1), one address that floods
+/// chimed is treated in the driver as on the sockets: of its requests past the burst about 1/4
+/// answered, 3/8 a KoD RATE, 3/8 dropped, on either path; the client receives what each path
+/// counts; every reply suggests poll 12.
+#[test]
+fn a_flooding_address_is_rate_limited_in_the_driver_as_on_the_sockets() {
+    const N: u64 = 400;
+    const BURST: u64 = 4;
+    assert_root();
+    let pair = Pair::build("ratelimit");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let _peer = client_xdp_program(&pair);
+    let limits = [
+        "--ratelimit",
+        "--ratelimit-interval",
+        "12",
+        "--ratelimit-burst",
+        "4",
+        "--ratelimit-leak",
+        "2",
+        "--ratelimit-kod",
+        "1",
+    ];
+
+    // On the sockets: what chimed counts at exit, and what the client received.
+    let upstream = format!("127.0.0.1:{MIRROR_PORT}");
+    let mut args = vec!["-s", &upstream, "-4", "1", "-a", "0.0.0.0:123"];
+    args.extend_from_slice(&["--recv-buffer", "4194304"]);
+    args.extend_from_slice(&limits);
+    let mut sockets = Chimed::start_with_env(Some(&pair.server), &args, &[], "running:");
+    sockets.wait_for("synchronised: stratum 3", Duration::from_secs(10));
+    let (got, got_kod) = flood_from_client(&pair, N, 12);
+    assert!(sockets.terminate().success());
+    let totals = sockets.wait_for("ntp totals at exit", Duration::from_secs(2));
+    let kod = count_in(&totals, "kod");
+    let on_sockets = [
+        count_in(&totals, "answered") - kod,
+        kod,
+        count_in(&totals, "dropped.rate_limited"),
+    ];
+    assert_eq!(count_in(&totals, "received"), N, "{totals}");
+    assert_eq!([got, got_kod], on_sockets[..2], "received by the client");
+    drop(sockets);
+
+    // In the driver: its counts, and what the client received.
+    let mut args = vec!["--xdp-in-driver", "--metrics-address", "127.0.0.1:9123"];
+    args.extend_from_slice(&limits);
+    let mut server = chimed(&pair, &args);
+    server.wait_for("rate limiting in the driver too", Duration::from_secs(1));
+    server.wait_for("answered in the driver", Duration::from_secs(1));
+    let (got, got_kod) = flood_from_client(&pair, N, 12);
+    let in_driver = ["answered", "kod", "rate_limited"].map(|o| driver_count(&pair, o));
+    assert_eq!([got, got_kod], in_driver[..2], "received by the client");
+    eprintln!(
+        "answered, KoD, dropped of {N}: {on_sockets:?} on the sockets, {in_driver:?} in the \
+         driver"
+    );
+
+    // Past the burst: binomial counts, within 6 standard deviations of their expectation, and
+    // the two paths' within 5 of each other.
+    let over = (N - BURST) as f64;
+    for (i, (what, p)) in [("answered", 0.25), ("kod", 0.375), ("dropped", 0.375)]
+        .into_iter()
+        .enumerate()
+    {
+        let burst = if i == 0 { BURST as f64 } else { 0.0 };
+        let (expect, sd) = (burst + over * p, (over * p * (1.0 - p)).sqrt());
+        for (path, n) in [("sockets", on_sockets[i]), ("driver", in_driver[i])] {
+            assert!(
+                (n as f64 - expect).abs() < 6.0 * sd,
+                "{what} on the {path}: {n}, expected {expect:.0} ± {:.0}",
+                6.0 * sd
+            );
+        }
+        let apart = (on_sockets[i] as f64 - in_driver[i] as f64).abs();
+        assert!(
+            apart < 5.0 * sd * 2f64.sqrt(),
+            "{what}: {} on the sockets, {} in the driver",
+            on_sockets[i],
+            in_driver[i]
+        );
+    }
+    assert_eq!(in_driver.iter().sum::<u64>(), N, "every request counted");
+    server.terminate();
 }

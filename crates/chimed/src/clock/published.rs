@@ -97,6 +97,11 @@ impl Published {
         }
     }
 
+    /// The maps of the program that answers in the driver, once attached (`--xdp-in-driver`).
+    pub(crate) fn driver(&self) -> Option<&Arc<DriverMaps>> {
+        self.driver.get()
+    }
+
     /// Writes the state in force where the program in the driver reads it. Only when it changes:
     /// the program ages it as [`ServerState::served_at`] does, turning it unsynchronised past the
     /// stale time, so a poller that hears nothing more need write nothing more.

@@ -368,7 +368,6 @@ fn answering_in_the_driver_is_refused_beside_what_the_program_does_not_do() {
     let rules = [&on[..], &["--allow", "192.0.2.0/24", "--deny", "192.0.2.1"]].concat();
     assert!(resolve_with("", &rules).unwrap().xdp.in_driver);
     for (file, flags, names) in [
-        ("", &["--ratelimit"][..], "--ratelimit"),
         ("", &["--leap-smear"][..], "--leap-smear"),
         ("", &["--tz-offset", "--timezone", "UTC"][..], "--tz-offset"),
         ("", &["--ntpv5"][..], "--ntpv5"),
@@ -381,7 +380,10 @@ fn answering_in_the_driver_is_refused_beside_what_the_program_does_not_do() {
         assert!(e.ends_with(&says), "{e}");
     }
     // In the file, named as the file names them.
-    let file = "[xdp]\ninterface = \"eth0\"\nin-driver = true\n[ratelimit]\nenabled = true\n";
+    let file = "[xdp]\ninterface = \"eth0\"\nin-driver = true\n[ntp]\nleap-smear = true\n";
     let e = resolve_with(file, &[]).unwrap_err().to_string();
-    assert!(e.contains("not with ratelimit.enabled"), "{e}");
+    assert!(e.contains("not with ntp.leap-smear"), "{e}");
+    // The program rate-limits as the workers do.
+    let limited = resolve_with("", &[&on[..], &["--ratelimit"]].concat()).unwrap();
+    assert!(limited.xdp.in_driver && limited.ratelimit.enabled);
 }

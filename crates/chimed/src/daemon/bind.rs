@@ -265,6 +265,7 @@ fn xdp(
     };
     cfg.cpus = settings.process.cpus.clone();
     cfg.in_driver = x.in_driver;
+    cfg.driver_clients = settings.ntp_rate_limit().map_or(0, |r| r.clients);
     // Frames taken per loop: enough for a whole batch of either protocol, so that a Roughtime
     // signature can cover as many requests as on its sockets.
     let roughtime = settings.roughtime_key().is_some();

@@ -93,6 +93,9 @@ impl Reloadable {
                         && table.limit() != limit
                     {
                         table.set_limit(limit);
+                        if name == "ratelimit" {
+                            self.limit_in_driver(limit);
+                        }
                         info!("SIGHUP: {name} {limit} in force");
                     }
                 }
@@ -124,6 +127,17 @@ impl Reloadable {
 }
 
 impl Reloadable {
+    /// `--xdp-in-driver`: `limit` in force in the driver too.
+    fn limit_in_driver(&self, limit: chime_ntp::RateLimit) {
+        if let Some(maps) = self.clock.driver()
+            && let Err(e) = crate::ntp::limit_in_driver(maps, Some(limit))
+        {
+            warn!(
+                "SIGHUP: cannot write ratelimit {limit} into the driver ({e}); it keeps the last"
+            );
+        }
+    }
+
     /// Puts `level` in force if it is not the one in force.
     fn log_level(&self, level: &str) {
         let (filter, in_force) = &self.log;

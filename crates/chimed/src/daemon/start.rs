@@ -305,6 +305,19 @@ fn xdp(
         // The rules before the state: the program answers nothing until the state's first write.
         (ntp.access.answer_in_driver(maps.clone()))
             .context("cannot write the access rules into the driver")?;
+        // The limits before the state: the program answers nothing until the state's first write,
+        // so no request is answered there unlimited.
+        if let Some(r) = settings.ntp_rate_limit() {
+            crate::ntp::limit_in_driver(maps, Some(r.limit))
+                .context("writing the rate limits into the driver")?;
+            info!(
+                "xdp: rate limiting in the driver too: ratelimit {}, {} client addresses tracked \
+                 there ({} KiB of kernel memory)",
+                r.limit,
+                maps.clients_capacity(),
+                maps.clients_bytes() / 1024
+            );
+        }
         ntp.clock.answer_in_driver(maps.clone());
     }
     let make = |i, group| -> Box<dyn BatchHandler> {

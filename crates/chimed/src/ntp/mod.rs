@@ -6,13 +6,23 @@ pub(crate) mod worker;
 use std::sync::Arc;
 use std::time::Instant;
 
-use chime_ntp::{ClientLog, ClientTable};
+use chime_ntp::{ClientLog, ClientTable, RateLimit};
+use chime_xdp::{DriverLimits, DriverMaps};
 use tracing::info;
 
 use crate::access::Rules;
 use crate::clock::published::Published;
 use crate::config::Settings;
 use crate::nts::keys as nts_keys;
+
+/// Writes `limit` where the program that answers in the driver reads it (`--xdp-in-driver`), so
+/// that it limits as the workers' table does; `None` turns its limiting off.
+pub(crate) fn limit_in_driver(maps: &DriverMaps, limit: Option<RateLimit>) -> std::io::Result<()> {
+    let limits = limit.map_or(DriverLimits::OFF, |l| {
+        DriverLimits::new(l.interval(), l.burst(), l.leak(), l.kod())
+    });
+    maps.set_limits(&limits)
+}
 
 /// The state the NTP workers share: the clock, the access rules and NTS's cookie keys (if any)
 /// from their owners, and the service's own rate limiting and interleaved-mode log.

@@ -477,7 +477,8 @@ fn xdp(enc: &mut DescriptorEncoder, x: &Xdp) -> fmt::Result {
             "What the program in the driver did with each frame to a served address \
              (--xdp-in-driver): answered, denied (dropped unanswered: --allow/--deny), or why it \
              handed the frame on to the AF_XDP workers (not_ntp, length, malformed, mode, \
-             version, interleaved, upgrade, off).",
+             version, interleaved, upgrade, off), or, over --ratelimit, answered with a KoD (kod) \
+             or dropped (rate_limited).",
             (counts.into_iter()).map(|(o, n)| (vec![("outcome", o.name().to_string())], n)),
         )?;
     }
