@@ -1750,3 +1750,28 @@ fn with_the_limits_off_nothing_is_limited_and_the_poll_is_the_requests() {
         "{answered} of 64 answered with the limits on"
     );
 }
+
+#[test]
+fn the_rules_come_before_the_rate_limit() {
+    // A denied source's requests are dropped as denied and spend nothing of its burst: once the
+    // rules are gone, its first two requests are answered, where a source that had sent ten
+    // over a burst of 2 would get one in 16.
+    let limit = RateLimit::new(12, 2, 4, 0).unwrap();
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = limited(&state, limit);
+    let source: IpAddr = "198.51.100.9".parse().unwrap();
+    p.set_access(&rules(&[], &["198.51.100.9/32"])).unwrap();
+    let req = request_from(source);
+    for i in 0..10 {
+        assert_eq!(p.run(&req).unwrap().outcome, Outcome::Drop, "request {i}");
+    }
+    p.set_access(&[]).unwrap();
+    for i in 0..2 {
+        assert_eq!(
+            limited_run(&p, &req, &state, limit),
+            Verdict::Answer,
+            "request {i} of the burst, after the rules"
+        );
+    }
+    assert_eq!(named_counts(&p), [("answered", 2), ("denied", 10)]);
+}
