@@ -224,6 +224,8 @@ for round in $(seq "$rounds"); do
             load=(perf roughtime --target 10.97.0.1:2002 --public-key "$public"
                 --verify-every "$verify_every")
         fi
+        ip netns exec "$NS_S" ethtool -S vs >"$work/vs.before"
+        ip netns exec "$NS_C" ethtool -S vc >"$work/vc.before"
         napi_ticks
         t0=$NAPI_TICKS
         ip netns exec "$NS_C" taskset -c 1 "$chime" "${load[@]}" --rate "$rate" \
@@ -232,6 +234,15 @@ for round in $(seq "$rounds"); do
         # The server's NAPI threads' CPU over the whole load (warm-up included), for the CSV.
         napi_ticks
         echo $((NAPI_TICKS - t0)) >"$out/$name-round$round.napi-ticks"
+        # Where frames went on each end (veth's own counters: XDP verdicts, drops on a full
+        # ring), as what changed over the load.
+        for end in vs:"$NS_S" vc:"$NS_C"; do
+            ip netns exec "${end#*:}" ethtool -S "${end%%:*}" >"$work/after"
+            awk 'NR == FNR { before[$1] = $2; next }
+                 $2 != before[$1] { printf "%s %d\n", $1, $2 - before[$1] }' \
+                "$work/${end%%:*}.before" "$work/after" \
+                >"$out/$name-round$round.ethtool-${end%%:*}.txt"
+        done
         kill "$server_pid"
         wait "$server_pid" 2>/dev/null || true
         server_pid=
