@@ -588,6 +588,24 @@ struct XdpMd {
     egress_ifindex: u32,
 }
 
+/// Runs `prog` once on `frame` and returns how long the run took, in nanoseconds, as the kernel
+/// measures it (`BPF_PROG_TEST_RUN`'s `duration`): the program's own cost, without a driver or a
+/// system call around it. Once, because repeated runs would run on the frame the first one left.
+pub(crate) fn test_run_ns(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: frame.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..Default::default()
+    };
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    Ok(attr.duration)
+}
+
 /// Runs the XDP program `prog` once on `frame` with `BPF_PROG_TEST_RUN`, as on a frame received
 /// on queue 0 of the loopback interface: the kernel's own run of the program, on no interface.
 /// The kernel refuses (`EINVAL`) frames shorter than an Ethernet header.

@@ -7,6 +7,7 @@ use std::{
     io,
     net::SocketAddr,
     os::fd::{AsRawFd, OwnedFd},
+    time::Duration,
 };
 
 use crate::{
@@ -136,6 +137,17 @@ impl XdpProgram {
     /// On the steering program, which has none.
     pub fn driver_maps(&self) -> &DriverMaps {
         self.maps.as_ref().expect("the answering program")
+    }
+
+    /// Runs the program on `frame` `runs` times, each on the frame as given, and returns the
+    /// kernel's measure of the time the program took, summed over the runs: its own cost, for
+    /// benches.
+    pub fn time(&self, frame: &[u8], runs: u64) -> io::Result<Duration> {
+        let mut ns = 0u64;
+        for _ in 0..runs {
+            ns += u64::from(bpf::test_run_ns(&self.prog, frame)?);
+        }
+        Ok(Duration::from_nanos(ns))
     }
 
     /// Runs the program once on `frame`. The kernel refuses (`EINVAL`) a frame shorter than an
