@@ -4,7 +4,7 @@
 //! where the program that answers in the driver reads it, so that program is one more reader.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
@@ -30,10 +30,9 @@ pub(crate) struct Published {
     filter: Option<ReferenceFilter>,
     /// Where the monotonic clock is read from, to see the system clock step.
     epoch: Instant,
-    /// `--xdp-in-driver`: the maps of the program that answers in the driver, once attached.
-    driver: OnceLock<Arc<DriverMaps>>,
-    /// The last write there failed (logged once until one succeeds).
-    driver_failed: AtomicBool,
+    /// `--xdp-in-driver`: what writes each state into the maps of the program that answers in
+    /// the driver, once attached.
+    driver: OnceLock<DriverWriter>,
 }
 
 impl Published {
@@ -74,7 +73,6 @@ impl Published {
             filter,
             epoch: Instant::now(),
             driver: OnceLock::new(),
-            driver_failed: AtomicBool::new(false),
         }
     }
 
@@ -90,40 +88,39 @@ impl Published {
     }
 
     /// From now on, every state published is also written into `maps`, the answering program's
-    /// (`--xdp-in-driver`); the one in force is written at once. Set once, at start.
+    /// (`--xdp-in-driver`); the one in force is written at once, before this returns. Set once,
+    /// at start.
     pub(crate) fn answer_in_driver(&self, maps: Arc<DriverMaps>) {
-        if self.driver.set(maps).is_ok() {
-            self.to_driver();
+        if self.driver.get().is_some() {
+            return;
         }
+        let writer = DriverWriter::start(maps);
+        writer.write(&self.driver_state());
+        let _ = self.driver.set(writer);
     }
 
     /// The maps of the program that answers in the driver, once attached (`--xdp-in-driver`).
     pub(crate) fn driver(&self) -> Option<&Arc<DriverMaps>> {
-        self.driver.get()
+        self.driver.get().map(|w| &w.maps)
     }
 
-    /// Writes the state in force where the program in the driver reads it. Only when it changes:
-    /// the program ages it as [`ServerState::served_at`] does, turning it unsynchronised past the
-    /// stale time, so a poller that hears nothing more need write nothing more.
+    /// Hands the state in force to be written where the program in the driver reads it. Only
+    /// when it changes: the program ages it as [`ServerState::served_at`] does, turning it
+    /// unsynchronised past the stale time, so a poller that hears nothing more need write
+    /// nothing more.
     fn to_driver(&self) {
-        let Some(maps) = self.driver.get() else {
-            return;
-        };
-        let input = driver_input(&self.load(), &self.policy, clock::kernel_tai_offset());
-        match maps.set_state(&DriverState::new(&input)) {
-            Ok(()) => {
-                if self.driver_failed.swap(false, Ordering::Relaxed) {
-                    info!("xdp: the state in the driver is written again");
-                }
-            }
-            Err(e) => {
-                if !self.driver_failed.swap(true, Ordering::Relaxed) {
-                    warn!(
-                        "xdp: cannot write the state into the driver ({e}): it keeps the last                          one, which it turns unsynchronised past the stale time"
-                    );
-                }
-            }
+        if let Some(writer) = self.driver.get() {
+            writer.hand(self.driver_state());
         }
+    }
+
+    /// The state in force as the program in the driver reads it.
+    fn driver_state(&self) -> DriverState {
+        DriverState::new(&driver_input(
+            &self.load(),
+            &self.policy,
+            clock::kernel_tai_offset(),
+        ))
     }
 
     /// How the state ages when chronyd goes quiet.
@@ -180,6 +177,100 @@ impl Published {
     /// the system clock is stepped.
     pub(crate) fn realtime_minus_monotonic(&self, reading: clock::Reading) -> f64 {
         reading.since_epoch.as_secs_f64() - self.epoch.elapsed().as_secs_f64()
+    }
+}
+
+/// Writes states into the maps of the program that answers in the driver, on a thread of its own:
+/// a write makes a map and swaps it into the program's slot, and the kernel's swap waits out
+/// every program still reading the old one (about 15 ms here), which the poller, on the async
+/// runtime, must not. The poller hands over the newest state and goes on; a state handed over
+/// while an older one is being written replaces any still waiting, so the last one handed over
+/// is always the last written.
+#[derive(Debug)]
+struct DriverWriter {
+    maps: Arc<DriverMaps>,
+    next: Arc<(Mutex<Option<DriverState>>, Condvar)>,
+    /// The last write failed (logged once until one succeeds).
+    failed: Arc<AtomicBool>,
+    /// The thread runs; without it, states are written as they are handed over.
+    threaded: bool,
+}
+
+impl DriverWriter {
+    /// The writer of `maps`, its thread waiting for a state.
+    fn start(maps: Arc<DriverMaps>) -> Self {
+        let mut writer = Self {
+            maps,
+            next: Arc::default(),
+            failed: Arc::default(),
+            threaded: false,
+        };
+        let (maps, next, failed) = (
+            writer.maps.clone(),
+            writer.next.clone(),
+            writer.failed.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("xdp-state".into())
+            .spawn(move || {
+                let (slot, handed) = &*next;
+                loop {
+                    let mut waiting = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                    let state = loop {
+                        match waiting.take() {
+                            Some(state) => break state,
+                            None => {
+                                waiting =
+                                    handed.wait(waiting).unwrap_or_else(PoisonError::into_inner);
+                            }
+                        }
+                    };
+                    drop(waiting);
+                    write_state(&maps, &state, &failed);
+                }
+            });
+        match spawned {
+            Ok(_) => writer.threaded = true,
+            Err(e) => warn!(
+                "xdp: no thread to write the state into the driver ({e}): the poller writes it"
+            ),
+        }
+        writer
+    }
+
+    /// Writes `state` now, on the caller's thread.
+    fn write(&self, state: &DriverState) {
+        write_state(&self.maps, state, &self.failed);
+    }
+
+    /// Hands `state` to the writer's thread.
+    fn hand(&self, state: DriverState) {
+        if !self.threaded {
+            return self.write(&state);
+        }
+        let (slot, handed) = &*self.next;
+        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(state);
+        handed.notify_one();
+    }
+}
+
+/// Writes `state` into `maps`, saying once when writes start failing and once when they work
+/// again.
+fn write_state(maps: &DriverMaps, state: &DriverState, failed: &AtomicBool) {
+    match maps.set_state(state) {
+        Ok(()) => {
+            if failed.swap(false, Ordering::Relaxed) {
+                info!("xdp: the state in the driver is written again");
+            }
+        }
+        Err(e) => {
+            if !failed.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "xdp: cannot write the state into the driver ({e}): it keeps the last one, \
+                     which it turns unsynchronised past the stale time"
+                );
+            }
+        }
     }
 }
 
