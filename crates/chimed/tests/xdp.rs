@@ -1126,3 +1126,76 @@ fn a_flooding_address_is_rate_limited_in_the_driver_as_on_the_sockets() {
     assert_eq!(in_driver.iter().sum::<u64>(), N, "every request counted");
     server.terminate();
 }
+
+/// One plain v4 request from the client's namespace asking to upgrade to NTPv5 (reference
+/// timestamp `NTP5DRFT`): the reply's reference timestamp, which echoes the mark where the server
+/// speaks v5.
+fn upgrade_reply_reference(pair: &Pair) -> [u8; 8] {
+    common::within(&pair.client, || {
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut p = [0u8; 48];
+        p[0] = 0x23;
+        p[16..24].copy_from_slice(b"NTP5DRFT");
+        p[40..48].copy_from_slice(&0xe111_2222_3333_4444_u64.to_be_bytes());
+        sock.send_to(&p, format!("{SERVER_V4}:123")).unwrap();
+        let mut buf = [0u8; 64];
+        let n = sock.recv(&mut buf).expect("a reply to the upgrade request");
+        assert_eq!(n, 48);
+        buf[16..24].try_into().unwrap()
+    })
+}
+
+/// With `--ntpv5` beside `--xdp-in-driver`, a plain v4 request is still answered in the driver,
+/// while an NTPv5 request and a v4 request asking to upgrade go to the workers, which answer them
+/// as on the sockets: the v5 reply from chime's v5 client, the upgrade mark echoed.
+#[test]
+fn ntpv5_goes_to_the_workers_beside_the_driver() {
+    assert_root();
+    let pair = Pair::build("v5");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let _peer = client_xdp_program(&pair);
+    let args = [
+        "--xdp-in-driver",
+        "--ntpv5",
+        "--metrics-address",
+        "127.0.0.1:9123",
+    ];
+    let mut server = chimed(&pair, &args);
+    server.wait_for("answered in the driver", Duration::from_secs(1));
+    let count = |o| driver_count(&pair, o);
+    let before = ["answered", "length", "upgrade"].map(count);
+
+    let v4 = chime_ntp(&pair, SERVER_V4, &[]).expect("chime ntp");
+    assert_eq!(v4["version"], 4, "{v4}");
+    assert_eq!(
+        count("answered"),
+        before[0] + 1,
+        "v4 answered in the driver"
+    );
+
+    let v5 = chime_ntp(&pair, SERVER_V4, &["--ntp-version", "5"]).expect("chime ntp v5");
+    assert_eq!(v5["version"], 5, "{v5}");
+    // Its draft's extension field makes it longer than a plain request.
+    assert_eq!(count("length"), before[1] + 1, "v5 handed to the workers");
+
+    assert_eq!(
+        &upgrade_reply_reference(&pair),
+        b"NTP5DRFT",
+        "the mark echoed"
+    );
+    assert_eq!(
+        count("upgrade"),
+        before[2] + 1,
+        "the upgrade request handed on"
+    );
+    assert_eq!(
+        count("answered"),
+        before[0] + 1,
+        "nothing more answered in the driver"
+    );
+
+    server.terminate();
+    let totals = server.wait_for("ntp totals at exit", Duration::from_secs(2));
+    assert_eq!(count_in(&totals, "ntpv5"), 1, "{totals}");
+}
