@@ -66,8 +66,8 @@ use std::{
 
 pub use access::DriverRule;
 pub use responder::{
-    ANSWER, DriverInput, DriverLimits, DriverMaps, DriverOutcome, DriverState, RATE_NEGATIVE,
-    SYNCHRONISED,
+    ANSWER, DriverInput, DriverLimits, DriverMaps, DriverOutcome, DriverState, DriverZone,
+    RATE_NEGATIVE, SYNCHRONISED, ZONE,
 };
 pub use xsk::XdpMode;
 

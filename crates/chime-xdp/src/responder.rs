@@ -55,16 +55,32 @@ mod ratelimit;
 pub use ratelimit::DriverLimits;
 
 /// The in-driver path is on. Its writer sets it only when nothing it does to a reply is left out
-/// of this program (for chimed: no client log, no leap smear, no timezone mode), and
-/// [`DriverState::new`] clears it when the state cannot be served
-/// exactly (a leap warning or a leap second announced; values past the ranges the program's
-/// arithmetic holds exactly). Until a state is set, nothing is answered.
+/// of this program (for chimed: no leap smear; the client log does not see these replies), and
+/// [`DriverState::new`] clears it when the state cannot be served exactly (a leap warning or a
+/// leap second announced; values past the ranges the program's arithmetic holds exactly). Until
+/// a state is set, nothing is answered.
 pub const ANSWER: u32 = 1 << 0;
 /// The state is synchronised and was updated at least once (it is still unsynchronised once it
 /// is older than its stale time).
 pub const SYNCHRONISED: u32 = 1 << 1;
 /// The served time's rate is negative.
 pub const RATE_NEGATIVE: u32 = 1 << 2;
+/// Timezone-offset mode: each timestamp the program writes is shifted by the zone's offset
+/// ([`DriverZone`]).
+pub const ZONE: u32 = 1 << 3;
+
+/// Timezone-offset mode's zone as the program shifts by it: its UTC offset now and, if it
+/// changes ahead, when and to what. Each timestamp is shifted by the offset at the second it
+/// names, as chime-ntp's `ZoneShift::apply` shifts it; the reference timestamp is the caller's to
+/// shift (it is written as given).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverZone {
+    /// The offset now, seconds east of UTC.
+    pub offset: i32,
+    /// The next transition: the NTP second (era 0, modulo 2^32) from which `after` holds, and
+    /// `after`; `None` when the zone has none ahead.
+    pub change: Option<(u32, i32)>,
+}
 
 /// What chimed knows about the clock it serves, in plain numbers, for [`DriverState::new`]: its
 /// `ServerState`, its `StalePolicy` and the kernel's TAI offset.
@@ -106,6 +122,8 @@ pub struct DriverInput {
     pub error_rate: f64,
     /// `CLOCK_TAI` less `CLOCK_REALTIME`, seconds: the kernel's TAI offset (0 while unset).
     pub tai_offset: i64,
+    /// Timezone-offset mode's zone, when that mode is on.
+    pub zone: Option<DriverZone>,
 }
 
 /// The map's one value, as the program reads it: the reply's fields in the forms it writes them,
@@ -116,7 +134,7 @@ pub struct DriverInput {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DriverState {
-    /// [`ANSWER`], [`SYNCHRONISED`], [`RATE_NEGATIVE`].
+    /// [`ANSWER`], [`SYNCHRONISED`], [`RATE_NEGATIVE`], [`ZONE`].
     pub flags: u32,
     /// The leap indicator where the reply's first byte has it (`leap << 6`).
     pub leap: u8,
@@ -152,6 +170,15 @@ pub struct DriverState {
     pub rate: u64,
     /// `CLOCK_TAI` less `CLOCK_REALTIME`, nanoseconds (subtracted modulo 2^64).
     pub tai_offset: u64,
+    /// With [`ZONE`]: the zone's offset before [`Self::zone_change`], in 2^-32 s (added modulo
+    /// 2^64).
+    pub zone_before: u64,
+    /// The zone's offset from [`Self::zone_change`] on, likewise.
+    pub zone_after: u64,
+    /// The NTP second (modulo 2^32) from which [`Self::zone_after`] holds: a timestamp whose
+    /// seconds are this or up to 2^31 later takes it.
+    pub zone_change: u32,
+    _reserved_3: u32,
 }
 
 /// Ages up to this (2^46 units of 2^-32 s, 16384 s) are multiplied exactly (see [`mul_q32`]).
@@ -199,6 +226,13 @@ impl DriverState {
         if s.rate < 0.0 {
             flags |= RATE_NEGATIVE;
         }
+        if s.zone.is_some() {
+            flags |= ZONE;
+        }
+        let zone = s.zone.unwrap_or_default();
+        // No change ahead: the same offset either side of a change half the NTP era away.
+        let (zone_change, after) = zone.change.unwrap_or((0, zone.offset));
+        let shift = |secs: i32| (i64::from(secs) << 32) as u64;
         Self {
             flags,
             leap: (s.leap & 3) << 6,
@@ -220,6 +254,10 @@ impl DriverState {
             offset: (s.offset * 4_294_967_296.0) as i64,
             rate: rate.unwrap_or(0),
             tai_offset: s.tai_offset.wrapping_mul(1_000_000_000) as u64,
+            zone_before: shift(zone.offset),
+            zone_after: shift(after),
+            zone_change,
+            _reserved_3: 0,
         }
     }
 }
@@ -750,6 +788,7 @@ fn reply(a: &mut Asm, counts: RawFd, abort: Label) {
     a.ldx(Size::DW, R1, FP, LOCAL);
     a.ldx(Size::DW, R2, FP, DELTA);
     a.alu_x(ADD, R1, R2);
+    zone_shift(a, R1, R2, R3);
     a.alu_k(OR, R1, 1);
     a.host_to_be(R1, 64);
     a.stx(Size::DW, NTP, RECEIVE_TS, R1);
@@ -757,6 +796,7 @@ fn reply(a: &mut Asm, counts: RawFd, abort: Label) {
     local_now(a, R0);
     a.ldx(Size::DW, R2, FP, DELTA);
     a.alu_x(ADD, R0, R2);
+    zone_shift(a, R0, R2, R3);
     a.alu_k(AND, R0, -2);
     a.host_to_be(R0, 64);
     a.stx(Size::DW, NTP, TRANSMIT_TS, R0);
@@ -795,6 +835,47 @@ fn local_now(a: &mut Asm, dst: Reg) {
     if dst != R0 {
         a.mov(dst, R0);
     }
+}
+
+/// With [`ZONE`], shifts the served time in `t` (NTP 32.32) by the zone's offset at its second,
+/// as `ZoneShift::apply`: the offset before the change, or after it from the change's second on.
+/// Only whole seconds move. Clobbers `x` and `y`.
+fn zone_shift(a: &mut Asm, t: Reg, x: Reg, y: Reg) {
+    let done = a.label();
+    let after = a.label();
+    let add = a.label();
+    a.ldx(Size::W, x, STATE, state_at(offset_of!(DriverState, flags)));
+    a.alu_k(AND, x, ZONE as i32);
+    a.jmp_k(JEQ, x, 0, done);
+    // The second's distance from the change, as a signed 32-bit number (wrapping with the era).
+    a.mov(x, t);
+    a.alu_k(RSH, x, 32);
+    a.ldx(
+        Size::W,
+        y,
+        STATE,
+        state_at(offset_of!(DriverState, zone_change)),
+    );
+    // The low 32 bits of the difference are the wrapping one, which the 32-bit jump compares.
+    a.alu_x(SUB, x, y);
+    a.jmp32_k(JSGE, x, 0, after);
+    a.ldx(
+        Size::DW,
+        x,
+        STATE,
+        state_at(offset_of!(DriverState, zone_before)),
+    );
+    a.ja(add);
+    a.place(after);
+    a.ldx(
+        Size::DW,
+        x,
+        STATE,
+        state_at(offset_of!(DriverState, zone_after)),
+    );
+    a.place(add);
+    a.alu_x(ADD, t, x);
+    a.place(done);
 }
 
 /// `dst = (rate * age) >> 32`, exactly, for `rate` below 2^48 and `age` below 2^47, from their
@@ -1113,7 +1194,7 @@ mod tests {
     #[test]
     fn the_state_has_no_padding() {
         // Every byte is a field's, so the map's value is all initialised when chimed writes it.
-        assert_eq!(size_of::<DriverState>(), 104);
+        assert_eq!(size_of::<DriverState>(), 128);
         assert_eq!(offset_of!(DriverState, reference_ts), 24);
         assert_eq!(offset_of!(DriverState, tai_offset), 96);
     }

@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use chime_ntp::{
     ClientTable, Coin, Header, Leap, Mode, NtpShort, NtpTimestamp, RateLimit, ServedClock,
-    ServedHeader, ServerState, StalePolicy, Verdict,
+    ServedHeader, ServerState, StalePolicy, Verdict, ZoneShift,
 };
 use chime_xdp::prog_test_run::{Outcome, XdpProgram};
-use chime_xdp::{ANSWER, DriverInput, DriverLimits, DriverOutcome, DriverRule, DriverState};
+use chime_xdp::{
+    ANSWER, DriverInput, DriverLimits, DriverOutcome, DriverRule, DriverState, DriverZone,
+};
 use proptest::prelude::*;
 use proptest::sample;
 
@@ -320,6 +322,7 @@ fn input(state: &ServerState, policy: &StalePolicy) -> DriverInput {
         error: state.clock.error,
         error_rate: state.clock.error_rate,
         tai_offset: TAI_OFFSET,
+        zone: None,
     }
 }
 
@@ -1774,4 +1777,69 @@ fn the_rules_come_before_the_rate_limit() {
         );
     }
     assert_eq!(named_counts(&p), [("answered", 2), ("denied", 10)]);
+}
+
+#[test]
+fn in_timezone_offset_mode_the_times_are_shifted_as_by_chime_ntps_zone() {
+    // Seconds from 1900 to 1970, to give chime-ntp's zone (which counts Unix seconds) the change.
+    const NTP_UNIX: i64 = 2_208_988_800;
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    let now = (program_clock().0 >> 32) as u32;
+    // Kolkata's offset, no change; a change to come; one just past; a zone west of Greenwich
+    // whose change is as far ahead as a wrapping second can say.
+    let cases = [
+        DriverZone {
+            offset: 19_800,
+            change: None,
+        },
+        DriverZone {
+            offset: 3600,
+            change: Some((now.wrapping_add(1000), 7200)),
+        },
+        DriverZone {
+            offset: 3600,
+            change: Some((now.wrapping_sub(10), 7200)),
+        },
+        DriverZone {
+            offset: -18_000,
+            change: Some((now.wrapping_add(i32::MAX as u32), -14_400)),
+        },
+    ];
+    for zone in cases {
+        let mut given = input(&state, &policy());
+        given.zone = Some(zone);
+        p.answering.set_state(&DriverState::new(&given)).unwrap();
+        // The same zone as chime-ntp's worker shifts by: the offset at each Unix second, the
+        // change's second read as the one within 2^31 s of now.
+        let now_unix = i64::from(now) - NTP_UNIX;
+        let shift = ZoneShift::new(|unix: i64| match zone.change {
+            Some((at, after)) if unix >= now_unix + i64::from(at.wrapping_sub(now) as i32) => after,
+            _ => zone.offset,
+        });
+        let before = program_clock();
+        let run = p.answering.run(&request(false, 4, 0)).unwrap();
+        let after = program_clock();
+        assert_eq!(run.outcome, Outcome::Tx, "{zone:?}");
+        let ntp = &run.frame[payload_at(false)..];
+        let (low, high) = (
+            shift.apply(before, now_unix).0,
+            shift.apply(after, now_unix).0,
+        );
+        for (what, at) in [("receive", 32), ("transmit", 40)] {
+            let t = u64::from_be_bytes(ntp[at..at + 8].try_into().unwrap());
+            assert!(
+                (low & !1..=high | 1).contains(&t),
+                "{what} under {zone:?}: {t:#x} not in {low:#x}..={high:#x}"
+            );
+        }
+    }
+    // Without the zone, nothing is shifted.
+    p.answering
+        .set_state(&DriverState::new(&input(&state, &policy())))
+        .unwrap();
+    let before = program_clock();
+    let run = p.answering.run(&request(false, 4, 0)).unwrap();
+    let t = u64::from_be_bytes(run.frame[payload_at(false) + 40..][..8].try_into().unwrap());
+    assert!((before.0 & !1..=program_clock().0).contains(&t));
 }

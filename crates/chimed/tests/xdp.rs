@@ -1199,3 +1199,55 @@ fn ntpv5_goes_to_the_workers_beside_the_driver() {
     let totals = server.wait_for("ntp totals at exit", Duration::from_secs(2));
     assert_eq!(count_in(&totals, "ntpv5"), 1, "{totals}");
 }
+
+/// In timezone-offset mode the program in the driver shifts the times it serves as the workers
+/// do: chime's plain request, answered in the driver, and its NTS request, answered by the
+/// workers, both see the zone's offset (Kolkata's, +5:30, which has no changes to straddle).
+#[test]
+fn the_zone_is_served_in_the_driver_as_by_the_workers() {
+    const KOLKATA: f64 = 19_800.0;
+    assert_root();
+    let pair = Pair::build("tz");
+    let _mirror = Chronyd::start_in(&pair.server, MIRROR_PORT);
+    let _peer = client_xdp_program(&pair);
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate_for(dir.path(), "xdp", &format!("IP:{SERVER_V4}"));
+    let args = [
+        "--xdp-in-driver",
+        "--tz-offset",
+        "--timezone",
+        "Asia/Kolkata",
+        "--metrics-address",
+        "127.0.0.1:9123",
+        "--nts-certificate",
+        cert.to_str().unwrap(),
+        "--nts-private-key",
+        key.to_str().unwrap(),
+        "--nts-ke-address",
+        "0.0.0.0:4460",
+    ];
+    let mut server = chimed(&pair, &args);
+    server.wait_for("answered in the driver", Duration::from_secs(1));
+    let answered = driver_count(&pair, "answered");
+    let plain = chime_ntp(&pair, SERVER_V4, &[]).expect("chime ntp");
+    assert_eq!(
+        driver_count(&pair, "answered"),
+        answered + 1,
+        "answered in the driver"
+    );
+    let ca = cert.to_str().unwrap();
+    let nts = chime_ntp(&pair, SERVER_V4, &["--nts", "--nts-ca", ca]).expect("chime ntp --nts");
+    assert_eq!(
+        driver_count(&pair, "answered"),
+        answered + 1,
+        "NTS: the workers'"
+    );
+    for (path, r) in [("driver", &plain), ("workers", &nts)] {
+        let offset = r["offset"].as_f64().unwrap();
+        assert!(
+            (offset - KOLKATA).abs() < 1e-3,
+            "{path}: offset {offset} s, not Kolkata's {KOLKATA}: {r}"
+        );
+    }
+    server.terminate();
+}

@@ -13,7 +13,7 @@ use chime_ntp::{Leap, NtpTimestamp, ServedHeader, ServerState, Smear, StalePolic
 use chime_xdp::{DriverInput, DriverMaps, DriverState};
 use tracing::{info, warn};
 
-use crate::clock::{self, tz::Zone};
+use crate::clock::{self, tz, tz::Zone};
 use crate::config::Settings;
 
 /// chronyd's state as last mirrored, how it ages, and how it is served: the leap smear, the zone
@@ -114,12 +114,15 @@ impl Published {
         }
     }
 
-    /// The state in force as the program in the driver reads it.
+    /// The state in force as the program in the driver reads it, with the zone as it is now.
     fn driver_state(&self) -> DriverState {
+        let zone = self.zone();
+        let now_unix = clock::read().unix_secs();
         DriverState::new(&driver_input(
             &self.load(),
             &self.policy,
             clock::kernel_tai_offset(),
+            zone.as_deref().map(|z| (z, now_unix)),
         ))
     }
 
@@ -141,6 +144,7 @@ impl Published {
     /// Serves the local time of `zone` from now on.
     pub(crate) fn set_zone(&self, zone: Arc<Zone>) {
         self.zone.store(Some(zone));
+        self.to_driver();
     }
 
     /// NTPv5's reference-ID filter, if v5 is on.
@@ -278,7 +282,20 @@ fn write_state(maps: &DriverMaps, state: &DriverState, failed: &AtomicBool) {
 /// offset `tai` (`CLOCK_TAI` less `CLOCK_REALTIME`, which the program subtracts from the one
 /// clock it can read). Answering is allowed: the settings that would forbid it are refused with
 /// `--xdp-in-driver`, and [`DriverState::new`] turns it off around a leap second.
-pub(crate) fn driver_input(state: &ServerState, policy: &StalePolicy, tai: i64) -> DriverInput {
+///
+/// In timezone-offset mode, `zone` at Unix second `now_unix`: the reference timestamp shifted as
+/// the workers shift it, and the zone's offset now and at its next change for the program to
+/// shift the times it writes.
+pub(crate) fn driver_input(
+    state: &ServerState,
+    policy: &StalePolicy,
+    tai: i64,
+    zone: Option<(&Zone, i64)>,
+) -> DriverInput {
+    let reference_ts = match zone {
+        Some((zone, now_unix)) => zone.apply(state.reference_ts, now_unix),
+        None => state.reference_ts,
+    };
     DriverInput {
         answer: true,
         leap: state.leap as u8,
@@ -286,7 +303,7 @@ pub(crate) fn driver_input(state: &ServerState, policy: &StalePolicy, tai: i64) 
         stratum: state.stratum,
         precision: state.precision,
         reference_id: state.reference_id,
-        reference_ts: state.reference_ts.0,
+        reference_ts: reference_ts.0,
         root_delay: state.root_delay.0,
         root_dispersion: state.root_dispersion.0,
         updated: state.updated.map(|t| t.0),
@@ -298,6 +315,7 @@ pub(crate) fn driver_input(state: &ServerState, policy: &StalePolicy, tai: i64) 
         error: state.clock.error,
         error_rate: state.clock.error_rate,
         tai_offset: tai,
+        zone: zone.map(|(zone, now_unix)| tz::driver_zone(zone, now_unix)),
     }
 }
 

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use chime_ntp::ZoneShift;
+use chime_xdp::DriverZone;
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
@@ -37,6 +38,40 @@ pub(crate) fn load(name: Option<&str>) -> Result<(Arc<Zone>, String), ZoneError>
 pub(crate) fn reload(name: Option<&str>) -> Result<(Arc<Zone>, String), ZoneError> {
     jiff::tz::db().reset();
     load(name).map_err(|e| ZoneError::Reread(Box::new(e)))
+}
+
+/// Seconds from 1900 (NTP's era 0) to 1970.
+const NTP_UNIX: i64 = 2_208_988_800;
+
+/// The days ahead [`driver_zone`] looks for the zone's next change: more than a year, so that
+/// every zone with changes has one within it.
+const LOOK_AHEAD_DAYS: i64 = 400;
+
+/// `zone` at Unix second `now_unix` as the program in the driver shifts by it: its offset now and
+/// its next change within [`LOOK_AHEAD_DAYS`], found from the offset function alone (day by day,
+/// then the second, by bisection). The state carrying it is written on every poll, so one change
+/// ahead is all the program needs while chimed runs.
+pub(crate) fn driver_zone(zone: &Zone, now_unix: i64) -> DriverZone {
+    const DAY: i64 = 86_400;
+    let offset = zone.offset_at(now_unix);
+    let change = (1..=LOOK_AHEAD_DAYS)
+        .map(|d| now_unix + d * DAY)
+        .find(|&t| zone.offset_at(t) != offset)
+        .map(|found| {
+            // The first second whose offset is not `offset`: after `low`, at or before `high`.
+            let (mut low, mut high) = (found - DAY, found);
+            while high - low > 1 {
+                let mid = low + (high - low) / 2;
+                if zone.offset_at(mid) == offset {
+                    low = mid;
+                } else {
+                    high = mid;
+                }
+            }
+            // The NTP second modulo 2^32, as the program compares it.
+            ((high + NTP_UNIX) as u32, zone.offset_at(high))
+        });
+    DriverZone { offset, change }
 }
 
 /// Why the zone could not be loaded. The messages name the zone, not the flag or key that gave it:
@@ -73,6 +108,31 @@ fn describe(tz: &TimeZone, name: Option<&str>, now: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_drivers_zone_has_the_next_change_jiff_knows() {
+        let (zone, _) = load(Some("America/New_York")).unwrap();
+        let tz = TimeZone::get("America/New_York").unwrap();
+        // 2026-01-15 and 2026-06-15: the next change is March's, then November's.
+        for now in [1_768_435_200, 1_781_481_600] {
+            let at = Timestamp::from_second(now).unwrap();
+            let next = tz.following(at).next().unwrap();
+            let d = driver_zone(&zone, now);
+            assert_eq!(d.offset, tz.to_offset(at).seconds());
+            let change = (next.timestamp().as_second() + NTP_UNIX) as u32;
+            assert_eq!(d.change, Some((change, next.offset().seconds())), "{now}");
+        }
+        // A zone without changes has none ahead.
+        let (kolkata, _) = load(Some("Asia/Kolkata")).unwrap();
+        let d = driver_zone(&kolkata, 1_768_435_200);
+        assert_eq!(
+            d,
+            DriverZone {
+                offset: 19_800,
+                change: None
+            }
+        );
+    }
 
     #[test]
     fn unknown_zone_is_named() {

@@ -252,7 +252,7 @@ fn rules(c: &Config, s: &Sources) -> Result<(), ConfigError> {
 
 /// What the program that answers in the driver does not do: each of these changes a reply, or
 /// refuses one, on the other paths.
-const NOT_IN_DRIVER: [&str; 2] = ["ntp.leap-smear", "tz-offset.enabled"];
+const NOT_IN_DRIVER: [&str; 1] = ["ntp.leap-smear"];
 
 /// `xdp.in-driver` is refused beside a setting the program in the driver does not implement,
 /// rather than answering unlike the other paths.
