@@ -32,7 +32,9 @@
 //!
 //! Module map: `asm` (the assembler both programs are written with), `bpf` (the steering program
 //! and the calls that load, attach and test-run programs), `responder` (the answering program and
-//! its state), `access` (the allow/deny rules it answers by), `prog_test_run` (either program run on frames), `xsk` (one AF_XDP socket), `ring`
+//! its state, with `responder::access`, the allow/deny rules it answers by, and
+//! `responder::ratelimit`, its rate limiter), `prog_test_run` (either program run on frames), `xsk`
+//! (one AF_XDP socket), `ring`
 //! (the mapping and the rings shared with the kernel), `frame` (requests read out of frames,
 //! replies made in place), and `sys` (libc helpers).
 
@@ -41,7 +43,6 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("chime-xdp supports Linux only: it needs AF_XDP and bpf(2)");
 
-mod access;
 mod asm;
 mod bpf;
 mod frame;
@@ -64,7 +65,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-pub use access::DriverRule;
+pub use responder::DriverRule;
 pub use responder::{
     ANSWER, DriverInput, DriverLimits, DriverMaps, DriverOutcome, DriverState, DriverZone,
     RATE_NEGATIVE, SYNCHRONISED, ZONE,

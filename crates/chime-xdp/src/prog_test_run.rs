@@ -11,10 +11,9 @@ use std::{
 };
 
 use crate::{
-    access::DriverRule,
     asm::{XDP_DROP, XDP_PASS, XDP_TX},
     bpf,
-    responder::{self, DriverMaps, DriverOutcome, DriverState},
+    responder::{self, DriverMaps, DriverOutcome, DriverRule, DriverState},
 };
 
 /// One of the programs, loaded with its maps: an XSKMAP of one queue, which holds no socket, and

@@ -46,11 +46,14 @@ use std::io;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use crate::access::{self, ALLOW, FAMILY_BITS, FAMILY_V4, FAMILY_V6};
 use crate::asm::*;
 use crate::bpf::{self, CTX, DATA, DATA_END, ETH_LEN, IPV4_LEN, IPV6_LEN, Route, Target, UDP_LEN};
 
+mod access;
 mod ratelimit;
+
+pub use access::DriverRule;
+use access::{ALLOW, FAMILY_BITS, FAMILY_V4, FAMILY_V6};
 
 pub use ratelimit::DriverLimits;
 

@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+use super::DriverMaps;
 use crate::bpf;
-use crate::responder::DriverMaps;
 
 /// One `allow` or `deny` subnet, in plain numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
