@@ -68,7 +68,7 @@ use std::{
 pub use responder::DriverRule;
 pub use responder::{
     ANSWER, DriverInput, DriverLimits, DriverMaps, DriverOutcome, DriverState, DriverZone,
-    RATE_NEGATIVE, SYNCHRONISED, ZONE,
+    RATE_NEGATIVE, SMEAR, SYNCHRONISED, ZONE,
 };
 pub use xsk::XdpMode;
 

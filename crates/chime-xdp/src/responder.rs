@@ -71,6 +71,9 @@ pub const RATE_NEGATIVE: u32 = 1 << 2;
 /// Timezone-offset mode: each timestamp the program writes is shifted by the zone's offset
 /// ([`DriverZone`]).
 pub const ZONE: u32 = 1 << 3;
+/// A leap smear's window is set ([`DriverInput::smear`]): within it every request goes to the
+/// workers, which smear.
+pub const SMEAR: u32 = 1 << 4;
 
 /// Timezone-offset mode's zone as the program shifts by it: its UTC offset now and, if it
 /// changes ahead, when and to what. Each timestamp is shifted by the offset at the second it
@@ -127,6 +130,11 @@ pub struct DriverInput {
     pub tai_offset: i64,
     /// Timezone-offset mode's zone, when that mode is on.
     pub zone: Option<DriverZone>,
+    /// With a leap smear: the local times (NTP 32.32) from and until which the smear may change
+    /// what a reply says, within which the program answers nothing and hands every request to
+    /// the workers. Outside it a smear changes nothing in a reply (a leap warning, which it
+    /// would hide, already turns [`ANSWER`] off).
+    pub smear: Option<(u64, u64)>,
 }
 
 /// The map's one value, as the program reads it: the reply's fields in the forms it writes them,
@@ -137,7 +145,7 @@ pub struct DriverInput {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DriverState {
-    /// [`ANSWER`], [`SYNCHRONISED`], [`RATE_NEGATIVE`], [`ZONE`].
+    /// [`ANSWER`], [`SYNCHRONISED`], [`RATE_NEGATIVE`], [`ZONE`], [`SMEAR`].
     pub flags: u32,
     /// The leap indicator where the reply's first byte has it (`leap << 6`).
     pub leap: u8,
@@ -182,6 +190,10 @@ pub struct DriverState {
     /// seconds are this or up to 2^31 later takes it.
     pub zone_change: u32,
     _reserved_3: u32,
+    /// With [`SMEAR`]: the local time (NTP 32.32) the smear's window opens at.
+    pub smear_from: u64,
+    /// And the one it closes at.
+    pub smear_until: u64,
 }
 
 /// Ages up to this (2^46 units of 2^-32 s, 16384 s) are multiplied exactly (see [`mul_q32`]).
@@ -232,6 +244,10 @@ impl DriverState {
         if s.zone.is_some() {
             flags |= ZONE;
         }
+        if s.smear.is_some() {
+            flags |= SMEAR;
+        }
+        let (smear_from, smear_until) = s.smear.unwrap_or_default();
         let zone = s.zone.unwrap_or_default();
         // No change ahead: the same offset either side of a change half the NTP era away.
         let (zone_change, after) = zone.change.unwrap_or((0, zone.offset));
@@ -261,6 +277,8 @@ impl DriverState {
             zone_after: shift(after),
             zone_change,
             _reserved_3: 0,
+            smear_from,
+            smear_until,
         }
     }
 }
@@ -287,7 +305,8 @@ pub enum DriverOutcome {
     Interleaved,
     /// A request to upgrade to NTPv5.
     Upgrade,
-    /// The state says not to answer, or no state was written yet.
+    /// The state says not to answer, or no state was written yet, or a leap smear's window is
+    /// open.
     Off,
     /// A request it would answer from a source the rules ([`DriverMaps::set_access`]) deny:
     /// dropped (`XDP_DROP`), as chimed's workers drop it, unanswered.
@@ -708,6 +727,35 @@ fn ntp_request(a: &mut Asm, state: RawFd, hand_on: &HandOn) {
     a.ldx(Size::W, R1, STATE, state_at(offset_of!(DriverState, flags)));
     a.alu_k(AND, R1, ANSWER as i32);
     a.jmp_k(JEQ, R1, 0, hand_on.to(Off));
+    outside_smear(a, hand_on.to(Off));
+}
+
+/// With [`SMEAR`], hands the request on to `off` while the local clock is within the smear's
+/// window (each end compared as a wrapping difference). Clobbers r0–r5.
+fn outside_smear(a: &mut Asm, off: Label) {
+    let outside = a.label();
+    a.ldx(Size::W, R1, STATE, state_at(offset_of!(DriverState, flags)));
+    a.alu_k(AND, R1, SMEAR as i32);
+    a.jmp_k(JEQ, R1, 0, outside);
+    local_now(a, R0);
+    a.ldx(
+        Size::DW,
+        R1,
+        STATE,
+        state_at(offset_of!(DriverState, smear_from)),
+    );
+    a.mov(R2, R0);
+    a.alu_x(SUB, R2, R1);
+    a.jmp_k(JSLT, R2, 0, outside);
+    a.ldx(
+        Size::DW,
+        R1,
+        STATE,
+        state_at(offset_of!(DriverState, smear_until)),
+    );
+    a.alu_x(SUB, R1, R0);
+    a.jmp_k(JSGE, R1, 0, off);
+    a.place(outside);
 }
 
 /// Where the key of the rules' trie is built: [`access::Key`], 24 bytes, below the rate
@@ -1197,7 +1245,7 @@ mod tests {
     #[test]
     fn the_state_has_no_padding() {
         // Every byte is a field's, so the map's value is all initialised when chimed writes it.
-        assert_eq!(size_of::<DriverState>(), 128);
+        assert_eq!(size_of::<DriverState>(), 144);
         assert_eq!(offset_of!(DriverState, reference_ts), 24);
         assert_eq!(offset_of!(DriverState, tai_offset), 96);
     }

@@ -323,6 +323,7 @@ fn input(state: &ServerState, policy: &StalePolicy) -> DriverInput {
         error_rate: state.clock.error_rate,
         tai_offset: TAI_OFFSET,
         zone: None,
+        smear: None,
     }
 }
 
@@ -1842,4 +1843,31 @@ fn in_timezone_offset_mode_the_times_are_shifted_as_by_chime_ntps_zone() {
     let run = p.answering.run(&request(false, 4, 0)).unwrap();
     let t = u64::from_be_bytes(run.frame[payload_at(false) + 40..][..8].try_into().unwrap());
     assert!((before.0 & !1..=program_clock().0).contains(&t));
+}
+
+#[test]
+fn within_a_leap_smears_window_every_request_goes_to_the_workers() {
+    let state = synced(1.0, ServedClock::LOCAL);
+    let p = loaded(&state);
+    let now = program_clock().0;
+    let minute = 60 << 32;
+    // Open now, and past or still to come: only the first hands the request on.
+    for (from, until, answered) in [
+        (now - minute, now + minute, false),
+        (now - 2 * minute, now - minute, true),
+        (now + minute, now + 2 * minute, true),
+    ] {
+        let mut given = input(&state, &policy());
+        given.smear = Some((from, until));
+        p.answering.set_state(&DriverState::new(&given)).unwrap();
+        let req = request(false, 4, 0);
+        match run(&p, &req, &state, &policy()) {
+            Ok(_) => assert!(answered, "answered within the window"),
+            Err(outcome) => {
+                assert!(!answered, "handed on outside the window");
+                assert_eq!(outcome, Outcome::Socket);
+            }
+        }
+    }
+    assert_eq!(counts(&p), [("answered", 2), ("off", 1)]);
 }

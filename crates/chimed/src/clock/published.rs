@@ -123,6 +123,7 @@ impl Published {
             &self.policy,
             clock::kernel_tai_offset(),
             zone.as_deref().map(|z| (z, now_unix)),
+            self.smear,
         ))
     }
 
@@ -285,12 +286,14 @@ fn write_state(maps: &DriverMaps, state: &DriverState, failed: &AtomicBool) {
 ///
 /// In timezone-offset mode, `zone` at Unix second `now_unix`: the reference timestamp shifted as
 /// the workers shift it, and the zone's offset now and at its next change for the program to
-/// shift the times it writes.
+/// shift the times it writes. With `--leap-smear` (`smear`) and a leap to smear: the local times
+/// around its window within which the program hands every request to the workers.
 pub(crate) fn driver_input(
     state: &ServerState,
     policy: &StalePolicy,
     tai: i64,
     zone: Option<(&Zone, i64)>,
+    smear: bool,
 ) -> DriverInput {
     let reference_ts = match zone {
         Some((zone, now_unix)) => zone.apply(state.reference_ts, now_unix),
@@ -316,7 +319,27 @@ pub(crate) fn driver_input(
         error_rate: state.clock.error_rate,
         tai_offset: tai,
         zone: zone.map(|(zone, now_unix)| tz::driver_zone(zone, now_unix)),
+        smear: smear.then(|| smear_window(state)).flatten(),
     }
+}
+
+/// The local times (NTP 32.32) from and until which `ServerState::smear_at` may smear: its window
+/// in served time (a second wider each side, as it takes it) around the leap it remembers, widened
+/// on each side by as much as the served time can be from the local clock (the followed offset,
+/// its rate over the 16 s it is held for) and a second more. `None` without a leap to smear.
+fn smear_window(state: &ServerState) -> Option<(u64, u64)> {
+    let leap = state.leap_step.leap?;
+    let (start, end) = Smear { announced: leap }.window();
+    let served_from_local = state.clock.offset.abs() + 16.0 * state.clock.rate.abs() + 1.0;
+    let at = |seconds: f64| {
+        leap.at
+            .0
+            .wrapping_add((seconds * 4_294_967_296.0).round() as i64 as u64)
+    };
+    Some((
+        at(start - 1.0 - served_from_local),
+        at(end + 1.0 + served_from_local),
+    ))
 }
 
 /// NTPv5's reference-ID Bloom filter: chimed's own identity, and the one served, which adds the
@@ -380,5 +403,47 @@ pub(crate) mod testing {
     /// `state` published under the default stale policy, no smear, no NTPv5.
     pub(crate) fn published(state: ServerState) -> Arc<Published> {
         Arc::new(Published::with(state, StalePolicy::default(), false, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chime_ntp::{Announced, ServedClock};
+
+    use super::*;
+
+    #[test]
+    fn the_driver_hands_on_around_a_smeared_leap_with_room_for_the_served_offset() {
+        let mut state = testing::synchronised();
+        let input = |state: &ServerState, smear| {
+            driver_input(state, &StalePolicy::default(), 37, None, smear)
+        };
+        assert_eq!(input(&state, true).smear, None, "no leap to smear");
+        let at = NtpTimestamp(0xee00_0000_0000_0000);
+        state.leap_step.leap = Some(Announced {
+            leap: Leap::AddSecond,
+            at,
+        });
+        state.clock = ServedClock {
+            offset: -0.5,
+            rate: 1e-3,
+            ..ServedClock::LOCAL
+        };
+        assert_eq!(input(&state, false).smear, None, "no --leap-smear");
+        // The smear is noon to noon, a second longer in continuous time for the inserted one (the
+        // window `Smear` gives); a second more each side as `smear_at` takes it, then 0.5 s + 16
+        // ms of served offset and a second: 2.516 s each side.
+        let (from, until) = input(&state, true).smear.unwrap();
+        let seconds = |t: u64| (t.wrapping_sub(at.0) as i64) as f64 / 4_294_967_296.0;
+        assert!(
+            (seconds(from) - (-43_200.0 - 2.516)).abs() < 1e-6,
+            "{}",
+            seconds(from)
+        );
+        assert!(
+            (seconds(until) - (43_201.0 + 2.516)).abs() < 1e-6,
+            "{}",
+            seconds(until)
+        );
     }
 }

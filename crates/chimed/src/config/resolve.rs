@@ -220,7 +220,6 @@ fn rules(c: &Config, s: &Sources) -> Result<(), ConfigError> {
             return Err(s.bad(key, format!("not with {}: {why}", s.like(key, other))));
         }
     }
-    in_driver(s, &on)?;
     let rt = &c.roughtime;
     if rt.mldsa_key.is_some() {
         let at = "roughtime.mldsa-key";
@@ -248,33 +247,6 @@ fn rules(c: &Config, s: &Sources) -> Result<(), ConfigError> {
         }
     }
     threads(c, s)
-}
-
-/// What the program that answers in the driver does not do: each of these changes a reply, or
-/// refuses one, on the other paths.
-const NOT_IN_DRIVER: [&str; 1] = ["ntp.leap-smear"];
-
-/// `xdp.in-driver` is refused beside a setting the program in the driver does not implement,
-/// rather than answering unlike the other paths.
-fn in_driver(s: &Sources, on: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
-    let at = "xdp.in-driver";
-    if !on(at) {
-        return Ok(());
-    }
-    let set = |k: &str| match s.resolved.find_ref(k) {
-        Some(Value::Array(_, items)) => !items.is_empty(),
-        _ => on(k),
-    };
-    match NOT_IN_DRIVER.into_iter().find(|k| set(k)) {
-        Some(other) => Err(s.bad(
-            at,
-            format!(
-                "not with {}: the program that answers in the driver does not do it",
-                s.like(at, other)
-            ),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// Each service that is on has threads to run on, and polls upstream often enough.

@@ -520,9 +520,9 @@ sections! {
     /// those from sources --allow/--deny refuse; the rest still goes to the AF_XDP workers. With
     /// --ratelimit it limits each address as the workers do, in a table of its own (at most 2^20
     /// addresses), and with --tz-offset shifts the times by the zone's offset as the workers do.
-    /// NTPv5 requests, and v4 requests asking to upgrade to it, go to the workers. Not with
-    /// --leap-smear, which the program does not do.
-    /// Its answers and drops are counted in the metrics, not in `chime clients`
+    /// NTPv5 requests, and v4 requests asking to upgrade to it, go to the workers, as does every
+    /// request around a leap second (and, with --leap-smear, through the day of its smear). Its
+    /// answers and drops are counted in the metrics, not in `chime clients`
     #[arg(id = "xdp.in-driver", long = "xdp-in-driver", value_name = "BOOL")]
     #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[arg(default_value = "false", action = clap::ArgAction::Set)]
