@@ -973,8 +973,11 @@ fn nts_ke_rate_limit_turns_a_flood_away_before_tls() {
         .collect();
     let served = flood.iter().filter(|s| **s).count();
     let turned_away = flood.len() - served;
-    // Two left of the burst, then one in 16 of the 28 after it leaked: far fewer than half.
-    assert!(flood[0] && flood[1], "{flood:?}");
+    // Two left of the burst, then one in 16 of the 28 after it leaked: far fewer than half. The
+    // burst's two go to the first two connections a thread checks, which with four threads
+    // accepting need not be the first two made, but are among the first few.
+    let early = flood[..8].iter().filter(|s| **s).count();
+    assert!(early >= 2, "{early} of the first 8 served: {flood:?}");
     assert!(
         (2..=10).contains(&served),
         "{served} of 30 served: {flood:?}"
