@@ -20,7 +20,8 @@
 //!   answers with the mark echoed when it speaks v5;
 //! - frames whose IPv4 header checksum or UDP checksum is wrong, whose lengths do not match the
 //!   frame's, or with bytes after the datagram: the AF_XDP worker drops and counts those;
-//! - every request while [`DriverState`] does not say the in-driver path is on.
+//! - every request while [`DriverState`] does not say the in-driver path is on (a leap second
+//!   announced), or while its leap smear's window is open ([`SMEAR`]).
 //!
 //! A request it would answer from a source the allow/deny rules deny (`access`,
 //! [`DriverMaps::set_access`]) is dropped, as chimed's workers drop it.
@@ -29,18 +30,21 @@
 //! keeps up to date through [`DriverMaps`]: each state is written once into a map of its own, then
 //! put in the one slot of an array of maps the program looks it up through, so a reply never mixes
 //! two states. The program counts what it does with each frame to a served address by
-//! [`DriverOutcome`] in a per-CPU array, which [`DriverMaps::counts`] sums. The program reads the clock with `bpf_ktime_get_tai_ns`
-//! (`CLOCK_TAI`, the only clock of the time of day a program can read) less the TAI offset the
-//! state holds: that is `CLOCK_REALTIME`, the clock chimed's workers read. It ages the state exactly as
-//! chime-ntp's `ServerState::served_at` does (the root dispersion grows with the time since the
-//! last good poll and with the followed offset's error bound; past the stale time the reply says
-//! unsynchronised), and serves the time chimed follows (`ServedClock::serve`: an offset, and a
-//! rate applied for at most 16 s from its anchor).
+//! [`DriverOutcome`] in a per-CPU array, which [`DriverMaps::counts`] sums. The program reads the
+//! clock with `bpf_ktime_get_tai_ns` (`CLOCK_TAI`, the only clock of the time of day a program can
+//! read) less the TAI offset the state holds: that is `CLOCK_REALTIME`, the clock chimed's workers
+//! read. It ages the state exactly as chime-ntp's `ServerState::served_at` does (the root
+//! dispersion grows with the time since the last good poll and with the followed offset's error
+//! bound; past the stale time the reply says unsynchronised), and serves the time chimed follows
+//! (`ServedClock::serve`: an offset, and a rate applied for at most 16 s from its anchor).
 //!
 //! With [`DriverLimits`] on, each request it would answer first goes through its rate limiter
 //! (`ratelimit`), chime-ntp's `ClientTable` as chimed's NTP workers use it: answered as above,
 //! with the poll the limit suggests; answered with a Kiss-o'-Death RATE; or dropped there
-//! (`XDP_DROP`).
+//! (`XDP_DROP`). The rules come first: a denied request spends nothing of its burst.
+//!
+//! In timezone-offset mode ([`ZONE`], [`DriverZone`]) the receive and transmit times are shifted
+//! by the zone's offset at the second each names, as chime-ntp's `ZoneShift` shifts them.
 
 use std::io;
 use std::mem::offset_of;
