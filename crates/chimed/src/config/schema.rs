@@ -272,8 +272,7 @@ sections! {
     #[arg(default_value = "0")]
     pub(crate) kod: Kod,
 
-    /// Client addresses tracked at once, rounded up to a power of two, 32 bytes each; 4 to
-    /// 16777216
+    /// Client addresses tracked at once, rounded up to a power of two, 32 bytes each
     #[arg(id = "ratelimit.clients", long = "ratelimit-clients", value_name = "N")]
     #[arg(default_value = "65536")]
     pub(crate) clients: Clients,

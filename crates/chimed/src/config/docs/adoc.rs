@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{FILE_DESCRIPTION, FILE_EXAMPLE, Flag, Unset};
+use super::model::{FILE_DESCRIPTION, FILE_EXAMPLE, Flag, Unset, grouped};
 use super::text::{cell, inline};
 
 /// The first and last lines of the generated table in docs/FLAGS.adoc.
@@ -69,7 +69,7 @@ pub(super) fn config_reference(flags: &[Flag]) -> String {
             );
         }
         let default = match &flag.default {
-            Some(Unset::Value(v)) => format!("; default `{v}`"),
+            Some(Unset::Value(v)) => format!("; default `{}`", grouped(v)),
             Some(Unset::Words(w)) => format!("; default: {w}"),
             None => String::new(),
         };

@@ -3,7 +3,7 @@
 
 use clap_mangen::roff::{Roff, bold, italic, roman};
 
-use super::model::{FILE_DESCRIPTION, FILE_EXAMPLE, Flag, Unset};
+use super::model::{FILE_DESCRIPTION, FILE_EXAMPLE, Flag, Unset, grouped};
 
 /// What chimed(8) says beyond the flags: signals, files, exit status, where to read more.
 pub(super) fn daemon_sections() -> Roff {
@@ -79,7 +79,8 @@ pub(super) fn config_page(flags: &[Flag]) -> Roff {
             r.control("SH", [format!("[{section}]").as_str()]);
         }
         let default = match &flag.default {
-            Some(Unset::Value(v) | Unset::Words(v)) => format!("; default: {v}"),
+            Some(Unset::Value(v)) => format!("; default: {}", grouped(v)),
+            Some(Unset::Words(w)) => format!("; default: {w}"),
             None => String::new(),
         };
         let flag_names = match flag.short {

@@ -101,14 +101,41 @@ impl Flag {
             return "Any value".to_owned();
         };
         let kind = accepts.toml_type();
-        match (self.many, accepts) {
+        grouped(&match (self.many, accepts) {
             (_, Accepts::Switch) => "`true` or `false`".to_owned(),
             (Some(_), Accepts::AnyText) => format!("An array of {}s", &kind[2..]),
             (Some(_), _) => format!("An array of {}s, each {accepts}", &kind[2..]),
             (None, Accepts::AnyText) => capitalised(kind),
             (None, _) => format!("{}, {accepts}", capitalised(kind)),
+        })
+    }
+}
+
+/// `text` with every whole number of more than six digits written with TOML's digit separators
+/// (`16_777_216`), as the file may give it: easier to read, and the same number.
+pub(super) fn grouped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut digits = String::new();
+    let flush = |digits: &mut String, out: &mut String| {
+        let n = digits.len();
+        for (i, d) in digits.chars().enumerate() {
+            if n > 6 && i > 0 && (n - i).is_multiple_of(3) {
+                out.push('_');
+            }
+            out.push(d);
+        }
+        digits.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            flush(&mut digits, &mut out);
+            out.push(c);
         }
     }
+    flush(&mut digits, &mut out);
+    out
 }
 
 /// The description of the config file, for chimed.toml(5) in both forms.
@@ -186,4 +213,24 @@ fn capitalised(text: &str) -> String {
     chars
         .next()
         .map_or(String::new(), |c| c.to_uppercase().chain(chars).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grouped;
+
+    #[test]
+    fn long_numbers_are_grouped_as_toml_allows() {
+        assert_eq!(grouped("4194304"), "4_194_304");
+        assert_eq!(
+            grouped("A number, 4096 to 1073741824"),
+            "A number, 4096 to 1_073_741_824"
+        );
+        // Six digits or fewer, and what is not a number, stay as they are.
+        assert_eq!(
+            grouped("65536 or 127.0.0.1:11123"),
+            "65536 or 127.0.0.1:11123"
+        );
+        assert_eq!(grouped("1048576"), "1_048_576");
+    }
 }
