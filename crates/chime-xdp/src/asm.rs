@@ -169,6 +169,14 @@ impl Asm {
         self.emit(CLASS_JMP | CALL, 0, 0, 0, helper);
     }
 
+    /// `r0 = bpf_map_lookup_elem(r1, fp + key)`: the map in r1 looked up by the key on the stack
+    /// at `key`; r0 is the value's address, or 0. Clobbers r1–r5.
+    pub(crate) fn lookup(&mut self, key: i16) {
+        self.mov(R2, FP);
+        self.alu_k(ADD, R2, i32::from(key));
+        self.call(FN_MAP_LOOKUP_ELEM);
+    }
+
     pub(crate) fn exit(&mut self) {
         self.emit(CLASS_JMP | EXIT, 0, 0, 0, 0);
     }

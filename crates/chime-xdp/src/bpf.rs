@@ -574,6 +574,9 @@ pub(crate) struct TestRun {
     pub(crate) meta: Vec<u8>,
     /// The frame as the program left it.
     pub(crate) frame: Vec<u8>,
+    /// How long the run took, in nanoseconds, as the kernel measures it: the program's own cost,
+    /// without a driver or a system call around it.
+    pub(crate) ns: u32,
 }
 
 /// `struct xdp_md` as `BPF_PROG_TEST_RUN` reads and writes it: offsets into its data.
@@ -586,24 +589,6 @@ struct XdpMd {
     ingress_ifindex: u32,
     rx_queue_index: u32,
     egress_ifindex: u32,
-}
-
-/// Runs `prog` once on `frame` and returns how long the run took, in nanoseconds, as the kernel
-/// measures it (`BPF_PROG_TEST_RUN`'s `duration`): the program's own cost, without a driver or a
-/// system call around it. Once, because repeated runs would run on the frame the first one left.
-pub(crate) fn test_run_ns(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
-    let mut out = vec![0u8; frame.len() + 256];
-    let mut attr = TestRunAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        data_size_in: frame.len() as u32,
-        data_size_out: out.len() as u32,
-        data_in: frame.as_ptr() as u64,
-        data_out: out.as_mut_ptr() as u64,
-        repeat: 1,
-        ..Default::default()
-    };
-    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    Ok(attr.duration)
 }
 
 /// Runs the XDP program `prog` once on `frame` with `BPF_PROG_TEST_RUN`, as on a frame received
@@ -640,6 +625,7 @@ pub(crate) fn test_run(prog: &OwnedFd, frame: &[u8]) -> io::Result<TestRun> {
         verdict: attr.retval,
         meta: out[..data].to_vec(),
         frame: out[data..end].to_vec(),
+        ns: attr.duration,
     })
 }
 

@@ -144,7 +144,7 @@ impl XdpProgram {
     pub fn time(&self, frame: &[u8], runs: u64) -> io::Result<Duration> {
         let mut ns = 0u64;
         for _ in 0..runs {
-            ns += u64::from(bpf::test_run_ns(&self.prog, frame)?);
+            ns += u64::from(bpf::test_run(&self.prog, frame)?.ns);
         }
         Ok(Duration::from_nanos(ns))
     }

@@ -595,9 +595,7 @@ impl HandOn {
 fn count(a: &mut Asm, counts: RawFd) {
     let done = a.label();
     a.ld_map(R1, counts);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(OUTCOME));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(OUTCOME);
     a.jmp_k(JEQ, R0, 0, done);
     a.ldx(Size::DW, R1, R0, 0);
     a.alu_k(ADD, R1, 1);
@@ -718,14 +716,10 @@ fn ntp_request(a: &mut Asm, state: RawFd, hand_on: &HandOn) {
     // read below is of the one state.
     a.st(Size::W, FP, KEY, 0);
     a.ld_map(R1, state);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(KEY));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(KEY);
     a.jmp_k(JEQ, R0, 0, hand_on.to(Off));
     a.mov(R1, R0);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(KEY));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(KEY);
     a.jmp_k(JEQ, R0, 0, hand_on.to(Off));
     a.mov(STATE, R0);
     a.ldx(Size::W, R1, STATE, state_at(offset_of!(DriverState, flags)));
@@ -780,9 +774,7 @@ fn allowed(a: &mut Asm, rules: RawFd, counts: RawFd) {
     // The trie in the slot; none while there are no rules.
     a.st(Size::W, FP, KEY, 0);
     a.ld_map(R1, rules);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(KEY));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(KEY);
     a.jmp_k(JEQ, R0, 0, answer);
     // The key: every byte written, as the verifier wants of a key on the stack.
     a.st(Size::DW, FP, ACL_KEY + 8, 0);
@@ -813,9 +805,7 @@ fn allowed(a: &mut Asm, rules: RawFd, counts: RawFd) {
     a.st(Size::W, FP, ACL_KEY + 4, i32::from_ne_bytes(FAMILY_V6));
     a.place(look_up);
     a.mov(R1, R0);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(ACL_KEY));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(ACL_KEY);
     // Every trie holds the entry of prefix 0, so a lookup finds one; the verifier wants the
     // check all the same.
     a.jmp_k(JEQ, R0, 0, answer);

@@ -225,9 +225,7 @@ pub(super) fn check(a: &mut Asm, l: LimiterFds, counts: RawFd) {
     a.stx(Size::DW, FP, NOW, RX_MONO);
     a.st(Size::W, FP, KEY, 0);
     a.ld_map(R1, l.limits);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(KEY));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(KEY);
     a.jmp_k(JEQ, R0, 0, done);
     a.ldx(Size::W, R1, R0, limits_at(offset_of!(DriverLimits, flags)));
     a.alu_k(AND, R1, LIMIT as i32);
@@ -251,9 +249,7 @@ pub(super) fn check(a: &mut Asm, l: LimiterFds, counts: RawFd) {
     a.alu_k(AND, R0, l.mask as i32);
     a.stx(Size::W, FP, SET, R0);
     a.ld_map(R1, l.clients);
-    a.mov(R2, FP);
-    a.alu_k(ADD, R2, i32::from(SET));
-    a.call(FN_MAP_LOOKUP_ELEM);
+    a.lookup(SET);
     // Never: the index is within the array.
     a.jmp_k(JEQ, R0, 0, done);
 
